@@ -1,0 +1,540 @@
+/* bundle — get: a version's tensors over mapped buffers, the lease that
+ * keeps them, and the DLPack managed tensors made from them. Also stat, list,
+ * stats and delete, the other questions a consumer asks. */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct btensor {
+	char *key;
+	DLTensor t;
+	int64_t shape[CHECK_NDIM_MAX];
+	int64_t strides[CHECK_NDIM_MAX];
+};
+
+struct dlshare_bundle {
+	struct lease_ref *lr;
+	uint64_t version;
+	size_t n;
+	struct btensor *ts;
+};
+
+/* What a DLManagedTensor(Versioned) of ours carries. */
+struct managed {
+	union {
+		DLManagedTensor plain;
+		DLManagedTensorVersioned versioned;
+	} m;
+	struct lease_ref *lr;
+	int64_t shape[CHECK_NDIM_MAX];
+	int64_t strides[CHECK_NDIM_MAX];
+};
+
+static void lease_ref_unref(struct lease_ref *lr)
+{
+	dlshare_client *c;
+
+	if (atomic_fetch_sub(&lr->refs, 1) != 1)
+		return;
+	c = lr->c;
+	client_release(c, lr->lease);
+	client_unpin(c, lr->pins, lr->npins);
+	free(lr);
+	client_unref(c);
+}
+
+static void btensors_free(struct btensor *ts, size_t n)
+{
+	if (!ts)
+		return;
+	for (size_t i = 0; i < n; i++)
+		free(ts[i].key);
+	free(ts);
+}
+
+/* Fills b's tensors from the reply; pins[] are the reply's buffers in order.
+ * The daemon checked every tensor against its buffer; so do we, since a
+ * wrong answer would make the consumer read out of bounds. */
+static int bundle_fill(struct dlshare_bundle *b, Dlshare__GetReply *r,
+		       struct ibuf **pins, size_t npins)
+{
+	uint64_t sizes[CLIENT_PINS_MAX];
+
+	if (r->n_buffers != npins || r->n_tensors == 0)
+		return DLSHARE_EPROTO;
+	for (size_t i = 0; i < npins; i++)
+		sizes[i] = pins[i]->size;
+	b->ts = calloc(r->n_tensors, sizeof(*b->ts));
+	if (!b->ts)
+		return DLSHARE_ENOMEM;
+	b->n = r->n_tensors;
+	for (size_t i = 0; i < r->n_tensors; i++) {
+		Dlshare__Tensor *wt = r->tensors[i];
+		struct btensor *bt = &b->ts[i];
+
+		if (check_tensor(wt, sizes, npins))
+			return DLSHARE_EPROTO;
+		bt->key = strdup(wt->key ? wt->key : "");
+		if (!bt->key)
+			return DLSHARE_ENOMEM;
+		for (size_t k = 0; k < wt->n_shape; k++) {
+			bt->shape[k] = wt->shape[k];
+			if (wt->n_strides)
+				bt->strides[k] = wt->strides[k];
+		}
+		bt->t.data = pins[wt->buffer]->base ?
+			(char *)pins[wt->buffer]->base + wt->offset : NULL;
+		bt->t.byte_offset = 0;
+		bt->t.device.device_type = kDLCPU;
+		bt->t.device.device_id = 0;
+		bt->t.ndim = (int32_t)wt->n_shape;
+		bt->t.dtype.code = (uint8_t)wt->dtype->code;
+		bt->t.dtype.bits = (uint8_t)wt->dtype->bits;
+		bt->t.dtype.lanes = (uint16_t)wt->dtype->lanes;
+		bt->t.shape = bt->shape;
+		bt->t.strides = wt->n_strides ? bt->strides : NULL;
+	}
+	return 0;
+}
+
+static int get_opts_wire(const dlshare_get_opts *o, Dlshare__Get *g)
+{
+	switch (o->select) {
+	case DLSHARE_LATEST:
+		g->select = DLSHARE__SELECT__SELECT_LATEST;
+		break;
+	case DLSHARE_EXACT:
+		g->select = DLSHARE__SELECT__SELECT_EXACT;
+		break;
+	case DLSHARE_NEWER_THAN:
+		g->select = DLSHARE__SELECT__SELECT_NEWER_THAN;
+		break;
+	default:
+		return DLSHARE_EINVAL;
+	}
+	g->has_select = 1;
+	g->has_version = 1;
+	g->version = o->version;
+	if (o->timeout_ms < 0 && o->timeout_ms != DLSHARE_WAIT_FOREVER)
+		return DLSHARE_EINVAL;
+	g->has_timeout_ms = o->timeout_ms != 0;
+	g->timeout_ms = o->timeout_ms < 0 ? UINT32_MAX : (uint32_t)o->timeout_ms;
+	return 0;
+}
+
+int dlshare_get(dlshare_client *c, const char *name,
+		const dlshare_get_opts *opts, dlshare_bundle **out)
+{
+	static const dlshare_get_opts dflt = { .select = DLSHARE_LATEST };
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Get g = DLSHARE__GET__INIT;
+	struct dlshare_bundle *b;
+	struct lease_ref *lr;
+	Dlshare__GetReply *gr;
+	struct reply r;
+	int err;
+
+	if (!c || !out || check_name(name))
+		return DLSHARE_EINVAL;
+	*out = NULL;
+	g.name = (char *)name;
+	if ((err = get_opts_wire(opts ? opts : &dflt, &g)))
+		return err;
+	f.body_case = DLSHARE__FRAME__BODY_GET;
+	f.get = &g;
+	err = client_call(c, &f, NULL, 0, NULL, &r);
+	if (err)
+		return err;
+	if (r.msg->frame->body_case != DLSHARE__FRAME__BODY_GET_REPLY) {
+		reply_free(c, &r);
+		return DLSHARE_EPROTO;
+	}
+	gr = r.msg->frame->get_reply;
+	b = calloc(1, sizeof(*b));
+	lr = calloc(1, sizeof(*lr) + r.npins * sizeof(lr->pins[0]));
+	if (!b || !lr) {
+		err = DLSHARE_ENOMEM;
+		goto fail;
+	}
+	if ((err = bundle_fill(b, gr, r.pins, r.npins)))
+		goto fail;
+	/* The lease and the pins change hands from the reply to lr. */
+	atomic_init(&lr->refs, 1);
+	lr->c = c;
+	lr->lease = gr->lease;
+	lr->npins = r.npins;
+	memcpy(lr->pins, r.pins, r.npins * sizeof(r.pins[0]));
+	r.npins = 0;
+	client_ref(c);
+	b->lr = lr;
+	b->version = gr->version;
+	reply_free(c, &r);
+	*out = b;
+	return 0;
+
+fail:
+	/* The daemon gave us a lease: give it back. */
+	client_release(c, gr->lease);
+	if (b)
+		btensors_free(b->ts, b->n);
+	free(b);
+	free(lr);
+	reply_free(c, &r);
+	return err;
+}
+
+uint64_t dlshare_bundle_version(const dlshare_bundle *b)
+{
+	return b ? b->version : 0;
+}
+
+size_t dlshare_bundle_count(const dlshare_bundle *b)
+{
+	return b ? b->n : 0;
+}
+
+const char *dlshare_bundle_key(const dlshare_bundle *b, size_t i)
+{
+	return b && i < b->n ? b->ts[i].key : NULL;
+}
+
+int dlshare_bundle_find(const dlshare_bundle *b, const char *key)
+{
+	if (!b || !key)
+		return DLSHARE_EINVAL;
+	for (size_t i = 0; i < b->n; i++)
+		if (strcmp(b->ts[i].key, key) == 0)
+			return (int)i;
+	return DLSHARE_ENOENT;
+}
+
+const DLTensor *dlshare_bundle_tensor(const dlshare_bundle *b, size_t i)
+{
+	return b && i < b->n ? &b->ts[i].t : NULL;
+}
+
+void dlshare_bundle_free(dlshare_bundle *b)
+{
+	if (!b)
+		return;
+	btensors_free(b->ts, b->n);
+	lease_ref_unref(b->lr);
+	free(b);
+}
+
+static void managed_delete(DLManagedTensor *self)
+{
+	struct managed *m = self->manager_ctx;
+
+	lease_ref_unref(m->lr);
+	free(m);
+}
+
+static void managed_delete_versioned(DLManagedTensorVersioned *self)
+{
+	struct managed *m = self->manager_ctx;
+
+	lease_ref_unref(m->lr);
+	free(m);
+}
+
+static struct managed *managed_new(dlshare_bundle *b, size_t i, DLTensor *t)
+{
+	struct managed *m;
+
+	if (!b || i >= b->n)
+		return NULL;
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return NULL;
+	*t = b->ts[i].t;
+	memcpy(m->shape, b->ts[i].shape, sizeof(m->shape));
+	memcpy(m->strides, b->ts[i].strides, sizeof(m->strides));
+	t->shape = m->shape;
+	t->strides = b->ts[i].t.strides ? m->strides : NULL;
+	m->lr = b->lr;
+	atomic_fetch_add(&b->lr->refs, 1);
+	return m;
+}
+
+int dlshare_bundle_export(dlshare_bundle *b, size_t i, DLManagedTensor **out)
+{
+	struct managed *m;
+	DLTensor t;
+
+	if (!out || !b || i >= b->n)
+		return DLSHARE_EINVAL;
+	if (!(m = managed_new(b, i, &t)))
+		return DLSHARE_ENOMEM;
+	m->m.plain.dl_tensor = t;
+	m->m.plain.manager_ctx = m;
+	m->m.plain.deleter = managed_delete;
+	*out = &m->m.plain;
+	return 0;
+}
+
+int dlshare_bundle_export_versioned(dlshare_bundle *b, size_t i,
+				    DLManagedTensorVersioned **out)
+{
+	struct managed *m;
+	DLTensor t;
+
+	if (!out || !b || i >= b->n)
+		return DLSHARE_EINVAL;
+	if (!(m = managed_new(b, i, &t)))
+		return DLSHARE_ENOMEM;
+	m->m.versioned.version.major = DLPACK_MAJOR_VERSION;
+	m->m.versioned.version.minor = DLPACK_MINOR_VERSION;
+	m->m.versioned.flags = DLPACK_FLAG_BITMASK_READ_ONLY;
+	m->m.versioned.dl_tensor = t;
+	m->m.versioned.manager_ctx = m;
+	m->m.versioned.deleter = managed_delete_versioned;
+	*out = &m->m.versioned;
+	return 0;
+}
+
+int dlshare_get_tensor(dlshare_client *c, const char *name,
+		       const dlshare_get_opts *opts, DLManagedTensor **out)
+{
+	dlshare_bundle *b;
+	int err;
+
+	if (!out)
+		return DLSHARE_EINVAL;
+	if ((err = dlshare_get(c, name, opts, &b)))
+		return err;
+	err = dlshare_bundle_export(b, 0, out);
+	dlshare_bundle_free(b);
+	return err;
+}
+
+int dlshare_get_tensor_versioned(dlshare_client *c, const char *name,
+				 const dlshare_get_opts *opts,
+				 DLManagedTensorVersioned **out)
+{
+	dlshare_bundle *b;
+	int err;
+
+	if (!out)
+		return DLSHARE_EINVAL;
+	if ((err = dlshare_get(c, name, opts, &b)))
+		return err;
+	err = dlshare_bundle_export_versioned(b, 0, out);
+	dlshare_bundle_free(b);
+	return err;
+}
+
+/* ---- stat, list, stats, delete ------------------------------------------ */
+
+struct dlshare_manifest {
+	size_t n;
+	struct btensor *ts;
+};
+
+static void name_info_copy(dlshare_name_info *d, const Dlshare__NameInfo *s)
+{
+	memset(d, 0, sizeof(*d));
+	strncpy(d->name, s->name, sizeof(d->name) - 1);
+	d->latest = s->latest;
+	d->versions = s->versions;
+	d->tensors = s->tensors;
+	d->bytes = s->bytes;
+	d->leases = s->leases;
+	d->owner_uid = s->owner_uid;
+	d->mode = s->mode;
+	d->kind = s->has_kind ? (int)s->kind : 0;
+	d->exported = s->has_exported && s->exported;
+}
+
+/* Sends a request and checks that the reply has the expected body. */
+static int call_expect(dlshare_client *c, Dlshare__Frame *f,
+		       Dlshare__Frame__BodyCase want, struct reply *r)
+{
+	int err = client_call(c, f, NULL, 0, NULL, r);
+
+	if (err)
+		return err;
+	if (r->msg->frame->body_case != want) {
+		reply_free(c, r);
+		return DLSHARE_EPROTO;
+	}
+	return 0;
+}
+
+static int manifest_fill(dlshare_manifest *m, Dlshare__StatReply *sr)
+{
+	m->n = sr->n_tensors;
+	if (!m->n)
+		return 0;
+	m->ts = calloc(m->n, sizeof(*m->ts));
+	if (!m->ts)
+		return DLSHARE_ENOMEM;
+	for (size_t i = 0; i < m->n; i++) {
+		Dlshare__Tensor *wt = sr->tensors[i];
+		struct btensor *bt = &m->ts[i];
+
+		if (!wt->dtype || wt->n_shape > CHECK_NDIM_MAX ||
+		    (wt->n_strides && wt->n_strides != wt->n_shape))
+			return DLSHARE_EPROTO;
+		bt->key = strdup(wt->key ? wt->key : "");
+		if (!bt->key)
+			return DLSHARE_ENOMEM;
+		for (size_t k = 0; k < wt->n_shape; k++) {
+			bt->shape[k] = wt->shape[k];
+			if (wt->n_strides)
+				bt->strides[k] = wt->strides[k];
+		}
+		bt->t.data = NULL;
+		bt->t.byte_offset = wt->offset;
+		bt->t.device.device_type = kDLCPU;
+		bt->t.ndim = (int32_t)wt->n_shape;
+		bt->t.dtype.code = (uint8_t)wt->dtype->code;
+		bt->t.dtype.bits = (uint8_t)wt->dtype->bits;
+		bt->t.dtype.lanes = (uint16_t)wt->dtype->lanes;
+		bt->t.shape = bt->shape;
+		bt->t.strides = wt->n_strides ? bt->strides : NULL;
+	}
+	return 0;
+}
+
+int dlshare_stat(dlshare_client *c, const char *name, dlshare_name_info *info,
+		 dlshare_manifest **manifest)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Stat s = DLSHARE__STAT__INIT;
+	dlshare_manifest *m = NULL;
+	struct reply r;
+	int err;
+
+	if (manifest)
+		*manifest = NULL;
+	if (!c || !info || check_name(name))
+		return DLSHARE_EINVAL;
+	s.name = (char *)name;
+	f.body_case = DLSHARE__FRAME__BODY_STAT;
+	f.stat = &s;
+	if ((err = call_expect(c, &f, DLSHARE__FRAME__BODY_STAT_REPLY, &r)))
+		return err;
+	name_info_copy(info, r.msg->frame->stat_reply->info);
+	if (manifest) {
+		m = calloc(1, sizeof(*m));
+		err = m ? manifest_fill(m, r.msg->frame->stat_reply) :
+			  DLSHARE_ENOMEM;
+		if (err) {
+			dlshare_manifest_free(m);
+			m = NULL;
+		}
+		*manifest = m;
+	}
+	reply_free(c, &r);
+	return err;
+}
+
+size_t dlshare_manifest_count(const dlshare_manifest *m)
+{
+	return m ? m->n : 0;
+}
+
+const char *dlshare_manifest_key(const dlshare_manifest *m, size_t i)
+{
+	return m && i < m->n ? m->ts[i].key : NULL;
+}
+
+const DLTensor *dlshare_manifest_tensor(const dlshare_manifest *m, size_t i)
+{
+	return m && i < m->n ? &m->ts[i].t : NULL;
+}
+
+void dlshare_manifest_free(dlshare_manifest *m)
+{
+	if (!m)
+		return;
+	btensors_free(m->ts, m->n);
+	free(m);
+}
+
+int dlshare_list(dlshare_client *c, const char *prefix, dlshare_list_fn fn,
+		 void *arg)
+{
+	char after[CHECK_NAME_MAX + 1] = "";
+	int more = 1, err = 0;
+
+	if (!c || !fn || check_prefix(prefix))
+		return DLSHARE_EINVAL;
+	while (more && !err) {
+		Dlshare__Frame f = DLSHARE__FRAME__INIT;
+		Dlshare__List l = DLSHARE__LIST__INIT;
+		Dlshare__ListReply *lr;
+		struct reply r;
+
+		l.prefix = (char *)(prefix ? prefix : "");
+		l.after = after;
+		f.body_case = DLSHARE__FRAME__BODY_LIST;
+		f.list = &l;
+		if ((err = call_expect(c, &f, DLSHARE__FRAME__BODY_LIST_REPLY, &r)))
+			return err;
+		lr = r.msg->frame->list_reply;
+		more = lr->has_more && lr->more && lr->n_names > 0;
+		for (size_t i = 0; i < lr->n_names; i++) {
+			dlshare_name_info info;
+
+			name_info_copy(&info, lr->names[i]);
+			if (fn(&info, arg)) {
+				more = 0;
+				break;
+			}
+		}
+		if (lr->n_names)
+			strncpy(after, lr->names[lr->n_names - 1]->name,
+				sizeof(after) - 1);
+		reply_free(c, &r);
+	}
+	return err;
+}
+
+int dlshare_stats_get(dlshare_client *c, dlshare_stats *out)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Stats s = DLSHARE__STATS__INIT;
+	Dlshare__StatsReply *sr;
+	struct reply r;
+	int err;
+
+	if (!c || !out)
+		return DLSHARE_EINVAL;
+	f.body_case = DLSHARE__FRAME__BODY_STATS;
+	f.stats = &s;
+	if ((err = call_expect(c, &f, DLSHARE__FRAME__BODY_STATS_REPLY, &r)))
+		return err;
+	sr = r.msg->frame->stats_reply;
+	out->connections = sr->connections;
+	out->names = sr->names;
+	out->versions = sr->versions;
+	out->leases = sr->leases;
+	out->buffers = sr->buffers;
+	out->bytes = sr->bytes;
+	out->parked = sr->parked;
+	out->requests = sr->requests;
+	out->uptime_ms = sr->uptime_ms;
+	reply_free(c, &r);
+	return 0;
+}
+
+int dlshare_delete(dlshare_client *c, const char *name)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Delete d = DLSHARE__DELETE__INIT;
+	struct reply r;
+	int err;
+
+	if (!c || check_name(name))
+		return DLSHARE_EINVAL;
+	d.name = (char *)name;
+	f.body_case = DLSHARE__FRAME__BODY_DELETE;
+	f.delete_ = &d;
+	if ((err = call_expect(c, &f, DLSHARE__FRAME__BODY_OK, &r)))
+		return err;
+	reply_free(c, &r);
+	return 0;
+}

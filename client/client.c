@@ -1,0 +1,629 @@
+/* client — the connection: Hello, request/reply demux, the receiver thread,
+ * the import cache and the release queue. */
+#include "internal.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "paths.h"
+
+/* Lease ids sent in one Release packet (8 bytes each at most). */
+#define CLIENT_RELEASE_BATCH 1024
+
+static _Thread_local char errmsg[256];
+
+void errmsg_set(const char *msg)
+{
+	snprintf(errmsg, sizeof(errmsg), "%s", msg ? msg : "");
+}
+
+const char *dlshare_last_error(void)
+{
+	return errmsg;
+}
+
+int client_errno(int err)
+{
+	switch (err) {
+	case -ENOMEM:
+		return DLSHARE_ENOMEM;
+	case -EINVAL:
+		return DLSHARE_EINVAL;
+	case -E2BIG:
+	case -EMSGSIZE:
+		return DLSHARE_E2BIG;
+	case -ENOENT:
+	case -ECONNREFUSED:
+	case -EPIPE:
+	case -ECONNRESET:
+	case -ENOTCONN:
+		return DLSHARE_ECONN;
+	case -EACCES:
+	case -EPERM:
+		return DLSHARE_EPERM;
+	case -EMFILE:
+	case -ENFILE:
+		return DLSHARE_ELIMIT;
+	default:
+		return DLSHARE_EIO;
+	}
+}
+
+int dlshare_socket_path(char *buf, size_t len)
+{
+	return paths_default_socket(buf, len) ? DLSHARE_E2BIG : 0;
+}
+
+void client_ref(dlshare_client *c)
+{
+	atomic_fetch_add(&c->refs, 1);
+}
+
+static void client_free(dlshare_client *c)
+{
+	struct ibuf *b, *tmp;
+
+	HASH_ITER(hh, c->bufs, b, tmp) {
+		HASH_DEL(c->bufs, b);
+		if (b->base)
+			munmap(b->base, b->size);
+		free(b);
+	}
+	if (c->fd >= 0)
+		close(c->fd);
+	if (c->wake_fd >= 0)
+		close(c->wake_fd);
+	free(c->rel);
+	pthread_mutex_destroy(&c->lock);
+	pthread_mutex_destroy(&c->send_lock);
+	free(c);
+}
+
+void client_unref(dlshare_client *c)
+{
+	if (atomic_fetch_sub(&c->refs, 1) == 1)
+		client_free(c);
+}
+
+/* ---- import cache ------------------------------------------------------- */
+
+static void ibuf_drop(dlshare_client *c, struct ibuf *b)
+{
+	HASH_DEL(c->bufs, b);
+	if (b->base)
+		munmap(b->base, b->size);
+	free(b);
+}
+
+void client_unpin(dlshare_client *c, struct ibuf **pins, size_t n)
+{
+	pthread_mutex_lock(&c->lock);
+	for (size_t i = 0; i < n; i++) {
+		struct ibuf *b = pins[i];
+
+		if (--b->refs == 0 && (b->gone || c->dead))
+			ibuf_drop(c, b);
+	}
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* Receiver thread, under c->lock: pins the buffers a GetReply names,
+ * mapping the fds it brings. Fails (and pins nothing) when a buffer is
+ * neither cached nor attached, or a mapping fails. */
+static int import_buffers(dlshare_client *c, Dlshare__GetReply *r, int *fds,
+			  unsigned nfds, struct pending *p)
+{
+	unsigned k = 0;
+	int err = 0;
+
+	if (r->n_buffers > CLIENT_PINS_MAX)
+		return DLSHARE_EPROTO;
+	for (size_t i = 0; i < r->n_buffers && !err; i++) {
+		Dlshare__Buffer *wb = r->buffers[i];
+		struct ibuf *b = NULL;
+		int fd = -1;
+
+		if (wb->fd_attached) {
+			if (k == nfds) {
+				err = DLSHARE_EPROTO;
+				break;
+			}
+			fd = fds[k];
+			fds[k++] = -1;
+		}
+		HASH_FIND(hh, c->bufs, &wb->id, sizeof(wb->id), b);
+		if (!b && fd < 0) {
+			err = DLSHARE_EPROTO;
+		} else if (!b) {
+			if (wb->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST ||
+			    wb->size > SIZE_MAX) {
+				err = DLSHARE_ENOTSUP;
+			} else if (!(b = calloc(1, sizeof(*b)))) {
+				err = DLSHARE_ENOMEM;
+			} else {
+				b->id = wb->id;
+				b->size = wb->size;
+				if (wb->size) {
+					b->base = mmap(NULL, wb->size, PROT_READ,
+						       MAP_SHARED, fd, 0);
+					if (b->base == MAP_FAILED) {
+						err = client_errno(-errno);
+						free(b);
+						b = NULL;
+					}
+				}
+				if (b)
+					HASH_ADD(hh, c->bufs, id, sizeof(b->id), b);
+			}
+		}
+		/* The mapping keeps the memory; the fd is no longer needed
+		 * (and a duplicate one was never needed). */
+		if (fd >= 0)
+			close(fd);
+		if (b && !err) {
+			b->refs++;
+			p->pins[p->npins++] = b;
+		}
+	}
+	if (err) {
+		for (size_t i = 0; i < p->npins; i++)
+			if (--p->pins[i]->refs == 0 && p->pins[i]->gone)
+				ibuf_drop(c, p->pins[i]);
+		p->npins = 0;
+	}
+	wire_close_fds(fds, nfds);
+	return err;
+}
+
+/* ---- the receiver thread ---------------------------------------------- */
+
+static void fail_all(dlshare_client *c, int err)
+{
+	struct pending *p, *tmp;
+
+	c->dead = 1;
+	HASH_ITER(hh, c->pending, p, tmp) {
+		HASH_DEL(c->pending, p);
+		p->done = 1;
+		p->err = err;
+		pthread_cond_signal(&p->cond);
+	}
+}
+
+/* Sends queued releases without blocking. Returns 0, or -EAGAIN when the
+ * socket is full (try again when writable), or -errno. Called with c->lock
+ * held. */
+static int flush_releases(dlshare_client *c)
+{
+	while (c->nrel) {
+		size_t n = c->nrel < CLIENT_RELEASE_BATCH ? c->nrel :
+			   CLIENT_RELEASE_BATCH;
+		Dlshare__Frame f = DLSHARE__FRAME__INIT;
+		Dlshare__Release r = DLSHARE__RELEASE__INIT;
+		uint8_t *data;
+		size_t len;
+		int err;
+
+		r.n_leases = n;
+		r.leases = c->rel;
+		f.id = 0; /* no reply wanted */
+		f.body_case = DLSHARE__FRAME__BODY_RELEASE;
+		f.release = &r;
+		err = wire_encode(&f, c->max_packet, &data, &len);
+		if (err)
+			return err;
+		pthread_mutex_lock(&c->send_lock);
+		err = wire_send(c->fd, data, len, NULL, 0, MSG_DONTWAIT);
+		pthread_mutex_unlock(&c->send_lock);
+		free(data);
+		if (err)
+			return err;
+		memmove(c->rel, c->rel + n, (c->nrel - n) * sizeof(*c->rel));
+		c->nrel -= n;
+	}
+	return 0;
+}
+
+static void handle_push(dlshare_client *c, Dlshare__Frame *f)
+{
+	struct export *done = NULL;
+
+	pthread_mutex_lock(&c->lock);
+	if (f->body_case == DLSHARE__FRAME__BODY_BUFFER_GONE) {
+		for (size_t i = 0; i < f->buffer_gone->n_ids; i++) {
+			struct ibuf *b = NULL;
+
+			HASH_FIND(hh, c->bufs, &f->buffer_gone->ids[i],
+				  sizeof(uint64_t), b);
+			if (!b)
+				continue;
+			b->gone = 1;
+			if (b->refs == 0)
+				ibuf_drop(c, b);
+		}
+	} else if (f->body_case == DLSHARE__FRAME__BODY_RETIRED) {
+		for (struct export **pp = &c->exports; *pp; pp = &(*pp)->next) {
+			struct export *e = *pp;
+
+			if (e->version == f->retired->version &&
+			    strcmp(e->name, f->retired->name) == 0) {
+				*pp = e->next;
+				done = e;
+				break;
+			}
+		}
+	}
+	pthread_mutex_unlock(&c->lock);
+	/* Deleters run outside the lock: they may call back into us. */
+	if (done)
+		export_free(done);
+}
+
+/* Hands a reply to its waiting caller. Under c->lock. */
+static void deliver(dlshare_client *c, struct wire_msg *m, int *fds,
+		    unsigned nfds)
+{
+	Dlshare__Frame *f = m->frame;
+	struct pending *p = NULL;
+	int err = 0;
+
+	HASH_FIND(hh, c->pending, &f->id, sizeof(f->id), p);
+	if (!p) {
+		wire_close_fds(fds, nfds);
+		wire_msg_free(m);
+		return;
+	}
+	if (f->body_case == DLSHARE__FRAME__BODY_GET_REPLY) {
+		err = import_buffers(c, f->get_reply, fds, nfds, p);
+		nfds = 0;
+	} else if (f->body_case == DLSHARE__FRAME__BODY_PUBLISH_REPLY &&
+		   p->export) {
+		/* Registered before anything after this reply is read, so
+		 * a Retired for it always finds it. */
+		p->export->version = f->publish_reply->version;
+		p->export->next = c->exports;
+		c->exports = p->export;
+		p->export = NULL;
+	}
+	HASH_DEL(c->pending, p);
+	p->msg = m;
+	memcpy(p->fds, fds, nfds * sizeof(int));
+	p->nfds = nfds;
+	p->err = err;
+	p->done = 1;
+	pthread_cond_signal(&p->cond);
+}
+
+static void *rx_main(void *arg)
+{
+	dlshare_client *c = arg;
+	uint8_t *buf = malloc(c->max_packet);
+	int want_out = 0, err = 0;
+
+	if (!buf)
+		err = DLSHARE_ENOMEM;
+	while (!err) {
+		struct pollfd pfd[2] = {
+			{ .fd = c->fd, .events = POLLIN | (want_out ? POLLOUT : 0) },
+			{ .fd = c->wake_fd, .events = POLLIN },
+		};
+		int fds[WIRE_FDS_MAX];
+		unsigned nfds = 0;
+		struct wire_msg *m;
+		size_t len = 0;
+		int r;
+
+		if (poll(pfd, 2, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			err = DLSHARE_EIO;
+			break;
+		}
+		if (pfd[1].revents & POLLIN) {
+			uint64_t v;
+
+			if (read(c->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+				err = DLSHARE_EIO;
+		}
+		pthread_mutex_lock(&c->lock);
+		if (c->closed) {
+			pthread_mutex_unlock(&c->lock);
+			err = DLSHARE_ECLOSED;
+			break;
+		}
+		r = flush_releases(c);
+		pthread_mutex_unlock(&c->lock);
+		want_out = r == -EAGAIN;
+		if (r && r != -EAGAIN) {
+			err = DLSHARE_ECONN;
+			break;
+		}
+		if (!(pfd[0].revents & (POLLIN | POLLHUP | POLLERR)))
+			continue;
+		r = wire_recv(c->fd, buf, c->max_packet, fds, WIRE_FDS_MAX,
+			      &len, &nfds, MSG_DONTWAIT);
+		if (r == -EAGAIN)
+			continue;
+		if (r || (len == 0 && nfds == 0)) {
+			err = r == -EMSGSIZE || r == -EPROTO ? DLSHARE_EPROTO :
+			      DLSHARE_ECONN;
+			break;
+		}
+		if (wire_decode(buf, len, &m) || m->frame->nfds != nfds) {
+			if (m)
+				wire_msg_free(m);
+			wire_close_fds(fds, nfds);
+			err = DLSHARE_EPROTO;
+			break;
+		}
+		if (m->frame->id == 0) {
+			if (m->frame->body_case == DLSHARE__FRAME__BODY_ERROR)
+				err = m->frame->error->code < 0 ?
+				      m->frame->error->code : DLSHARE_EPROTO;
+			else
+				handle_push(c, m->frame);
+			wire_close_fds(fds, nfds);
+			wire_msg_free(m);
+			continue;
+		}
+		pthread_mutex_lock(&c->lock);
+		deliver(c, m, fds, nfds);
+		pthread_mutex_unlock(&c->lock);
+	}
+	free(buf);
+	pthread_mutex_lock(&c->lock);
+	fail_all(c, err == DLSHARE_ECLOSED ? DLSHARE_ECLOSED : DLSHARE_ECONN);
+	c->nrel = 0;
+	pthread_mutex_unlock(&c->lock);
+	return NULL;
+}
+
+/* ---- calls -------------------------------------------------------------- */
+
+void reply_free(dlshare_client *c, struct reply *r)
+{
+	wire_close_fds(r->fds, r->nfds);
+	r->nfds = 0;
+	if (r->npins)
+		client_unpin(c, r->pins, r->npins);
+	r->npins = 0;
+	wire_msg_free(r->msg);
+	r->msg = NULL;
+}
+
+int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
+		unsigned nfds, struct export *export, struct reply *out)
+{
+	struct pending p = { .err = 0 };
+	uint8_t *data;
+	size_t len;
+	int err;
+
+	errmsg_set(NULL);
+	memset(out, 0, sizeof(*out));
+	req->nfds = nfds;
+	req->has_nfds = nfds > 0;
+	pthread_cond_init(&p.cond, NULL);
+	pthread_mutex_lock(&c->lock);
+	if (c->closed || c->dead) {
+		err = c->closed ? DLSHARE_ECLOSED : DLSHARE_ECONN;
+		pthread_mutex_unlock(&c->lock);
+		pthread_cond_destroy(&p.cond);
+		return err;
+	}
+	p.id = req->id = c->next_id++;
+	p.export = export;
+	HASH_ADD(hh, c->pending, id, sizeof(p.id), &p);
+	pthread_mutex_unlock(&c->lock);
+
+	err = wire_encode(req, c->max_packet, &data, &len);
+	if (!err) {
+		pthread_mutex_lock(&c->send_lock);
+		err = wire_send(c->fd, data, len, fds, nfds, 0);
+		pthread_mutex_unlock(&c->send_lock);
+		free(data);
+	}
+
+	pthread_mutex_lock(&c->lock);
+	if (err) {
+		/* Never sent: nobody will answer. */
+		if (!p.done)
+			HASH_DEL(c->pending, &p);
+		p.done = 1;
+		p.err = err == -E2BIG || err == -EMSGSIZE ? DLSHARE_E2BIG :
+			client_errno(err);
+	}
+	while (!p.done)
+		pthread_cond_wait(&p.cond, &c->lock);
+	/* An export the reply did not register stays the caller's. */
+	pthread_mutex_unlock(&c->lock);
+	pthread_cond_destroy(&p.cond);
+
+	out->msg = p.msg;
+	memcpy(out->fds, p.fds, p.nfds * sizeof(int));
+	out->nfds = p.nfds;
+	memcpy(out->pins, p.pins, p.npins * sizeof(p.pins[0]));
+	out->npins = p.npins;
+	if (!p.err && p.msg && p.msg->frame->body_case ==
+			       DLSHARE__FRAME__BODY_ERROR) {
+		Dlshare__Error *e = p.msg->frame->error;
+
+		errmsg_set(e->message);
+		p.err = e->code < 0 ? e->code : DLSHARE_EPROTO;
+	}
+	if (p.err) {
+		reply_free(c, out);
+		return p.err;
+	}
+	return 0;
+}
+
+void client_release(dlshare_client *c, uint64_t lease)
+{
+	uint64_t one = 1;
+	int wake = 0;
+
+	pthread_mutex_lock(&c->lock);
+	/* A dead connection took its leases with it. */
+	if (!c->dead && !c->closed) {
+		if (c->nrel == c->caprel) {
+			size_t cap = c->caprel ? c->caprel * 2 : 64;
+			uint64_t *n = realloc(c->rel, cap * sizeof(*n));
+
+			if (n) {
+				c->rel = n;
+				c->caprel = cap;
+			}
+		}
+		/* Without memory for the queue the lease stays held until
+		 * the connection closes: a leak bounded by the connection,
+		 * never a crash. */
+		if (c->nrel < c->caprel) {
+			c->rel[c->nrel++] = lease;
+			wake = 1;
+		}
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (wake && write(c->wake_fd, &one, sizeof(one)) < 0) {
+		/* The counter is full, so the thread is awake anyway. */
+	}
+}
+
+void export_free(struct export *e)
+{
+	for (size_t i = 0; i < e->n; i++)
+		if (e->tensors[i] && e->tensors[i]->deleter)
+			e->tensors[i]->deleter(e->tensors[i]);
+	free(e->tensors);
+	free(e);
+}
+
+/* ---- connect / disconnect ------------------------------------------------- */
+
+static int hello(dlshare_client *c)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Hello h = DLSHARE__HELLO__INIT;
+	struct reply r;
+	int err;
+
+	h.major = WIRE_PROTO_MAJOR;
+	h.minor = WIRE_PROTO_MINOR;
+	h.agent = "libdlshare " DLSHARE_VERSION_STRING;
+	f.body_case = DLSHARE__FRAME__BODY_HELLO;
+	f.hello = &h;
+	err = client_call(c, &f, NULL, 0, NULL, &r);
+	if (err)
+		return err;
+	if (r.msg->frame->body_case != DLSHARE__FRAME__BODY_HELLO_REPLY) {
+		reply_free(c, &r);
+		return DLSHARE_EPROTO;
+	}
+	if (r.msg->frame->hello_reply->major != WIRE_PROTO_MAJOR)
+		err = DLSHARE_EVERSION;
+	reply_free(c, &r);
+	return err;
+}
+
+int dlshare_connect(const char *path, dlshare_client **out)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	char dflt[sizeof(sa.sun_path)];
+	dlshare_client *c;
+	int err;
+
+	if (!out)
+		return DLSHARE_EINVAL;
+	*out = NULL;
+	if (!path) {
+		if (paths_default_socket(dflt, sizeof(dflt)))
+			return DLSHARE_E2BIG;
+		path = dflt;
+	}
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return DLSHARE_E2BIG;
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return DLSHARE_ENOMEM;
+	atomic_init(&c->refs, 1);
+	c->next_id = 1;
+	/* Until the daemon says otherwise it may send the largest packet a
+	 * socket buffer allows. */
+	c->max_packet = 256 * 1024;
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_mutex_init(&c->send_lock, NULL);
+	c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	c->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (c->fd < 0 || c->wake_fd < 0) {
+		err = client_errno(-errno);
+		goto fail;
+	}
+	if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		err = errno == EACCES ? DLSHARE_EPERM : DLSHARE_ECONN;
+		goto fail;
+	}
+	if (pthread_create(&c->rx, NULL, rx_main, c)) {
+		err = DLSHARE_ENOMEM;
+		goto fail;
+	}
+	c->rx_started = 1;
+	err = hello(c);
+	if (err) {
+		dlshare_disconnect(c);
+		return err;
+	}
+	*out = c;
+	return 0;
+
+fail:
+	client_free(c);
+	return err;
+}
+
+void dlshare_disconnect(dlshare_client *c)
+{
+	struct export *e;
+	uint64_t one = 1;
+
+	if (!c)
+		return;
+	pthread_mutex_lock(&c->lock);
+	c->closed = 1;
+	pthread_mutex_unlock(&c->lock);
+	if (c->rx_started) {
+		if (write(c->wake_fd, &one, sizeof(one)) < 0) {
+			/* Already signalled. */
+		}
+		pthread_join(c->rx, NULL);
+	}
+	/* The daemon drops our leases and withdraws our exports when the
+	 * socket closes; close it now, not when the last tensor goes. */
+	shutdown(c->fd, SHUT_RDWR);
+	pthread_mutex_lock(&c->lock);
+	c->dead = 1;
+	e = c->exports;
+	c->exports = NULL;
+	/* Mappings no tensor uses go now; the rest with their last tensor. */
+	struct ibuf *b, *tmp;
+	HASH_ITER(hh, c->bufs, b, tmp)
+		if (b->refs == 0)
+			ibuf_drop(c, b);
+	pthread_mutex_unlock(&c->lock);
+	while (e) {
+		struct export *next = e->next;
+
+		export_free(e);
+		e = next;
+	}
+	client_unref(c);
+}

@@ -1,0 +1,140 @@
+/* internal — what the modules of libdlshare share behind the public API.
+ *
+ * A dlshare_client owns one socket and one receiver thread. Callers send
+ * under send_lock and sleep on their own pending slot; the receiver thread
+ * reads every packet, in order, imports the buffers a reply names into the
+ * cache (so a later reply that names a buffer without its fd always finds
+ * it), hands replies to their slots and handles pushes (Retired,
+ * BufferGone). Deleters never block: they queue lease ids that the receiver
+ * thread sends. Everything in struct dlshare_client below `lock` is
+ * protected by it.
+ */
+#ifndef DLSHARE_CLIENT_INTERNAL_H
+#define DLSHARE_CLIENT_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include <uthash.h>
+
+#include <dlshare/dlshare.h>
+
+#include "check.h"
+#include "wire.h"
+
+/* Most buffers one version may have, whatever a daemon says. */
+#define CLIENT_PINS_MAX 64
+
+/* One buffer this process has mapped, shared by every tensor on it. */
+struct ibuf {
+	uint64_t id;
+	void *base;              /* mapping (read-only), NULL for size 0 */
+	uint64_t size;
+	int refs;                /* leases using it (pins) */
+	int gone;                /* the daemon freed it: drop at refs 0 */
+	UT_hash_handle hh;
+};
+
+/* Tensors published without a copy, kept until the daemon retires them. */
+struct export {
+	char name[CHECK_NAME_MAX + 1];
+	uint64_t version;        /* 0 until the PublishReply arrives */
+	uint64_t req_id;
+	size_t n;
+	DLManagedTensor **tensors;
+	struct export *next;
+};
+
+/* A request waiting for its reply. */
+struct pending {
+	uint64_t id;
+	pthread_cond_t cond;
+	int done;
+	int err;                 /* DLSHARE_E* when done without a reply */
+	struct wire_msg *msg;
+	int fds[WIRE_FDS_MAX];
+	unsigned nfds;
+	struct ibuf *pins[CLIENT_PINS_MAX];
+	size_t npins;
+	struct export *export;   /* Publish: register it on the reply */
+	UT_hash_handle hh;
+};
+
+struct dlshare_client {
+	atomic_int refs;         /* the handle, plus one per lease_ref */
+	int fd;
+	int wake_fd;             /* eventfd: wakes the receiver thread */
+	pthread_t rx;
+	int rx_started;
+	uint32_t max_packet;
+	pthread_mutex_t send_lock;
+
+	pthread_mutex_t lock;
+	int closed;              /* dlshare_disconnect() began */
+	int dead;                /* the connection is gone */
+	uint64_t next_id;
+	struct pending *pending;
+	struct ibuf *bufs;
+	struct export *exports;
+	uint64_t *rel;           /* lease ids to release */
+	size_t nrel, caprel;
+};
+
+/* A lease, shared by a bundle and the tensors exported from it. */
+struct lease_ref {
+	atomic_int refs;
+	dlshare_client *c;
+	uint64_t lease;
+	size_t npins;
+	struct ibuf *pins[];
+};
+
+/* A reply handed back by client_call(). */
+struct reply {
+	struct wire_msg *msg;
+	int fds[WIRE_FDS_MAX];
+	unsigned nfds;
+	struct ibuf *pins[CLIENT_PINS_MAX];
+	size_t npins;
+};
+
+void client_ref(dlshare_client *c);
+void client_unref(dlshare_client *c);
+
+/* Sends req (its id is set here) with fds and waits for the reply. An Error
+ * reply becomes its code (and the daemon's message, see errmsg_set). export,
+ * when set, is registered by the receiver thread as the reply arrives.
+ * Returns 0 with *out (free with reply_free), or a DLSHARE_E* code. */
+int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
+		unsigned nfds, struct export *export, struct reply *out);
+void reply_free(dlshare_client *c, struct reply *r);
+
+/* Drops pins on buffers (under c->lock) and unmaps those no longer needed. */
+void client_unpin(dlshare_client *c, struct ibuf **pins, size_t n);
+
+/* Queues a lease for release; never blocks. */
+void client_release(dlshare_client *c, uint64_t lease);
+
+/* Calls the deleters of an export and frees it. */
+void export_free(struct export *e);
+
+/* Remembers the daemon's message for dlshare_last_error() of this thread. */
+void errmsg_set(const char *msg);
+
+/* Maps a -errno from a system call to a DLSHARE_E* code. */
+int client_errno(int err);
+
+/* hostmem: memory from dlshare_host_alloc(). Finds the allocation holding
+ * [p, p+len): its base, its size and a dup of its memfd (the caller closes
+ * it). Returns 0, DLSHARE_ENOENT, or DLSHARE_ELIMIT (no fd for the dup). */
+int hostmem_find(const void *p, uint64_t len, void **base, uint64_t *size,
+		 int *fd);
+
+/* The compact byte size of t, or a negative code. */
+int tensor_bytes(const DLTensor *t, uint64_t *out);
+/* The bytes [lo, hi) that t's elements cover, relative to its data pointer
+ * (byte_offset included). Returns 0 or DLSHARE_EINVAL. */
+int tensor_extent(const DLTensor *t, int64_t *lo, int64_t *hi);
+
+#endif

@@ -1,0 +1,323 @@
+/* conn — packet I/O of one peer. */
+#include "conn.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "dispatch.h"
+#include "log.h"
+#include "server.h"
+
+/* At most this many packets read or written per wakeup, so one busy peer
+ * cannot starve the others. */
+#define CONN_BATCH 32
+/* Reading pauses while this much output waits; the peer must drain first. */
+#define CONN_SOFT_OUTPUT(s) ((s)->cfg.limits.max_output / 2)
+
+struct conn *conn_of_owner(struct registry_owner *o)
+{
+	return (struct conn *)((char *)o - offsetof(struct conn, owner));
+}
+
+static void outpkt_free(struct outpkt *p)
+{
+	wire_close_fds(p->fds, p->nfds);
+	free(p->data);
+	free(p);
+}
+
+static void on_poll(uv_poll_t *h, int status, int events);
+
+static void conn_update_poll(struct conn *c)
+{
+	int events = 0;
+
+	if (!conn_open(c))
+		return;
+	c->reading = c->out_bytes < CONN_SOFT_OUTPUT(c->srv);
+	if (c->reading)
+		events |= UV_READABLE;
+	if (c->out_head)
+		events |= UV_WRITABLE;
+	uv_poll_start(&c->poll, events, on_poll);
+}
+
+static void on_closed(uv_handle_t *h)
+{
+	struct conn *c = h->data;
+
+	free(c);
+}
+
+void conn_fail(struct conn *c, const char *why)
+{
+	if (c->state != CONN_OPEN)
+		return;
+	c->state = CONN_FAILING;
+	c->why = why;
+	uv_poll_stop(&c->poll);
+	c->doomed_next = c->srv->doomed;
+	c->srv->doomed = c;
+}
+
+void conn_close(struct conn *c, const char *why)
+{
+	struct server *s = c->srv;
+	struct sent_buf *b, *tmp;
+
+	if (c->state == CONN_CLOSING)
+		return;
+	log_info("conn %llu (pid %d uid %u) closed: %s",
+		 (unsigned long long)c->id, (int)c->owner.pid,
+		 (unsigned)c->owner.uid, why);
+	c->state = CONN_CLOSING;
+	uv_poll_stop(&c->poll);
+	dispatch_conn_closed(c);
+	/* Dropping the stake may free buffers: buffer_freed skips closing
+	 * conns, and our sent set goes below. */
+	registry_owner_drop(&s->reg, &c->owner);
+	HASH_ITER(hh, c->sent, b, tmp) {
+		HASH_DEL(c->sent, b);
+		free(b);
+	}
+	while (c->out_head) {
+		struct outpkt *p = c->out_head;
+
+		c->out_head = p->next;
+		outpkt_free(p);
+	}
+	c->out_tail = NULL;
+	c->out_bytes = 0;
+	DL_DELETE(s->conns, c);
+	s->nconns--;
+	/* The memory goes in on_closed, after the loop let go of the handle;
+	 * the fd only after libuv forgot it. */
+	uv_close((uv_handle_t *)&c->poll, on_closed);
+	close(c->fd);
+	c->fd = -1;
+}
+
+/* Sends queued packets, at most CONN_BATCH. Returns 0 or -errno (fatal). */
+static int conn_flush(struct conn *c)
+{
+	for (int i = 0; i < CONN_BATCH && c->out_head; i++) {
+		struct outpkt *p = c->out_head;
+		int err = wire_send(c->fd, p->data, p->len, p->fds, p->nfds,
+				    MSG_DONTWAIT);
+
+		if (err == -EAGAIN)
+			return 0;
+		if (err)
+			return err;
+		c->out_head = p->next;
+		if (!c->out_head)
+			c->out_tail = NULL;
+		c->out_bytes -= p->len;
+		outpkt_free(p);
+	}
+	return 0;
+}
+
+int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
+	      unsigned nfds)
+{
+	struct server *s = c->srv;
+	struct outpkt *p;
+	uint8_t *data;
+	size_t len;
+	int err;
+
+	if (!conn_open(c))
+		return -EPIPE;
+	f->nfds = nfds;
+	f->has_nfds = nfds > 0;
+	err = wire_encode(f, s->cfg.limits.max_packet, &data, &len);
+	if (err) {
+		log_err("conn %llu: reply does not fit a packet (%d)",
+			(unsigned long long)c->id, err);
+		conn_fail(c, "reply too large");
+		return err;
+	}
+	if (c->out_bytes + len > s->cfg.limits.max_output) {
+		free(data);
+		conn_fail(c, "output limit reached: peer does not read");
+		return -ENOBUFS;
+	}
+	p = calloc(1, sizeof(*p) + nfds * sizeof(int));
+	if (!p) {
+		free(data);
+		conn_fail(c, "out of memory");
+		return -ENOMEM;
+	}
+	p->data = data;
+	p->len = len;
+	/* Our dups: the originals may be closed before this packet leaves. */
+	for (unsigned i = 0; i < nfds; i++) {
+		p->fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 3);
+		if (p->fds[i] < 0) {
+			err = -errno;
+			p->nfds = i;
+			outpkt_free(p);
+			conn_fail(c, "cannot duplicate fd");
+			return err;
+		}
+		p->nfds = i + 1;
+	}
+	if (c->out_tail)
+		c->out_tail->next = p;
+	else
+		c->out_head = p;
+	c->out_tail = p;
+	c->out_bytes += len;
+	err = conn_flush(c);
+	if (err) {
+		conn_fail(c, "send failed");
+		return err;
+	}
+	conn_update_poll(c);
+	return 0;
+}
+
+int conn_send_error(struct conn *c, uint64_t id, int code, const char *fmt,
+		    ...)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Error e = DLSHARE__ERROR__INIT;
+	char msg[256];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	e.code = code;
+	e.message = msg;
+	f.id = id;
+	f.body_case = DLSHARE__FRAME__BODY_ERROR;
+	f.error = &e;
+	return conn_send(c, &f, NULL, 0);
+}
+
+/* A framing error: tell the peer why (best effort) and cut it off. */
+static void conn_protocol_error(struct conn *c, const char *why)
+{
+	/* why is a static string. */
+	log_warn("conn %llu (pid %d): protocol error: %s",
+		 (unsigned long long)c->id, (int)c->owner.pid, why);
+	conn_send_error(c, 0, -7 /* DLSHARE_EPROTO */, "protocol error: %s",
+			why);
+	conn_fail(c, why);
+}
+
+static void conn_read(struct conn *c)
+{
+	struct server *s = c->srv;
+
+	for (int i = 0; i < CONN_BATCH && conn_open(c) && c->reading; i++) {
+		int fds[WIRE_FDS_MAX];
+		unsigned nfds = 0;
+		size_t len = 0, cap;
+		struct wire_msg *m;
+		int err;
+
+		/* Before Hello a peer is unknown: it gets a small packet. */
+		cap = c->hello ? s->cfg.limits.max_packet :
+				 SERVER_HELLO_PACKET_MAX;
+		err = wire_recv(c->fd, s->rbuf, cap, fds,
+				c->hello ? s->cfg.limits.max_fds : 0, &len,
+				&nfds, MSG_DONTWAIT);
+		if (err == -EAGAIN)
+			return;
+		if (err == -EMSGSIZE) {
+			conn_protocol_error(c, "packet larger than the limit");
+			return;
+		}
+		if (err == -EPROTO) {
+			conn_protocol_error(c, "too many fds in one packet");
+			return;
+		}
+		if (err) {
+			conn_fail(c, "receive failed");
+			return;
+		}
+		if (len == 0 && nfds == 0) {
+			conn_fail(c, "peer hung up");
+			return;
+		}
+		if (wire_decode(s->rbuf, len, &m)) {
+			wire_close_fds(fds, nfds);
+			conn_protocol_error(c, "malformed packet");
+			return;
+		}
+		if (m->frame->nfds != nfds) {
+			wire_close_fds(fds, nfds);
+			wire_msg_free(m);
+			conn_protocol_error(c, "fd count does not match the packet");
+			return;
+		}
+		s->requests++;
+		dispatch_frame(c, m->frame, fds, nfds);
+		wire_msg_free(m);
+	}
+}
+
+static void on_poll(uv_poll_t *h, int status, int events)
+{
+	struct conn *c = h->data;
+
+	if (status < 0) {
+		conn_fail(c, "poll failed");
+	} else {
+		if ((events & UV_WRITABLE) && conn_flush(c))
+			conn_fail(c, "send failed");
+		if ((events & UV_READABLE) && conn_open(c))
+			conn_read(c);
+		conn_update_poll(c);
+	}
+	server_reap(c->srv);
+}
+
+int conn_new(struct server *s, int fd)
+{
+	struct ucred cred;
+	socklen_t clen = sizeof(cred);
+	struct conn *c;
+	int err;
+
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {
+		err = -errno;
+		close(fd);
+		return err;
+	}
+	c = calloc(1, sizeof(*c));
+	if (!c) {
+		close(fd);
+		return -ENOMEM;
+	}
+	c->srv = s;
+	c->id = ++s->next_conn_id;
+	c->fd = fd;
+	c->state = CONN_OPEN;
+	registry_owner_init(&c->owner, cred.uid, cred.gid, cred.pid);
+	err = uv_poll_init(s->loop, &c->poll, fd);
+	if (err) {
+		close(fd);
+		free(c);
+		return err;
+	}
+	c->poll.data = c;
+	DL_APPEND(s->conns, c);
+	s->nconns++;
+	log_debug("conn %llu: pid %d uid %u gid %u",
+		  (unsigned long long)c->id, (int)cred.pid,
+		  (unsigned)cred.uid, (unsigned)cred.gid);
+	c->reading = 1;
+	uv_poll_start(&c->poll, UV_READABLE, on_poll);
+	return 0;
+}

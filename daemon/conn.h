@@ -1,0 +1,89 @@
+/* conn — one peer of the daemon: packet I/O under a uv_poll_t, a bounded
+ * output queue and the peer's stake in the registry.
+ *
+ * A conn is OPEN; then FAILING when something went wrong (it no longer reads
+ * or sends and waits on the server's doomed list); then CLOSING once
+ * server_reap() dropped its queue and registry stake and closed its handle;
+ * its memory goes in the close callback. A conn never dies in the middle of
+ * a callback that could reach it from the registry: failures only doom it,
+ * and the event callbacks reap at their end. Loop thread only.
+ */
+#ifndef DLSHARE_CONN_H
+#define DLSHARE_CONN_H
+
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "registry.h"
+#include "wire.h"
+
+struct server;
+struct park;
+
+enum conn_state { CONN_OPEN, CONN_FAILING, CONN_CLOSING };
+
+/* A buffer whose fd this peer already received. */
+struct sent_buf {
+	uint64_t id;
+	UT_hash_handle hh;
+};
+
+struct outpkt {
+	struct outpkt *next;
+	uint8_t *data;
+	size_t len;
+	unsigned nfds;
+	int fds[];                /* our own dups, closed once sent */
+};
+
+struct conn {
+	struct server *srv;
+	uint64_t id;
+	int fd;
+	enum conn_state state;
+	int hello;                /* the handshake is done */
+	int reading;              /* UV_READABLE is on */
+	uv_poll_t poll;
+	struct registry_owner owner;
+	struct sent_buf *sent;
+	struct outpkt *out_head, *out_tail;
+	uint64_t out_bytes;
+	struct park *parked;
+	uint32_t nparked;
+	struct conn *prev, *next; /* server->conns */
+	struct conn *doomed_next; /* server->doomed */
+	const char *why;          /* why it is failing (a static string) */
+};
+
+/* Takes over fd, an accepted socket, and starts reading from it.
+ * Returns 0, or -errno (fd is closed then). */
+int conn_new(struct server *s, int fd);
+
+static inline int conn_open(const struct conn *c)
+{
+	return c->state == CONN_OPEN;
+}
+
+/* Encodes f and queues it with nfds fds (dup'd: the caller keeps its own).
+ * Sends at once when the socket takes it. Returns 0, or -errno after which
+ * the conn is failing (output limit crossed, encode failure, dead peer). */
+int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
+	      unsigned nfds);
+
+/* Sends an Error frame answering request id. Returns as conn_send. */
+int conn_send_error(struct conn *c, uint64_t id, int dlshare_code,
+		    const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* Dooms c: it stops reading and sending and is closed by server_reap().
+ * why must be a static string. Safe to call on a failing conn. */
+void conn_fail(struct conn *c, const char *why);
+
+/* Drops everything the peer held and closes it now. Only for server_reap()
+ * and server_shutdown(); safe to call twice. */
+void conn_close(struct conn *c, const char *why);
+
+/* Of a registry owner embedded in a conn, the conn. */
+struct conn *conn_of_owner(struct registry_owner *o);
+
+#endif

@@ -1,0 +1,911 @@
+/* dispatch — requests, parked gets and pushed events. */
+#include "dispatch.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <dlshare/dlshare.h>
+
+#include "check.h"
+#include "log.h"
+#include "server.h"
+
+/* A get waiting for a version that does not exist yet. */
+struct park {
+	struct conn *conn;
+	struct waitq *q;
+	uint64_t req_id;
+	enum registry_select sel;
+	uint64_t number;
+	int has_timer;
+	uv_timer_t timer;
+	struct park *prev, *next;   /* conn->parked */
+	struct park *wprev, *wnext; /* q->parks */
+};
+
+/* The parked gets of one name (which may not exist yet). */
+struct waitq {
+	char name[CHECK_NAME_MAX + 1];
+	struct park *parks;
+	UT_hash_handle hh;
+};
+
+/* Room a reply needs beyond the request that described the same version. */
+#define REPLY_OVERHEAD 1024u
+
+int dispatch_code(int err)
+{
+	switch (err) {
+	case 0:
+		return DLSHARE_OK;
+	case -EINVAL:
+		return DLSHARE_EINVAL;
+	case -ENOENT:
+		return DLSHARE_ENOENT;
+	case -ETIMEDOUT:
+		return DLSHARE_ETIMEDOUT;
+	case -EPERM:
+	case -EACCES:
+		return DLSHARE_EPERM;
+	case -ENOMEM:
+		return DLSHARE_ENOMEM;
+	case -E2BIG:
+	case -ENOSPC:
+	case -EDQUOT:
+	case -EFBIG:
+	case -EMFILE:
+	case -ENFILE:
+		return DLSHARE_ELIMIT;
+	case -EPROTO:
+		return DLSHARE_EPROTO;
+	case -EOPNOTSUPP:
+		return DLSHARE_ENOTSUP;
+	case -EBUSY:
+		return DLSHARE_EBUSY;
+	case -EALREADY:
+		return DLSHARE_ESTATE;
+	default:
+		return DLSHARE_EIO;
+	}
+}
+
+static const char *errno_text(int err)
+{
+	switch (err) {
+	case -E2BIG:
+		return "too many tensors or buffers in one version";
+	case -ENOSPC:
+		return "the daemon's byte limit is reached";
+	case -EDQUOT:
+		return "too many leases on this connection";
+	case -EFBIG:
+		return "buffer larger than the daemon allows";
+	case -EOPNOTSUPP:
+		return "buffer kind not supported by this daemon";
+	case -EBUSY:
+		return "a writable mapping of the buffer is still alive";
+	case -EALREADY:
+		return "version already sealed";
+	case -EPERM:
+		return "permission denied";
+	default:
+		return strerror(-err);
+	}
+}
+
+static int reply(struct conn *c, uint64_t id, Dlshare__Frame *f)
+{
+	f->id = id;
+	return conn_send(c, f, NULL, 0);
+}
+
+static void reply_ok(struct conn *c, uint64_t id)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Ok ok = DLSHARE__OK__INIT;
+
+	if (id == 0)
+		return;
+	f.body_case = DLSHARE__FRAME__BODY_OK;
+	f.ok = &ok;
+	reply(c, id, &f);
+}
+
+static void reply_err(struct conn *c, uint64_t id, int err, const char *what,
+		      const char *name)
+{
+	if (err != -ENOENT && err != -ETIMEDOUT)
+		log_info("conn %llu (pid %d): %s %s: %s",
+			 (unsigned long long)c->id, (int)c->owner.pid, what,
+			 name ? name : "", errno_text(err));
+	conn_send_error(c, id, dispatch_code(err), "%s%s%s: %s", what,
+			name ? " " : "", name ? name : "", errno_text(err));
+}
+
+/* ---- encoding the model ------------------------------------------------ */
+
+/* The wire form of some tensors and buffers; lives for one reply. */
+struct wire_version {
+	Dlshare__Tensor *t;
+	Dlshare__Tensor **tp;
+	Dlshare__DataType *dt;
+	Dlshare__Buffer *b;
+	Dlshare__Buffer **bp;
+	Dlshare__Device *dev;
+	int fds[REGISTRY_BUFFERS_HARD_MAX];
+	unsigned nfds;
+};
+
+static void wire_version_free(struct wire_version *w)
+{
+	free(w->t);
+	free(w->tp);
+	free(w->dt);
+	free(w->b);
+	free(w->bp);
+	free(w->dev);
+}
+
+/* Fills w from v. Buffers get fd_attached (and their fd in w->fds) when
+ * attach says so for them (NULL: never). Returns 0 or -ENOMEM. */
+static int wire_version_fill(struct wire_version *w, const struct version *v,
+			     const int *attach)
+{
+	memset(w, 0, sizeof(*w));
+	w->t = calloc(v->ntensors, sizeof(*w->t));
+	w->tp = calloc(v->ntensors, sizeof(*w->tp));
+	w->dt = calloc(v->ntensors, sizeof(*w->dt));
+	w->b = calloc(v->nbuffers, sizeof(*w->b));
+	w->bp = calloc(v->nbuffers, sizeof(*w->bp));
+	w->dev = calloc(v->nbuffers, sizeof(*w->dev));
+	if (!w->t || !w->tp || !w->dt || !w->b || !w->bp || !w->dev) {
+		wire_version_free(w);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < v->ntensors; i++) {
+		struct rtensor *rt = &v->tensors[i];
+		Dlshare__Tensor *t = &w->t[i];
+
+		dlshare__tensor__init(t);
+		dlshare__data_type__init(&w->dt[i]);
+		w->dt[i].code = rt->code;
+		w->dt[i].bits = rt->bits;
+		w->dt[i].lanes = rt->lanes;
+		t->key = rt->key;
+		t->buffer = rt->buffer;
+		t->offset = rt->offset;
+		t->dtype = &w->dt[i];
+		t->n_shape = rt->ndim;
+		t->shape = rt->shape;
+		if (rt->has_strides) {
+			t->n_strides = rt->ndim;
+			t->strides = rt->strides;
+		}
+		w->tp[i] = t;
+	}
+	for (size_t i = 0; i < v->nbuffers; i++) {
+		struct rbuffer *rb = v->buffers[i];
+		Dlshare__Buffer *b = &w->b[i];
+
+		dlshare__buffer__init(b);
+		dlshare__device__init(&w->dev[i]);
+		w->dev[i].type = rb->dev_type;
+		if (rb->has_uuid) {
+			w->dev[i].has_uuid = 1;
+			w->dev[i].uuid.data = rb->uuid;
+			w->dev[i].uuid.len = sizeof(rb->uuid);
+		}
+		b->id = rb->id;
+		b->kind = rb->kind;
+		b->size = rb->size;
+		b->device = &w->dev[i];
+		if (rb->ipc_handle_len) {
+			b->has_ipc_handle = 1;
+			b->ipc_handle.data = rb->ipc_handle;
+			b->ipc_handle.len = rb->ipc_handle_len;
+			b->has_ipc_offset = 1;
+			b->ipc_offset = rb->ipc_offset;
+		}
+		if (attach && attach[i] && rb->fd >= 0) {
+			b->has_fd_attached = 1;
+			b->fd_attached = 1;
+			w->fds[w->nfds++] = rb->fd;
+		}
+		w->bp[i] = b;
+	}
+	return 0;
+}
+
+static void name_info_fill(Dlshare__NameInfo *ni, const struct entry *e)
+{
+	const struct version *v = e->latest;
+
+	dlshare__name_info__init(ni);
+	ni->name = (char *)e->name;
+	ni->latest = v ? v->number : 0;
+	ni->versions = e->nversions;
+	ni->tensors = v ? (uint32_t)v->ntensors : 0;
+	ni->bytes = v ? v->bytes : 0;
+	ni->leases = e->leases;
+	ni->owner_uid = e->owner_uid;
+	ni->mode = e->mode;
+	if (v) {
+		ni->has_kind = 1;
+		ni->kind = v->buffers[0]->kind;
+		ni->has_exported = 1;
+		ni->exported = v->exported;
+	}
+}
+
+/* ---- requests ----------------------------------------------------------- */
+
+static void handle_hello(struct conn *c, uint64_t id, const Dlshare__Hello *h)
+{
+	const struct server *s = c->srv;
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__HelloReply r = DLSHARE__HELLO_REPLY__INIT;
+
+	if (c->hello) {
+		conn_send_error(c, id, DLSHARE_EPROTO, "Hello sent twice");
+		conn_fail(c, "Hello sent twice");
+		return;
+	}
+	if (h->major != WIRE_PROTO_MAJOR) {
+		conn_send_error(c, id, DLSHARE_EVERSION,
+				"protocol %u.%u not supported; this daemon speaks %u.%u",
+				h->major, h->minor, WIRE_PROTO_MAJOR,
+				WIRE_PROTO_MINOR);
+		conn_fail(c, "unsupported protocol major");
+		return;
+	}
+	c->hello = 1;
+	log_debug("conn %llu: hello from %s, protocol %u.%u",
+		  (unsigned long long)c->id, h->agent ? h->agent : "?",
+		  h->major, h->minor);
+	r.major = WIRE_PROTO_MAJOR;
+	r.minor = WIRE_PROTO_MINOR;
+	r.server = "dlshared " DLSHARE_VERSION_STRING;
+	r.max_packet = s->cfg.limits.max_packet;
+	r.max_fds = s->cfg.limits.max_fds;
+	r.max_inflight = s->cfg.limits.max_inflight;
+	r.max_tensors = s->cfg.registry.max_tensors;
+	r.max_buffers = s->cfg.registry.max_buffers;
+	f.body_case = DLSHARE__FRAME__BODY_HELLO_REPLY;
+	f.hello_reply = &r;
+	reply(c, id, &f);
+}
+
+/* A version description must fit in a reply too. */
+static int fits_reply(struct conn *c, const Dlshare__Frame *f)
+{
+	return dlshare__frame__get_packed_size(f) + REPLY_OVERHEAD <=
+	       c->srv->cfg.limits.max_packet;
+}
+
+static void handle_create(struct conn *c, const Dlshare__Frame *f,
+			  const Dlshare__Create *m)
+{
+	struct server *s = c->srv;
+	struct registry_spec spec = {
+		.name = m->name, .mode = m->mode,
+		.tensors = m->tensors, .ntensors = m->n_tensors,
+		.buffers = m->buffers, .nbuffers = m->n_buffers,
+	};
+	Dlshare__Frame out = DLSHARE__FRAME__INIT;
+	Dlshare__CreateReply r = DLSHARE__CREATE_REPLY__INIT;
+	int attach[REGISTRY_BUFFERS_HARD_MAX];
+	struct wire_version w;
+	struct version *v;
+	int err;
+
+	if (!fits_reply(c, f)) {
+		reply_err(c, f->id, -E2BIG, "create", m->name);
+		return;
+	}
+	err = registry_add(&s->reg, &c->owner, &spec, 0, &v);
+	if (err) {
+		reply_err(c, f->id, err, "create", m->name);
+		return;
+	}
+	for (size_t i = 0; i < v->nbuffers; i++)
+		attach[i] = 1;
+	if (wire_version_fill(&w, v, attach)) {
+		registry_abort(&s->reg, &c->owner, m->name, v->number);
+		reply_err(c, f->id, -ENOMEM, "create", m->name);
+		return;
+	}
+	r.version = v->number;
+	r.n_buffers = v->nbuffers;
+	r.buffers = w.bp;
+	out.id = f->id;
+	out.body_case = DLSHARE__FRAME__BODY_CREATE_REPLY;
+	out.create_reply = &r;
+	/* A failed send dooms c, and its pending version goes with it. */
+	conn_send(c, &out, w.fds, w.nfds);
+	wire_version_free(&w);
+}
+
+static void handle_seal(struct conn *c, uint64_t id, const Dlshare__Seal *m)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__SealReply r = DLSHARE__SEAL_REPLY__INIT;
+	int err;
+
+	err = registry_seal(&c->srv->reg, &c->owner, m->name, m->version,
+			    m->has_event_handle ? m->event_handle.data : NULL,
+			    m->has_event_handle ? m->event_handle.len : 0);
+	if (err) {
+		reply_err(c, id, err, "seal", m->name);
+		return;
+	}
+	r.version = m->version;
+	f.body_case = DLSHARE__FRAME__BODY_SEAL_REPLY;
+	f.seal_reply = &r;
+	reply(c, id, &f);
+}
+
+static void handle_abort(struct conn *c, uint64_t id, const Dlshare__Abort *m)
+{
+	int err = registry_abort(&c->srv->reg, &c->owner, m->name, m->version);
+
+	if (err)
+		reply_err(c, id, err, "abort", m->name);
+	else
+		reply_ok(c, id);
+}
+
+static void handle_publish(struct conn *c, const Dlshare__Frame *f,
+			   const Dlshare__Publish *m, int *fds, unsigned nfds)
+{
+	struct registry_spec spec = {
+		.name = m->name, .mode = m->mode,
+		.tensors = m->tensors, .ntensors = m->n_tensors,
+		.buffers = m->buffers, .nbuffers = m->n_buffers,
+		.event_handle = m->has_event_handle ? m->event_handle.data : NULL,
+		.event_len = m->has_event_handle ? m->event_handle.len : 0,
+	};
+	Dlshare__Frame out = DLSHARE__FRAME__INIT;
+	Dlshare__PublishReply r = DLSHARE__PUBLISH_REPLY__INIT;
+	int bfds[REGISTRY_BUFFERS_HARD_MAX];
+	struct version *v;
+	unsigned k = 0;
+	int err;
+
+	if (m->n_buffers > REGISTRY_BUFFERS_HARD_MAX) {
+		reply_err(c, f->id, -E2BIG, "publish", m->name);
+		return;
+	}
+	/* The packet's fds belong to the buffers that say fd_attached, in
+	 * order; every other count is a lie. */
+	for (size_t i = 0; i < m->n_buffers; i++) {
+		bfds[i] = -1;
+		if (m->buffers[i]->fd_attached) {
+			if (k == nfds)
+				break;
+			bfds[i] = fds[k];
+			fds[k++] = -1;
+		}
+	}
+	if (k != nfds) {
+		for (size_t i = 0; i < m->n_buffers; i++)
+			if (bfds[i] >= 0)
+				close(bfds[i]);
+		reply_err(c, f->id, -EINVAL, "publish (fds do not match buffers)",
+			  m->name);
+		return;
+	}
+	spec.fds = bfds;
+	err = fits_reply(c, f) ? registry_add(&c->srv->reg, &c->owner, &spec,
+					       1, &v) : -E2BIG;
+	for (size_t i = 0; i < m->n_buffers; i++)
+		if (bfds[i] >= 0)
+			close(bfds[i]); /* not taken: failure */
+	if (err) {
+		reply_err(c, f->id, err, "publish", m->name);
+		return;
+	}
+	r.version = v->number;
+	out.body_case = DLSHARE__FRAME__BODY_PUBLISH_REPLY;
+	out.publish_reply = &r;
+	reply(c, f->id, &out);
+}
+
+/* Answers a get with v: takes a lease and sends each buffer's fd the first
+ * time this conn needs it. */
+static void reply_get(struct conn *c, uint64_t id, struct version *v)
+{
+	struct server *s = c->srv;
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__GetReply r = DLSHARE__GET_REPLY__INIT;
+	int attach[REGISTRY_BUFFERS_HARD_MAX];
+	struct wire_version w;
+	struct lease *l;
+	int err;
+
+	err = registry_lease(&s->reg, &c->owner, v, &l);
+	if (err) {
+		reply_err(c, id, err, "get", v->entry->name);
+		return;
+	}
+	for (size_t i = 0; i < v->nbuffers; i++) {
+		struct sent_buf *sb = NULL;
+
+		HASH_FIND(hh, c->sent, &v->buffers[i]->id, sizeof(uint64_t), sb);
+		attach[i] = !sb;
+	}
+	if (wire_version_fill(&w, v, attach)) {
+		reply_err(c, id, -ENOMEM, "get", v->entry->name);
+		registry_release(&s->reg, &c->owner, l->id);
+		return;
+	}
+	r.version = v->number;
+	r.lease = l->id;
+	r.read_only = 1;
+	r.n_tensors = v->ntensors;
+	r.tensors = w.tp;
+	r.n_buffers = v->nbuffers;
+	r.buffers = w.bp;
+	if (v->event_len) {
+		r.has_event_handle = 1;
+		r.event_handle.data = v->event_handle;
+		r.event_handle.len = v->event_len;
+	}
+	f.id = id;
+	f.body_case = DLSHARE__FRAME__BODY_GET_REPLY;
+	f.get_reply = &r;
+	/* Remember the ids first: sending may free nothing, but a failed send
+	 * dooms c, after which its sent set no longer matters. */
+	uint64_t ids[REGISTRY_BUFFERS_HARD_MAX];
+	size_t nids = 0;
+	for (size_t i = 0; i < v->nbuffers; i++)
+		if (attach[i] && v->buffers[i]->fd >= 0)
+			ids[nids++] = v->buffers[i]->id;
+	err = conn_send(c, &f, w.fds, w.nfds);
+	wire_version_free(&w);
+	if (err || !conn_open(c))
+		return;
+	for (size_t i = 0; i < nids; i++) {
+		struct sent_buf *sb = calloc(1, sizeof(*sb));
+
+		if (!sb) {
+			conn_fail(c, "out of memory");
+			return;
+		}
+		sb->id = ids[i];
+		HASH_ADD(hh, c->sent, id, sizeof(sb->id), sb);
+	}
+}
+
+static void park_free_cb(uv_handle_t *h)
+{
+	free(h->data);
+}
+
+static void park_remove(struct server *s, struct park *p)
+{
+	struct waitq *q = p->q;
+
+	DL_DELETE(p->conn->parked, p);
+	p->conn->nparked--;
+	DL_DELETE2(q->parks, p, wprev, wnext);
+	if (!q->parks) {
+		HASH_DEL(s->waiters, q);
+		free(q);
+	}
+	s->nparked--;
+	if (p->has_timer) {
+		uv_timer_stop(&p->timer);
+		uv_close((uv_handle_t *)&p->timer, park_free_cb);
+	} else {
+		free(p);
+	}
+}
+
+static void on_park_timeout(uv_timer_t *t)
+{
+	struct park *p = t->data;
+	struct conn *c = p->conn;
+	struct server *s = c->srv;
+	uint64_t id = p->req_id;
+
+	park_remove(s, p);
+	conn_send_error(c, id, DLSHARE_ETIMEDOUT,
+			"get: no matching version before the timeout");
+	server_reap(s);
+}
+
+static int park(struct conn *c, uint64_t id, const char *name,
+		enum registry_select sel, uint64_t number, uint32_t timeout)
+{
+	struct server *s = c->srv;
+	struct waitq *q = NULL;
+	struct park *p;
+
+	if (c->nparked >= s->cfg.limits.max_inflight)
+		return -EDQUOT;
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	HASH_FIND_STR(s->waiters, name, q);
+	if (!q) {
+		q = calloc(1, sizeof(*q));
+		if (!q) {
+			free(p);
+			return -ENOMEM;
+		}
+		memcpy(q->name, name, strlen(name) + 1);
+		HASH_ADD_STR(s->waiters, name, q);
+	}
+	p->conn = c;
+	p->q = q;
+	p->req_id = id;
+	p->sel = sel;
+	p->number = number;
+	DL_APPEND(c->parked, p);
+	c->nparked++;
+	DL_APPEND2(q->parks, p, wprev, wnext);
+	s->nparked++;
+	if (timeout != UINT32_MAX) {
+		p->has_timer = 1;
+		uv_timer_init(s->loop, &p->timer);
+		p->timer.data = p;
+		uv_timer_start(&p->timer, on_park_timeout, timeout, 0);
+	}
+	return 0;
+}
+
+static void handle_get(struct conn *c, uint64_t id, const Dlshare__Get *m)
+{
+	enum registry_select sel;
+	struct version *v;
+	int err;
+
+	switch (m->select) {
+	case DLSHARE__SELECT__SELECT_LATEST:
+		sel = REG_LATEST;
+		break;
+	case DLSHARE__SELECT__SELECT_EXACT:
+		sel = REG_EXACT;
+		break;
+	case DLSHARE__SELECT__SELECT_NEWER_THAN:
+		sel = REG_NEWER_THAN;
+		break;
+	default:
+		reply_err(c, id, -EINVAL, "get (unknown selector)", m->name);
+		return;
+	}
+	if (check_name(m->name)) {
+		reply_err(c, id, -EINVAL, "get (invalid name)", NULL);
+		return;
+	}
+	v = registry_find(&c->srv->reg, &c->owner, m->name, sel, m->version,
+			  &err);
+	if (v) {
+		reply_get(c, id, v);
+		return;
+	}
+	if (err == -ENOENT && m->timeout_ms > 0 && id != 0) {
+		err = park(c, id, m->name, sel, m->version, m->timeout_ms);
+		if (!err)
+			return;
+		if (err == -EDQUOT) {
+			conn_send_error(c, id, DLSHARE_ELIMIT,
+					"get %s: too many waiting gets on this connection (limit %u)",
+					m->name, c->srv->cfg.limits.max_inflight);
+			return;
+		}
+	}
+	reply_err(c, id, err, "get", m->name);
+}
+
+static void handle_release(struct conn *c, uint64_t id,
+			   const Dlshare__Release *m)
+{
+	size_t unknown = 0;
+
+	for (size_t i = 0; i < m->n_leases; i++)
+		if (registry_release(&c->srv->reg, &c->owner, m->leases[i]))
+			unknown++;
+	if (unknown) {
+		log_info("conn %llu: release of %zu unknown lease(s)",
+			 (unsigned long long)c->id, unknown);
+		if (id)
+			conn_send_error(c, id, DLSHARE_EINVAL,
+					"release: %zu unknown lease(s)", unknown);
+		return;
+	}
+	reply_ok(c, id);
+}
+
+static void handle_delete(struct conn *c, uint64_t id,
+			  const Dlshare__Delete *m)
+{
+	int err = registry_delete(&c->srv->reg, &c->owner, m->name);
+
+	if (err)
+		reply_err(c, id, err, "delete", m->name);
+	else
+		reply_ok(c, id);
+}
+
+static int entry_cmp(const void *a, const void *b)
+{
+	const struct entry *const *x = a, *const *y = b;
+
+	return strcmp((*x)->name, (*y)->name);
+}
+
+static void handle_list(struct conn *c, uint64_t id, const Dlshare__List *m)
+{
+	struct server *s = c->srv;
+	const char *prefix = m->prefix ? m->prefix : "";
+	const char *after = m->after ? m->after : "";
+	size_t plen = strlen(prefix), n = 0, take;
+	uint32_t limit = s->cfg.limits.list_page;
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__ListReply r = DLSHARE__LIST_REPLY__INIT;
+	Dlshare__NameInfo *infos = NULL, **ip = NULL;
+	struct entry **all, *e, *tmp;
+
+	if (check_prefix(prefix)) {
+		reply_err(c, id, -EINVAL, "list (invalid prefix)", NULL);
+		return;
+	}
+	if (m->has_limit && m->limit > 0 && m->limit < limit)
+		limit = m->limit;
+	all = malloc((HASH_COUNT(s->reg.names) + 1) * sizeof(*all));
+	if (!all) {
+		reply_err(c, id, -ENOMEM, "list", NULL);
+		return;
+	}
+	HASH_ITER(hh, s->reg.names, e, tmp)
+		if (strncmp(e->name, prefix, plen) == 0 &&
+		    strcmp(e->name, after) > 0 && registry_may(e, &c->owner, 4))
+			all[n++] = e;
+	qsort(all, n, sizeof(*all), entry_cmp);
+	take = n < limit ? n : limit;
+	if (take) {
+		infos = calloc(take, sizeof(*infos));
+		ip = calloc(take, sizeof(*ip));
+		if (!infos || !ip) {
+			free(infos);
+			free(ip);
+			free(all);
+			reply_err(c, id, -ENOMEM, "list", NULL);
+			return;
+		}
+	}
+	for (size_t i = 0; i < take; i++) {
+		name_info_fill(&infos[i], all[i]);
+		ip[i] = &infos[i];
+	}
+	r.n_names = take;
+	r.names = ip;
+	r.has_more = 1;
+	r.more = n > take;
+	f.body_case = DLSHARE__FRAME__BODY_LIST_REPLY;
+	f.list_reply = &r;
+	reply(c, id, &f);
+	free(infos);
+	free(ip);
+	free(all);
+}
+
+static void handle_stat(struct conn *c, uint64_t id, const Dlshare__Stat *m)
+{
+	struct entry *e = registry_entry(&c->srv->reg, m->name);
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__StatReply r = DLSHARE__STAT_REPLY__INIT;
+	Dlshare__NameInfo ni;
+	struct wire_version w;
+	int have_w = 0;
+
+	if (!e) {
+		reply_err(c, id, -ENOENT, "stat", m->name);
+		return;
+	}
+	if (!registry_may(e, &c->owner, 4)) {
+		reply_err(c, id, -EPERM, "stat", m->name);
+		return;
+	}
+	name_info_fill(&ni, e);
+	r.info = &ni;
+	if (e->latest) {
+		if (wire_version_fill(&w, e->latest, NULL)) {
+			reply_err(c, id, -ENOMEM, "stat", m->name);
+			return;
+		}
+		have_w = 1;
+		r.n_tensors = e->latest->ntensors;
+		r.tensors = w.tp;
+	}
+	f.body_case = DLSHARE__FRAME__BODY_STAT_REPLY;
+	f.stat_reply = &r;
+	reply(c, id, &f);
+	if (have_w)
+		wire_version_free(&w);
+}
+
+static void handle_stats(struct conn *c, uint64_t id)
+{
+	struct server *s = c->srv;
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__StatsReply r = DLSHARE__STATS_REPLY__INIT;
+
+	r.connections = s->nconns;
+	r.names = s->reg.nnames;
+	r.versions = s->reg.nversions;
+	r.leases = s->reg.nleases;
+	r.buffers = s->reg.nbuffers;
+	r.bytes = s->reg.bytes;
+	r.parked = s->nparked;
+	r.requests = s->requests;
+	r.uptime_ms = server_uptime_ms(s);
+	f.body_case = DLSHARE__FRAME__BODY_STATS_REPLY;
+	f.stats_reply = &r;
+	reply(c, id, &f);
+}
+
+void dispatch_frame(struct conn *c, Dlshare__Frame *f, int *fds,
+		    unsigned nfds)
+{
+	if (!c->hello && f->body_case != DLSHARE__FRAME__BODY_HELLO) {
+		wire_close_fds(fds, nfds);
+		conn_send_error(c, f->id, DLSHARE_EPROTO,
+				"the first message must be Hello");
+		conn_fail(c, "no Hello");
+		return;
+	}
+	/* Only Publish carries fds. */
+	if (nfds && f->body_case != DLSHARE__FRAME__BODY_PUBLISH) {
+		wire_close_fds(fds, nfds);
+		conn_send_error(c, f->id, DLSHARE_EPROTO,
+				"unexpected file descriptors");
+		conn_fail(c, "unexpected fds");
+		return;
+	}
+	switch (f->body_case) {
+	case DLSHARE__FRAME__BODY_HELLO:
+		handle_hello(c, f->id, f->hello);
+		break;
+	case DLSHARE__FRAME__BODY_CREATE:
+		handle_create(c, f, f->create);
+		break;
+	case DLSHARE__FRAME__BODY_SEAL:
+		handle_seal(c, f->id, f->seal);
+		break;
+	case DLSHARE__FRAME__BODY_ABORT:
+		handle_abort(c, f->id, f->abort);
+		break;
+	case DLSHARE__FRAME__BODY_PUBLISH:
+		handle_publish(c, f, f->publish, fds, nfds);
+		break;
+	case DLSHARE__FRAME__BODY_GET:
+		handle_get(c, f->id, f->get);
+		break;
+	case DLSHARE__FRAME__BODY_RELEASE:
+		handle_release(c, f->id, f->release);
+		break;
+	case DLSHARE__FRAME__BODY_DELETE:
+		handle_delete(c, f->id, f->delete_);
+		break;
+	case DLSHARE__FRAME__BODY_LIST:
+		handle_list(c, f->id, f->list);
+		break;
+	case DLSHARE__FRAME__BODY_STAT:
+		handle_stat(c, f->id, f->stat);
+		break;
+	case DLSHARE__FRAME__BODY_STATS:
+		handle_stats(c, f->id);
+		break;
+	default:
+		conn_send_error(c, f->id, DLSHARE_EINVAL,
+				"unknown request (body %d)", (int)f->body_case);
+		break;
+	}
+}
+
+void dispatch_conn_closed(struct conn *c)
+{
+	while (c->parked)
+		park_remove(c->srv, c->parked);
+}
+
+void dispatch_deinit(struct server *s)
+{
+	struct waitq *q, *tmp;
+
+	/* Conns are all closed, so every park is gone; this is a backstop. */
+	HASH_ITER(hh, s->waiters, q, tmp) {
+		HASH_DEL(s->waiters, q);
+		free(q);
+	}
+}
+
+/* ---- registry callbacks --------------------------------------------------- */
+
+static void on_published(void *ud, struct entry *e, struct version *v)
+{
+	struct server *s = ud;
+	struct waitq *q = NULL;
+	struct park *p, *tmp;
+
+	HASH_FIND_STR(s->waiters, e->name, q);
+	if (!q)
+		return;
+	/* Answering may empty and free q: iterate with a saved next, and stop
+	 * once the last park took q with it. */
+	DL_FOREACH_SAFE2(q->parks, p, tmp, wnext) {
+		struct conn *c = p->conn;
+		uint64_t id = p->req_id;
+		int last = !tmp, err;
+		struct version *found;
+
+		if (!conn_open(c)) {
+			if (last)
+				break;
+			continue;
+		}
+		found = registry_find(&s->reg, &c->owner, e->name, p->sel,
+				      p->number, &err);
+		if (found || err != -ENOENT) {
+			park_remove(s, p);
+			if (found)
+				reply_get(c, id, found);
+			else
+				reply_err(c, id, err, "get", e->name);
+		}
+		if (last)
+			break;
+	}
+	(void)v;
+}
+
+static void on_retired(void *ud, struct registry_owner *producer,
+		       const char *name, uint64_t number)
+{
+	struct conn *c = conn_of_owner(producer);
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Retired r = DLSHARE__RETIRED__INIT;
+
+	if (!conn_open(c))
+		return;
+	r.name = (char *)name;
+	r.version = number;
+	f.body_case = DLSHARE__FRAME__BODY_RETIRED;
+	f.retired = &r;
+	conn_send(c, &f, NULL, 0);
+}
+
+static void on_buffer_freed(void *ud, struct rbuffer *b)
+{
+	struct server *s = ud;
+	struct conn *c;
+
+	DL_FOREACH(s->conns, c) {
+		Dlshare__Frame f = DLSHARE__FRAME__INIT;
+		Dlshare__BufferGone g = DLSHARE__BUFFER_GONE__INIT;
+		struct sent_buf *sb = NULL;
+
+		HASH_FIND(hh, c->sent, &b->id, sizeof(b->id), sb);
+		if (!sb)
+			continue;
+		HASH_DEL(c->sent, sb);
+		free(sb);
+		if (!conn_open(c))
+			continue;
+		g.n_ids = 1;
+		g.ids = &b->id;
+		f.body_case = DLSHARE__FRAME__BODY_BUFFER_GONE;
+		f.buffer_gone = &g;
+		conn_send(c, &f, NULL, 0);
+	}
+}
+
+const struct registry_ops dispatch_registry_ops = {
+	.published = on_published,
+	.retired = on_retired,
+	.buffer_freed = on_buffer_freed,
+};

@@ -1,0 +1,25 @@
+/* host — the host buffer backend: memfds sealed against resizing from
+ * birth, write-sealed when their version is sealed, and the checks an fd from
+ * a peer must pass. Plain system calls, any thread.
+ */
+#ifndef DLSHARE_HOST_H
+#define DLSHARE_HOST_H
+
+#include <stdint.h>
+
+/* Seals every host buffer carries from birth. */
+#define HOST_SEALS_BIRTH (F_SEAL_SHRINK | F_SEAL_GROW)
+
+/* Makes a memfd of size bytes named after name, with HOST_SEALS_BIRTH.
+ * Returns the fd (O_CLOEXEC), or -EINVAL, -EMFILE, -ENOMEM, -errno. */
+int host_create(const char *name, uint64_t size);
+
+/* Forbids writes for good (F_SEAL_WRITE). Returns 0, or -EBUSY while some
+ * process still has a writable shared mapping of it, or -errno. */
+int host_seal_write(int fd);
+
+/* Accepts an fd from a peer only when it is a memfd carrying
+ * HOST_SEALS_BIRTH and at least size bytes long. Returns 0 or -EINVAL. */
+int host_check_fd(int fd, uint64_t size);
+
+#endif

@@ -1,0 +1,544 @@
+/* registry — names, versions, buffers and leases.
+ *
+ * Lifetimes: an entry lives while it has versions. A version lives while it
+ * is reachable (pending for its producer, or the newest sealed version of a
+ * name that was not deleted) or leased; the moment it is neither, it dies
+ * with its buffers (version_check). An entry that was deleted is detached
+ * from the name map at once and dies with its last version.
+ */
+#include "registry.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "host.h"
+
+void registry_limits_default(struct registry_limits *l)
+{
+	long pages = sysconf(_SC_PHYS_PAGES);
+	long psize = sysconf(_SC_PAGESIZE);
+
+	l->max_tensors = REGISTRY_MAX_TENSORS_DEFAULT;
+	l->max_buffers = REGISTRY_MAX_BUFFERS_DEFAULT;
+	l->max_leases = REGISTRY_MAX_LEASES_DEFAULT;
+	l->max_buffer_bytes = REGISTRY_MAX_BUFFER_BYTES_DEFAULT;
+	l->max_bytes = (pages > 0 && psize > 0) ?
+		(uint64_t)pages * (uint64_t)psize / 2 : (UINT64_C(1) << 32);
+	l->default_mode = REGISTRY_DEFAULT_MODE;
+}
+
+void registry_init(struct registry *r, const struct registry_limits *l,
+		   const struct registry_ops *ops, void *ud)
+{
+	memset(r, 0, sizeof(*r));
+	r->limits = *l;
+	r->ops = ops;
+	r->ud = ud;
+	r->next_buffer_id = 1;
+	r->next_lease_id = 1;
+}
+
+void registry_owner_init(struct registry_owner *o, uid_t uid, gid_t gid,
+			 pid_t pid)
+{
+	memset(o, 0, sizeof(*o));
+	o->uid = uid;
+	o->gid = gid;
+	o->pid = pid;
+}
+
+int registry_may(const struct entry *e, const struct registry_owner *o,
+		 unsigned want)
+{
+	unsigned bits;
+
+	if (o->uid == e->owner_uid)
+		bits = (e->mode >> 6) & 7;
+	else if (o->gid == e->owner_gid)
+		bits = (e->mode >> 3) & 7;
+	else
+		bits = e->mode & 7;
+	return (bits & want) == want;
+}
+
+struct entry *registry_entry(struct registry *r, const char *name)
+{
+	struct entry *e = NULL;
+
+	HASH_FIND_STR(r->names, name, e);
+	return e;
+}
+
+static void buffer_free(struct registry *r, struct rbuffer *b)
+{
+	if (r->ops && r->ops->buffer_freed)
+		r->ops->buffer_freed(r->ud, b);
+	HASH_DEL(r->buffers, b);
+	if (b->fd >= 0)
+		close(b->fd);
+	r->nbuffers--;
+	r->bytes -= b->size;
+	if (b->daemon_owned)
+		r->owned_bytes -= b->size;
+	free(b);
+}
+
+static void entry_maybe_free(struct registry *r, struct entry *e)
+{
+	if (e->versions)
+		return;
+	if (!e->detached) {
+		HASH_DEL(r->names, e);
+		r->nnames--;
+	}
+	free(e);
+}
+
+/* Frees v now, whatever holds it; the caller made sure nothing does. May
+ * free v->entry too. */
+static void version_destroy(struct registry *r, struct version *v)
+{
+	struct entry *e = v->entry;
+	struct registry_owner *producer = v->producer;
+	int retire = v->exported && producer && v->state == VERSION_SEALED;
+	uint64_t number = v->number;
+
+	if (producer)
+		DL_DELETE2(producer->versions, v, oprev, onext);
+	DL_DELETE(e->versions, v);
+	e->nversions--;
+	r->nversions--;
+	if (e->latest == v)
+		e->latest = NULL;
+	for (size_t i = 0; i < v->nbuffers; i++)
+		if (v->buffers[i])
+			buffer_free(r, v->buffers[i]);
+	if (retire && r->ops && r->ops->retired)
+		r->ops->retired(r->ud, producer, e->name, number);
+	for (size_t i = 0; i < v->ntensors; i++)
+		free(v->tensors[i].key);
+	free(v->tensors);
+	free(v->buffers);
+	free(v);
+	entry_maybe_free(r, e);
+}
+
+static int version_reachable(const struct version *v)
+{
+	if (v->state == VERSION_PENDING)
+		return 1;
+	return !v->entry->detached && v->entry->latest == v;
+}
+
+/* Kills v if nothing holds it any more. v may be freed on return. */
+static void version_check(struct registry *r, struct version *v)
+{
+	if (!version_reachable(v) && v->leases == 0)
+		version_destroy(r, v);
+}
+
+/* Makes a sealed v visible: the newest version unless a newer one was sealed
+ * first. The version it replaces, and v itself if it was born superseded,
+ * live on only while leased. */
+static void version_publish(struct registry *r, struct version *v)
+{
+	struct entry *e = v->entry;
+	struct version *old = e->latest;
+
+	if (!old || v->number > old->number) {
+		e->latest = v;
+		if (old)
+			version_check(r, old);
+	}
+	if (r->ops && r->ops->published)
+		r->ops->published(r->ud, e, v);
+	version_check(r, v);
+}
+
+void registry_deinit(struct registry *r)
+{
+	/* Every version has at least one buffer, so the buffer map reaches
+	 * all of them, detached entries included. */
+	r->ops = NULL;
+	while (r->buffers) {
+		struct version *v = r->buffers->version;
+
+		v->producer = NULL;
+		version_destroy(r, v);
+	}
+}
+
+static int spec_check(struct registry *r, const struct registry_spec *s,
+		      int exported, uint64_t *sizes, uint64_t *owned)
+{
+	const struct registry_limits *l = &r->limits;
+	uint64_t total = 0;
+	int err;
+
+	if ((err = check_name(s->name)))
+		return err;
+	if (s->mode & ~CHECK_MODE_MASK)
+		return -EINVAL;
+	if (s->ntensors == 0 || s->nbuffers == 0)
+		return -EINVAL;
+	if (s->ntensors > l->max_tensors || s->nbuffers > l->max_buffers)
+		return -E2BIG;
+	if (s->event_len > REGISTRY_HANDLE_MAX)
+		return -EINVAL;
+	for (size_t i = 0; i < s->nbuffers; i++) {
+		const Dlshare__Buffer *b = s->buffers[i];
+
+		if (!b->device)
+			return -EINVAL;
+		if (b->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
+			return -EOPNOTSUPP;
+		if (b->device->type != 1 && b->device->type != 3)
+			return -EINVAL;
+		if (b->size > l->max_buffer_bytes)
+			return -EFBIG;
+		if (exported) {
+			if (s->fds[i] < 0 || host_check_fd(s->fds[i], b->size))
+				return -EINVAL;
+		} else {
+			total += b->size;
+		}
+		sizes[i] = b->size;
+	}
+	for (size_t i = 0; i < s->ntensors; i++)
+		if ((err = check_tensor(s->tensors[i], sizes, s->nbuffers)))
+			return err;
+	if (total > l->max_bytes || r->owned_bytes > l->max_bytes - total)
+		return -ENOSPC;
+	*owned = total;
+	return 0;
+}
+
+static void tensor_copy(struct rtensor *d, const Dlshare__Tensor *t)
+{
+	d->buffer = t->buffer;
+	d->offset = t->offset;
+	d->code = t->dtype->code;
+	d->bits = t->dtype->bits;
+	d->lanes = t->dtype->lanes;
+	d->ndim = (uint32_t)t->n_shape;
+	d->has_strides = t->n_strides != 0;
+	for (size_t k = 0; k < t->n_shape; k++) {
+		d->shape[k] = t->shape[k];
+		d->strides[k] = d->has_strides ? t->strides[k] : 0;
+	}
+}
+
+/* Builds v's buffers: store mode makes memfds, export mode takes the fds. */
+static int version_buffers(struct registry *r, struct version *v,
+			   const struct registry_spec *s, int exported)
+{
+	for (size_t i = 0; i < s->nbuffers; i++) {
+		const Dlshare__Buffer *in = s->buffers[i];
+		struct rbuffer *b = calloc(1, sizeof(*b));
+
+		if (!b) {
+			/* The peer's fds stay the caller's: untake them. */
+			for (size_t j = 0; exported && j < i; j++)
+				v->buffers[j]->fd = -1;
+			return -ENOMEM;
+		}
+		b->kind = in->kind;
+		b->size = in->size;
+		b->dev_type = in->device->type;
+		b->fd = -1;
+		b->version = v;
+		if (exported) {
+			b->fd = s->fds[i];
+		} else {
+			b->fd = host_create(s->name, in->size);
+			if (b->fd < 0) {
+				int err = b->fd;
+
+				free(b);
+				return err;
+			}
+			b->daemon_owned = 1;
+			r->owned_bytes += b->size;
+		}
+		b->id = r->next_buffer_id++;
+		v->buffers[i] = b;
+		v->bytes += b->size;
+		HASH_ADD(hh, r->buffers, id, sizeof(b->id), b);
+		r->nbuffers++;
+		r->bytes += b->size;
+	}
+	/* Only now, when nothing can fail, do the peer's fds change hands. */
+	if (exported)
+		for (size_t i = 0; i < s->nbuffers; i++)
+			s->fds[i] = -1;
+	return 0;
+}
+
+int registry_add(struct registry *r, struct registry_owner *o,
+		 const struct registry_spec *s, int exported,
+		 struct version **out)
+{
+	uint64_t sizes[REGISTRY_BUFFERS_HARD_MAX];
+	struct entry *e;
+	struct version *v;
+	uint64_t owned;
+	int err, fresh = 0;
+
+	if (s->nbuffers > REGISTRY_BUFFERS_HARD_MAX)
+		return -E2BIG;
+	if ((err = spec_check(r, s, exported, sizes, &owned)))
+		return err;
+	e = registry_entry(r, s->name);
+	if (e && !registry_may(e, o, 2))
+		return -EPERM;
+	if (!e) {
+		e = calloc(1, sizeof(*e));
+		if (!e)
+			return -ENOMEM;
+		memcpy(e->name, s->name, strlen(s->name) + 1);
+		e->owner_uid = o->uid;
+		e->owner_gid = o->gid;
+		e->mode = s->mode ? s->mode : r->limits.default_mode;
+		HASH_ADD_STR(r->names, name, e);
+		r->nnames++;
+		fresh = 1;
+	} else if (s->mode && o->uid == e->owner_uid) {
+		e->mode = s->mode;
+	}
+
+	v = calloc(1, sizeof(*v));
+	if (!v)
+		goto fail_entry;
+	v->entry = e;
+	v->tensors = calloc(s->ntensors, sizeof(*v->tensors));
+	v->buffers = calloc(s->nbuffers, sizeof(*v->buffers));
+	if (!v->tensors || !v->buffers)
+		goto fail_version;
+	v->ntensors = s->ntensors;
+	v->nbuffers = s->nbuffers;
+	for (size_t i = 0; i < s->ntensors; i++) {
+		const char *key = s->tensors[i]->key ? s->tensors[i]->key : "";
+
+		v->tensors[i].key = strdup(key);
+		if (!v->tensors[i].key)
+			goto fail_version;
+		tensor_copy(&v->tensors[i], s->tensors[i]);
+	}
+	memcpy(v->event_handle, s->event_handle ? s->event_handle :
+	       (const uint8_t *)"", s->event_len);
+	v->event_len = s->event_len;
+	v->mode = e->mode;
+	v->number = e->last_number + 1;
+	v->producer = o;
+	v->exported = exported;
+	v->state = exported ? VERSION_SEALED : VERSION_PENDING;
+	DL_APPEND(e->versions, v);
+	DL_APPEND2(o->versions, v, oprev, onext);
+	e->nversions++;
+	r->nversions++;
+	if ((err = version_buffers(r, v, s, exported))) {
+		version_destroy(r, v); /* frees the entry too if fresh */
+		return err;
+	}
+	e->last_number = v->number;
+	*out = v;
+	if (exported)
+		version_publish(r, v); /* v stays: it is the newest */
+	return 0;
+
+fail_version:
+	if (v->tensors)
+		for (size_t i = 0; i < s->ntensors; i++)
+			free(v->tensors[i].key);
+	free(v->tensors);
+	free(v->buffers);
+	free(v);
+fail_entry:
+	if (fresh) {
+		HASH_DEL(r->names, e);
+		r->nnames--;
+		free(e);
+	}
+	return -ENOMEM;
+}
+
+static struct version *entry_version(struct entry *e, uint64_t number)
+{
+	struct version *v;
+
+	DL_FOREACH(e->versions, v)
+		if (v->number == number)
+			return v;
+	return NULL;
+}
+
+int registry_seal(struct registry *r, struct registry_owner *o,
+		  const char *name, uint64_t number, const uint8_t *event,
+		  size_t event_len)
+{
+	struct entry *e = registry_entry(r, name);
+	struct version *v = e ? entry_version(e, number) : NULL;
+	int err;
+
+	if (!v || (v->state == VERSION_PENDING && v->producer != o))
+		return -ENOENT;
+	if (v->state != VERSION_PENDING)
+		return -EALREADY;
+	if (event_len > REGISTRY_HANDLE_MAX)
+		return -EINVAL;
+	for (size_t i = 0; i < v->nbuffers; i++)
+		if (v->buffers[i]->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST &&
+		    (err = host_seal_write(v->buffers[i]->fd)))
+			return err;
+	if (event_len)
+		memcpy(v->event_handle, event, event_len);
+	v->event_len = event_len;
+	v->state = VERSION_SEALED;
+	DL_DELETE2(o->versions, v, oprev, onext);
+	v->producer = NULL;
+	version_publish(r, v);
+	return 0;
+}
+
+int registry_abort(struct registry *r, struct registry_owner *o,
+		   const char *name, uint64_t number)
+{
+	struct entry *e = registry_entry(r, name);
+	struct version *v = e ? entry_version(e, number) : NULL;
+
+	if (!v || v->state != VERSION_PENDING || v->producer != o)
+		return -ENOENT;
+	version_destroy(r, v);
+	return 0;
+}
+
+struct version *registry_find(struct registry *r, struct registry_owner *o,
+			      const char *name, enum registry_select sel,
+			      uint64_t number, int *err)
+{
+	struct entry *e = registry_entry(r, name);
+	struct version *v = NULL;
+
+	*err = -ENOENT;
+	if (!e)
+		return NULL;
+	if (!registry_may(e, o, 4)) {
+		*err = -EPERM;
+		return NULL;
+	}
+	switch (sel) {
+	case REG_LATEST:
+		v = e->latest;
+		break;
+	case REG_EXACT:
+		v = entry_version(e, number);
+		if (v && v->state != VERSION_SEALED)
+			v = NULL;
+		break;
+	case REG_NEWER_THAN:
+		if (e->latest && e->latest->number > number)
+			v = e->latest;
+		break;
+	}
+	if (v)
+		*err = 0;
+	return v;
+}
+
+int registry_lease(struct registry *r, struct registry_owner *o,
+		   struct version *v, struct lease **out)
+{
+	struct lease *l;
+
+	if (o->nleases >= r->limits.max_leases)
+		return -EDQUOT;
+	l = calloc(1, sizeof(*l));
+	if (!l)
+		return -ENOMEM;
+	l->id = r->next_lease_id++;
+	l->version = v;
+	l->owner = o;
+	HASH_ADD(hh, o->leases, id, sizeof(l->id), l);
+	o->nleases++;
+	v->leases++;
+	v->entry->leases++;
+	r->nleases++;
+	*out = l;
+	return 0;
+}
+
+static void lease_drop(struct registry *r, struct registry_owner *o,
+		       struct lease *l)
+{
+	struct version *v = l->version;
+
+	HASH_DEL(o->leases, l);
+	o->nleases--;
+	v->leases--;
+	v->entry->leases--;
+	r->nleases--;
+	free(l);
+	version_check(r, v);
+}
+
+int registry_release(struct registry *r, struct registry_owner *o,
+		     uint64_t id)
+{
+	struct lease *l = NULL;
+
+	HASH_FIND(hh, o->leases, &id, sizeof(id), l);
+	if (!l)
+		return -ENOENT;
+	lease_drop(r, o, l);
+	return 0;
+}
+
+int registry_delete(struct registry *r, struct registry_owner *o,
+		    const char *name)
+{
+	struct entry *e = registry_entry(r, name);
+	struct version *v, *tmp;
+
+	if (!e)
+		return -ENOENT;
+	if (!registry_may(e, o, 2))
+		return -EPERM;
+	HASH_DEL(r->names, e);
+	r->nnames--;
+	e->detached = 1;
+	e->latest = NULL;
+	/* The last version to die frees e; do not touch e after the loop. */
+	DL_FOREACH_SAFE(e->versions, v, tmp) {
+		if (v->state == VERSION_PENDING)
+			version_destroy(r, v);
+		else
+			version_check(r, v);
+	}
+	return 0;
+}
+
+void registry_owner_drop(struct registry *r, struct registry_owner *o)
+{
+	struct lease *l, *ltmp;
+
+	HASH_ITER(hh, o->leases, l, ltmp)
+		lease_drop(r, o, l);
+	while (o->versions) {
+		struct version *v = o->versions;
+
+		if (v->state == VERSION_PENDING) {
+			version_destroy(r, v);
+			continue;
+		}
+		/* An export ends with its producer: withdraw it; leases keep
+		 * their mappings, and the producer hears nothing more. */
+		DL_DELETE2(o->versions, v, oprev, onext);
+		v->producer = NULL;
+		if (v->entry->latest == v)
+			v->entry->latest = NULL;
+		version_check(r, v);
+	}
+}

@@ -1,0 +1,232 @@
+/* registry — the daemon's model: names → versions → tensors → buffers, and
+ * the leases consumers hold on versions.
+ *
+ * It knows nothing of sockets: a connection appears as a struct
+ * registry_owner that the caller embeds and drops when the peer goes. The
+ * registry owns every entry, version, buffer and lease, and tells its user
+ * through struct registry_ops when a version was published, when an exported
+ * version is retired and when a buffer is freed. Loop thread only.
+ */
+#ifndef DLSHARE_REGISTRY_H
+#define DLSHARE_REGISTRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <uthash.h>
+#include <utlist.h>
+
+#include "check.h"
+#include "dlshare.pb-c.h"
+
+#define REGISTRY_HANDLE_MAX 64u /* bytes of a CUDA IPC mem/event handle */
+
+struct registry;
+struct version;
+
+/* The memory behind (part of) a version. */
+struct rbuffer {
+	uint64_t id;             /* daemon-wide, never reused */
+	int kind;                /* DLSHARE__BUFFER_KIND__* */
+	uint64_t size;
+	uint32_t dev_type;       /* DLDeviceType */
+	uint8_t uuid[16];
+	int has_uuid;
+	int fd;                  /* host, cuda-vmm: the daemon's fd; else -1 */
+	int daemon_owned;        /* store mode: counts against max_bytes */
+	uint8_t ipc_handle[REGISTRY_HANDLE_MAX];
+	size_t ipc_handle_len;
+	uint64_t ipc_offset;
+	struct version *version; /* the one version this buffer belongs to */
+	UT_hash_handle hh;       /* registry->buffers, by id */
+};
+
+struct rtensor {
+	char *key;               /* never NULL; "" when unnamed */
+	uint32_t buffer;         /* index into version->buffers */
+	uint64_t offset;
+	uint32_t code, bits, lanes;
+	uint32_t ndim;
+	int has_strides;
+	int64_t shape[CHECK_NDIM_MAX];
+	int64_t strides[CHECK_NDIM_MAX];
+};
+
+enum version_state {
+	VERSION_PENDING,         /* created, being written, invisible to get */
+	VERSION_SEALED,          /* immutable and visible */
+};
+
+struct registry_owner;
+
+struct entry;
+
+struct version {
+	struct entry *entry;
+	uint64_t number;
+	enum version_state state;
+	int exported;            /* producer memory: retired back to it */
+	struct registry_owner *producer; /* pending or exported; else NULL */
+	uint32_t mode;
+	size_t ntensors;
+	struct rtensor *tensors;
+	size_t nbuffers;
+	struct rbuffer **buffers;
+	uint64_t bytes;
+	uint8_t event_handle[REGISTRY_HANDLE_MAX];
+	size_t event_len;
+	uint32_t leases;
+	struct version *prev, *next;           /* entry->versions */
+	struct version *oprev, *onext;         /* producer->versions */
+};
+
+struct entry {
+	char name[CHECK_NAME_MAX + 1];
+	uint64_t last_number;    /* highest version number handed out */
+	struct version *latest;  /* newest sealed version, or NULL */
+	struct version *versions;
+	uint32_t nversions;
+	uint32_t leases;
+	uint32_t owner_uid, owner_gid;
+	uint32_t mode;
+	int detached;            /* deleted: out of the name map, dying */
+	UT_hash_handle hh;       /* registry->names */
+};
+
+struct lease {
+	uint64_t id;
+	struct version *version;
+	struct registry_owner *owner;
+	UT_hash_handle hh;       /* owner->leases */
+};
+
+/* One peer's stake in the registry; embedded by the caller. */
+struct registry_owner {
+	uid_t uid;
+	gid_t gid;
+	pid_t pid;
+	struct lease *leases;
+	uint32_t nleases;
+	struct version *versions; /* pending and exported, by this owner */
+};
+
+struct registry_ops {
+	/* A version became visible: wake whoever waits for it. It is alive
+	 * during the call; the callee may take leases on it. */
+	void (*published)(void *ud, struct entry *e, struct version *v);
+	/* An exported version is gone: its memory is the producer's again. */
+	void (*retired)(void *ud, struct registry_owner *producer,
+			const char *name, uint64_t number);
+	/* A buffer is about to be freed: forget it. */
+	void (*buffer_freed)(void *ud, struct rbuffer *b);
+};
+
+struct registry_limits {
+	uint32_t max_tensors;       /* tensors per version */
+	uint32_t max_buffers;       /* buffers per version */
+	uint32_t max_leases;        /* leases per owner */
+	uint64_t max_buffer_bytes;  /* size of one buffer */
+	uint64_t max_bytes;         /* daemon-owned bytes, all buffers */
+	uint32_t default_mode;      /* mode of a name when the publisher gives 0 */
+};
+
+#define REGISTRY_MAX_TENSORS_DEFAULT 4096u
+#define REGISTRY_MAX_BUFFERS_DEFAULT 16u
+#define REGISTRY_BUFFERS_HARD_MAX 64u /* max_buffers can not go above */
+#define REGISTRY_MAX_LEASES_DEFAULT 16384u
+#define REGISTRY_MAX_BUFFER_BYTES_DEFAULT (UINT64_C(1) << 40)
+#define REGISTRY_DEFAULT_MODE 0644u
+
+struct registry {
+	struct entry *names;
+	struct rbuffer *buffers;
+	uint64_t next_buffer_id;
+	uint64_t next_lease_id;
+	uint64_t nnames, nversions, nleases, nbuffers, bytes, owned_bytes;
+	struct registry_limits limits;
+	const struct registry_ops *ops;
+	void *ud;
+};
+
+/* Fills the defaults; max_bytes is half the machine's memory. */
+void registry_limits_default(struct registry_limits *l);
+
+void registry_init(struct registry *r, const struct registry_limits *l,
+		   const struct registry_ops *ops, void *ud);
+/* Frees everything; callbacks are not called. */
+void registry_deinit(struct registry *r);
+
+void registry_owner_init(struct registry_owner *o, uid_t uid, gid_t gid,
+			 pid_t pid);
+/* Drops every lease of o, every pending version and every exported version
+ * it produced. Versions that lose their last reachability die here. */
+void registry_owner_drop(struct registry *r, struct registry_owner *o);
+
+/* A version as a request describes it. Buffers' fds (host/vmm) are taken
+ * over by registry_add on success only. */
+struct registry_spec {
+	const char *name;
+	uint32_t mode;
+	Dlshare__Tensor **tensors;
+	size_t ntensors;
+	Dlshare__Buffer **buffers;
+	size_t nbuffers;
+	int *fds;                /* one per buffer, -1 where none */
+	const uint8_t *event_handle;
+	size_t event_len;
+};
+
+/* Adds a version of spec->name owned by o: pending (store mode, the caller
+ * made the buffers) or, with exported, sealed at once (producer memory).
+ * Checks the name, the ACL, every tensor against the buffers and the limits.
+ * On success the registry owns spec->fds (they are set to -1) and *out is the
+ * new version. Returns 0, -EINVAL, -EPERM, -E2BIG (a limit on tensors or
+ * buffers), -ENOSPC (byte limit), -ENOMEM. */
+int registry_add(struct registry *r, struct registry_owner *o,
+		 const struct registry_spec *spec, int exported,
+		 struct version **out);
+
+/* Seals pending version number of name, created by o: host buffers get
+ * F_SEAL_WRITE, and the version becomes visible (the newest one if nothing
+ * newer was sealed meanwhile). Returns 0, -ENOENT (no such pending version
+ * of o), -EALREADY (already sealed), -EBUSY (a writable mapping of a buffer
+ * is still alive; the version stays pending). */
+int registry_seal(struct registry *r, struct registry_owner *o,
+		  const char *name, uint64_t number, const uint8_t *event,
+		  size_t event_len);
+
+/* Drops a pending version of o. Returns 0 or -ENOENT. */
+int registry_abort(struct registry *r, struct registry_owner *o,
+		   const char *name, uint64_t number);
+
+enum registry_select { REG_LATEST, REG_EXACT, REG_NEWER_THAN };
+
+/* Finds a sealed, live version of name. Returns it or NULL; *err is -ENOENT
+ * when nothing matches (yet) or -EPERM when o may not read the name. */
+struct version *registry_find(struct registry *r, struct registry_owner *o,
+			      const char *name, enum registry_select sel,
+			      uint64_t number, int *err);
+
+/* Takes a lease of o on v. Returns 0 with *out, -EDQUOT (o holds
+ * max_leases), -ENOMEM. */
+int registry_lease(struct registry *r, struct registry_owner *o,
+		   struct version *v, struct lease **out);
+
+/* Drops o's lease id; the version may die. Returns 0 or -ENOENT. */
+int registry_release(struct registry *r, struct registry_owner *o,
+		     uint64_t id);
+
+/* Removes name: no version of it can be got any more. Returns 0, -ENOENT,
+ * -EPERM. */
+int registry_delete(struct registry *r, struct registry_owner *o,
+		    const char *name);
+
+/* The live entry of name, or NULL. */
+struct entry *registry_entry(struct registry *r, const char *name);
+
+/* 1 when o may read (want 4) or write (want 2) entry e. */
+int registry_may(const struct entry *e, const struct registry_owner *o,
+		 unsigned want);
+
+#endif

@@ -1,0 +1,280 @@
+/* server — listening socket and the set of connections. */
+#include "server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "conn.h"
+#include "dispatch.h"
+#include "log.h"
+#include "paths.h"
+
+/* Accepts per wakeup, like libuv's own accept loop. */
+#define SERVER_ACCEPT_BATCH 32
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+void server_config_default(struct server_config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->socket_mode = 0660;
+	cfg->limits.max_packet = SERVER_MAX_PACKET_DEFAULT;
+	cfg->limits.max_fds = SERVER_MAX_FDS_DEFAULT;
+	cfg->limits.max_inflight = SERVER_MAX_INFLIGHT_DEFAULT;
+	cfg->limits.max_connections = SERVER_MAX_CONNECTIONS_DEFAULT;
+	cfg->limits.max_output = SERVER_MAX_OUTPUT_DEFAULT;
+	cfg->limits.list_page = SERVER_LIST_PAGE_DEFAULT;
+	registry_limits_default(&cfg->registry);
+}
+
+int server_init(struct server *s, uv_loop_t *loop,
+		const struct server_config *cfg)
+{
+	memset(s, 0, sizeof(*s));
+	s->loop = loop;
+	s->cfg = *cfg;
+	s->listen_fd = -1;
+	s->spare_fd = -1;
+	s->started_ms = now_ms();
+	s->rbuf = malloc(cfg->limits.max_packet);
+	if (!s->rbuf)
+		return -ENOMEM;
+	registry_init(&s->reg, &cfg->registry, &dispatch_registry_ops, s);
+	return 0;
+}
+
+uint64_t server_uptime_ms(const struct server *s)
+{
+	return now_ms() - s->started_ms;
+}
+
+void server_reap(struct server *s)
+{
+	/* Closing one conn may doom others (their pushes overflow). */
+	while (s->doomed) {
+		struct conn *c = s->doomed;
+
+		s->doomed = c->doomed_next;
+		c->doomed_next = NULL;
+		conn_close(c, c->why);
+	}
+}
+
+/* Refuses a peer politely: one Error packet, then the door. */
+static void refuse(int fd, const char *why)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Error e = DLSHARE__ERROR__INIT;
+	uint8_t *data;
+	size_t len;
+
+	e.code = -6; /* DLSHARE_ELIMIT */
+	e.message = (char *)why;
+	f.body_case = DLSHARE__FRAME__BODY_ERROR;
+	f.error = &e;
+	if (wire_encode(&f, SERVER_HELLO_PACKET_MAX, &data, &len) == 0) {
+		wire_send(fd, data, len, NULL, 0, MSG_DONTWAIT);
+		free(data);
+	}
+	close(fd);
+}
+
+static void on_accept(uv_poll_t *h, int status, int events)
+{
+	struct server *s = h->data;
+
+	if (status < 0) {
+		log_err("accept: %s", uv_strerror(status));
+		return;
+	}
+	for (int i = 0; i < SERVER_ACCEPT_BATCH; i++) {
+		int fd = accept4(s->listen_fd, NULL, NULL,
+				 SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+		if (fd < 0) {
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			if ((errno == EMFILE || errno == ENFILE) &&
+			    s->spare_fd >= 0) {
+				/* Out of fds: the peer would stay queued and
+				 * the loop spin. Use the spare fd to take it
+				 * and hang up on it, then get the spare back. */
+				close(s->spare_fd);
+				s->spare_fd = -1;
+				fd = accept4(s->listen_fd, NULL, NULL,
+					     SOCK_CLOEXEC);
+				if (fd >= 0)
+					close(fd);
+				s->spare_fd = open("/dev/null",
+						   O_RDONLY | O_CLOEXEC);
+				log_warn("accept: out of file descriptors; "
+					 "refused a connection");
+				continue;
+			}
+			if (errno != EAGAIN && errno != EWOULDBLOCK)
+				log_err("accept: %s", strerror(errno));
+			return;
+		}
+		if (s->nconns >= s->cfg.limits.max_connections) {
+			log_warn("connection limit (%u) reached; refused one",
+				 s->cfg.limits.max_connections);
+			refuse(fd, "too many connections");
+			continue;
+		}
+		int err = conn_new(s, fd);
+		if (err)
+			log_err("new connection: %s", strerror(-err));
+	}
+	server_reap(s);
+}
+
+/* For the default path, makes its directory: 0700 and ours, or refuse. */
+static int prepare_dir(const char *path, int create)
+{
+	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	struct stat st;
+
+	snprintf(dir, sizeof(dir), "%s", path);
+	dirname(dir);
+	if (create && mkdir(dir, 0700) < 0 && errno != EEXIST) {
+		log_err("cannot create %s: %s", dir, strerror(errno));
+		return -errno;
+	}
+	if (lstat(dir, &st) < 0) {
+		log_err("socket directory %s: %s", dir, strerror(errno));
+		return -errno;
+	}
+	if (create && (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
+		       (st.st_mode & 077))) {
+		log_err("%s must be a directory of uid %u with mode 0700",
+			dir, (unsigned)geteuid());
+		return -EPERM;
+	}
+	return 0;
+}
+
+/* A socket file that nobody accepts on is stale; a refused connect proves
+ * it. Returns 1 when stale, 0 when alive or not a socket. */
+static int socket_is_stale(const char *path)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct stat st;
+	int fd, stale = 0;
+
+	if (lstat(path, &st) < 0 || !S_ISSOCK(st.st_mode))
+		return 0;
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return 0;
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 &&
+	    errno == ECONNREFUSED)
+		stale = 1;
+	close(fd);
+	return stale;
+}
+
+int server_listen(struct server *s)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd, err, dflt = !s->cfg.socket_path;
+
+	if (dflt) {
+		err = paths_default_socket(s->path, sizeof(s->path));
+	} else if (strlen(s->cfg.socket_path) >= sizeof(s->path)) {
+		err = -ENAMETOOLONG;
+	} else {
+		snprintf(s->path, sizeof(s->path), "%s", s->cfg.socket_path);
+		err = 0;
+	}
+	if (err) {
+		log_err("socket path too long (at most %zu bytes)",
+			sizeof(sa.sun_path) - 1);
+		return err;
+	}
+	/* Only the per-user fallback directories are ours to make. */
+	if ((err = prepare_dir(s->path, dflt && !getenv("DLSHARE_SOCKET") &&
+			       strcmp(s->path, PATHS_SYSTEM_SOCKET) != 0)))
+		return err;
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	memcpy(sa.sun_path, s->path, strlen(s->path) + 1);
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		err = -errno;
+		if (err == -EADDRINUSE && socket_is_stale(s->path)) {
+			log_notice("removing stale socket %s", s->path);
+			unlink(s->path);
+			err = bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ?
+			      -errno : 0;
+		}
+		if (err) {
+			log_err("cannot bind %s: %s%s", s->path, strerror(-err),
+				err == -EADDRINUSE ?
+				" (another dlshared serves it)" : "");
+			close(fd);
+			return err;
+		}
+	}
+	s->own_path = 1;
+	if (chmod(s->path, s->cfg.socket_mode) < 0 || listen(fd, 128) < 0) {
+		err = -errno;
+		log_err("cannot listen on %s: %s", s->path, strerror(-err));
+		close(fd);
+		unlink(s->path);
+		s->own_path = 0;
+		return err;
+	}
+	s->listen_fd = fd;
+	s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	uv_poll_init(s->loop, &s->listen_poll, fd);
+	s->listen_poll.data = s;
+	uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
+	s->listening = 1;
+	log_notice("dlshared listening on %s", s->path);
+	return 0;
+}
+
+void server_shutdown(struct server *s)
+{
+	if (s->listening) {
+		uv_close((uv_handle_t *)&s->listen_poll, NULL);
+		s->listening = 0;
+	}
+	if (s->listen_fd >= 0) {
+		close(s->listen_fd);
+		s->listen_fd = -1;
+	}
+	if (s->own_path) {
+		unlink(s->path);
+		s->own_path = 0;
+	}
+	while (s->conns)
+		conn_close(s->conns, "daemon shutting down");
+	server_reap(s);
+}
+
+void server_deinit(struct server *s)
+{
+	dispatch_deinit(s);
+	registry_deinit(&s->reg);
+	if (s->spare_fd >= 0)
+		close(s->spare_fd);
+	free(s->rbuf);
+	s->rbuf = NULL;
+}

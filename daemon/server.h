@@ -1,0 +1,90 @@
+/* server — dlshared's listening socket, its connections and its limits.
+ *
+ * The server owns the registry, the set of connections and the shared
+ * receive buffer; it accepts peers under a uv_poll_t (SOCK_SEQPACKET is not a
+ * libuv stream). Loop thread only.
+ */
+#ifndef DLSHARE_SERVER_H
+#define DLSHARE_SERVER_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "registry.h"
+
+/* Named limits of the daemon, each with a default and a flag. */
+struct server_limits {
+	uint32_t max_packet;      /* bytes in one packet, either way */
+	uint32_t max_fds;         /* fds in one packet from a peer */
+	uint32_t max_inflight;    /* parked gets of one connection */
+	uint32_t max_connections; /* connections at once */
+	uint64_t max_output;      /* bytes queued to one peer before it is cut */
+	uint32_t list_page;       /* names in one List answer */
+};
+
+#define SERVER_MAX_PACKET_DEFAULT (128u * 1024u)
+#define SERVER_MAX_FDS_DEFAULT 16u
+#define SERVER_MAX_INFLIGHT_DEFAULT 64u
+#define SERVER_MAX_CONNECTIONS_DEFAULT 1024u
+#define SERVER_MAX_OUTPUT_DEFAULT (4u * 1024u * 1024u)
+#define SERVER_LIST_PAGE_DEFAULT 256u
+/* Before Hello a peer gets a much smaller packet. */
+#define SERVER_HELLO_PACKET_MAX 512u
+
+struct server_config {
+	const char *socket_path;  /* NULL: the default rule */
+	unsigned socket_mode;     /* permission bits of the socket file */
+	struct server_limits limits;
+	struct registry_limits registry;
+};
+
+struct conn;
+struct waitq;
+
+struct server {
+	uv_loop_t *loop;
+	struct server_config cfg;
+	char path[108];
+	int listen_fd;
+	int spare_fd;             /* kept open to survive EMFILE on accept */
+	int own_path;             /* we bound path: unlink it on exit */
+	uv_poll_t listen_poll;
+	int listening;
+	struct registry reg;
+	struct conn *conns;
+	uint32_t nconns;
+	struct conn *doomed;      /* failing conns, closed by server_reap() */
+	uint64_t next_conn_id;
+	struct waitq *waiters;    /* parked gets by name (dispatch.c) */
+	uint64_t nparked;
+	uint64_t requests;
+	uint64_t started_ms;
+	uint8_t *rbuf;            /* one packet; the loop decodes it at once */
+};
+
+void server_config_default(struct server_config *cfg);
+
+/* Prepares s; nothing listens yet. Returns 0 or -ENOMEM. */
+int server_init(struct server *s, uv_loop_t *loop,
+		const struct server_config *cfg);
+
+/* Binds and listens on the configured path, creating its directory for the
+ * default path (0700, must be ours), replacing a stale socket only when a
+ * connect proves nobody serves it. Returns 0 or -errno (-EADDRINUSE when a
+ * live daemon holds it). */
+int server_listen(struct server *s);
+
+/* Closes the listener and every connection; the loop must then run until
+ * their handles are closed. */
+void server_shutdown(struct server *s);
+
+uint64_t server_uptime_ms(const struct server *s);
+
+/* Closes every doomed conn (see conn.h). Called at the end of each event
+ * callback, never inside the registry. */
+void server_reap(struct server *s);
+
+/* Frees what is left after the loop finished. */
+void server_deinit(struct server *s);
+
+#endif

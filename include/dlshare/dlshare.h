@@ -1,0 +1,334 @@
+/* dlshare.h — the public C API of libdlshare.
+ *
+ * libdlshare talks to the dlshared daemon over a Unix socket and turns what it
+ * sends into DLPack tensors. Every function may be called from any thread; one
+ * dlshare_client may be shared by many threads. Errors are negative
+ * DLSHARE_E* codes (see dlshare_strerror()); nothing here aborts or exits.
+ */
+#ifndef DLSHARE_DLSHARE_H
+#define DLSHARE_DLSHARE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <dlpack/dlpack.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DLSHARE_VERSION_MAJOR 0
+#define DLSHARE_VERSION_MINOR 1
+#define DLSHARE_VERSION_PATCH 0
+#define DLSHARE_VERSION_STRING "0.1.0"
+
+#if defined(DLSHARE_BUILDING)
+#define DLSHARE_API __attribute__((visibility("default")))
+#else
+#define DLSHARE_API
+#endif
+
+/* DLPack 1.x ABI, for dlpack headers older than 1.0 (Debian 12 ships 0.6).
+ * The layout is the one fixed by DLPack 1.0's dlpack.h. */
+#ifndef DLPACK_MAJOR_VERSION
+#define DLPACK_MAJOR_VERSION 1
+#define DLPACK_MINOR_VERSION 0
+typedef struct DLPackVersion {
+	uint32_t major;
+	uint32_t minor;
+} DLPackVersion;
+
+typedef struct DLManagedTensorVersioned {
+	DLPackVersion version;
+	void *manager_ctx;
+	void (*deleter)(struct DLManagedTensorVersioned *self);
+	uint64_t flags;
+	DLTensor dl_tensor;
+} DLManagedTensorVersioned;
+
+#define DLPACK_FLAG_BITMASK_READ_ONLY (UINT64_C(1) << 0)
+#define DLPACK_FLAG_BITMASK_IS_COPIED (UINT64_C(1) << 1)
+#endif
+
+/* Error codes. Every function that can fail returns 0 or one of these. */
+enum {
+	DLSHARE_OK = 0,
+	DLSHARE_EINVAL = -1,    /* an argument or a request is invalid */
+	DLSHARE_ENOENT = -2,    /* no such name or version */
+	DLSHARE_ETIMEDOUT = -3, /* the wait for a version timed out */
+	DLSHARE_EPERM = -4,     /* the name's mode forbids this */
+	DLSHARE_ENOMEM = -5,    /* out of memory (here or in the daemon) */
+	DLSHARE_ELIMIT = -6,    /* a limit or quota of the daemon was reached */
+	DLSHARE_EPROTO = -7,    /* the peer broke the protocol */
+	DLSHARE_ECONN = -8,     /* no daemon there, or the connection was lost */
+	DLSHARE_EVERSION = -9,  /* the daemon speaks another protocol major */
+	DLSHARE_ENOTSUP = -10,  /* the buffer kind or device is not supported */
+	DLSHARE_EIO = -11,      /* a system call failed */
+	DLSHARE_EBUSY = -12,    /* the buffer is still mapped writable */
+	DLSHARE_ECOPY = -13,    /* publishing would copy, and copies were forbidden */
+	DLSHARE_ENODEV = -14,   /* the device is not visible to this process */
+	DLSHARE_ESTATE = -15,   /* the version is not in the state this needs */
+	DLSHARE_E2BIG = -16,    /* the request does not fit in one packet */
+	DLSHARE_ECLOSED = -17,  /* the client was disconnected */
+};
+
+/* The message for an error code; never NULL, also for unknown codes. */
+DLSHARE_API const char *dlshare_strerror(int err);
+
+/* The daemon's explanation of the last error a call in this thread got
+ * ("get weights/x: no such name"), or "" when it gave none. Valid until the
+ * thread's next call. */
+DLSHARE_API const char *dlshare_last_error(void);
+
+/* The library's version, "MAJOR.MINOR.PATCH". */
+DLSHARE_API const char *dlshare_version(void);
+
+/* Writes the socket path that dlshared and clients use when given none:
+ * $DLSHARE_SOCKET, else /run/dlshare/dlshared.sock if it exists, else
+ * $XDG_RUNTIME_DIR/dlshare/dlshared.sock, else /tmp/dlshare-$UID/dlshared.sock.
+ * Returns 0, or DLSHARE_E2BIG when it does not fit in len bytes. */
+DLSHARE_API int dlshare_socket_path(char *buf, size_t len);
+
+/* ---- connections ------------------------------------------------------ */
+
+typedef struct dlshare_client dlshare_client;
+
+/* Connects to the daemon at path (NULL: dlshare_socket_path()) and says Hello.
+ * On success *out is a client the caller frees with dlshare_disconnect().
+ * Returns 0, DLSHARE_ECONN (nobody listening), DLSHARE_EVERSION, DLSHARE_ENOMEM
+ * or DLSHARE_EIO. */
+DLSHARE_API int dlshare_connect(const char *path, dlshare_client **out);
+
+/* Closes the connection. Calls in other threads fail with DLSHARE_ECLOSED.
+ * Tensors obtained from this client stay valid: their deleters may run later
+ * (their leases went with the connection). Exported tensors whose versions
+ * were still published are handed back to their deleters here. NULL is a
+ * no-op. Must not be called while another thread is still inside a call on c. */
+DLSHARE_API void dlshare_disconnect(dlshare_client *c);
+
+/* ---- publishing, store mode: the daemon owns the memory ---------------- */
+
+/* Describes one tensor to create. */
+typedef struct dlshare_tensor_spec {
+	const char *key;        /* name inside the version; NULL or "" for none */
+	DLDataType dtype;
+	int32_t ndim;           /* 0..32 */
+	const int64_t *shape;   /* ndim entries, each >= 0 */
+} dlshare_tensor_spec;
+
+typedef struct dlshare_create_opts {
+	DLDevice device;        /* {kDLCPU, 0} (the default) */
+	uint32_t mode;          /* permission bits (0640 style); 0: daemon default */
+} dlshare_create_opts;
+
+typedef struct dlshare_writer dlshare_writer;
+
+/* Creates a pending version of name holding n tensors, laid out compact and
+ * 64-byte aligned in one daemon-owned buffer that this process maps writable.
+ * Write the data through dlshare_writer_tensor(), then dlshare_seal().
+ * The version is invisible to get until sealed, and dropped if the writer is
+ * aborted or the connection closes first. opts may be NULL.
+ * Returns 0 and a writer in *out, or DLSHARE_EINVAL, DLSHARE_ELIMIT,
+ * DLSHARE_E2BIG, DLSHARE_EPERM, DLSHARE_ENOMEM, DLSHARE_ECONN. */
+DLSHARE_API int dlshare_create(dlshare_client *c, const char *name,
+			       const dlshare_tensor_spec *tensors, size_t n,
+			       const dlshare_create_opts *opts,
+			       dlshare_writer **out);
+
+/* The number of tensors of a writer, and tensor i (writable; the writer owns
+ * it and it dies with the writer). NULL when i is out of range. */
+DLSHARE_API size_t dlshare_writer_count(const dlshare_writer *w);
+DLSHARE_API DLTensor *dlshare_writer_tensor(dlshare_writer *w, size_t i);
+
+/* The version number the writer will publish. */
+DLSHARE_API uint64_t dlshare_writer_version(const dlshare_writer *w);
+
+/* Drops the writable mapping and seals the version: from now on it is
+ * immutable and visible to get. stream is the producer's CUDA stream for
+ * device buffers and ignored for host ones (pass NULL). Always consumes w.
+ * Returns 0 and the version in *version (may be NULL), or DLSHARE_EBUSY (a
+ * writable mapping of the buffer is still alive somewhere), DLSHARE_ECONN,
+ * DLSHARE_ESTATE. */
+DLSHARE_API int dlshare_seal(dlshare_writer *w, void *stream,
+			     uint64_t *version);
+
+/* Drops a pending version without publishing it. NULL is a no-op. */
+DLSHARE_API void dlshare_writer_abort(dlshare_writer *w);
+
+/* ---- publishing, export mode: the producer owns the memory ------------- */
+
+/* Allocates a compact host tensor in shareable memory (a sealed memfd), so
+ * dlshare_publish() can hand it out without a copy. The caller owns *out and
+ * frees it with its deleter. Returns 0, DLSHARE_EINVAL or DLSHARE_ENOMEM. */
+DLSHARE_API int dlshare_host_alloc(DLDataType dtype, int32_t ndim,
+				   const int64_t *shape,
+				   DLManagedTensor **out);
+
+#define DLSHARE_PUBLISH_NO_COPY 0x1u /* fail with DLSHARE_ECOPY, never copy */
+
+typedef struct dlshare_publish_opts {
+	const char *const *keys; /* n names inside the version, or NULL */
+	uint32_t mode;           /* permission bits; 0: daemon default */
+	uint32_t flags;          /* DLSHARE_PUBLISH_* */
+	void *stream;            /* producer's CUDA stream; NULL for host */
+} dlshare_publish_opts;
+
+/* Publishes n tensors as one new version of name (a bundle when n > 1).
+ * Tensors in memory from dlshare_host_alloc() are shared without a copy: the
+ * library keeps them and calls their deleters once the daemon retires the
+ * version (a newer one replaced it, or the name was deleted, and no lease
+ * holds it) or this client disconnects. Any other memory is copied into a
+ * daemon-owned buffer and its deleter runs before this returns, unless
+ * DLSHARE_PUBLISH_NO_COPY forbids that. On success the library owns all n
+ * tensors; on failure the caller still does. opts may be NULL.
+ * Returns 0 and the version in *version (may be NULL), or DLSHARE_EINVAL,
+ * DLSHARE_ECOPY, DLSHARE_ENOTSUP, DLSHARE_ELIMIT, DLSHARE_E2BIG, DLSHARE_EPERM,
+ * DLSHARE_ECONN. */
+DLSHARE_API int dlshare_publish(dlshare_client *c, const char *name,
+				DLManagedTensor *const *tensors, size_t n,
+				const dlshare_publish_opts *opts,
+				uint64_t *version);
+
+/* ---- consuming ---------------------------------------------------------- */
+
+enum {
+	DLSHARE_LATEST = 0,     /* the newest sealed version */
+	DLSHARE_EXACT = 1,      /* exactly opts.version */
+	DLSHARE_NEWER_THAN = 2, /* the newest version > opts.version */
+};
+
+#define DLSHARE_WAIT_FOREVER (-1)
+
+typedef struct dlshare_get_opts {
+	uint32_t select;    /* DLSHARE_LATEST, DLSHARE_EXACT, DLSHARE_NEWER_THAN */
+	uint64_t version;   /* for EXACT and NEWER_THAN */
+	int32_t timeout_ms; /* 0: fail at once when there is none; > 0: wait up to
+			     * this long for it; DLSHARE_WAIT_FOREVER */
+	void *stream;       /* consumer's CUDA stream; NULL for host */
+} dlshare_get_opts;
+
+typedef struct dlshare_bundle dlshare_bundle;
+
+/* Gets a version of name and takes a lease on it: its memory stays valid
+ * and unchanged while the bundle or any tensor exported from it lives.
+ * A waiting get does not block other threads' calls on c. opts may be NULL
+ * (the latest version, no wait). Returns 0 and a bundle the caller frees with
+ * dlshare_bundle_free(), or DLSHARE_ENOENT, DLSHARE_ETIMEDOUT, DLSHARE_EPERM,
+ * DLSHARE_ELIMIT, DLSHARE_ECONN, DLSHARE_EPROTO, DLSHARE_ENOMEM. */
+DLSHARE_API int dlshare_get(dlshare_client *c, const char *name,
+			    const dlshare_get_opts *opts, dlshare_bundle **out);
+
+DLSHARE_API uint64_t dlshare_bundle_version(const dlshare_bundle *b);
+DLSHARE_API size_t dlshare_bundle_count(const dlshare_bundle *b);
+/* The key of tensor i ("" when it has none), NULL when out of range. */
+DLSHARE_API const char *dlshare_bundle_key(const dlshare_bundle *b, size_t i);
+/* Index of the tensor with this key, or DLSHARE_ENOENT. */
+DLSHARE_API int dlshare_bundle_find(const dlshare_bundle *b, const char *key);
+/* A borrowed, read-only view of tensor i, valid until dlshare_bundle_free();
+ * NULL when out of range. */
+DLSHARE_API const DLTensor *dlshare_bundle_tensor(const dlshare_bundle *b,
+						  size_t i);
+
+/* Makes a DLManagedTensor of tensor i for a DLPack consumer. It holds the
+ * lease on its own (the bundle may be freed first); its deleter releases it
+ * and may be called from any thread, also after dlshare_disconnect().
+ * The memory is mapped read-only. Returns 0, DLSHARE_EINVAL, DLSHARE_ENOMEM. */
+DLSHARE_API int dlshare_bundle_export(dlshare_bundle *b, size_t i,
+				      DLManagedTensor **out);
+/* The same as a DLPack 1.x DLManagedTensorVersioned, flagged read-only. */
+DLSHARE_API int dlshare_bundle_export_versioned(dlshare_bundle *b, size_t i,
+						DLManagedTensorVersioned **out);
+
+/* Frees the bundle; the lease goes once no exported tensor holds it.
+ * NULL is a no-op. */
+DLSHARE_API void dlshare_bundle_free(dlshare_bundle *b);
+
+/* Shorthands for a version's first tensor: get + export + free. */
+DLSHARE_API int dlshare_get_tensor(dlshare_client *c, const char *name,
+				   const dlshare_get_opts *opts,
+				   DLManagedTensor **out);
+DLSHARE_API int dlshare_get_tensor_versioned(dlshare_client *c,
+					     const char *name,
+					     const dlshare_get_opts *opts,
+					     DLManagedTensorVersioned **out);
+
+/* ---- looking inside ----------------------------------------------------- */
+
+enum {
+	DLSHARE_KIND_HOST = 1,
+	DLSHARE_KIND_CUDA_IPC = 2,
+	DLSHARE_KIND_CUDA_VMM = 3,
+};
+
+typedef struct dlshare_name_info {
+	char name[256];
+	uint64_t latest;     /* newest sealed version, 0 when none yet */
+	uint32_t versions;   /* live versions (newest plus those still leased) */
+	uint32_t tensors;    /* tensors in the newest version */
+	uint64_t bytes;      /* buffer bytes of the newest version */
+	uint32_t leases;     /* leases on all its versions */
+	uint32_t owner_uid;
+	uint32_t mode;
+	int kind;            /* DLSHARE_KIND_* of the newest version */
+	int exported;        /* the newest version is producer memory */
+} dlshare_name_info;
+
+/* Called once per name; return non-zero to stop early. */
+typedef int (*dlshare_list_fn)(const dlshare_name_info *info, void *arg);
+
+/* Lists the names that start with prefix (NULL or "": all), in byte order,
+ * fetching them page by page. Returns 0 (also when fn stopped early), or an
+ * error code. */
+DLSHARE_API int dlshare_list(dlshare_client *c, const char *prefix,
+			     dlshare_list_fn fn, void *arg);
+
+/* The manifest of a version: keys and tensor shapes, without data. */
+typedef struct dlshare_manifest dlshare_manifest;
+DLSHARE_API size_t dlshare_manifest_count(const dlshare_manifest *m);
+DLSHARE_API const char *dlshare_manifest_key(const dlshare_manifest *m,
+					     size_t i);
+/* Tensor i, with data NULL and byte_offset its offset in its buffer. */
+DLSHARE_API const DLTensor *dlshare_manifest_tensor(const dlshare_manifest *m,
+						    size_t i);
+DLSHARE_API void dlshare_manifest_free(dlshare_manifest *m);
+
+/* Describes name without taking a lease. manifest may be NULL; else it gets
+ * the newest version's manifest, freed with dlshare_manifest_free().
+ * Returns 0, DLSHARE_ENOENT, DLSHARE_EPERM, DLSHARE_ECONN. */
+DLSHARE_API int dlshare_stat(dlshare_client *c, const char *name,
+			     dlshare_name_info *info,
+			     dlshare_manifest **manifest);
+
+typedef struct dlshare_stats {
+	uint64_t connections;
+	uint64_t names;
+	uint64_t versions;
+	uint64_t leases;
+	uint64_t buffers;
+	uint64_t bytes;      /* bytes of all live buffers */
+	uint64_t parked;     /* gets waiting for a version */
+	uint64_t requests;   /* requests served since start */
+	uint64_t uptime_ms;
+} dlshare_stats;
+
+/* The daemon's counters. Returns 0 or an error code. */
+DLSHARE_API int dlshare_stats_get(dlshare_client *c, dlshare_stats *out);
+
+/* Removes name: its versions can no longer be got; their memory goes when
+ * the last lease does. Returns 0, DLSHARE_ENOENT, DLSHARE_EPERM, DLSHARE_ECONN. */
+DLSHARE_API int dlshare_delete(dlshare_client *c, const char *name);
+
+/* ---- DLPack helpers ------------------------------------------------------ */
+
+/* Parses a dtype such as "float32", "int8", "uint16", "bfloat16", "bool",
+ * "complex64". Returns 0 or DLSHARE_EINVAL. */
+DLSHARE_API int dlshare_dtype_parse(const char *s, DLDataType *out);
+/* Formats dtype into buf ("float32", or "code:bits:lanes" when unnamed).
+ * Returns 0 or DLSHARE_E2BIG. */
+DLSHARE_API int dlshare_dtype_format(DLDataType dtype, char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,154 @@
+/* check — validation of names and tensor descriptions. */
+#include "check.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include <dlpack/dlpack.h>
+
+static int name_char_ok(char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+	       (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-' ||
+	       c == '/';
+}
+
+/* Checks characters and segments of s[0..n); partial allows a trailing
+ * segment that is still being typed (a prefix). */
+static int check_segments(const char *s, size_t n, int partial)
+{
+	size_t seg = 0;
+
+	for (size_t i = 0; i <= n; i++) {
+		if (i < n && !name_char_ok(s[i]))
+			return -EINVAL;
+		if (i == n || s[i] == '/') {
+			size_t len = i - seg;
+
+			if (i == n && partial)
+				return 0;
+			if (len == 0 || (len == 1 && s[seg] == '.') ||
+			    (len == 2 && s[seg] == '.' && s[seg + 1] == '.'))
+				return -EINVAL;
+			seg = i + 1;
+		}
+	}
+	return 0;
+}
+
+int check_name(const char *name)
+{
+	size_t n;
+
+	if (!name)
+		return -EINVAL;
+	n = strnlen(name, CHECK_NAME_MAX + 1);
+	if (n == 0 || n > CHECK_NAME_MAX)
+		return -EINVAL;
+	return check_segments(name, n, 0);
+}
+
+int check_prefix(const char *prefix)
+{
+	size_t n;
+
+	if (!prefix || !*prefix)
+		return 0;
+	n = strnlen(prefix, CHECK_NAME_MAX + 1);
+	if (n > CHECK_NAME_MAX || prefix[0] == '/')
+		return -EINVAL;
+	return check_segments(prefix, n, 1);
+}
+
+uint64_t check_dtype_size(uint32_t code, uint32_t bits, uint32_t lanes)
+{
+	switch (code) {
+	case kDLInt:
+	case kDLUInt:
+	case kDLFloat:
+	case kDLBfloat:
+	case kDLComplex:
+	case 6: /* kDLBool (DLPack >= 0.8) */
+		break;
+	default:
+		return 0;
+	}
+	if (bits == 0 || bits % 8 || bits > 256 || lanes == 0 || lanes > 1024)
+		return 0;
+	return (uint64_t)bits / 8 * lanes;
+}
+
+int check_compact_bytes(const int64_t *shape, size_t ndim, uint64_t elem,
+			uint64_t *out)
+{
+	uint64_t n = elem;
+
+	for (size_t i = 0; i < ndim; i++) {
+		if (shape[i] < 0)
+			return -EINVAL;
+		if (__builtin_mul_overflow(n, (uint64_t)shape[i], &n))
+			return -EINVAL;
+	}
+	if (n > INT64_MAX)
+		return -EINVAL;
+	*out = n;
+	return 0;
+}
+
+int check_tensor(const Dlshare__Tensor *t, const uint64_t *sizes,
+		 size_t nbuffers)
+{
+	uint64_t elem, size;
+	int64_t lo = 0, hi = 0; /* element offsets reached, relative to [0..0] */
+	int empty = 0;
+
+	if (!t->dtype || t->buffer >= nbuffers)
+		return -EINVAL;
+	if (t->key && strnlen(t->key, CHECK_KEY_MAX + 1) > CHECK_KEY_MAX)
+		return -EINVAL;
+	elem = check_dtype_size(t->dtype->code, t->dtype->bits,
+				t->dtype->lanes);
+	if (!elem || t->n_shape > CHECK_NDIM_MAX)
+		return -EINVAL;
+	if (t->n_strides && t->n_strides != t->n_shape)
+		return -EINVAL;
+	size = sizes[t->buffer];
+	if (t->offset > size || t->offset > INT64_MAX)
+		return -EINVAL;
+
+	/* The walk is done in elements with overflow checks; a compact tensor
+	 * is the special case of row-major strides. */
+	int64_t stride = 1;
+	for (size_t k = t->n_shape; k-- > 0;) {
+		int64_t dim = t->shape[k], s, reach;
+
+		if (dim < 0)
+			return -EINVAL;
+		if (dim == 0)
+			empty = 1;
+		s = t->n_strides ? t->strides[k] : stride;
+		if (dim > 0) {
+			if (__builtin_mul_overflow(s, dim - 1, &reach))
+				return -EINVAL;
+			if (reach < 0 ? __builtin_add_overflow(lo, reach, &lo)
+				      : __builtin_add_overflow(hi, reach, &hi))
+				return -EINVAL;
+		}
+		if (!t->n_strides && dim > 0 &&
+		    __builtin_mul_overflow(stride, dim, &stride))
+			return -EINVAL;
+	}
+	if (empty)
+		return 0;
+
+	/* Bytes: offset + lo*elem >= 0 and offset + (hi+1)*elem <= size. */
+	int64_t lo_b, hi_b, first, end;
+	if (__builtin_mul_overflow(lo, (int64_t)elem, &lo_b) ||
+	    __builtin_mul_overflow(hi + 1, (int64_t)elem, &hi_b) ||
+	    __builtin_add_overflow((int64_t)t->offset, lo_b, &first) ||
+	    __builtin_add_overflow((int64_t)t->offset, hi_b, &end))
+		return -EINVAL;
+	if (first < 0 || (uint64_t)end > size)
+		return -EINVAL;
+	return 0;
+}

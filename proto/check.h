@@ -1,0 +1,42 @@
+/* check — what makes a name, a dtype or a tensor description valid.
+ *
+ * Shared by the daemon (which must never trust a peer) and the client (which
+ * fails early with the same answer). Pure functions, any thread.
+ */
+#ifndef DLSHARE_CHECK_H
+#define DLSHARE_CHECK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dlshare.pb-c.h"
+
+#define CHECK_NAME_MAX 255u  /* bytes in a name */
+#define CHECK_KEY_MAX 255u   /* bytes in a tensor's key inside a bundle */
+#define CHECK_NDIM_MAX 32u   /* dimensions of a tensor */
+#define CHECK_MODE_MASK 0666u
+
+/* 0 when name is 1..255 bytes of [A-Za-z0-9._/-] with no leading or trailing
+ * '/' and no empty, "." or ".." segment; else -EINVAL. */
+int check_name(const char *name);
+
+/* 0 when prefix is empty or could start a valid name; else -EINVAL. */
+int check_prefix(const char *prefix);
+
+/* The size in bytes of one element of a dtype, or 0 when the daemon does not
+ * know the dtype (unknown code, bits not a multiple of 8, lanes 0). */
+uint64_t check_dtype_size(uint32_t code, uint32_t bits, uint32_t lanes);
+
+/* Bytes a compact row-major tensor of this shape needs. Returns 0 with *out,
+ * or -EINVAL for a negative dimension or an overflow. */
+int check_compact_bytes(const int64_t *shape, size_t ndim, uint64_t elem,
+			uint64_t *out);
+
+/* Validates a tensor description against its version's buffers: known
+ * dtype, ndim <= 32, non-negative shape, strides absent or one per dimension,
+ * every byte it can reach inside buffer t->buffer (sizes[i] is buffer i's
+ * size), nothing overflowing. Returns 0 or -EINVAL. */
+int check_tensor(const Dlshare__Tensor *t, const uint64_t *sizes,
+		 size_t nbuffers);
+
+#endif

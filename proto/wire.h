@@ -1,0 +1,67 @@
+/* wire — dlshare's packet layer, shared by the daemon and the client library.
+ *
+ * One SOCK_SEQPACKET packet carries one protobuf-c encoded Frame plus the fds
+ * it names (SCM_RIGHTS). This module sends and receives such packets and
+ * encodes/decodes frames with a capped allocator. It keeps no state: any
+ * thread may call it, on sockets the caller serialises.
+ */
+#ifndef DLSHARE_WIRE_H
+#define DLSHARE_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dlshare.pb-c.h"
+
+#define WIRE_PROTO_MAJOR 1
+#define WIRE_PROTO_MINOR 0
+
+/* Largest packet either side sends. AF_UNIX refuses a datagram larger than
+ * the socket's send buffer (wmem_default, 208 KiB on stock kernels), so the
+ * default stays well below that. */
+#define WIRE_PACKET_MAX_DEFAULT (128u * 1024u)
+/* Most fds one packet may carry. */
+#define WIRE_FDS_MAX 64u
+/* A decoded frame may cost at most this many times its packet's size. */
+#define WIRE_DECODE_FACTOR 8u
+#define WIRE_DECODE_SLACK (64u * 1024u)
+
+/* Sends one packet with nfds fds attached. flags are added to
+ * MSG_NOSIGNAL (pass MSG_DONTWAIT for a non-blocking send).
+ * Returns 0, -EAGAIN when the socket is full, -EMSGSIZE, or another -errno. */
+int wire_send(int sock, const void *data, size_t len, const int *fds,
+	      unsigned nfds, int flags);
+
+/* Receives one packet into buf (cap bytes) and up to max_fds fds, all opened
+ * O_CLOEXEC. On success *len and *nfds are set; *len == 0 with no fds means
+ * the peer closed the connection (SEQPACKET has no empty packets we send).
+ * A packet larger than cap returns -EMSGSIZE, truncated control data
+ * (more fds than max_fds) -EPROTO; in both cases every fd received is
+ * closed. Returns 0, -EAGAIN, or another -errno. */
+int wire_recv(int sock, void *buf, size_t cap, int *fds, unsigned max_fds,
+	      size_t *len, unsigned *nfds, int flags);
+
+/* Closes n fds, skipping negative ones. */
+void wire_close_fds(int *fds, unsigned n);
+
+/* Encodes f into a new buffer of at most max bytes. Returns 0 with *out
+ * (free() it) and *len, -E2BIG when the frame is larger than max, -ENOMEM. */
+int wire_encode(const Dlshare__Frame *f, size_t max, uint8_t **out,
+		size_t *len);
+
+/* A decoded frame and the allocator that owns its memory. */
+struct wire_msg {
+	Dlshare__Frame *frame;
+	ProtobufCAllocator alloc;
+	size_t used;
+	size_t cap;
+};
+
+/* Decodes a packet. The decoder may allocate at most
+ * len * WIRE_DECODE_FACTOR + WIRE_DECODE_SLACK bytes. Returns 0 with *out
+ * (free with wire_msg_free), -EPROTO for a malformed packet or one that costs
+ * more than that, -ENOMEM. */
+int wire_decode(const uint8_t *data, size_t len, struct wire_msg **out);
+void wire_msg_free(struct wire_msg *m);
+
+#endif
