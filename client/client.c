@@ -317,7 +317,7 @@ static void *rx_main(void *arg)
 		};
 		int fds[WIRE_FDS_MAX];
 		unsigned nfds = 0;
-		struct wire_msg *m;
+		struct wire_msg *m = NULL;
 		size_t len = 0;
 		int r;
 
