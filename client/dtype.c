@@ -113,8 +113,9 @@ int tensor_extent(const DLTensor *t, int64_t *lo, int64_t *hi)
 				__builtin_add_overflow(h, reach, &h))
 			return DLSHARE_EINVAL;
 	}
-	if (__builtin_mul_overflow(l, (int64_t)elem, &l) ||
-	    __builtin_mul_overflow(h + 1, (int64_t)elem, &h))
+	if (__builtin_add_overflow(h, 1, &h) ||
+	    __builtin_mul_overflow(l, (int64_t)elem, &l) ||
+	    __builtin_mul_overflow(h, (int64_t)elem, &h))
 		return DLSHARE_EINVAL;
 	*lo = (int64_t)t->byte_offset + l;
 	*hi = (int64_t)t->byte_offset + h;

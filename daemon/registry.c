@@ -93,6 +93,8 @@ static void entry_maybe_free(struct registry *r, struct entry *e)
 	if (!e->detached) {
 		HASH_DEL(r->names, e);
 		r->nnames--;
+	} else {
+		DL_DELETE2(r->detached, e, dprev, dnext);
 	}
 	free(e);
 }
@@ -161,12 +163,22 @@ static void version_publish(struct registry *r, struct version *v)
 void registry_deinit(struct registry *r)
 {
 	/* Every version has at least one buffer, so the buffer map reaches
-	 * all of them, detached entries included. */
+	 * all of them, detached entries included. Leases still held are taken
+	 * out of their owners' tables, so an owner dropped later finds none. */
 	r->ops = NULL;
 	while (r->buffers) {
 		struct version *v = r->buffers->version;
+		struct lease *l, *tmp;
 
-		v->producer = NULL;
+		DL_FOREACH_SAFE2(v->lease_list, l, tmp, vnext) {
+			DL_DELETE2(v->lease_list, l, vprev, vnext);
+			HASH_DEL(l->owner->leases, l);
+			l->owner->nleases--;
+			v->leases--;
+			v->entry->leases--;
+			r->nleases--;
+			free(l);
+		}
 		version_destroy(r, v);
 	}
 }
@@ -193,17 +205,34 @@ static int spec_check(struct registry *r, const struct registry_spec *s,
 
 		if (!b->device)
 			return -EINVAL;
-		if (b->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
-			return -EOPNOTSUPP;
-		if (b->device->type != 1 && b->device->type != 3)
-			return -EINVAL;
 		if (b->size > l->max_buffer_bytes)
 			return -EFBIG;
-		if (exported) {
-			if (s->fds[i] < 0 || host_check_fd(s->fds[i], b->size))
+		switch (b->kind) {
+		case DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST:
+			if (b->device->type != 1 && b->device->type != 3)
 				return -EINVAL;
-		} else {
-			total += b->size;
+			if (!exported) {
+				if (__builtin_add_overflow(total, b->size,
+							   &total))
+					return -ENOSPC;
+			} else if (s->fds[i] < 0 ||
+				 host_check_fd(s->fds[i], b->size))
+				return -EINVAL;
+			break;
+		case DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC:
+			/* Producer memory named by a CUDA IPC handle: the
+			 * daemon only passes the handle on. Daemon-owned GPU
+			 * buffers are not there yet. */
+			if (!exported)
+				return -EOPNOTSUPP;
+			if (b->device->type != 2 || !b->device->has_uuid ||
+			    b->device->uuid.len != 16 || !b->has_ipc_handle ||
+			    b->ipc_handle.len != REGISTRY_HANDLE_MAX ||
+			    s->fds[i] >= 0)
+				return -EINVAL;
+			break;
+		default:
+			return -EOPNOTSUPP;
 		}
 		sizes[i] = b->size;
 	}
@@ -250,6 +279,17 @@ static int version_buffers(struct registry *r, struct version *v,
 		b->dev_type = in->device->type;
 		b->fd = -1;
 		b->version = v;
+		if (in->device->has_uuid && in->device->uuid.len == 16) {
+			memcpy(b->uuid, in->device->uuid.data, 16);
+			b->has_uuid = 1;
+		}
+		if (in->has_ipc_handle &&
+		    in->ipc_handle.len <= REGISTRY_HANDLE_MAX) {
+			memcpy(b->ipc_handle, in->ipc_handle.data,
+			       in->ipc_handle.len);
+			b->ipc_handle_len = in->ipc_handle.len;
+			b->ipc_offset = in->ipc_offset;
+		}
 		if (exported) {
 			b->fd = s->fds[i];
 		} else {
@@ -299,6 +339,14 @@ int registry_add(struct registry *r, struct registry_owner *o,
 		if (!e)
 			return -ENOMEM;
 		memcpy(e->name, s->name, strlen(s->name) + 1);
+		/* A deleted name's versions may live on under leases; a new
+		 * name of the same spelling numbers after them, so (name,
+		 * number) never means two versions at once. */
+		struct entry *d;
+		DL_FOREACH2(r->detached, d, dnext)
+			if (strcmp(d->name, e->name) == 0 &&
+			    d->last_number > e->last_number)
+				e->last_number = d->last_number;
 		e->owner_uid = o->uid;
 		e->owner_gid = o->gid;
 		e->mode = s->mode ? s->mode : r->limits.default_mode;
@@ -462,6 +510,7 @@ int registry_lease(struct registry *r, struct registry_owner *o,
 	l->version = v;
 	l->owner = o;
 	HASH_ADD(hh, o->leases, id, sizeof(l->id), l);
+	DL_APPEND2(v->lease_list, l, vprev, vnext);
 	o->nleases++;
 	v->leases++;
 	v->entry->leases++;
@@ -476,6 +525,7 @@ static void lease_drop(struct registry *r, struct registry_owner *o,
 	struct version *v = l->version;
 
 	HASH_DEL(o->leases, l);
+	DL_DELETE2(v->lease_list, l, vprev, vnext);
 	o->nleases--;
 	v->leases--;
 	v->entry->leases--;
@@ -509,6 +559,7 @@ int registry_delete(struct registry *r, struct registry_owner *o,
 	HASH_DEL(r->names, e);
 	r->nnames--;
 	e->detached = 1;
+	DL_APPEND2(r->detached, e, dprev, dnext);
 	e->latest = NULL;
 	/* The last version to die frees e; do not touch e after the loop. */
 	DL_FOREACH_SAFE(e->versions, v, tmp) {

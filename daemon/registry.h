@@ -77,6 +77,7 @@ struct version {
 	uint8_t event_handle[REGISTRY_HANDLE_MAX];
 	size_t event_len;
 	uint32_t leases;
+	struct lease *lease_list;              /* the leases on it */
 	struct version *prev, *next;           /* entry->versions */
 	struct version *oprev, *onext;         /* producer->versions */
 };
@@ -92,6 +93,7 @@ struct entry {
 	uint32_t mode;
 	int detached;            /* deleted: out of the name map, dying */
 	UT_hash_handle hh;       /* registry->names */
+	struct entry *dprev, *dnext; /* registry->detached */
 };
 
 struct lease {
@@ -99,6 +101,7 @@ struct lease {
 	struct version *version;
 	struct registry_owner *owner;
 	UT_hash_handle hh;       /* owner->leases */
+	struct lease *vprev, *vnext; /* version->lease_list */
 };
 
 /* One peer's stake in the registry; embedded by the caller. */
@@ -140,6 +143,7 @@ struct registry_limits {
 
 struct registry {
 	struct entry *names;
+	struct entry *detached;   /* deleted names whose versions live on */
 	struct rbuffer *buffers;
 	uint64_t next_buffer_id;
 	uint64_t next_lease_id;
@@ -154,7 +158,8 @@ void registry_limits_default(struct registry_limits *l);
 
 void registry_init(struct registry *r, const struct registry_limits *l,
 		   const struct registry_ops *ops, void *ud);
-/* Frees everything; callbacks are not called. */
+/* Frees everything, leases still held included (their owners' tables are
+ * emptied of them); callbacks are not called. */
 void registry_deinit(struct registry *r);
 
 void registry_owner_init(struct registry_owner *o, uid_t uid, gid_t gid,
@@ -182,7 +187,8 @@ struct registry_spec {
  * Checks the name, the ACL, every tensor against the buffers and the limits.
  * On success the registry owns spec->fds (they are set to -1) and *out is the
  * new version. Returns 0, -EINVAL, -EPERM, -E2BIG (a limit on tensors or
- * buffers), -ENOSPC (byte limit), -ENOMEM. */
+ * buffers), -ENOSPC (byte limit), -EFBIG (a buffer over max_buffer_bytes),
+ * -EOPNOTSUPP (a buffer kind this daemon cannot hold), -ENOMEM. */
 int registry_add(struct registry *r, struct registry_owner *o,
 		 const struct registry_spec *spec, int exported,
 		 struct version **out);

@@ -142,9 +142,10 @@ int check_tensor(const Dlshare__Tensor *t, const uint64_t *sizes,
 		return 0;
 
 	/* Bytes: offset + lo*elem >= 0 and offset + (hi+1)*elem <= size. */
-	int64_t lo_b, hi_b, first, end;
-	if (__builtin_mul_overflow(lo, (int64_t)elem, &lo_b) ||
-	    __builtin_mul_overflow(hi + 1, (int64_t)elem, &hi_b) ||
+	int64_t lo_b, hi_b, hi1, first, end;
+	if (__builtin_add_overflow(hi, 1, &hi1) ||
+	    __builtin_mul_overflow(lo, (int64_t)elem, &lo_b) ||
+	    __builtin_mul_overflow(hi1, (int64_t)elem, &hi_b) ||
 	    __builtin_add_overflow((int64_t)t->offset, lo_b, &first) ||
 	    __builtin_add_overflow((int64_t)t->offset, hi_b, &end))
 		return -EINVAL;

@@ -51,11 +51,12 @@ void wire_close_fds(int *fds, unsigned n)
 }
 
 /* Collects the fds of every SCM_RIGHTS message, up to max; any beyond max
- * (impossible unless the kernel gave more than our control buffer) are
- * closed. Returns the count. */
+ * are closed. The control buffer is rounded up to 8 bytes, so with an odd
+ * max the kernel may deliver one fd more than asked without MSG_CTRUNC.
+ * Returns the count delivered, which may exceed max. */
 static unsigned collect_fds(struct msghdr *msg, int *fds, unsigned max)
 {
-	unsigned n = 0;
+	unsigned n = 0, seen = 0;
 
 	for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(msg, c)) {
 		size_t k;
@@ -69,13 +70,14 @@ static unsigned collect_fds(struct msghdr *msg, int *fds, unsigned max)
 			int fd;
 
 			memcpy(&fd, p + i, sizeof(fd));
+			seen++;
 			if (n < max)
 				fds[n++] = fd;
 			else
 				close(fd);
 		}
 	}
-	return n;
+	return seen;
 }
 
 int wire_recv(int sock, void *buf, size_t cap, int *fds, unsigned max_fds,
@@ -104,11 +106,11 @@ int wire_recv(int sock, void *buf, size_t cap, int *fds, unsigned max_fds,
 		return errno == EWOULDBLOCK ? -EAGAIN : -errno;
 	got = max_fds ? collect_fds(&msg, fds, max_fds) : 0;
 	if (msg.msg_flags & MSG_TRUNC) {
-		wire_close_fds(fds, got);
+		wire_close_fds(fds, got < max_fds ? got : max_fds);
 		return -EMSGSIZE;
 	}
-	if (msg.msg_flags & MSG_CTRUNC) {
-		wire_close_fds(fds, got);
+	if ((msg.msg_flags & MSG_CTRUNC) || got > max_fds) {
+		wire_close_fds(fds, got < max_fds ? got : max_fds);
 		return -EPROTO;
 	}
 	*len = (size_t)n;

@@ -1,0 +1,1317 @@
+/* test_registry — module tests of daemon/registry: names, versions, buffers,
+ * leases, limits and the ACL, with a registry_ops that records what the
+ * registry tells its user. No sockets, no loop.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "registry.h"
+
+#define PAGE 4096u
+
+static int fd_count(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *de;
+	int n = 0;
+
+	assert_non_null(d);
+	while ((de = readdir(d)))
+		if (de->d_name[0] != '.')
+			n++;
+	closedir(d);
+	return n;
+}
+
+static int fd_open(int fd)
+{
+	return fcntl(fd, F_GETFD) >= 0;
+}
+
+/* ---- what the registry tells its user ------------------------------------ */
+
+#define REC_MAX 64
+
+struct rec {
+	int npublished;
+	char pub_name[REC_MAX][CHECK_NAME_MAX + 1];
+	uint64_t pub_number[REC_MAX];
+	int nretired;
+	struct registry_owner *ret_producer[REC_MAX];
+	char ret_name[REC_MAX][CHECK_NAME_MAX + 1];
+	uint64_t ret_number[REC_MAX];
+	int nfreed;
+	uint64_t freed[4 * REC_MAX];
+	/* When set, published() takes a lease of this owner on the version. */
+	struct registry *r;
+	struct registry_owner *lease_on_publish;
+	struct lease *last_lease;
+};
+
+static void on_published(void *ud, struct entry *e, struct version *v)
+{
+	struct rec *rc = ud;
+
+	assert_true(rc->npublished < REC_MAX);
+	assert_int_equal(v->state, VERSION_SEALED);
+	assert_ptr_equal(v->entry, e);
+	snprintf(rc->pub_name[rc->npublished], CHECK_NAME_MAX + 1, "%s",
+		 e->name);
+	rc->pub_number[rc->npublished++] = v->number;
+	if (rc->lease_on_publish)
+		assert_int_equal(registry_lease(rc->r, rc->lease_on_publish, v,
+						&rc->last_lease), 0);
+}
+
+static void on_retired(void *ud, struct registry_owner *producer,
+		       const char *name, uint64_t number)
+{
+	struct rec *rc = ud;
+
+	assert_true(rc->nretired < REC_MAX);
+	rc->ret_producer[rc->nretired] = producer;
+	snprintf(rc->ret_name[rc->nretired], CHECK_NAME_MAX + 1, "%s", name);
+	rc->ret_number[rc->nretired++] = number;
+}
+
+static void on_buffer_freed(void *ud, struct rbuffer *b)
+{
+	struct rec *rc = ud;
+
+	assert_true(rc->nfreed < 4 * REC_MAX);
+	rc->freed[rc->nfreed++] = b->id;
+}
+
+static const struct registry_ops rec_ops = {
+	.published = on_published,
+	.retired = on_retired,
+	.buffer_freed = on_buffer_freed,
+};
+
+/* ---- version descriptions ------------------------------------------------ */
+
+#define SPEC_MAXT 8
+#define SPEC_MAXB (REGISTRY_BUFFERS_HARD_MAX + 2)
+
+struct tspec {
+	struct registry_spec s;
+	Dlshare__Device dev;
+	Dlshare__DataType dt;
+	Dlshare__Buffer b[SPEC_MAXB];
+	Dlshare__Buffer *bp[SPEC_MAXB];
+	Dlshare__Tensor t[SPEC_MAXT];
+	Dlshare__Tensor *tp[SPEC_MAXT];
+	int64_t shape[SPEC_MAXT];
+	int fds[SPEC_MAXB];
+};
+
+/* A version of name with ntensors float32 vectors spread over nbuffers host
+ * buffers of size bytes each, every tensor filling its buffer. No fds. */
+static struct registry_spec *spec(struct tspec *ts, const char *name,
+				  uint32_t mode, size_t ntensors,
+				  size_t nbuffers, uint64_t size)
+{
+	static const Dlshare__Device dev = DLSHARE__DEVICE__INIT;
+	static const Dlshare__DataType dt = DLSHARE__DATA_TYPE__INIT;
+	static const Dlshare__Buffer b = DLSHARE__BUFFER__INIT;
+	static const Dlshare__Tensor t = DLSHARE__TENSOR__INIT;
+
+	assert_true(ntensors <= SPEC_MAXT && nbuffers <= SPEC_MAXB);
+	memset(ts, 0, sizeof(*ts));
+	ts->dev = dev;
+	ts->dev.type = 1; /* kDLCPU */
+	ts->dt = dt;
+	ts->dt.code = 2; /* kDLFloat */
+	ts->dt.bits = 32;
+	ts->dt.lanes = 1;
+	for (size_t i = 0; i < nbuffers; i++) {
+		ts->b[i] = b;
+		ts->b[i].kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
+		ts->b[i].size = size;
+		ts->b[i].device = &ts->dev;
+		ts->bp[i] = &ts->b[i];
+		ts->fds[i] = -1;
+	}
+	for (size_t i = 0; i < ntensors; i++) {
+		ts->t[i] = t;
+		ts->t[i].key = i ? "t" : NULL;
+		ts->t[i].buffer = nbuffers ? (uint32_t)(i % nbuffers) : 0;
+		ts->t[i].dtype = &ts->dt;
+		ts->shape[i] = (int64_t)(size / 4);
+		ts->t[i].n_shape = 1;
+		ts->t[i].shape = &ts->shape[i];
+		ts->tp[i] = &ts->t[i];
+	}
+	ts->s.name = name;
+	ts->s.mode = mode;
+	ts->s.tensors = ts->tp;
+	ts->s.ntensors = ntensors;
+	ts->s.buffers = ts->bp;
+	ts->s.nbuffers = nbuffers;
+	ts->s.fds = ts->fds;
+	return &ts->s;
+}
+
+/* A memfd of size bytes carrying seals, as a client's shareable memory. */
+static int make_memfd(uint64_t size, int seals)
+{
+	int fd = memfd_create("test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+	assert_true(fd >= 0);
+	assert_int_equal(ftruncate(fd, (off_t)size), 0);
+	if (seals)
+		assert_int_equal(fcntl(fd, F_ADD_SEALS, seals), 0);
+	return fd;
+}
+
+/* ---- fixture -------------------------------------------------------------- */
+
+struct fix {
+	struct registry r;
+	struct registry_limits lim;
+	struct rec rec;
+	struct registry_owner prod;   /* uid 1000 gid 1000 */
+	struct registry_owner cons;   /* uid 1000 gid 1000 */
+	struct registry_owner other;  /* uid 2000 gid 2000 */
+	struct registry_owner mate;   /* uid 3000 gid 1000 */
+	int fd_base;
+	int done;                     /* the test deinited the registry */
+};
+
+static int fix_setup(void **state)
+{
+	struct fix *f = calloc(1, sizeof(*f));
+
+	if (!f)
+		return -1;
+	f->fd_base = fd_count();
+	registry_limits_default(&f->lim);
+	f->lim.max_bytes = UINT64_C(1) << 30;
+	registry_init(&f->r, &f->lim, &rec_ops, &f->rec);
+	f->rec.r = &f->r;
+	registry_owner_init(&f->prod, 1000, 1000, 10);
+	registry_owner_init(&f->cons, 1000, 1000, 11);
+	registry_owner_init(&f->other, 2000, 2000, 12);
+	registry_owner_init(&f->mate, 3000, 1000, 13);
+	*state = f;
+	return 0;
+}
+
+static int fix_teardown(void **state)
+{
+	struct fix *f = *state;
+	int leaked;
+
+	if (!f->done) {
+		f->rec.lease_on_publish = NULL;
+		registry_owner_drop(&f->r, &f->cons);
+		registry_owner_drop(&f->r, &f->other);
+		registry_owner_drop(&f->r, &f->mate);
+		registry_owner_drop(&f->r, &f->prod);
+		registry_deinit(&f->r);
+	}
+	leaked = fd_count() - f->fd_base;
+	free(f);
+	if (leaked) {
+		print_error("%d fd(s) leaked\n", leaked);
+		return -1;
+	}
+	return 0;
+}
+
+static struct version *add_ok(struct fix *f, struct registry_owner *o,
+			      struct registry_spec *s, int exported)
+{
+	struct version *v = NULL;
+
+	assert_int_equal(registry_add(&f->r, o, s, exported, &v), 0);
+	assert_non_null(v);
+	return v;
+}
+
+/* Store mode, one page-sized buffer, created and sealed by o. */
+static struct version *publish(struct fix *f, struct registry_owner *o,
+			       const char *name, uint32_t mode)
+{
+	struct tspec ts;
+	struct version *v = add_ok(f, o, spec(&ts, name, mode, 1, 1, PAGE), 0);
+
+	assert_int_equal(registry_seal(&f->r, o, name, v->number, NULL, 0), 0);
+	return v;
+}
+
+/* Export mode, one page: a fresh sealed memfd handed to the registry. */
+static struct version *export(struct fix *f, struct registry_owner *o,
+			      const char *name, uint32_t mode)
+{
+	struct tspec ts;
+	struct registry_spec *s = spec(&ts, name, mode, 1, 1, PAGE);
+	struct version *v;
+
+	ts.fds[0] = make_memfd(PAGE, F_SEAL_SHRINK | F_SEAL_GROW);
+	v = add_ok(f, o, s, 1);
+	assert_int_equal(ts.fds[0], -1);
+	return v;
+}
+
+static struct version *find(struct fix *f, struct registry_owner *o,
+			    const char *name, enum registry_select sel,
+			    uint64_t n, int *err)
+{
+	*err = 12345;
+	return registry_find(&f->r, o, name, sel, n, err);
+}
+
+static void assert_not_found(struct fix *f, struct registry_owner *o,
+			     const char *name, enum registry_select sel,
+			     uint64_t n, int want)
+{
+	int err;
+
+	assert_null(find(f, o, name, sel, n, &err));
+	assert_int_equal(err, want);
+}
+
+static void assert_found(struct fix *f, struct registry_owner *o,
+			 const char *name, enum registry_select sel,
+			 uint64_t n, struct version *want)
+{
+	int err;
+
+	assert_ptr_equal(find(f, o, name, sel, n, &err), want);
+	assert_int_equal(err, 0);
+}
+
+static void assert_counts(struct fix *f, uint64_t names, uint64_t versions,
+			  uint64_t buffers, uint64_t bytes, uint64_t leases)
+{
+	assert_int_equal(f->r.nnames, names);
+	assert_int_equal(f->r.nversions, versions);
+	assert_int_equal(f->r.nbuffers, buffers);
+	assert_int_equal(f->r.bytes, bytes);
+	assert_int_equal(f->r.nleases, leases);
+}
+
+static int seals_of(int fd)
+{
+	int s = fcntl(fd, F_GET_SEALS);
+
+	assert_true(s >= 0);
+	return s;
+}
+
+/* ---- store mode ------------------------------------------------------------- */
+
+static void test_store_pending_then_seal(void **state)
+{
+	struct fix *f = *state;
+	struct tspec ts;
+	struct version *v;
+	struct stat st;
+	int fd;
+
+	v = add_ok(f, &f->prod, spec(&ts, "a/b", 0, 2, 1, 2 * PAGE), 0);
+	assert_int_equal(v->number, 1);
+	assert_int_equal(v->state, VERSION_PENDING);
+	assert_false(v->exported);
+	assert_ptr_equal(v->producer, &f->prod);
+	assert_int_equal(v->ntensors, 2);
+	assert_string_equal(v->tensors[0].key, "");
+	assert_string_equal(v->tensors[1].key, "t");
+	assert_int_equal(v->tensors[1].shape[0], 2 * PAGE / 4);
+	assert_int_equal(v->nbuffers, 1);
+	assert_int_equal(v->bytes, 2 * PAGE);
+	assert_int_equal(v->mode, REGISTRY_DEFAULT_MODE);
+	/* The daemon made a memfd of the right size, sealed against
+	 * resizing but still writable. */
+	fd = v->buffers[0]->fd;
+	assert_true(fd >= 0);
+	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(fstat(fd, &st), 0);
+	assert_int_equal(st.st_size, 2 * PAGE);
+	assert_int_equal(seals_of(fd) & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE),
+			 F_SEAL_SHRINK | F_SEAL_GROW);
+	assert_true(v->buffers[0]->daemon_owned);
+	assert_ptr_equal(v->buffers[0]->version, v);
+	assert_counts(f, 1, 1, 1, 2 * PAGE, 0);
+	assert_int_equal(f->r.owned_bytes, 2 * PAGE);
+
+	/* Pending is invisible. */
+	assert_not_found(f, &f->cons, "a/b", REG_LATEST, 0, -ENOENT);
+	assert_not_found(f, &f->cons, "a/b", REG_EXACT, 1, -ENOENT);
+	assert_not_found(f, &f->cons, "a/b", REG_NEWER_THAN, 0, -ENOENT);
+	assert_null(registry_entry(&f->r, "a/b")->latest);
+	assert_int_equal(f->rec.npublished, 0);
+
+	assert_int_equal(registry_seal(&f->r, &f->prod, "a/b", 1,
+				       (const uint8_t *)"ev", 2), 0);
+	assert_int_equal(v->state, VERSION_SEALED);
+	assert_null(v->producer);
+	assert_null(f->prod.versions);
+	assert_int_equal(v->event_len, 2);
+	assert_memory_equal(v->event_handle, "ev", 2);
+	assert_true(seals_of(fd) & F_SEAL_WRITE);
+	assert_int_equal(f->rec.npublished, 1);
+	assert_string_equal(f->rec.pub_name[0], "a/b");
+	assert_int_equal(f->rec.pub_number[0], 1);
+	assert_found(f, &f->cons, "a/b", REG_LATEST, 0, v);
+	assert_found(f, &f->cons, "a/b", REG_EXACT, 1, v);
+	assert_ptr_equal(registry_entry(&f->r, "a/b")->latest, v);
+	assert_counts(f, 1, 1, 1, 2 * PAGE, 0);
+	assert_int_equal(f->rec.nfreed, 0);
+	assert_int_equal(f->rec.nretired, 0);
+}
+
+static void test_seal_errors(void **state)
+{
+	struct fix *f = *state;
+	struct tspec ts;
+	uint8_t big[REGISTRY_HANDLE_MAX + 1] = { 0 };
+	struct version *v;
+
+	v = add_ok(f, &f->prod, spec(&ts, "s", 0, 1, 1, PAGE), 0);
+	/* Someone else's pending version does not exist for cons, even with
+	 * the same uid. */
+	assert_int_equal(registry_seal(&f->r, &f->cons, "s", 1, NULL, 0),
+			 -ENOENT);
+	assert_int_equal(registry_seal(&f->r, &f->other, "s", 1, NULL, 0),
+			 -ENOENT);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "s", 2, NULL, 0),
+			 -ENOENT);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "nope", 1, NULL, 0),
+			 -ENOENT);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "s", 1, big,
+				       sizeof(big)), -EINVAL);
+	assert_int_equal(v->state, VERSION_PENDING);
+	assert_int_equal(f->rec.npublished, 0);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "s", 1, big,
+				       REGISTRY_HANDLE_MAX), 0);
+	assert_int_equal(v->event_len, REGISTRY_HANDLE_MAX);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "s", 1, NULL, 0),
+			 -EALREADY);
+	assert_int_equal(f->rec.npublished, 1);
+	/* An export is sealed from birth. */
+	export(f, &f->prod, "e", 0);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "e", 1, NULL, 0),
+			 -EALREADY);
+}
+
+static void test_seal_busy_while_mapped(void **state)
+{
+	struct fix *f = *state;
+	struct tspec ts;
+	struct version *v;
+	char path[64], c;
+	void *p;
+	int fd, fd2;
+
+	v = add_ok(f, &f->prod, spec(&ts, "m", 0, 1, 1, PAGE), 0);
+	fd = v->buffers[0]->fd;
+	p = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	assert_true(p != MAP_FAILED);
+	memset(p, 'A', PAGE);
+
+	assert_int_equal(registry_seal(&f->r, &f->prod, "m", 1, NULL, 0),
+			 -EBUSY);
+	assert_int_equal(v->state, VERSION_PENDING);
+	assert_ptr_equal(v->producer, &f->prod);
+	assert_false(seals_of(fd) & F_SEAL_WRITE);
+	assert_int_equal(f->rec.npublished, 0);
+	assert_not_found(f, &f->cons, "m", REG_LATEST, 0, -ENOENT);
+
+	assert_int_equal(munmap(p, PAGE), 0);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "m", 1, NULL, 0), 0);
+	assert_found(f, &f->cons, "m", REG_LATEST, 0, v);
+	assert_true(seals_of(fd) & F_SEAL_WRITE);
+
+	/* Immutable now: no writable shared mapping, no write, not even
+	 * through a read-write reopen via /proc. */
+	errno = 0;
+	assert_true(mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+			 0) == MAP_FAILED);
+	assert_int_equal(errno, EPERM);
+	assert_int_equal(pwrite(fd, "B", 1, 0), -1);
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	fd2 = open(path, O_RDWR | O_CLOEXEC);
+	assert_true(fd2 >= 0);
+	assert_int_equal(write(fd2, "B", 1), -1);
+	assert_int_equal(errno, EPERM);
+	close(fd2);
+	/* What was written before the seal is there to read. */
+	p = mmap(NULL, PAGE, PROT_READ, MAP_SHARED, fd, 0);
+	assert_true(p != MAP_FAILED);
+	assert_int_equal(((char *)p)[0], 'A');
+	assert_int_equal(((char *)p)[PAGE - 1], 'A');
+	munmap(p, PAGE);
+	assert_int_equal(pread(fd, &c, 1, 7), 1);
+	assert_int_equal(c, 'A');
+}
+
+static void test_versions_supersede(void **state)
+{
+	struct fix *f = *state;
+	struct version *v1, *v2, *v3;
+	struct tspec ts;
+	struct lease *l;
+	uint64_t id1, id2, lid;
+
+	v1 = publish(f, &f->prod, "w", 0);
+	id1 = v1->buffers[0]->id;
+	assert_int_equal(v1->number, 1);
+	v2 = add_ok(f, &f->prod, spec(&ts, "w", 0, 1, 1, PAGE), 0);
+	assert_int_equal(v2->number, 2);
+	/* Pending v2 does not displace v1. */
+	assert_found(f, &f->cons, "w", REG_LATEST, 0, v1);
+	assert_counts(f, 1, 2, 2, 2 * PAGE, 0);
+	assert_int_equal(registry_entry(&f->r, "w")->nversions, 2);
+
+	/* Sealed v2 does, and unleased v1 dies at once. */
+	assert_int_equal(registry_seal(&f->r, &f->prod, "w", 2, NULL, 0), 0);
+	assert_found(f, &f->cons, "w", REG_LATEST, 0, v2);
+	assert_not_found(f, &f->cons, "w", REG_EXACT, 1, -ENOENT);
+	assert_int_equal(f->rec.nfreed, 1);
+	assert_int_equal(f->rec.freed[0], id1);
+	assert_counts(f, 1, 1, 1, PAGE, 0);
+	assert_int_equal(f->r.owned_bytes, PAGE);
+	assert_int_equal(registry_entry(&f->r, "w")->nversions, 1);
+	assert_int_equal(fd_count(), f->fd_base + 1);
+
+	/* Leased v2 outlives v3's arrival... */
+	id2 = v2->buffers[0]->id;
+	assert_int_equal(registry_lease(&f->r, &f->cons, v2, &l), 0);
+	assert_ptr_equal(l->version, v2);
+	assert_ptr_equal(l->owner, &f->cons);
+	lid = l->id;
+	assert_int_equal(v2->leases, 1);
+	assert_int_equal(f->cons.nleases, 1);
+	v3 = publish(f, &f->prod, "w", 0);
+	assert_int_equal(v3->number, 3);
+	assert_found(f, &f->cons, "w", REG_LATEST, 0, v3);
+	assert_found(f, &f->cons, "w", REG_EXACT, 2, v2);
+	assert_int_equal(f->rec.nfreed, 1);
+	assert_counts(f, 1, 2, 2, 2 * PAGE, 1);
+	assert_int_equal(registry_entry(&f->r, "w")->leases, 1);
+	assert_int_equal(fd_count(), f->fd_base + 2);
+
+	/* ...and dies at its release. Nobody else can release it. */
+	assert_int_equal(registry_release(&f->r, &f->other, lid), -ENOENT);
+	assert_int_equal(registry_release(&f->r, &f->prod, lid), -ENOENT);
+	assert_int_equal(registry_release(&f->r, &f->cons, lid), 0);
+	assert_int_equal(f->rec.nfreed, 2);
+	assert_int_equal(f->rec.freed[1], id2);
+	assert_counts(f, 1, 1, 1, PAGE, 0);
+	assert_int_equal(f->cons.nleases, 0);
+	assert_int_equal(registry_entry(&f->r, "w")->leases, 0);
+	assert_int_equal(registry_release(&f->r, &f->cons, lid), -ENOENT);
+	assert_not_found(f, &f->cons, "w", REG_EXACT, 2, -ENOENT);
+	assert_int_equal(fd_count(), f->fd_base + 1);
+	/* Store versions are never "retired". */
+	assert_int_equal(f->rec.nretired, 0);
+	assert_int_equal(f->rec.npublished, 3);
+}
+
+static void test_find_select(void **state)
+{
+	struct fix *f = *state;
+	struct version *v1, *v2, *v3;
+	struct tspec ts;
+	struct lease *l;
+
+	assert_not_found(f, &f->cons, "q", REG_LATEST, 0, -ENOENT);
+	v1 = publish(f, &f->prod, "q", 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v1, &l), 0);
+	v2 = publish(f, &f->prod, "q", 0);
+	v3 = add_ok(f, &f->prod, spec(&ts, "q", 0, 1, 1, PAGE), 0);
+	assert_int_equal(v3->number, 3);
+
+	assert_found(f, &f->cons, "q", REG_LATEST, 0, v2);
+	assert_found(f, &f->cons, "q", REG_LATEST, 77, v2);
+	/* EXACT reaches a superseded version held by a lease. */
+	assert_found(f, &f->cons, "q", REG_EXACT, 1, v1);
+	assert_found(f, &f->cons, "q", REG_EXACT, 2, v2);
+	assert_not_found(f, &f->cons, "q", REG_EXACT, 3, -ENOENT); /* pending */
+	assert_not_found(f, &f->cons, "q", REG_EXACT, 4, -ENOENT);
+	assert_not_found(f, &f->cons, "q", REG_EXACT, 0, -ENOENT);
+	/* NEWER_THAN n: the newest sealed version, if it is above n. */
+	assert_found(f, &f->cons, "q", REG_NEWER_THAN, 0, v2);
+	assert_found(f, &f->cons, "q", REG_NEWER_THAN, 1, v2);
+	assert_not_found(f, &f->cons, "q", REG_NEWER_THAN, 2, -ENOENT);
+	assert_not_found(f, &f->cons, "q", REG_NEWER_THAN, 3, -ENOENT);
+	assert_not_found(f, &f->cons, "q", REG_NEWER_THAN, UINT64_MAX,
+			 -ENOENT);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "q", 3, NULL, 0), 0);
+	assert_found(f, &f->cons, "q", REG_NEWER_THAN, 2, v3);
+	assert_found(f, &f->cons, "q", REG_EXACT, 3, v3);
+	assert_not_found(f, &f->cons, "q", REG_EXACT, 2, -ENOENT); /* died */
+	assert_found(f, &f->cons, "q", REG_EXACT, 1, v1);
+	assert_not_found(f, &f->cons, "other", REG_LATEST, 0, -ENOENT);
+}
+
+static void test_born_superseded(void **state)
+{
+	struct fix *f = *state;
+	struct version *v1, *v2;
+	struct tspec ts;
+	uint64_t id1;
+
+	v1 = add_ok(f, &f->prod, spec(&ts, "b", 0, 1, 1, PAGE), 0);
+	v2 = add_ok(f, &f->prod, spec(&ts, "b", 0, 1, 1, PAGE), 0);
+	assert_int_equal(v2->number, 2);
+	id1 = v1->buffers[0]->id;
+	assert_int_equal(registry_seal(&f->r, &f->prod, "b", 2, NULL, 0), 0);
+	/* v1 sealed after v2: visible for an instant, then gone. */
+	assert_int_equal(registry_seal(&f->r, &f->prod, "b", 1, NULL, 0), 0);
+	assert_int_equal(f->rec.npublished, 2);
+	assert_int_equal(f->rec.pub_number[0], 2);
+	assert_int_equal(f->rec.pub_number[1], 1);
+	assert_found(f, &f->cons, "b", REG_LATEST, 0, v2);
+	assert_not_found(f, &f->cons, "b", REG_EXACT, 1, -ENOENT);
+	assert_int_equal(f->rec.nfreed, 1);
+	assert_int_equal(f->rec.freed[0], id1);
+	assert_counts(f, 1, 1, 1, PAGE, 0);
+
+	/* A lease taken in the published callback keeps such a version. */
+	v1 = add_ok(f, &f->prod, spec(&ts, "b", 0, 1, 1, PAGE), 0);
+	v2 = add_ok(f, &f->prod, spec(&ts, "b", 0, 1, 1, PAGE), 0);
+	assert_int_equal(v1->number, 3);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "b", 4, NULL, 0), 0);
+	f->rec.lease_on_publish = &f->cons;
+	assert_int_equal(registry_seal(&f->r, &f->prod, "b", 3, NULL, 0), 0);
+	f->rec.lease_on_publish = NULL;
+	assert_ptr_equal(f->rec.last_lease->version, v1);
+	assert_found(f, &f->cons, "b", REG_EXACT, 3, v1);
+	assert_found(f, &f->cons, "b", REG_LATEST, 0, v2);
+	assert_counts(f, 1, 2, 2, 2 * PAGE, 1);
+	assert_int_equal(registry_release(&f->r, &f->cons,
+					  f->rec.last_lease->id), 0);
+	assert_not_found(f, &f->cons, "b", REG_EXACT, 3, -ENOENT);
+	assert_counts(f, 1, 1, 1, PAGE, 0);
+}
+
+static void test_abort(void **state)
+{
+	struct fix *f = *state;
+	struct version *s1, *v;
+	struct tspec ts;
+	uint64_t id;
+
+	s1 = publish(f, &f->prod, "ab", 0);
+	v = add_ok(f, &f->prod, spec(&ts, "ab", 0, 1, 2, PAGE), 0);
+	assert_int_equal(v->number, 2);
+	id = v->buffers[1]->id;
+	assert_int_equal(registry_abort(&f->r, &f->cons, "ab", 2), -ENOENT);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "ab", 3), -ENOENT);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "nope", 2), -ENOENT);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "ab", 1), -ENOENT);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "ab", 2), 0);
+	assert_int_equal(f->rec.nfreed, 2);
+	assert_int_equal(f->rec.freed[1], id);
+	assert_counts(f, 1, 1, 1, PAGE, 0);
+	assert_int_equal(f->r.owned_bytes, PAGE);
+	assert_null(f->prod.versions);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "ab", 2), -ENOENT);
+	/* Numbers are not reused after an abort. */
+	v = add_ok(f, &f->prod, spec(&ts, "ab", 0, 1, 1, PAGE), 0);
+	assert_int_equal(v->number, 3);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "ab", 3), 0);
+	assert_found(f, &f->cons, "ab", REG_LATEST, 0, s1);
+	assert_int_equal(f->rec.npublished, 1);
+	/* A name with nothing but a pending version goes with its abort. */
+	add_ok(f, &f->prod, spec(&ts, "solo", 0, 1, 1, PAGE), 0);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "solo", 1), 0);
+	assert_null(registry_entry(&f->r, "solo"));
+	assert_counts(f, 1, 1, 1, PAGE, 0);
+	assert_int_equal(fd_count(), f->fd_base + 1);
+}
+
+/* ---- delete and owners ------------------------------------------------------ */
+
+static void test_delete(void **state)
+{
+	struct fix *f = *state;
+	struct version *v1, *v2, *v3, *n1;
+	struct tspec ts;
+	struct lease *l;
+	uint64_t lid;
+	int fd1;
+
+	v1 = publish(f, &f->prod, "d", 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v1, &l), 0);
+	lid = l->id;
+	v2 = publish(f, &f->prod, "d", 0);
+	v3 = add_ok(f, &f->prod, spec(&ts, "d", 0, 1, 1, PAGE), 0);
+	(void)v2;
+	(void)v3;
+	fd1 = v1->buffers[0]->fd;
+	assert_counts(f, 1, 3, 3, 3 * PAGE, 1);
+
+	assert_int_equal(registry_delete(&f->r, &f->other, "d"), -EPERM);
+	assert_int_equal(registry_delete(&f->r, &f->prod, "nope"), -ENOENT);
+	assert_int_equal(registry_delete(&f->r, &f->prod, "d"), 0);
+	/* Nothing of it can be found any more... */
+	assert_null(registry_entry(&f->r, "d"));
+	assert_not_found(f, &f->cons, "d", REG_LATEST, 0, -ENOENT);
+	assert_not_found(f, &f->cons, "d", REG_EXACT, 1, -ENOENT);
+	assert_not_found(f, &f->cons, "d", REG_EXACT, 2, -ENOENT);
+	assert_int_equal(registry_delete(&f->r, &f->prod, "d"), -ENOENT);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "d", 3, NULL, 0),
+			 -ENOENT);
+	assert_null(f->prod.versions);
+	/* ...but the leased version lives on; the others died. */
+	assert_counts(f, 0, 1, 1, PAGE, 1);
+	assert_int_equal(f->rec.nfreed, 2);
+	assert_int_equal(v1->leases, 1);
+	assert_true(v1->entry->detached);
+	assert_true(fd_open(fd1));
+	assert_int_equal(fd_count(), f->fd_base + 1);
+
+	/* The name is free for a new entry meanwhile. */
+	n1 = publish(f, &f->other, "d", 0600);
+	assert_found(f, &f->other, "d", REG_LATEST, 0, n1);
+	assert_not_found(f, &f->cons, "d", REG_LATEST, 0, -EPERM);
+	assert_counts(f, 1, 2, 2, 2 * PAGE, 1);
+
+	assert_int_equal(registry_release(&f->r, &f->cons, lid), 0);
+	assert_counts(f, 1, 1, 1, PAGE, 0);
+	assert_int_equal(f->rec.nfreed, 3);
+	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(registry_delete(&f->r, &f->other, "d"), 0);
+	assert_counts(f, 0, 0, 0, 0, 0);
+	assert_int_equal(f->r.owned_bytes, 0);
+	assert_int_equal(fd_count(), f->fd_base);
+}
+
+static void test_owner_drop(void **state)
+{
+	struct fix *f = *state;
+	struct version *s1, *s2, *e1, *x1;
+	struct tspec ts;
+	struct lease *l;
+	int freed;
+
+	/* Store: s v1 leased by cons, superseded by s v2. */
+	s1 = publish(f, &f->prod, "s", 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, s1, &l), 0);
+	s2 = publish(f, &f->prod, "s", 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, s2, &l), 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, s2, &l), 0);
+	/* A pending version of prod. */
+	add_ok(f, &f->prod, spec(&ts, "p", 0, 1, 1, PAGE), 0);
+	/* Exports of prod: e leased by cons, x not. */
+	e1 = export(f, &f->prod, "e", 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, e1, &l), 0);
+	x1 = export(f, &f->prod, "x", 0);
+	(void)x1;
+	assert_counts(f, 4, 5, 5, 5 * PAGE, 4);
+	assert_int_equal(f->cons.nleases, 4);
+	assert_int_equal(fd_count(), f->fd_base + 5);
+	freed = f->rec.nfreed;
+
+	registry_owner_drop(&f->r, &f->prod);
+	/* Pending p is gone, and so is its name. */
+	assert_null(registry_entry(&f->r, "p"));
+	/* The exports are withdrawn: x dies, e lives for its lease, and
+	 * neither is "retired" to a producer that is gone. */
+	assert_not_found(f, &f->cons, "x", REG_LATEST, 0, -ENOENT);
+	assert_null(registry_entry(&f->r, "x"));
+	assert_not_found(f, &f->cons, "e", REG_LATEST, 0, -ENOENT);
+	assert_not_found(f, &f->cons, "e", REG_NEWER_THAN, 0, -ENOENT);
+	assert_null(registry_entry(&f->r, "e")->latest);
+	assert_int_equal(e1->leases, 1);
+	assert_null(e1->producer);
+	assert_null(f->prod.versions);
+	assert_int_equal(f->rec.nretired, 0);
+	assert_int_equal(f->rec.nfreed, freed + 2);
+	/* Sealed store versions are the daemon's: untouched. */
+	assert_found(f, &f->cons, "s", REG_LATEST, 0, s2);
+	assert_counts(f, 2, 3, 3, 3 * PAGE, 4);
+	assert_int_equal(fd_count(), f->fd_base + 3);
+
+	registry_owner_drop(&f->r, &f->cons);
+	assert_int_equal(f->cons.nleases, 0);
+	assert_null(f->cons.leases);
+	assert_int_equal(f->rec.nretired, 0);
+	assert_null(registry_entry(&f->r, "e"));
+	assert_not_found(f, &f->cons, "s", REG_EXACT, 1, -ENOENT);
+	assert_found(f, &f->cons, "s", REG_LATEST, 0, s2);
+	assert_counts(f, 1, 1, 1, PAGE, 0);
+	assert_int_equal(f->rec.nfreed, freed + 4);
+	assert_int_equal(fd_count(), f->fd_base + 1);
+	/* A dropped owner may be dropped again, harmlessly. */
+	registry_owner_drop(&f->r, &f->cons);
+	registry_owner_drop(&f->r, &f->prod);
+	assert_counts(f, 1, 1, 1, PAGE, 0);
+}
+
+/* ---- export mode --------------------------------------------------------- */
+
+static void test_export_retired(void **state)
+{
+	struct fix *f = *state;
+	struct version *v1, *v2, *v3;
+	struct tspec ts;
+	struct lease *l;
+	int fd1;
+
+	fd1 = make_memfd(PAGE, F_SEAL_SHRINK | F_SEAL_GROW);
+	spec(&ts, "x", 0, 1, 1, PAGE);
+	ts.fds[0] = fd1;
+	v1 = add_ok(f, &f->prod, &ts.s, 1);
+	/* Taken over: the spec's fd is cleared, the registry holds it. */
+	assert_int_equal(ts.fds[0], -1);
+	assert_int_equal(v1->buffers[0]->fd, fd1);
+	assert_int_equal(v1->state, VERSION_SEALED);
+	assert_true(v1->exported);
+	assert_ptr_equal(v1->producer, &f->prod);
+	assert_false(v1->buffers[0]->daemon_owned);
+	assert_int_equal(v1->number, 1);
+	assert_found(f, &f->cons, "x", REG_LATEST, 0, v1);
+	assert_int_equal(f->rec.npublished, 1);
+	assert_int_equal(f->rec.pub_number[0], 1);
+	/* Producer memory does not count as the daemon's bytes. */
+	assert_int_equal(f->r.owned_bytes, 0);
+	assert_counts(f, 1, 1, 1, PAGE, 0);
+	assert_int_equal(fd_count(), f->fd_base + 1);
+
+	/* Superseded and unleased: retired to its producer at once, and the
+	 * registry's fd is closed. */
+	v2 = export(f, &f->prod, "x", 0);
+	assert_int_equal(f->rec.nretired, 1);
+	assert_ptr_equal(f->rec.ret_producer[0], &f->prod);
+	assert_string_equal(f->rec.ret_name[0], "x");
+	assert_int_equal(f->rec.ret_number[0], 1);
+	assert_int_equal(f->rec.nfreed, 1);
+	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_false(fd_open(fd1));
+
+	/* Superseded but leased: retired only at the release. */
+	assert_int_equal(registry_lease(&f->r, &f->cons, v2, &l), 0);
+	v3 = export(f, &f->prod, "x", 0);
+	assert_int_equal(f->rec.nretired, 1);
+	assert_found(f, &f->cons, "x", REG_EXACT, 2, v2);
+	assert_found(f, &f->cons, "x", REG_LATEST, 0, v3);
+	assert_int_equal(registry_release(&f->r, &f->cons, l->id), 0);
+	assert_int_equal(f->rec.nretired, 2);
+	assert_ptr_equal(f->rec.ret_producer[1], &f->prod);
+	assert_int_equal(f->rec.ret_number[1], 2);
+	assert_int_equal(fd_count(), f->fd_base + 1);
+
+	/* A store version superseding an export retires it too. */
+	publish(f, &f->cons, "x", 0);
+	assert_int_equal(f->rec.nretired, 3);
+	assert_int_equal(f->rec.ret_number[2], 3);
+	assert_counts(f, 1, 1, 1, PAGE, 0);
+
+	/* Deleting the name retires a live export. */
+	export(f, &f->prod, "y", 0);
+	assert_int_equal(registry_delete(&f->r, &f->prod, "y"), 0);
+	assert_int_equal(f->rec.nretired, 4);
+	assert_string_equal(f->rec.ret_name[3], "y");
+	assert_int_equal(f->rec.ret_number[3], 1);
+	assert_int_equal(fd_count(), f->fd_base + 1);
+}
+
+static void refuse_export(struct fix *f, int fd, uint64_t claim)
+{
+	static struct version sentinel;
+	struct tspec ts;
+	struct version *v = &sentinel;
+	int real = fd >= 0 && fd_open(fd);
+	int before = fd_count();
+
+	spec(&ts, "r", 0, 1, 1, claim);
+	ts.fds[0] = fd;
+	assert_int_equal(registry_add(&f->r, &f->prod, &ts.s, 1, &v), -EINVAL);
+	/* Neither taken nor closed. */
+	assert_int_equal(ts.fds[0], fd);
+	assert_ptr_equal(v, &sentinel);
+	if (real)
+		assert_true(fd_open(fd));
+	assert_int_equal(fd_count(), before);
+	assert_null(registry_entry(&f->r, "r"));
+	assert_counts(f, 0, 0, 0, 0, 0);
+}
+
+static void test_export_fd_refused(void **state)
+{
+	struct fix *f = *state;
+	char tmpl[] = "/tmp/test_registry.XXXXXX";
+	int p[2], sv[2], nos, shrink, small, reg, ok;
+	struct tspec ts;
+
+	nos = make_memfd(PAGE, 0);
+	shrink = make_memfd(PAGE, F_SEAL_SHRINK);
+	small = make_memfd(PAGE - 1, F_SEAL_SHRINK | F_SEAL_GROW);
+	assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+	assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0,
+				    sv), 0);
+	reg = mkostemp(tmpl, O_CLOEXEC);
+	assert_true(reg >= 0);
+	unlink(tmpl);
+	assert_int_equal(ftruncate(reg, PAGE), 0);
+
+	refuse_export(f, nos, PAGE);
+	refuse_export(f, shrink, PAGE);
+	refuse_export(f, small, PAGE);
+	refuse_export(f, p[0], PAGE);
+	refuse_export(f, p[1], 0);
+	refuse_export(f, sv[0], PAGE);
+	refuse_export(f, reg, PAGE);
+	refuse_export(f, -1, PAGE);
+	refuse_export(f, 1000000, PAGE); /* not an fd at all */
+
+	/* One good and one bad buffer: the good fd is not taken either. */
+	ok = make_memfd(PAGE, F_SEAL_SHRINK | F_SEAL_GROW);
+	{
+		struct version *v = NULL;
+
+		spec(&ts, "r", 0, 2, 2, PAGE);
+		ts.fds[0] = ok;
+		ts.fds[1] = nos;
+		assert_int_equal(registry_add(&f->r, &f->prod, &ts.s, 1, &v),
+				 -EINVAL);
+		assert_int_equal(ts.fds[0], ok);
+		assert_int_equal(ts.fds[1], nos);
+		assert_true(fd_open(ok) && fd_open(nos));
+		assert_counts(f, 0, 0, 0, 0, 0);
+	}
+	/* The claim may be smaller than the memfd, and more seals are fine. */
+	{
+		struct version *v = NULL;
+
+		assert_int_equal(fcntl(shrink, F_ADD_SEALS, F_SEAL_GROW), 0);
+		spec(&ts, "r", 0, 1, 1, PAGE / 2);
+		ts.fds[0] = shrink;
+		assert_int_equal(registry_add(&f->r, &f->prod, &ts.s, 1, &v), 0);
+		assert_int_equal(ts.fds[0], -1);
+		assert_int_equal(v->buffers[0]->fd, shrink);
+	}
+	assert_int_equal(f->rec.nretired, 0);
+	close(nos);
+	close(small);
+	close(p[0]);
+	close(p[1]);
+	close(sv[0]);
+	close(sv[1]);
+	close(reg);
+	close(ok);
+}
+
+/* ---- bad descriptions and limits ------------------------------------------ */
+
+static void expect_add(struct fix *f, struct registry_owner *o,
+		       struct registry_spec *s, int exported, int want)
+{
+	struct version *v = NULL;
+	int before = fd_count();
+	uint64_t names = f->r.nnames, versions = f->r.nversions;
+	uint64_t buffers = f->r.nbuffers, bytes = f->r.bytes;
+	int ret = registry_add(&f->r, o, s, exported, &v);
+
+	if (ret == 0) {
+		/* Accepted as wanted: drop it again to compare. */
+		assert_non_null(v);
+		if (!exported)
+			assert_int_equal(registry_abort(&f->r, o, s->name,
+							v->number), 0);
+	}
+	assert_int_equal(ret, want);
+	if (ret)
+		assert_null(v);
+	/* A refusal leaves no trace. */
+	assert_int_equal(fd_count(), before);
+	assert_int_equal(f->r.nnames, names);
+	assert_int_equal(f->r.nversions, versions);
+	assert_int_equal(f->r.nbuffers, buffers);
+	assert_int_equal(f->r.bytes, bytes);
+}
+
+static void test_add_invalid(void **state)
+{
+	struct fix *f = *state;
+	struct tspec ts;
+	uint8_t ev[REGISTRY_HANDLE_MAX + 1] = { 0 };
+
+	expect_add(f, &f->prod, spec(&ts, "a//b", 0, 1, 1, PAGE), 0, -EINVAL);
+	expect_add(f, &f->prod, spec(&ts, "", 0, 1, 1, PAGE), 0, -EINVAL);
+	expect_add(f, &f->prod, spec(&ts, "ok", 0700, 1, 1, PAGE), 0, -EINVAL);
+	expect_add(f, &f->prod, spec(&ts, "ok", 01644, 1, 1, PAGE), 0, -EINVAL);
+	expect_add(f, &f->prod, spec(&ts, "ok", 0, 0, 1, PAGE), 0, -EINVAL);
+	expect_add(f, &f->prod, spec(&ts, "ok", 0, 1, 0, PAGE), 0, -EINVAL);
+	/* A tensor larger than its buffer, or in a buffer that is not. */
+	spec(&ts, "ok", 0, 1, 1, PAGE);
+	ts.shape[0]++;
+	expect_add(f, &f->prod, &ts.s, 0, -EINVAL);
+	spec(&ts, "ok", 0, 1, 1, PAGE);
+	ts.t[0].buffer = 1;
+	expect_add(f, &f->prod, &ts.s, 0, -EINVAL);
+	spec(&ts, "ok", 0, 1, 1, PAGE);
+	ts.dt.bits = 12;
+	expect_add(f, &f->prod, &ts.s, 0, -EINVAL);
+	/* Buffers: kind, device. */
+	spec(&ts, "ok", 0, 1, 1, PAGE);
+	ts.b[0].kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC;
+	expect_add(f, &f->prod, &ts.s, 0, -EOPNOTSUPP);
+	spec(&ts, "ok", 0, 1, 1, PAGE);
+	ts.b[0].device = NULL;
+	expect_add(f, &f->prod, &ts.s, 0, -EINVAL);
+	spec(&ts, "ok", 0, 1, 1, PAGE);
+	ts.dev.type = 2; /* kDLCUDA memory is not a host buffer */
+	expect_add(f, &f->prod, &ts.s, 0, -EINVAL);
+	spec(&ts, "ok", 0, 1, 1, PAGE);
+	ts.dev.type = 3; /* kDLCUDAHost is */
+	expect_add(f, &f->prod, &ts.s, 0, 0);
+	/* An event handle longer than any CUDA handle. */
+	spec(&ts, "ok", 0, 1, 1, PAGE);
+	ts.s.event_handle = ev;
+	ts.s.event_len = sizeof(ev);
+	expect_add(f, &f->prod, &ts.s, 0, -EINVAL);
+	ts.s.event_len = REGISTRY_HANDLE_MAX;
+	expect_add(f, &f->prod, &ts.s, 0, 0);
+	assert_int_equal(f->rec.npublished, 0);
+}
+
+static void test_limit_tensors_buffers(void **state)
+{
+	struct fix *f = *state;
+	struct tspec ts;
+
+	f->r.limits.max_tensors = 2;
+	f->r.limits.max_buffers = 3;
+	expect_add(f, &f->prod, spec(&ts, "l", 0, 3, 1, PAGE), 0, -E2BIG);
+	expect_add(f, &f->prod, spec(&ts, "l", 0, 2, 1, PAGE), 0, 0);
+	expect_add(f, &f->prod, spec(&ts, "l", 0, 2, 4, PAGE), 0, -E2BIG);
+	expect_add(f, &f->prod, spec(&ts, "l", 0, 2, 3, PAGE), 0, 0);
+	/* Beyond the hard maximum whatever the configured limit says. */
+	f->r.limits.max_buffers = UINT32_MAX;
+	expect_add(f, &f->prod, spec(&ts, "l", 0, 1,
+				     REGISTRY_BUFFERS_HARD_MAX + 1, PAGE), 0,
+		   -E2BIG);
+	expect_add(f, &f->prod, spec(&ts, "l", 0, 1,
+				     REGISTRY_BUFFERS_HARD_MAX, PAGE), 0, 0);
+}
+
+static void test_limit_buffer_bytes(void **state)
+{
+	struct fix *f = *state;
+	struct tspec ts;
+	int fd;
+
+	f->r.limits.max_buffer_bytes = 2 * PAGE;
+	expect_add(f, &f->prod, spec(&ts, "l", 0, 1, 1, 2 * PAGE + 4), 0,
+		   -EFBIG);
+	expect_add(f, &f->prod, spec(&ts, "l", 0, 1, 1, 2 * PAGE), 0, 0);
+	/* The same for exports; the fd stays the caller's. */
+	fd = make_memfd(3 * PAGE, F_SEAL_SHRINK | F_SEAL_GROW);
+	spec(&ts, "l", 0, 1, 1, 3 * PAGE);
+	ts.fds[0] = fd;
+	expect_add(f, &f->prod, &ts.s, 1, -EFBIG);
+	assert_int_equal(ts.fds[0], fd);
+	assert_true(fd_open(fd));
+	close(fd);
+}
+
+static void test_limit_bytes(void **state)
+{
+	struct fix *f = *state;
+	struct version *a, *b;
+	struct tspec ts;
+
+	f->r.limits.max_bytes = 4 * PAGE;
+	expect_add(f, &f->prod, spec(&ts, "l", 0, 1, 1, 4 * PAGE + 4), 0,
+		   -ENOSPC);
+	a = add_ok(f, &f->prod, spec(&ts, "l", 0, 1, 1, 2 * PAGE), 0);
+	b = add_ok(f, &f->prod, spec(&ts, "l", 0, 2, 2, PAGE), 0);
+	assert_int_equal(f->r.owned_bytes, 4 * PAGE);
+	expect_add(f, &f->prod, spec(&ts, "l", 0, 1, 1, 4), 0, -ENOSPC);
+	expect_add(f, &f->other, spec(&ts, "m", 0, 1, 1, 4), 0, -ENOSPC);
+	/* Exports are producer memory and do not count. */
+	export(f, &f->prod, "e", 0);
+	assert_int_equal(f->r.owned_bytes, 4 * PAGE);
+	/* Bytes come back when a version dies. */
+	assert_int_equal(registry_abort(&f->r, &f->prod, "l", a->number), 0);
+	assert_int_equal(f->r.owned_bytes, 2 * PAGE);
+	expect_add(f, &f->prod, spec(&ts, "l", 0, 1, 1, 2 * PAGE + 4), 0,
+		   -ENOSPC);
+	a = add_ok(f, &f->prod, spec(&ts, "l", 0, 1, 1, 2 * PAGE), 0);
+	/* Sealing b then a: b is superseded, dies, and gives its back. */
+	assert_int_equal(registry_seal(&f->r, &f->prod, "l", b->number, NULL,
+				       0), 0);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "l", a->number, NULL,
+				       0), 0);
+	assert_int_equal(f->r.owned_bytes, 2 * PAGE);
+	expect_add(f, &f->prod, spec(&ts, "l", 0, 1, 1, 2 * PAGE), 0, 0);
+}
+
+static void test_limit_bytes_overflow(void **state)
+{
+	struct fix *f = *state;
+	struct tspec ts;
+	struct version *v = NULL;
+	int ret;
+
+	/* Regression test (this was a bug, fixed): spec_check sums buffer sizes without an overflow check
+	 * (daemon/registry.c, `total += b->size` in spec_check): four
+	 * buffers of 2^62 bytes sum to 0 and pass a 1 MiB max_bytes; the
+	 * sparse memfds are made and owned_bytes wraps too. dlshared allows
+	 * --max-buffer-bytes up to INT64_MAX. */
+	f->r.limits.max_bytes = UINT64_C(1) << 20;
+	f->r.limits.max_buffer_bytes = INT64_MAX;
+	spec(&ts, "huge", 0, 1, 4, UINT64_C(1) << 62);
+	ts.shape[0] = 1;
+	ret = registry_add(&f->r, &f->prod, &ts.s, 0, &v);
+	if (ret == 0)
+		registry_abort(&f->r, &f->prod, "huge", v->number);
+	assert_int_equal(ret, -ENOSPC);
+}
+
+static void test_limit_leases(void **state)
+{
+	struct fix *f = *state;
+	struct lease *l[3];
+	struct version *v;
+
+	f->r.limits.max_leases = 2;
+	v = publish(f, &f->prod, "l", 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l[0]), 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l[1]), 0);
+	assert_int_not_equal(l[0]->id, l[1]->id);
+	l[2] = NULL;
+	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l[2]), -EDQUOT);
+	assert_null(l[2]);
+	assert_int_equal(f->cons.nleases, 2);
+	assert_int_equal(v->leases, 2);
+	assert_int_equal(f->r.nleases, 2);
+	/* Per owner: another one still may. */
+	assert_int_equal(registry_lease(&f->r, &f->other, v, &l[2]), 0);
+	assert_int_equal(registry_release(&f->r, &f->cons, l[0]->id), 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l[0]), 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l[0]), -EDQUOT);
+	assert_int_equal(v->leases, 3);
+}
+
+/* ---- ACL ------------------------------------------------------------------ */
+
+static void test_acl(void **state)
+{
+	struct fix *f = *state;
+	struct registry_owner root;
+	struct tspec ts;
+	struct version *v;
+	struct entry *e;
+	int fd;
+
+	registry_owner_init(&root, 0, 0, 1);
+
+	/* 0600: the owner's alone. */
+	v = publish(f, &f->prod, "priv", 0600);
+	e = registry_entry(&f->r, "priv");
+	assert_int_equal(e->mode, 0600);
+	assert_int_equal(e->owner_uid, 1000);
+	assert_found(f, &f->cons, "priv", REG_LATEST, 0, v); /* same uid */
+	assert_not_found(f, &f->other, "priv", REG_LATEST, 0, -EPERM);
+	assert_not_found(f, &f->other, "priv", REG_EXACT, 1, -EPERM);
+	assert_not_found(f, &f->mate, "priv", REG_LATEST, 0, -EPERM);
+	assert_not_found(f, &root, "priv", REG_LATEST, 0, -EPERM);
+	assert_false(registry_may(e, &f->other, 4));
+	assert_false(registry_may(e, &f->other, 2));
+	assert_true(registry_may(e, &f->prod, 4 | 2));
+	expect_add(f, &f->other, spec(&ts, "priv", 0, 1, 1, PAGE), 0, -EPERM);
+	expect_add(f, &root, spec(&ts, "priv", 0, 1, 1, PAGE), 0, -EPERM);
+	assert_int_equal(registry_delete(&f->r, &f->other, "priv"), -EPERM);
+	assert_int_equal(registry_delete(&f->r, &f->mate, "priv"), -EPERM);
+	/* An export to a name one may not write: refused, fd untouched. */
+	fd = make_memfd(PAGE, F_SEAL_SHRINK | F_SEAL_GROW);
+	spec(&ts, "priv", 0, 1, 1, PAGE);
+	ts.fds[0] = fd;
+	expect_add(f, &f->other, &ts.s, 1, -EPERM);
+	assert_int_equal(ts.fds[0], fd);
+	assert_true(fd_open(fd));
+	close(fd);
+	assert_found(f, &f->prod, "priv", REG_LATEST, 0, v);
+
+	/* 0644 (the default): readable by all, writable by the owner. */
+	v = publish(f, &f->prod, "pub", 0);
+	assert_int_equal(registry_entry(&f->r, "pub")->mode, 0644);
+	assert_found(f, &f->other, "pub", REG_LATEST, 0, v);
+	assert_found(f, &f->mate, "pub", REG_LATEST, 0, v);
+	expect_add(f, &f->other, spec(&ts, "pub", 0, 1, 1, PAGE), 0, -EPERM);
+	expect_add(f, &f->mate, spec(&ts, "pub", 0, 1, 1, PAGE), 0, -EPERM);
+	assert_int_equal(registry_delete(&f->r, &f->other, "pub"), -EPERM);
+
+	/* 0640: the group reads. */
+	v = publish(f, &f->prod, "grp", 0640);
+	assert_found(f, &f->mate, "grp", REG_LATEST, 0, v);
+	assert_not_found(f, &f->other, "grp", REG_LATEST, 0, -EPERM);
+	expect_add(f, &f->mate, spec(&ts, "grp", 0, 1, 1, PAGE), 0, -EPERM);
+
+	/* 0660: the group writes; only the owner changes the mode. */
+	publish(f, &f->prod, "gw", 0660);
+	v = publish(f, &f->mate, "gw", 0666);
+	assert_int_equal(v->number, 2);
+	assert_int_equal(registry_entry(&f->r, "gw")->mode, 0660);
+	assert_int_equal(registry_entry(&f->r, "gw")->owner_uid, 1000);
+	assert_not_found(f, &f->other, "gw", REG_LATEST, 0, -EPERM);
+	v = publish(f, &f->prod, "gw", 0600);
+	assert_int_equal(registry_entry(&f->r, "gw")->mode, 0600);
+	assert_int_equal(v->mode, 0600);
+	assert_not_found(f, &f->mate, "gw", REG_LATEST, 0, -EPERM);
+
+	/* Class bits, not the union: the group of 0604 reads nothing. */
+	publish(f, &f->prod, "odd", 0604);
+	assert_found(f, &f->other, "odd", REG_LATEST, 0,
+		     registry_entry(&f->r, "odd")->latest);
+	assert_not_found(f, &f->mate, "odd", REG_LATEST, 0, -EPERM);
+
+	/* 0666: anyone writes, and deletes. */
+	publish(f, &f->prod, "all", 0666);
+	v = publish(f, &f->other, "all", 0);
+	assert_found(f, &f->prod, "all", REG_LATEST, 0, v);
+	assert_int_equal(registry_delete(&f->r, &f->other, "all"), 0);
+
+	/* The owner is bound by its own mode too. */
+	publish(f, &f->prod, "wo", 0200);
+	assert_not_found(f, &f->prod, "wo", REG_LATEST, 0, -EPERM);
+	registry_owner_drop(&f->r, &root);
+}
+
+/* ---- deinit, and what outlives a delete --------------------------------- */
+
+static void test_deinit_frees_everything(void **state)
+{
+	struct fix *f = *state;
+	struct tspec ts;
+	int freed;
+
+	publish(f, &f->prod, "sealed", 0);
+	add_ok(f, &f->prod, spec(&ts, "pending", 0, 3, 3, PAGE), 0);
+	add_ok(f, &f->cons, spec(&ts, "sealed", 0, 1, 1, PAGE), 0);
+	export(f, &f->prod, "exported", 0);
+	export(f, &f->prod, "exported", 0600);
+	assert_int_equal(fd_count(), f->fd_base + 6);
+	freed = f->rec.nfreed;
+	registry_deinit(&f->r);
+	f->done = 1;
+	/* Every fd closed, every counter zero, no callback. */
+	assert_int_equal(fd_count(), f->fd_base);
+	assert_counts(f, 0, 0, 0, 0, 0);
+	assert_int_equal(f->r.owned_bytes, 0);
+	assert_null(f->r.names);
+	assert_null(f->r.buffers);
+	assert_int_equal(f->rec.nfreed, freed);
+	assert_int_equal(f->rec.nretired, 1); /* the superseded export */
+}
+
+static void test_deinit_with_leases(void **state)
+{
+	struct fix *f = *state;
+	struct version *v;
+	struct lease *l, *tmp;
+	uint32_t left;
+	int versions_left;
+
+	v = publish(f, &f->prod, "old", 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l), 0);
+	publish(f, &f->prod, "old", 0);
+	v = publish(f, &f->prod, "gone", 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l), 0);
+	assert_int_equal(registry_delete(&f->r, &f->prod, "gone"), 0);
+	export(f, &f->prod, "ex", 0);
+	assert_counts(f, 2, 4, 4, 4 * PAGE, 2);
+
+	registry_deinit(&f->r);
+	f->done = 1;
+	assert_int_equal(fd_count(), f->fd_base);
+	assert_int_equal(f->r.nnames, 0);
+	assert_int_equal(f->r.nversions, 0);
+	assert_int_equal(f->r.nbuffers, 0);
+	assert_int_equal(f->r.bytes, 0);
+
+	/* Regression test (this was a bug, fixed): registry_deinit ("Frees everything") frees versions but not
+	 * the leases on them, which stay in their owner's table pointing at
+	 * freed versions, and leaves producer->versions pointing at freed
+	 * exports (daemon/registry.c, registry_deinit sets v->producer =
+	 * NULL instead of unlinking). A registry_owner_drop afterwards is a
+	 * use after free; without one the leases leak. */
+	left = f->cons.nleases + (uint32_t)f->r.nleases;
+	versions_left = f->prod.versions != NULL;
+	HASH_ITER(hh, f->cons.leases, l, tmp) {
+		HASH_DEL(f->cons.leases, l);
+		free(l);
+	}
+	assert_int_equal(left, 0);
+	assert_false(versions_left);
+}
+
+static void test_numbers_after_delete(void **state)
+{
+	struct fix *f = *state;
+	struct version *v1, *n1;
+	struct lease *l;
+	int err;
+
+	v1 = export(f, &f->prod, "n", 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v1, &l), 0);
+	assert_int_equal(registry_delete(&f->r, &f->prod, "n"), 0);
+	n1 = export(f, &f->prod, "n", 0);
+	assert_found(f, &f->cons, "n", REG_LATEST, 0, n1);
+	assert_int_equal(registry_release(&f->r, &f->cons, l->id), 0);
+	assert_int_equal(f->rec.nretired, 1);
+	assert_string_equal(f->rec.ret_name[0], "n");
+	assert_int_equal(f->rec.ret_number[0], 1);
+	/* Regression test (this was a bug, fixed): a re-created name restarts at version 1 while the deleted
+	 * name's leased version 1 still lives (daemon/registry.c,
+	 * registry_add: a fresh entry starts from last_number 0). The
+	 * producer then hears Retired("n", 1) while its new "n" version 1
+	 * is live, and libdlshare matches exports by (name, version)
+	 * (client/client.c, the BODY_RETIRED branch): it may run the
+	 * deleter of the memory still published. A (name, number) that is
+	 * retired must not name a live version. */
+	assert_null(registry_find(&f->r, &f->cons, "n", REG_EXACT,
+				  f->rec.ret_number[0], &err));
+}
+
+int main(void)
+{
+#define T(fn) cmocka_unit_test_setup_teardown(fn, fix_setup, fix_teardown)
+	const struct CMUnitTest tests[] = {
+		T(test_store_pending_then_seal),
+		T(test_seal_errors),
+		T(test_seal_busy_while_mapped),
+		T(test_versions_supersede),
+		T(test_find_select),
+		T(test_born_superseded),
+		T(test_abort),
+		T(test_delete),
+		T(test_owner_drop),
+		T(test_export_retired),
+		T(test_export_fd_refused),
+		T(test_add_invalid),
+		T(test_limit_tensors_buffers),
+		T(test_limit_buffer_bytes),
+		T(test_limit_bytes),
+		T(test_limit_bytes_overflow),
+		T(test_limit_leases),
+		T(test_acl),
+		T(test_deinit_frees_everything),
+		T(test_deinit_with_leases),
+		T(test_numbers_after_delete),
+	};
+#undef T
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
