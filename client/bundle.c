@@ -3,6 +3,8 @@
  * stats and delete, the other questions a consumer asks. */
 #include "internal.h"
 
+#include "cudalib.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +20,7 @@ struct dlshare_bundle {
 	uint64_t version;
 	size_t n;
 	struct btensor *ts;
+	int cuda_ordinal;        /* a device of the version, -1 for none */
 };
 
 /* What a DLManagedTensor(Versioned) of ours carries. */
@@ -86,8 +89,16 @@ static int bundle_fill(struct dlshare_bundle *b, Dlshare__GetReply *r,
 		bt->t.data = pins[wt->buffer]->base ?
 			(char *)pins[wt->buffer]->base + wt->offset : NULL;
 		bt->t.byte_offset = 0;
-		bt->t.device.device_type = kDLCPU;
-		bt->t.device.device_id = 0;
+		if (pins[wt->buffer]->kind ==
+		    DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC) {
+			/* Our own ordinal for the producer's device UUID. */
+			bt->t.device.device_type = kDLCUDA;
+			bt->t.device.device_id = pins[wt->buffer]->ordinal;
+			b->cuda_ordinal = pins[wt->buffer]->ordinal;
+		} else {
+			bt->t.device.device_type = kDLCPU;
+			bt->t.device.device_id = 0;
+		}
 		bt->t.ndim = (int32_t)wt->n_shape;
 		bt->t.dtype.code = (uint8_t)wt->dtype->code;
 		bt->t.dtype.bits = (uint8_t)wt->dtype->bits;
@@ -157,8 +168,21 @@ int dlshare_get(dlshare_client *c, const char *name,
 		err = DLSHARE_ENOMEM;
 		goto fail;
 	}
+	b->cuda_ordinal = -1;
 	if ((err = bundle_fill(b, gr, r.pins, r.npins)))
 		goto fail;
+	/* The consumer's stream waits for the producer's writes; the host
+	 * does not. */
+	if (b->cuda_ordinal >= 0 && gr->has_event_handle) {
+		if (gr->event_handle.len != CUDA_IPC_HANDLE_BYTES) {
+			err = DLSHARE_EPROTO;
+			goto fail;
+		}
+		err = cuda_wait_event(gr->event_handle.data, b->cuda_ordinal,
+				      (opts ? opts : &dflt)->stream);
+		if (err)
+			goto fail;
+	}
 	/* The lease and the pins change hands from the reply to lr. */
 	atomic_init(&lr->refs, 1);
 	lr->c = c;

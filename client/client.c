@@ -13,6 +13,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "cudalib.h"
 #include "paths.h"
 
 /* Lease ids sent in one Release packet (8 bytes each at most). */
@@ -67,14 +68,21 @@ void client_ref(dlshare_client *c)
 	atomic_fetch_add(&c->refs, 1);
 }
 
+static void ibuf_unmap(struct ibuf *b)
+{
+	if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC)
+		cuda_close_mem(b->cuda_base, b->ordinal);
+	else if (b->base)
+		munmap(b->base, b->size);
+}
+
 static void client_free(dlshare_client *c)
 {
 	struct ibuf *b, *tmp;
 
 	HASH_ITER(hh, c->bufs, b, tmp) {
 		HASH_DEL(c->bufs, b);
-		if (b->base)
-			munmap(b->base, b->size);
+		ibuf_unmap(b);
 		free(b);
 	}
 	if (c->fd >= 0)
@@ -98,9 +106,29 @@ void client_unref(dlshare_client *c)
 static void ibuf_drop(dlshare_client *c, struct ibuf *b)
 {
 	HASH_DEL(c->bufs, b);
-	if (b->base)
-		munmap(b->base, b->size);
+	ibuf_unmap(b);
 	free(b);
+}
+
+/* Opens a CUDA IPC buffer: the allocation once per process (cuda.c caches
+ * and counts), the buffer at its offset in it. */
+static int ibuf_open_cuda(struct ibuf *b, const Dlshare__Buffer *wb)
+{
+	int ordinal, err;
+
+	if (!wb->device || !wb->device->has_uuid ||
+	    wb->device->uuid.len != CUDA_UUID_BYTES || !wb->has_ipc_handle ||
+	    wb->ipc_handle.len != CUDA_IPC_HANDLE_BYTES)
+		return DLSHARE_EPROTO;
+	ordinal = cuda_ordinal(wb->device->uuid.data);
+	if (ordinal < 0)
+		return ordinal;
+	err = cuda_open_mem(wb->ipc_handle.data, ordinal, &b->cuda_base);
+	if (err)
+		return err;
+	b->ordinal = ordinal;
+	b->base = (char *)b->cuda_base + wb->ipc_offset;
+	return 0;
 }
 
 void client_unpin(dlshare_client *c, struct ibuf **pins, size_t n)
@@ -126,10 +154,13 @@ static int import_buffers(dlshare_client *c, Dlshare__GetReply *r, int *fds,
 
 	if (r->n_buffers > CLIENT_PINS_MAX)
 		return DLSHARE_EPROTO;
-	for (size_t i = 0; i < r->n_buffers && !err; i++) {
+	/* Every buffer is imported even after one failed: the daemon marked
+	 * all of them as sent, so one not cached now could never be got
+	 * again on this connection. */
+	for (size_t i = 0; i < r->n_buffers; i++) {
 		Dlshare__Buffer *wb = r->buffers[i];
 		struct ibuf *b = NULL;
-		int fd = -1;
+		int fd = -1, e = 0;
 
 		if (wb->fd_attached) {
 			if (k == nfds) {
@@ -140,22 +171,36 @@ static int import_buffers(dlshare_client *c, Dlshare__GetReply *r, int *fds,
 			fds[k++] = -1;
 		}
 		HASH_FIND(hh, c->bufs, &wb->id, sizeof(wb->id), b);
-		if (!b && fd < 0) {
-			err = DLSHARE_EPROTO;
-		} else if (!b) {
-			if (wb->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST ||
-			    wb->size > SIZE_MAX) {
-				err = DLSHARE_ENOTSUP;
-			} else if (!(b = calloc(1, sizeof(*b)))) {
-				err = DLSHARE_ENOMEM;
+		if (b) {
+			/* Cached: nothing to open. */
+		} else if (wb->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC) {
+			if (!(b = calloc(1, sizeof(*b)))) {
+				e = DLSHARE_ENOMEM;
+			} else if ((e = ibuf_open_cuda(b, wb))) {
+				free(b);
+				b = NULL;
 			} else {
 				b->id = wb->id;
+				b->kind = wb->kind;
+				b->size = wb->size;
+				HASH_ADD(hh, c->bufs, id, sizeof(b->id), b);
+			}
+		} else {
+			if (wb->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST ||
+			    wb->size > SIZE_MAX || fd < 0) {
+				e = wb->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST ?
+				    DLSHARE_EPROTO : DLSHARE_ENOTSUP;
+			} else if (!(b = calloc(1, sizeof(*b)))) {
+				e = DLSHARE_ENOMEM;
+			} else {
+				b->id = wb->id;
+				b->kind = wb->kind;
 				b->size = wb->size;
 				if (wb->size) {
 					b->base = mmap(NULL, wb->size, PROT_READ,
 						       MAP_SHARED, fd, 0);
 					if (b->base == MAP_FAILED) {
-						err = client_errno(-errno);
+						e = client_errno(-errno);
 						free(b);
 						b = NULL;
 					}
@@ -168,7 +213,9 @@ static int import_buffers(dlshare_client *c, Dlshare__GetReply *r, int *fds,
 		 * (and a duplicate one was never needed). */
 		if (fd >= 0)
 			close(fd);
-		if (b && !err) {
+		if (e && !err)
+			err = e;
+		if (b && !e) {
 			b->refs++;
 			p->pins[p->npins++] = b;
 		}
@@ -181,6 +228,31 @@ static int import_buffers(dlshare_client *c, Dlshare__GetReply *r, int *fds,
 	}
 	wire_close_fds(fds, nfds);
 	return err;
+}
+
+/* Queues a lease for the receiver thread to release. Under c->lock.
+ * Returns 1 when the thread must be woken. */
+static int queue_release(dlshare_client *c, uint64_t lease)
+{
+	/* A dead connection took its leases with it. */
+	if (c->dead || c->closed)
+		return 0;
+	if (c->nrel == c->caprel) {
+		size_t cap = c->caprel ? c->caprel * 2 : 64;
+		uint64_t *n = realloc(c->rel, cap * sizeof(*n));
+
+		if (n) {
+			c->rel = n;
+			c->caprel = cap;
+		}
+	}
+	/* Without memory for the queue the lease stays held until the
+	 * connection closes: a leak bounded by the connection, never a
+	 * crash. */
+	if (c->nrel == c->caprel)
+		return 0;
+	c->rel[c->nrel++] = lease;
+	return 1;
 }
 
 /* ---- the receiver thread ---------------------------------------------- */
@@ -217,7 +289,7 @@ static int flush_releases(dlshare_client *c)
 		f.id = 0; /* no reply wanted */
 		f.body_case = DLSHARE__FRAME__BODY_RELEASE;
 		f.release = &r;
-		err = wire_encode(&f, c->max_packet, &data, &len);
+		err = wire_encode(&f, c->send_max, &data, &len);
 		if (err)
 			return err;
 		pthread_mutex_lock(&c->send_lock);
@@ -284,6 +356,9 @@ static void deliver(dlshare_client *c, struct wire_msg *m, int *fds,
 	if (f->body_case == DLSHARE__FRAME__BODY_GET_REPLY) {
 		err = import_buffers(c, f->get_reply, fds, nfds, p);
 		nfds = 0;
+		/* The daemon gave us a lease we cannot use: give it back. */
+		if (err)
+			queue_release(c, f->get_reply->lease);
 	} else if (f->body_case == DLSHARE__FRAME__BODY_PUBLISH_REPLY &&
 		   p->export) {
 		/* Registered before anything after this reply is read, so
@@ -365,10 +440,17 @@ static void *rx_main(void *arg)
 			break;
 		}
 		if (m->frame->id == 0) {
-			if (m->frame->body_case == DLSHARE__FRAME__BODY_ERROR)
+			/* An Error with id 0 is the daemon's last word before
+			 * it hangs up: every waiter gets its code. */
+			if (m->frame->body_case == DLSHARE__FRAME__BODY_ERROR) {
 				err = m->frame->error->code < 0 ?
 				      m->frame->error->code : DLSHARE_EPROTO;
-			else
+				pthread_mutex_lock(&c->lock);
+				snprintf(c->fatal_msg, sizeof(c->fatal_msg), "%s",
+					 m->frame->error->message ?
+					 m->frame->error->message : "");
+				pthread_mutex_unlock(&c->lock);
+			} else
 				handle_push(c, m->frame);
 			wire_close_fds(fds, nfds);
 			wire_msg_free(m);
@@ -380,7 +462,8 @@ static void *rx_main(void *arg)
 	}
 	free(buf);
 	pthread_mutex_lock(&c->lock);
-	fail_all(c, err == DLSHARE_ECLOSED ? DLSHARE_ECLOSED : DLSHARE_ECONN);
+	fail_all(c, err == DLSHARE_EIO || err == DLSHARE_ENOMEM ||
+		    err == DLSHARE_EPROTO ? DLSHARE_ECONN : err);
 	c->nrel = 0;
 	pthread_mutex_unlock(&c->lock);
 	return NULL;
@@ -409,12 +492,19 @@ int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 
 	errmsg_set(NULL);
 	memset(out, 0, sizeof(*out));
+	/* A deleter run by our receiver thread (Retired) must not wait for a
+	 * reply that only this thread could read. */
+	if (c->rx_started && pthread_equal(pthread_self(), c->rx)) {
+		errmsg_set("dlshare call from a deleter on the library's thread");
+		return DLSHARE_EINVAL;
+	}
 	req->nfds = nfds;
 	req->has_nfds = nfds > 0;
 	pthread_cond_init(&p.cond, NULL);
 	pthread_mutex_lock(&c->lock);
 	if (c->closed || c->dead) {
 		err = c->closed ? DLSHARE_ECLOSED : DLSHARE_ECONN;
+		errmsg_set(c->fatal_msg);
 		pthread_mutex_unlock(&c->lock);
 		pthread_cond_destroy(&p.cond);
 		return err;
@@ -424,7 +514,7 @@ int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 	HASH_ADD(hh, c->pending, id, sizeof(p.id), &p);
 	pthread_mutex_unlock(&c->lock);
 
-	err = wire_encode(req, c->max_packet, &data, &len);
+	err = wire_encode(req, c->send_max, &data, &len);
 	if (!err) {
 		pthread_mutex_lock(&c->send_lock);
 		err = wire_send(c->fd, data, len, fds, nfds, 0);
@@ -443,6 +533,8 @@ int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 	}
 	while (!p.done)
 		pthread_cond_wait(&p.cond, &c->lock);
+	if (p.err && !p.msg)
+		errmsg_set(c->fatal_msg);
 	/* An export the reply did not register stays the caller's. */
 	pthread_mutex_unlock(&c->lock);
 	pthread_cond_destroy(&p.cond);
@@ -469,28 +561,10 @@ int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 void client_release(dlshare_client *c, uint64_t lease)
 {
 	uint64_t one = 1;
-	int wake = 0;
+	int wake;
 
 	pthread_mutex_lock(&c->lock);
-	/* A dead connection took its leases with it. */
-	if (!c->dead && !c->closed) {
-		if (c->nrel == c->caprel) {
-			size_t cap = c->caprel ? c->caprel * 2 : 64;
-			uint64_t *n = realloc(c->rel, cap * sizeof(*n));
-
-			if (n) {
-				c->rel = n;
-				c->caprel = cap;
-			}
-		}
-		/* Without memory for the queue the lease stays held until
-		 * the connection closes: a leak bounded by the connection,
-		 * never a crash. */
-		if (c->nrel < c->caprel) {
-			c->rel[c->nrel++] = lease;
-			wake = 1;
-		}
-	}
+	wake = queue_release(c, lease);
 	pthread_mutex_unlock(&c->lock);
 	if (wake && write(c->wake_fd, &one, sizeof(one)) < 0) {
 		/* The counter is full, so the thread is awake anyway. */
@@ -499,9 +573,13 @@ void client_release(dlshare_client *c, uint64_t lease)
 
 void export_free(struct export *e)
 {
+	for (size_t i = 0; i < e->ncuda; i++)
+		cuda_unexport_alloc(e->cuda_handles[i]);
+	cuda_event_free(e->event);
 	for (size_t i = 0; i < e->n; i++)
 		if (e->tensors[i] && e->tensors[i]->deleter)
 			e->tensors[i]->deleter(e->tensors[i]);
+	free(e->cuda_handles);
 	free(e->tensors);
 	free(e);
 }
@@ -529,6 +607,10 @@ static int hello(dlshare_client *c)
 	}
 	if (r.msg->frame->hello_reply->major != WIRE_PROTO_MAJOR)
 		err = DLSHARE_EVERSION;
+	/* A request larger than the daemon takes fails here, with
+	 * DLSHARE_E2BIG, instead of costing the connection. */
+	else if (r.msg->frame->hello_reply->max_packet < c->send_max)
+		c->send_max = r.msg->frame->hello_reply->max_packet;
 	reply_free(c, &r);
 	return err;
 }
@@ -560,6 +642,8 @@ int dlshare_connect(const char *path, dlshare_client **out)
 	/* Until the daemon says otherwise it may send the largest packet a
 	 * socket buffer allows. */
 	c->max_packet = 256 * 1024;
+	/* Hello itself must fit what the daemon takes before it. */
+	c->send_max = 512;
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_mutex_init(&c->send_lock, NULL);
 	c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

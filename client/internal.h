@@ -29,7 +29,11 @@
 /* One buffer this process has mapped, shared by every tensor on it. */
 struct ibuf {
 	uint64_t id;
-	void *base;              /* mapping (read-only), NULL for size 0 */
+	int kind;                /* DLSHARE__BUFFER_KIND__* */
+	void *base;              /* host: mapping (read-only), NULL for size 0;
+				  * CUDA: device pointer of the buffer */
+	void *cuda_base;         /* CUDA: the opened allocation (cuda.c) */
+	int ordinal;             /* CUDA: local device */
 	uint64_t size;
 	int refs;                /* leases using it (pins) */
 	int gone;                /* the daemon freed it: drop at refs 0 */
@@ -43,6 +47,9 @@ struct export {
 	uint64_t req_id;
 	size_t n;
 	DLManagedTensor **tensors;
+	void *event;             /* CUDA: the event recorded at publish */
+	size_t ncuda;
+	uint8_t (*cuda_handles)[64]; /* CUDA: allocations exported */
 	struct export *next;
 };
 
@@ -67,7 +74,8 @@ struct dlshare_client {
 	int wake_fd;             /* eventfd: wakes the receiver thread */
 	pthread_t rx;
 	int rx_started;
-	uint32_t max_packet;
+	uint32_t max_packet;     /* largest packet we can receive */
+	uint32_t send_max;       /* largest the daemon takes (HelloReply) */
 	pthread_mutex_t send_lock;
 
 	pthread_mutex_t lock;
@@ -77,6 +85,7 @@ struct dlshare_client {
 	struct pending *pending;
 	struct ibuf *bufs;
 	struct export *exports;
+	char fatal_msg[256];     /* the daemon's last word, if any */
 	uint64_t *rel;           /* lease ids to release */
 	size_t nrel, caprel;
 };

@@ -2,6 +2,8 @@
  * into store mode when the memory cannot be shared). */
 #include "internal.h"
 
+#include "cudalib.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -357,8 +359,60 @@ static int publish_copy(dlshare_client *c, const char *name,
 	return 0;
 }
 
-/* Describes tensors that all live in dlshare_host_alloc() memory, or says
- * DLSHARE_ENOENT when one does not (the caller then copies). */
+/* Where one exported tensor's memory is, as a buffer of the version. */
+struct xbuf {
+	int kind;
+	void *base;
+	uint64_t size;
+	int fd;                  /* host: our dup of the memfd */
+	struct cuda_alloc cuda;
+};
+
+/* Finds the buffer of tensor t: dlshare_host_alloc() memory for the host,
+ * a legacy-IPC allocation for CUDA. Returns 0, DLSHARE_ENOENT (host memory
+ * that cannot be shared: copy it), DLSHARE_ECOPY (device memory that
+ * cannot), or another code. */
+static int xbuf_find(const DLTensor *t, struct xbuf *x)
+{
+	int64_t lo, hi;
+
+	if (tensor_extent(t, &lo, &hi))
+		return DLSHARE_EINVAL;
+	memset(x, 0, sizeof(*x));
+	x->fd = -1;
+	if (t->device.device_type == kDLCUDA) {
+		int err = cuda_export_alloc((char *)t->data + lo, &x->cuda);
+
+		if (err)
+			return err;
+		x->kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC;
+		x->base = (void *)x->cuda.base;
+		x->size = x->cuda.size;
+		if ((uint64_t)hi - (uint64_t)lo > x->size ||
+		    (uintptr_t)t->data + lo + (hi - lo) > x->cuda.base + x->size) {
+			cuda_unexport_alloc(x->cuda.handle);
+			return DLSHARE_EINVAL;
+		}
+		return 0;
+	}
+	x->kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
+	return hostmem_find((char *)t->data + lo, (uint64_t)(hi - lo),
+			    &x->base, &x->size, &x->fd);
+}
+
+/* Undoes xbuf_find. */
+static void xbuf_release(struct xbuf *x)
+{
+	if (x->fd >= 0)
+		close(x->fd);
+	x->fd = -1;
+	if (x->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC)
+		cuda_unexport_alloc(x->cuda.handle);
+	x->kind = 0;
+}
+
+/* Publishes tensors that all live in shareable memory, without a copy, or
+ * says DLSHARE_ENOENT / DLSHARE_ECOPY when one does not (see xbuf_find). */
 static int publish_export(dlshare_client *c, const char *name,
 			  DLManagedTensor *const *tensors, size_t n,
 			  const dlshare_publish_opts *o, uint64_t *version)
@@ -366,64 +420,90 @@ static int publish_export(dlshare_client *c, const char *name,
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Publish p = DLSHARE__PUBLISH__INIT;
 	Dlshare__Buffer bufs[CLIENT_PINS_MAX], *bufp[CLIENT_PINS_MAX];
-	Dlshare__Device dev = DLSHARE__DEVICE__INIT;
-	void *bases[CLIENT_PINS_MAX];
+	Dlshare__Device devs[CLIENT_PINS_MAX];
+	struct xbuf xs[CLIENT_PINS_MAX];
+	uint8_t event_handle[CUDA_IPC_HANDLE_BYTES];
 	int fds[CLIENT_PINS_MAX];
 	struct wire_tensors wt = { 0 };
 	struct export *e = NULL;
-	unsigned nb = 0;
+	unsigned nb = 0, nfds = 0, ncuda = 0;
+	void *event = NULL;
 	struct reply r;
 	int err;
 
 	if ((err = wire_tensors_alloc(&wt, n)))
 		return err;
-	dev.type = kDLCPU;
 	for (size_t i = 0; i < n; i++) {
 		DLTensor *t = &tensors[i]->dl_tensor;
 		const char *key = o->keys ? o->keys[i] : NULL;
-		int64_t lo, hi;
-		uint64_t size;
-		void *base;
+		struct xbuf x;
 		unsigned b;
-		int fd;
 
-		if (tensor_extent(t, &lo, &hi) ||
-		    (key && strlen(key) > CHECK_KEY_MAX)) {
+		if (key && strlen(key) > CHECK_KEY_MAX) {
 			err = DLSHARE_EINVAL;
 			goto out;
 		}
-		err = hostmem_find((char *)t->data + lo, (uint64_t)(hi - lo),
-				   &base, &size, &fd);
-		if (err)
+		if ((err = xbuf_find(t, &x)))
 			goto out;
-		for (b = 0; b < nb && bases[b] != base; b++)
+		for (b = 0; b < nb && (xs[b].base != x.base ||
+				       xs[b].kind != x.kind); b++)
 			;
 		if (b < nb) {
-			close(fd);
+			xbuf_release(&x);
 		} else if (nb == CLIENT_PINS_MAX) {
-			close(fd);
+			xbuf_release(&x);
 			err = DLSHARE_ELIMIT;
 			goto out;
 		} else {
-			dlshare__buffer__init(&bufs[nb]);
-			bufs[nb].kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
-			bufs[nb].size = size;
-			bufs[nb].device = &dev;
-			bufs[nb].has_fd_attached = 1;
-			bufs[nb].fd_attached = 1;
-			bufp[nb] = &bufs[nb];
-			bases[nb] = base;
-			fds[nb++] = fd;
+			Dlshare__Buffer *wb = &bufs[nb];
+
+			xs[nb] = x;
+			dlshare__buffer__init(wb);
+			dlshare__device__init(&devs[nb]);
+			wb->kind = x.kind;
+			wb->size = x.size;
+			wb->device = &devs[nb];
+			if (x.kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC) {
+				devs[nb].type = kDLCUDA;
+				devs[nb].has_uuid = 1;
+				devs[nb].uuid.data = xs[nb].cuda.uuid;
+				devs[nb].uuid.len = CUDA_UUID_BYTES;
+				wb->has_ipc_handle = 1;
+				wb->ipc_handle.data = xs[nb].cuda.handle;
+				wb->ipc_handle.len = CUDA_IPC_HANDLE_BYTES;
+				wb->has_ipc_offset = 1;
+				wb->ipc_offset = 0;
+				ncuda++;
+			} else {
+				devs[nb].type = kDLCPU;
+				wb->has_fd_attached = 1;
+				wb->fd_attached = 1;
+				fds[nfds++] = x.fd;
+			}
+			bufp[nb++] = wb;
 		}
 		wire_tensor_set(&wt.t[i], key, t->dtype, t->ndim, t->shape,
 				t->strides, b,
 				(uint64_t)((char *)t->data + t->byte_offset -
-					   (char *)base));
+					   (char *)xs[b].base));
+	}
+	/* Consumers' streams will wait for what the producer's stream has
+	 * queued so far: the data is ready when their kernels run. */
+	if (ncuda) {
+		err = cuda_event_record(o->stream, &event, event_handle);
+		if (err)
+			goto out;
+		p.has_event_handle = 1;
+		p.event_handle.data = event_handle;
+		p.event_handle.len = CUDA_IPC_HANDLE_BYTES;
 	}
 	e = calloc(1, sizeof(*e));
-	if (e)
+	if (e) {
 		e->tensors = calloc(n, sizeof(*e->tensors));
-	if (!e || !e->tensors) {
+		e->cuda_handles = ncuda ? calloc(ncuda, sizeof(*e->cuda_handles)) :
+					  NULL;
+	}
+	if (!e || !e->tensors || (ncuda && !e->cuda_handles)) {
 		err = DLSHARE_ENOMEM;
 		goto out;
 	}
@@ -441,19 +521,35 @@ static int publish_export(dlshare_client *c, const char *name,
 	}
 	f.body_case = DLSHARE__FRAME__BODY_PUBLISH;
 	f.publish = &p;
-	err = client_call(c, &f, fds, nb, e, &r);
+	/* The export owns the event and the CUDA allocations from here: the
+	 * receiver thread may register it (and a Retired free it) before
+	 * client_call returns. */
+	e->event = event;
+	for (unsigned b = 0; b < nb; b++)
+		if (xs[b].kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC)
+			memcpy(e->cuda_handles[e->ncuda++], xs[b].cuda.handle,
+			       CUDA_IPC_HANDLE_BYTES);
+	err = client_call(c, &f, fds, nfds, e, &r);
 	if (!err) {
-		/* The receiver thread registered e when the reply came. */
 		if (r.msg->frame->body_case != DLSHARE__FRAME__BODY_PUBLISH_REPLY)
 			err = DLSHARE_EPROTO;
 		else if (version)
 			*version = r.msg->frame->publish_reply->version;
 		reply_free(c, &r);
-		e = NULL;
+		e = NULL; /* registered by the receiver thread */
+		event = NULL;
+		for (unsigned b = 0; b < nb; b++)
+			xs[b].kind = 0; /* the export holds them now */
+	} else {
+		e->event = NULL;
+		e->ncuda = 0;
 	}
 out:
-	wire_close_fds(fds, nb);
+	for (unsigned b = 0; b < nb; b++)
+		xbuf_release(&xs[b]);
+	cuda_event_free(event);
 	if (e) {
+		free(e->cuda_handles);
 		free(e->tensors);
 		free(e);
 	}
@@ -467,7 +563,7 @@ int dlshare_publish(dlshare_client *c, const char *name,
 {
 	static const dlshare_publish_opts dflt = { 0 };
 	const dlshare_publish_opts *o = opts ? opts : &dflt;
-	int err;
+	int err, cuda_dev = 0;
 
 	if (!c || check_name(name) || !tensors || n == 0 ||
 	    (o->mode & ~CHECK_MODE_MASK))
@@ -479,15 +575,23 @@ int dlshare_publish(dlshare_client *c, const char *name,
 		if (!tensors[i])
 			return DLSHARE_EINVAL;
 		t = &tensors[i]->dl_tensor;
-		if (t->device.device_type != kDLCPU)
+		if (t->device.device_type != kDLCPU &&
+		    t->device.device_type != kDLCUDA)
 			return DLSHARE_ENOTSUP;
+		if (t->device.device_type == kDLCUDA)
+			cuda_dev = 1;
 		if (tensor_bytes(t, &bytes) || (bytes && !t->data))
 			return DLSHARE_EINVAL;
 	}
 	err = publish_export(c, name, tensors, n, o, version);
-	if (err != DLSHARE_ENOENT)
+	if (err != DLSHARE_ENOENT && err != DLSHARE_ECOPY)
 		return err;
 	if (o->flags & DLSHARE_PUBLISH_NO_COPY)
 		return DLSHARE_ECOPY;
+	if (cuda_dev) {
+		errmsg_set("device memory that CUDA IPC cannot export (pool, "
+			   "VMM or managed) cannot be copied into the daemon yet");
+		return DLSHARE_ENOTSUP;
+	}
 	return publish_copy(c, name, tensors, n, o, version);
 }

@@ -18,8 +18,6 @@
 /* At most this many packets read or written per wakeup, so one busy peer
  * cannot starve the others. */
 #define CONN_BATCH 32
-/* Reading pauses while this much output waits; the peer must drain first. */
-#define CONN_SOFT_OUTPUT(s) ((s)->cfg.limits.max_output / 2)
 
 struct conn *conn_of_owner(struct registry_owner *o)
 {
@@ -41,9 +39,9 @@ static void conn_update_poll(struct conn *c)
 
 	if (!conn_open(c))
 		return;
-	c->reading = c->out_bytes < CONN_SOFT_OUTPUT(c->srv);
-	if (c->reading)
-		events |= UV_READABLE;
+	/* Reading never pauses for output: a peer that does not read its
+	 * replies is cut off at max_output (conn_send), not parked. */
+	events |= UV_READABLE;
 	if (c->out_head)
 		events |= UV_WRITABLE;
 	uv_poll_start(&c->poll, events, on_poll);
@@ -219,7 +217,7 @@ static void conn_read(struct conn *c)
 {
 	struct server *s = c->srv;
 
-	for (int i = 0; i < CONN_BATCH && conn_open(c) && c->reading; i++) {
+	for (int i = 0; i < CONN_BATCH && conn_open(c); i++) {
 		int fds[WIRE_FDS_MAX];
 		unsigned nfds = 0;
 		size_t len = 0, cap;
@@ -317,7 +315,6 @@ int conn_new(struct server *s, int fd)
 	log_debug("conn %llu: pid %d uid %u gid %u",
 		  (unsigned long long)c->id, (int)cred.pid,
 		  (unsigned)cred.uid, (unsigned)cred.gid);
-	c->reading = 1;
 	uv_poll_start(&c->poll, UV_READABLE, on_poll);
 	return 0;
 }

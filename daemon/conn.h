@@ -43,7 +43,6 @@ struct conn {
 	int fd;
 	enum conn_state state;
 	int hello;                /* the handshake is done */
-	int reading;              /* UV_READABLE is on */
 	uv_poll_t poll;
 	struct registry_owner owner;
 	struct sent_buf *sent;

@@ -51,6 +51,8 @@ int dispatch_code(int err)
 		return DLSHARE_EPERM;
 	case -ENOMEM:
 		return DLSHARE_ENOMEM;
+	case -EMSGSIZE:
+		return DLSHARE_E2BIG;
 	case -E2BIG:
 	case -ENOSPC:
 	case -EDQUOT:
@@ -74,6 +76,8 @@ int dispatch_code(int err)
 static const char *errno_text(int err)
 {
 	switch (err) {
+	case -EMSGSIZE:
+		return "the version's description does not fit in one packet";
 	case -E2BIG:
 		return "too many tensors or buffers in one version";
 	case -ENOSPC:
@@ -116,6 +120,10 @@ static void reply_ok(struct conn *c, uint64_t id)
 static void reply_err(struct conn *c, uint64_t id, int err, const char *what,
 		      const char *name)
 {
+	/* Id 0 wants no reply (Release); an Error with id 0 would read as
+	 * the notice the daemon sends before it hangs up. */
+	if (id == 0)
+		return;
 	if (err != -ENOENT && err != -ETIMEDOUT)
 		log_info("conn %llu (pid %d): %s %s: %s",
 			 (unsigned long long)c->id, (int)c->owner.pid, what,
@@ -301,7 +309,7 @@ static void handle_create(struct conn *c, const Dlshare__Frame *f,
 	int err;
 
 	if (!fits_reply(c, f)) {
-		reply_err(c, f->id, -E2BIG, "create", m->name);
+		reply_err(c, f->id, -EMSGSIZE, "create", m->name);
 		return;
 	}
 	err = registry_add(&s->reg, &c->owner, &spec, 0, &v);
@@ -379,26 +387,26 @@ static void handle_publish(struct conn *c, const Dlshare__Frame *f,
 	}
 	/* The packet's fds belong to the buffers that say fd_attached, in
 	 * order; every other count is a lie. */
+	unsigned claimed = 0;
 	for (size_t i = 0; i < m->n_buffers; i++) {
 		bfds[i] = -1;
-		if (m->buffers[i]->fd_attached) {
-			if (k == nfds)
-				break;
-			bfds[i] = fds[k];
-			fds[k++] = -1;
-		}
+		if (m->buffers[i]->fd_attached)
+			claimed++;
 	}
-	if (k != nfds) {
-		for (size_t i = 0; i < m->n_buffers; i++)
-			if (bfds[i] >= 0)
-				close(bfds[i]);
+	if (claimed != nfds) {
+		wire_close_fds(fds, nfds);
 		reply_err(c, f->id, -EINVAL, "publish (fds do not match buffers)",
 			  m->name);
 		return;
 	}
+	for (size_t i = 0; i < m->n_buffers; i++)
+		if (m->buffers[i]->fd_attached) {
+			bfds[i] = fds[k];
+			fds[k++] = -1;
+		}
 	spec.fds = bfds;
 	err = fits_reply(c, f) ? registry_add(&c->srv->reg, &c->owner, &spec,
-					       1, &v) : -E2BIG;
+					       1, &v) : -EMSGSIZE;
 	for (size_t i = 0; i < m->n_buffers; i++)
 		if (bfds[i] >= 0)
 			close(bfds[i]); /* not taken: failure */
@@ -756,6 +764,14 @@ void dispatch_frame(struct conn *c, Dlshare__Frame *f, int *fds,
 		conn_send_error(c, f->id, DLSHARE_EPROTO,
 				"the first message must be Hello");
 		conn_fail(c, "no Hello");
+		return;
+	}
+	/* Every request but Release wants its reply, so it needs an id. */
+	if (f->id == 0 && f->body_case != DLSHARE__FRAME__BODY_RELEASE) {
+		wire_close_fds(fds, nfds);
+		conn_send_error(c, 0, DLSHARE_EPROTO,
+				"request id 0 is only for Release");
+		conn_fail(c, "request with id 0");
 		return;
 	}
 	/* Only Publish carries fds. */

@@ -36,6 +36,17 @@ int host_seal_write(int fd)
 	return 0;
 }
 
+int host_seal_future_write(int fd)
+{
+#ifdef F_SEAL_FUTURE_WRITE
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) < 0)
+		return -errno;
+	return 0;
+#else
+	return -ENOSYS;
+#endif
+}
+
 int host_check_fd(int fd, uint64_t size)
 {
 	struct stat st;

@@ -18,6 +18,10 @@ int host_create(const char *name, uint64_t size);
  * process still has a writable shared mapping of it, or -errno. */
 int host_seal_write(int fd);
 
+/* Forbids new writable mappings and write() (F_SEAL_FUTURE_WRITE), keeping
+ * the mappings that exist. Best effort: returns 0 or -errno. */
+int host_seal_future_write(int fd);
+
 /* Accepts an fd from a peer only when it is a memfd carrying
  * HOST_SEALS_BIRTH and at least size bytes long. Returns 0 or -EINVAL. */
 int host_check_fd(int fd, uint64_t size);

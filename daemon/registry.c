@@ -130,7 +130,9 @@ static void version_destroy(struct registry *r, struct version *v)
 
 static int version_reachable(const struct version *v)
 {
-	if (v->state == VERSION_PENDING)
+	/* Alive while its publication is being announced, whatever the
+	 * callback does with leases. */
+	if (v->state == VERSION_PENDING || v->publishing)
 		return 1;
 	return !v->entry->detached && v->entry->latest == v;
 }
@@ -155,8 +157,11 @@ static void version_publish(struct registry *r, struct version *v)
 		if (old)
 			version_check(r, old);
 	}
-	if (r->ops && r->ops->published)
+	if (r->ops && r->ops->published) {
+		v->publishing = 1;
 		r->ops->published(r->ud, e, v);
+		v->publishing = 0;
+	}
 	version_check(r, v);
 }
 
@@ -292,6 +297,11 @@ static int version_buffers(struct registry *r, struct version *v,
 		}
 		if (exported) {
 			b->fd = s->fds[i];
+			/* Readers must not write the producer's memory, even
+			 * through a reopen of /proc/self/fd: no new writable
+			 * mapping of it, ever (the producer's own stays). */
+			if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
+				host_seal_future_write(b->fd);
 		} else {
 			b->fd = host_create(s->name, in->size);
 			if (b->fd < 0) {

@@ -77,6 +77,7 @@ struct version {
 	uint8_t event_handle[REGISTRY_HANDLE_MAX];
 	size_t event_len;
 	uint32_t leases;
+	int publishing;                        /* in ops->published */
 	struct lease *lease_list;              /* the leases on it */
 	struct version *prev, *next;           /* entry->versions */
 	struct version *oprev, *onext;         /* producer->versions */

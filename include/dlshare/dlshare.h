@@ -89,6 +89,14 @@ DLSHARE_API const char *dlshare_version(void);
  * Returns 0, or DLSHARE_E2BIG when it does not fit in len bytes. */
 DLSHARE_API int dlshare_socket_path(char *buf, size_t len);
 
+/* CUDA streams are passed as void * (a cudaStream_t), so this header needs
+ * no CUDA. The DLPack conventions apply: NULL or DLSHARE_STREAM_LEGACY is
+ * the legacy default stream, DLSHARE_STREAM_PER_THREAD the per-thread
+ * default stream, DLSHARE_STREAM_NONE asks for no synchronisation. */
+#define DLSHARE_STREAM_LEGACY ((void *)1)
+#define DLSHARE_STREAM_PER_THREAD ((void *)2)
+#define DLSHARE_STREAM_NONE ((void *)(intptr_t)-1)
+
 /* ---- connections ------------------------------------------------------ */
 
 typedef struct dlshare_client dlshare_client;
@@ -136,7 +144,8 @@ DLSHARE_API int dlshare_create(dlshare_client *c, const char *name,
 			       dlshare_writer **out);
 
 /* The number of tensors of a writer, and tensor i (writable; the writer owns
- * it and it dies with the writer). NULL when i is out of range. */
+ * it and it dies with the writer). Its data is compact row-major (strides
+ * NULL) and byte_offset is 0. NULL when i is out of range. */
 DLSHARE_API size_t dlshare_writer_count(const dlshare_writer *w);
 DLSHARE_API DLTensor *dlshare_writer_tensor(dlshare_writer *w, size_t i);
 
@@ -184,6 +193,9 @@ typedef struct dlshare_publish_opts {
  * Returns 0 and the version in *version (may be NULL), or DLSHARE_EINVAL,
  * DLSHARE_ECOPY, DLSHARE_ENOTSUP, DLSHARE_ELIMIT, DLSHARE_E2BIG, DLSHARE_EPERM,
  * DLSHARE_ECONN. */
+/* The deleters of exported tensors run on the library's receiver thread:
+ * they must not call dlshare functions that wait for the daemon (those fail
+ * there with DLSHARE_EINVAL). */
 DLSHARE_API int dlshare_publish(dlshare_client *c, const char *name,
 				DLManagedTensor *const *tensors, size_t n,
 				const dlshare_publish_opts *opts,
@@ -225,7 +237,8 @@ DLSHARE_API const char *dlshare_bundle_key(const dlshare_bundle *b, size_t i);
 /* Index of the tensor with this key, or DLSHARE_ENOENT. */
 DLSHARE_API int dlshare_bundle_find(const dlshare_bundle *b, const char *key);
 /* A borrowed, read-only view of tensor i, valid until dlshare_bundle_free();
- * NULL when out of range. */
+ * NULL when out of range. The library checked that every element it reaches
+ * lies inside the mapped buffer. */
 DLSHARE_API const DLTensor *dlshare_bundle_tensor(const dlshare_bundle *b,
 						  size_t i);
 
@@ -290,10 +303,13 @@ DLSHARE_API const char *dlshare_manifest_key(const dlshare_manifest *m,
 /* Tensor i, with data NULL and byte_offset its offset in its buffer. */
 DLSHARE_API const DLTensor *dlshare_manifest_tensor(const dlshare_manifest *m,
 						    size_t i);
+/* NULL is a no-op. */
 DLSHARE_API void dlshare_manifest_free(dlshare_manifest *m);
 
 /* Describes name without taking a lease. manifest may be NULL; else it gets
- * the newest version's manifest, freed with dlshare_manifest_free().
+ * the newest version's manifest (with no tensors when no version is sealed
+ * yet), freed with dlshare_manifest_free(). info->name is NUL-terminated;
+ * info->kind is 0 while no version is sealed.
  * Returns 0, DLSHARE_ENOENT, DLSHARE_EPERM, DLSHARE_ECONN. */
 DLSHARE_API int dlshare_stat(dlshare_client *c, const char *name,
 			     dlshare_name_info *info,

@@ -1,0 +1,507 @@
+/* cudalib — CUDA loaded at run time; IPC memory and events. */
+#include "cudalib.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef DLSHARE_HAVE_CUDA
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+/* Imported events kept open, so a consumer that gets version after version
+ * of a name opens each producer event once. Evicted entries are destroyed. */
+#define CUDA_EVENT_CACHE 256
+
+#define XSTR(x) #x
+#define STR(x) XSTR(x)
+/* One entry per function: the type comes from the header's prototype, the
+ * symbol from its (possibly versioned, e.g. _v2) macro name. */
+#define CUDA_FUNCS(X)                                               \
+	X(rt, cudaGetDeviceCount)                                   \
+	X(rt, cudaGetDevice)                                        \
+	X(rt, cudaSetDevice)                                        \
+	X(rt, cudaPointerGetAttributes)                             \
+	X(rt, cudaIpcGetMemHandle)                                  \
+	X(rt, cudaIpcOpenMemHandle)                                 \
+	X(rt, cudaIpcCloseMemHandle)                                \
+	X(rt, cudaEventCreateWithFlags)                             \
+	X(rt, cudaEventRecord)                                      \
+	X(rt, cudaEventDestroy)                                     \
+	X(rt, cudaIpcGetEventHandle)                                \
+	X(rt, cudaIpcOpenEventHandle)                               \
+	X(rt, cudaStreamWaitEvent)                                  \
+	X(rt, cudaGetLastError)                                     \
+	X(drv, cuInit)                                              \
+	X(drv, cuDeviceGet)                                         \
+	X(drv, cuDeviceGetUuid)                                     \
+	X(drv, cuMemGetAddressRange)
+
+static struct {
+#define DECLARE(lib, fn) __typeof__(&fn) fn;
+	CUDA_FUNCS(DECLARE)
+#undef DECLARE
+	void *rt, *drv;
+	int ndev;
+	uint8_t uuids[64][CUDA_UUID_BYTES];
+	const char *why;
+} cu;
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
+struct event_entry {
+	uint8_t handle[CUDA_IPC_HANDLE_BYTES];
+	cudaEvent_t ev;
+	int used;
+};
+static struct event_entry events[CUDA_EVENT_CACHE];
+static unsigned event_next;
+
+/* Opened memory handles: CUDA refuses to open one twice in a process, and
+ * many versions (buffers) may name one allocation. */
+struct mem_entry {
+	uint8_t handle[CUDA_IPC_HANDLE_BYTES];
+	void *base;
+	int ordinal;
+	int refs;
+	int own;                 /* our own allocation: nothing to close */
+	struct mem_entry *next;
+};
+static struct mem_entry *mems;
+static unsigned long mems_open, mems_opened_total;
+
+/* What this process exported itself: CUDA refuses to open our own handles,
+ * so a consumer in the producer's process gets the pointer (or the event)
+ * directly. */
+struct own_entry {
+	uint8_t handle[CUDA_IPC_HANDLE_BYTES];
+	void *ptr;               /* allocation base, or the cudaEvent_t */
+	int refs;
+	struct own_entry *next;
+};
+static struct own_entry *own;
+
+/* Under cache_lock. */
+static struct own_entry *own_find(const uint8_t *handle)
+{
+	for (struct own_entry *o = own; o; o = o->next)
+		if (memcmp(o->handle, handle, CUDA_IPC_HANDLE_BYTES) == 0)
+			return o;
+	return NULL;
+}
+
+static int own_add(const uint8_t *handle, void *ptr)
+{
+	struct own_entry *o;
+	int err = 0;
+
+	pthread_mutex_lock(&cache_lock);
+	o = own_find(handle);
+	if (o) {
+		o->refs++;
+	} else if ((o = calloc(1, sizeof(*o)))) {
+		memcpy(o->handle, handle, CUDA_IPC_HANDLE_BYTES);
+		o->ptr = ptr;
+		o->refs = 1;
+		o->next = own;
+		own = o;
+	} else {
+		err = DLSHARE_ENOMEM;
+	}
+	pthread_mutex_unlock(&cache_lock);
+	return err;
+}
+
+static void own_del(const uint8_t *handle)
+{
+	pthread_mutex_lock(&cache_lock);
+	for (struct own_entry **pp = &own; *pp; pp = &(*pp)->next) {
+		struct own_entry *o = *pp;
+
+		if (memcmp(o->handle, handle, CUDA_IPC_HANDLE_BYTES) == 0) {
+			if (--o->refs == 0) {
+				*pp = o->next;
+				free(o);
+			}
+			break;
+		}
+	}
+	pthread_mutex_unlock(&cache_lock);
+}
+
+void cuda_unexport_alloc(const uint8_t handle[CUDA_IPC_HANDLE_BYTES])
+{
+	own_del(handle);
+}
+
+static void *open_lib(const char *env, const char *const *names)
+{
+	const char *path = getenv(env);
+	void *h = NULL;
+
+	if (path && *path)
+		return dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	for (size_t i = 0; names[i] && !h; i++)
+		h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+	return h;
+}
+
+static void load(void)
+{
+	static const char *const rt_names[] = {
+		"libcudart.so", "libcudart.so.13", "libcudart.so.12", NULL,
+	};
+	static const char *const drv_names[] = { "libcuda.so.1", NULL };
+
+	cu.rt = open_lib("DLSHARE_CUDA_RUNTIME", rt_names);
+	cu.drv = open_lib("DLSHARE_CUDA_DRIVER", drv_names);
+	if (!cu.rt || !cu.drv) {
+		cu.why = !cu.rt ? "the CUDA runtime library cannot be loaded" :
+				  "the CUDA driver library cannot be loaded";
+		return;
+	}
+#define LOAD(lib, fn)                                                \
+	cu.fn = (__typeof__(&fn))dlsym(cu.lib, STR(fn));             \
+	if (!cu.fn) {                                                \
+		cu.why = "the CUDA libraries lack " STR(fn);         \
+		return;                                              \
+	}
+	CUDA_FUNCS(LOAD)
+#undef LOAD
+	if (cu.cuInit(0) != CUDA_SUCCESS ||
+	    cu.cudaGetDeviceCount(&cu.ndev) != cudaSuccess || cu.ndev <= 0) {
+		cu.ndev = 0;
+		cu.why = "no CUDA device or driver";
+		return;
+	}
+	if (cu.ndev > 64)
+		cu.ndev = 64;
+	for (int i = 0; i < cu.ndev; i++) {
+		CUdevice d;
+		CUuuid u;
+
+		if (cu.cuDeviceGet(&d, i) != CUDA_SUCCESS ||
+		    cu.cuDeviceGetUuid(&u, d) != CUDA_SUCCESS) {
+			cu.ndev = 0;
+			cu.why = "cannot read the devices' UUIDs";
+			return;
+		}
+		memcpy(cu.uuids[i], u.bytes, CUDA_UUID_BYTES);
+	}
+}
+
+int cuda_available(const char **why)
+{
+	pthread_once(&once, load);
+	if (why)
+		*why = cu.why ? cu.why : "";
+	return cu.ndev > 0 ? 0 : DLSHARE_ENOTSUP;
+}
+
+/* DLPack stream values: NULL and 1 the legacy default stream, 2 the
+ * per-thread default stream, anything else a cudaStream_t. */
+static cudaStream_t stream_of(void *s)
+{
+	if (s == NULL || s == (void *)1)
+		return cudaStreamLegacy;
+	if (s == (void *)2)
+		return cudaStreamPerThread;
+	return (cudaStream_t)s;
+}
+
+int cuda_export_alloc(const void *p, struct cuda_alloc *out)
+{
+	struct cudaPointerAttributes attr;
+	cudaIpcMemHandle_t h;
+	CUdeviceptr base;
+	size_t size;
+	int prev;
+
+	if (cuda_available(NULL))
+		return DLSHARE_ENOTSUP;
+	if (cu.cudaPointerGetAttributes(&attr, p) != cudaSuccess ||
+	    attr.type != cudaMemoryTypeDevice || attr.device < 0 ||
+	    attr.device >= cu.ndev) {
+		cu.cudaGetLastError();
+		return DLSHARE_EINVAL;
+	}
+	if (cu.cuMemGetAddressRange(&base, &size, (CUdeviceptr)p) !=
+	    CUDA_SUCCESS)
+		return DLSHARE_ECOPY;
+	cu.cudaGetDevice(&prev);
+	cu.cudaSetDevice(attr.device);
+	/* Pool and VMM allocations refuse legacy IPC: the caller copies. */
+	cudaError_t e = cu.cudaIpcGetMemHandle(&h, (void *)base);
+	cu.cudaSetDevice(prev);
+	if (e != cudaSuccess) {
+		cu.cudaGetLastError();
+		return DLSHARE_ECOPY;
+	}
+	out->base = (uintptr_t)base;
+	out->size = size;
+	out->ordinal = attr.device;
+	memcpy(out->uuid, cu.uuids[attr.device], CUDA_UUID_BYTES);
+	memcpy(out->handle, h.reserved, CUDA_IPC_HANDLE_BYTES);
+	/* Undone by cuda_unexport_alloc() when the version is retired. */
+	return own_add(out->handle, (void *)base);
+}
+
+int cuda_event_record(void *stream, void **evp,
+		      uint8_t handle[CUDA_IPC_HANDLE_BYTES])
+{
+	cudaIpcEventHandle_t h;
+	cudaEvent_t ev;
+
+	if (cuda_available(NULL))
+		return DLSHARE_ENOTSUP;
+	if (cu.cudaEventCreateWithFlags(&ev, cudaEventDisableTiming |
+					cudaEventInterprocess) != cudaSuccess) {
+		cu.cudaGetLastError();
+		return DLSHARE_ENOMEM;
+	}
+	if (cu.cudaEventRecord(ev, stream_of(stream)) != cudaSuccess ||
+	    cu.cudaIpcGetEventHandle(&h, ev) != cudaSuccess) {
+		cu.cudaGetLastError();
+		cu.cudaEventDestroy(ev);
+		return DLSHARE_EINVAL;
+	}
+	memcpy(handle, h.reserved, CUDA_IPC_HANDLE_BYTES);
+	if (own_add(handle, ev)) {
+		cu.cudaEventDestroy(ev);
+		return DLSHARE_ENOMEM;
+	}
+	*evp = ev;
+	return 0;
+}
+
+void cuda_event_free(void *ev)
+{
+	cudaIpcEventHandle_t h;
+
+	if (!ev || cuda_available(NULL))
+		return;
+	if (cu.cudaIpcGetEventHandle(&h, (cudaEvent_t)ev) == cudaSuccess)
+		own_del((const uint8_t *)h.reserved);
+	cu.cudaEventDestroy((cudaEvent_t)ev);
+}
+
+int cuda_ordinal(const uint8_t uuid[CUDA_UUID_BYTES])
+{
+	if (cuda_available(NULL))
+		return DLSHARE_ENOTSUP;
+	for (int i = 0; i < cu.ndev; i++)
+		if (memcmp(cu.uuids[i], uuid, CUDA_UUID_BYTES) == 0)
+			return i;
+	return DLSHARE_ENODEV;
+}
+
+int cuda_open_mem(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
+		  void **base)
+{
+	cudaIpcMemHandle_t h;
+	struct mem_entry *m;
+	cudaError_t e;
+	int prev, err = 0;
+
+	if (cuda_available(NULL))
+		return DLSHARE_ENOTSUP;
+	pthread_mutex_lock(&cache_lock);
+	for (m = mems; m; m = m->next)
+		if (memcmp(m->handle, handle, CUDA_IPC_HANDLE_BYTES) == 0)
+			break;
+	if (m) {
+		m->refs++;
+		*base = m->base;
+		goto out;
+	}
+	m = calloc(1, sizeof(*m));
+	if (!m) {
+		err = DLSHARE_ENOMEM;
+		goto out;
+	}
+	struct own_entry *o = own_find(handle);
+	if (o) {
+		m->own = 1;
+		m->base = o->ptr;
+		goto opened;
+	}
+	memcpy(h.reserved, handle, CUDA_IPC_HANDLE_BYTES);
+	cu.cudaGetDevice(&prev);
+	cu.cudaSetDevice(ordinal);
+	e = cu.cudaIpcOpenMemHandle(&m->base, h,
+				    cudaIpcMemLazyEnablePeerAccess);
+	cu.cudaSetDevice(prev);
+	if (e != cudaSuccess) {
+		cu.cudaGetLastError();
+		free(m);
+		err = DLSHARE_EINVAL;
+		goto out;
+	}
+opened:
+	memcpy(m->handle, handle, CUDA_IPC_HANDLE_BYTES);
+	m->ordinal = ordinal;
+	m->refs = 1;
+	m->next = mems;
+	mems = m;
+	mems_open++;
+	mems_opened_total++;
+	*base = m->base;
+out:
+	pthread_mutex_unlock(&cache_lock);
+	return err;
+}
+
+void cuda_close_mem(void *base, int ordinal)
+{
+	struct mem_entry **pp, *m = NULL;
+	int prev;
+
+	if (cuda_available(NULL))
+		return;
+	pthread_mutex_lock(&cache_lock);
+	for (pp = &mems; *pp; pp = &(*pp)->next)
+		if ((*pp)->base == base) {
+			m = *pp;
+			break;
+		}
+	if (m && --m->refs == 0) {
+		*pp = m->next;
+		mems_open--;
+		if (!m->own) {
+			cu.cudaGetDevice(&prev);
+			cu.cudaSetDevice(m->ordinal);
+			cu.cudaIpcCloseMemHandle(m->base);
+			cu.cudaSetDevice(prev);
+		}
+		free(m);
+	}
+	pthread_mutex_unlock(&cache_lock);
+	(void)ordinal;
+}
+
+void cuda_cache_stats(unsigned long *open_now, unsigned long *opened_total)
+{
+	pthread_mutex_lock(&cache_lock);
+	*open_now = mems_open;
+	*opened_total = mems_opened_total;
+	pthread_mutex_unlock(&cache_lock);
+}
+
+/* The open event of handle, opening (and caching) it the first time.
+ * Under cache_lock. */
+static int event_open(const uint8_t *handle, cudaEvent_t *out)
+{
+	cudaIpcEventHandle_t h;
+	struct event_entry *e;
+	struct own_entry *o = own_find(handle);
+
+	if (o) {
+		*out = (cudaEvent_t)o->ptr;
+		return 0;
+	}
+	for (unsigned i = 0; i < CUDA_EVENT_CACHE; i++)
+		if (events[i].used &&
+		    memcmp(events[i].handle, handle, CUDA_IPC_HANDLE_BYTES) == 0) {
+			*out = events[i].ev;
+			return 0;
+		}
+	memcpy(h.reserved, handle, CUDA_IPC_HANDLE_BYTES);
+	e = &events[event_next++ % CUDA_EVENT_CACHE];
+	if (e->used) {
+		cu.cudaEventDestroy(e->ev);
+		e->used = 0;
+	}
+	if (cu.cudaIpcOpenEventHandle(&e->ev, h) != cudaSuccess) {
+		cu.cudaGetLastError();
+		return DLSHARE_EINVAL;
+	}
+	memcpy(e->handle, handle, CUDA_IPC_HANDLE_BYTES);
+	e->used = 1;
+	*out = e->ev;
+	return 0;
+}
+
+int cuda_wait_event(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
+		    void *stream)
+{
+	cudaEvent_t ev;
+	int prev, err;
+
+	if (stream == DLSHARE_STREAM_NONE)
+		return 0;
+	if (cuda_available(NULL))
+		return DLSHARE_ENOTSUP;
+	pthread_mutex_lock(&cache_lock);
+	cu.cudaGetDevice(&prev);
+	cu.cudaSetDevice(ordinal);
+	err = event_open(handle, &ev);
+	/* The wait is queued on the consumer's stream: the host goes on. */
+	if (!err && cu.cudaStreamWaitEvent(stream_of(stream), ev, 0) !=
+		    cudaSuccess) {
+		cu.cudaGetLastError();
+		err = DLSHARE_EINVAL;
+	}
+	cu.cudaSetDevice(prev);
+	pthread_mutex_unlock(&cache_lock);
+	return err;
+}
+
+#else /* !DLSHARE_HAVE_CUDA */
+
+int cuda_available(const char **why)
+{
+	if (why)
+		*why = "libdlshare was built without CUDA";
+	return DLSHARE_ENOTSUP;
+}
+
+int cuda_export_alloc(const void *p, struct cuda_alloc *out)
+{
+	return DLSHARE_ENOTSUP;
+}
+
+int cuda_event_record(void *stream, void **ev,
+		      uint8_t handle[CUDA_IPC_HANDLE_BYTES])
+{
+	return DLSHARE_ENOTSUP;
+}
+
+void cuda_event_free(void *ev)
+{
+}
+
+int cuda_ordinal(const uint8_t uuid[CUDA_UUID_BYTES])
+{
+	return DLSHARE_ENOTSUP;
+}
+
+int cuda_open_mem(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
+		  void **base)
+{
+	return DLSHARE_ENOTSUP;
+}
+
+void cuda_close_mem(void *base, int ordinal)
+{
+}
+
+void cuda_cache_stats(unsigned long *open_now, unsigned long *opened_total)
+{
+	*open_now = 0;
+	*opened_total = 0;
+}
+
+void cuda_unexport_alloc(const uint8_t handle[CUDA_IPC_HANDLE_BYTES])
+{
+}
+
+int cuda_wait_event(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
+		    void *stream)
+{
+	return stream == DLSHARE_STREAM_NONE ? 0 : DLSHARE_ENOTSUP;
+}
+
+#endif
