@@ -1,0 +1,338 @@
+/* test_e2e — data published by one process is read bit for bit by another:
+ * store and export mode, bundles, a large tensor, empty and 0-d tensors,
+ * copies of plain and strided malloc'd memory, and a store version that
+ * outlives its producer. Each test checks that the test process leaks no
+ * fd. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "jobs.h"
+
+static int setup(void **state)
+{
+	return util_setup_fdcheck(state, NULL);
+}
+
+static int teardown(void **state)
+{
+	return util_teardown(state);
+}
+
+/* Runs a producer and a consumer child of j; the consumer waits for the
+ * version. With hold, the parent posts it once the consumer is done, so an
+ * export stays published while it is read. */
+static void produce_consume(const struct daemon_proc *d, struct job *j)
+{
+	char hold[300];
+	pid_t prod, cons;
+
+	snprintf(hold, sizeof(hold), "%s.done", j->name);
+	j->hold = hold;
+	j->timeout_ms = harness_ms(10000);
+	cons = util_spawn(d, job_consume, j);
+	prod = util_spawn(d, job_produce, j);
+	assert_int_equal(util_wait(cons), 0);
+
+	dlshare_client *c = harness_connect(d);
+	assert_int_equal(util_post(c, hold, 1), 0);
+	assert_int_equal(util_wait(prod), 0);
+	/* Every lease went with its holder. */
+	assert_int_equal(harness_wait_stats(c, 0, 1, NULL), 0);
+	dlshare_disconnect(c);
+}
+
+static const struct tspec one_matrix[] = {
+	{ "", DT_F32, 3, { 3, 5, 7 }, 11 },
+};
+
+static void store_roundtrip(void **state)
+{
+	struct fixture *fx = *state;
+	struct job j = { .name = "e2e/store", .ts = one_matrix, .n = 1,
+			 .mode = JOB_STORE, .want_version = 1 };
+
+	produce_consume(&fx->d, &j);
+}
+
+static void export_roundtrip(void **state)
+{
+	struct fixture *fx = *state;
+	struct job j = { .name = "e2e/export", .ts = one_matrix, .n = 1,
+			 .mode = JOB_EXPORT, .want_version = 1 };
+
+	produce_consume(&fx->d, &j);
+}
+
+/* Several dtypes and ranks, a 0-d scalar and an empty tensor, with keys. */
+static const struct tspec bundle[] = {
+	{ "weight", DT_F32, 2, { 16, 8 }, 1 },
+	{ "bias", DT_F64, 1, { 8 }, 2 },
+	{ "tokens", DT_I64, 3, { 2, 3, 4 }, 3 },
+	{ "flag", DT_U8, 0, { 0 }, 4 },
+	{ "empty", DT_I16, 2, { 0, 7 }, 5 },
+	{ "layers.0.attn/q_proj", DT_I32, 4, { 2, 1, 3, 5 }, 6 },
+};
+
+static void bundle_store(void **state)
+{
+	struct fixture *fx = *state;
+	struct job j = { .name = "e2e/bundle", .ts = bundle,
+			 .n = sizeof(bundle) / sizeof(bundle[0]),
+			 .mode = JOB_STORE };
+
+	produce_consume(&fx->d, &j);
+}
+
+static void bundle_export(void **state)
+{
+	struct fixture *fx = *state;
+	struct job j = { .name = "e2e/bundle-x", .ts = bundle,
+			 .n = sizeof(bundle) / sizeof(bundle[0]),
+			 .mode = JOB_EXPORT };
+
+	produce_consume(&fx->d, &j);
+}
+
+static const struct tspec large[] = {
+	{ "big", DT_U8, 3, { 64, 1024, 1024 }, 77 }, /* 64 MiB */
+};
+
+static void large_store(void **state)
+{
+	struct fixture *fx = *state;
+	struct job j = { .name = "e2e/large", .ts = large, .n = 1,
+			 .mode = JOB_STORE };
+
+	produce_consume(&fx->d, &j);
+}
+
+static const struct tspec large_x[] = {
+	{ "big", DT_F32, 2, { 1024, 4096 }, 78 }, /* 16 MiB */
+};
+
+static void large_export(void **state)
+{
+	struct fixture *fx = *state;
+	struct job j = { .name = "e2e/large-x", .ts = large_x, .n = 1,
+			 .mode = JOB_EXPORT };
+
+	produce_consume(&fx->d, &j);
+}
+
+static const struct tspec zero_size[] = {
+	{ NULL, DT_F32, 2, { 4, 0 }, 9 },
+};
+static const struct tspec scalar[] = {
+	{ NULL, DT_F64, 0, { 0 }, 10 },
+};
+
+static void zero_size_and_scalar(void **state)
+{
+	struct fixture *fx = *state;
+	struct job js[] = {
+		{ .name = "e2e/zero", .ts = zero_size, .n = 1, .mode = JOB_STORE },
+		{ .name = "e2e/zero-x", .ts = zero_size, .n = 1, .mode = JOB_EXPORT },
+		{ .name = "e2e/scalar", .ts = scalar, .n = 1, .mode = JOB_STORE },
+		{ .name = "e2e/scalar-x", .ts = scalar, .n = 1, .mode = JOB_EXPORT },
+	};
+
+	for (size_t i = 0; i < sizeof(js) / sizeof(js[0]); i++)
+		produce_consume(&fx->d, &js[i]);
+}
+
+/* ---- copies of memory the library cannot share ---------------------------- */
+
+static int plain_deleted;
+
+static void plain_deleter(DLManagedTensor *self)
+{
+	plain_deleted++;
+	free(self->dl_tensor.data);
+	free(self->dl_tensor.shape);
+	free(self->dl_tensor.strides);
+	free(self);
+}
+
+/* A malloc'd managed tensor of A, a rows x cols int32 matrix filled with
+ * harness_fill(seed), seen through shape/strides/byte_offset. */
+static DLManagedTensor *malloc_view(int rows, int cols, uint32_t seed,
+				    int ndim, const int64_t *shape,
+				    const int64_t *strides, uint64_t offset)
+{
+	DLManagedTensor *m = calloc(1, sizeof(*m));
+	size_t n = (size_t)rows * cols * sizeof(int32_t);
+
+	if (!m)
+		return NULL;
+	m->dl_tensor.data = malloc(n);
+	m->dl_tensor.shape = calloc(4, sizeof(int64_t));
+	if (strides)
+		m->dl_tensor.strides = calloc(4, sizeof(int64_t));
+	harness_fill(m->dl_tensor.data, n, seed);
+	m->dl_tensor.device.device_type = kDLCPU;
+	m->dl_tensor.dtype = DT_I32;
+	m->dl_tensor.ndim = ndim;
+	memcpy(m->dl_tensor.shape, shape, (size_t)ndim * sizeof(int64_t));
+	if (strides)
+		memcpy(m->dl_tensor.strides, strides,
+		       (size_t)ndim * sizeof(int64_t));
+	m->dl_tensor.byte_offset = offset;
+	m->deleter = plain_deleter;
+	return m;
+}
+
+static int copy_producer(const struct daemon_proc *d, void *arg)
+{
+	dlshare_client *c = util_child_connect(d);
+	int64_t shape[2] = { 10, 3 };
+	dlshare_publish_opts nocopy = { .flags = DLSHARE_PUBLISH_NO_COPY };
+	dlshare_name_info info;
+	DLManagedTensor *m;
+	uint64_t v = 0;
+
+	/* Plain memory is copied, and its deleter runs once, at once. */
+	m = malloc_view(10, 3, 21, 2, shape, NULL, 0);
+	CHILD_CHECK(m != NULL);
+	CHILD_OK(dlshare_publish(c, "copy/plain", &m, 1, NULL, &v));
+	CHILD_CHECK(v == 1);
+	CHILD_CHECK(plain_deleted == 1);
+	CHILD_OK(dlshare_stat(c, "copy/plain", &info, NULL));
+	CHILD_CHECK(info.exported == 0);
+
+	/* No copies allowed: a clear error, and the tensor is still ours. */
+	m = malloc_view(10, 3, 22, 2, shape, NULL, 0);
+	CHILD_CHECK(m != NULL);
+	CHILD_ERR(dlshare_publish(c, "copy/nocopy", &m, 1, &nocopy, &v),
+		  DLSHARE_ECOPY);
+	CHILD_CHECK(plain_deleted == 1);
+	CHILD_ERR(dlshare_stat(c, "copy/nocopy", &info, NULL), DLSHARE_ENOENT);
+	CHILD_CHECK(((int32_t *)m->dl_tensor.data)[0] != 0 ||
+		    ((int32_t *)m->dl_tensor.data)[1] != 0);
+	m->deleter(m);
+	CHILD_CHECK(plain_deleted == 2);
+
+	/* Strided views of a 4x6 matrix, copied into compact layout:
+	 * its transpose, every other column from column 1, rows reversed. */
+	int64_t tshape[2] = { 6, 4 }, tstrides[2] = { 1, 6 };
+	int64_t sshape[2] = { 4, 3 }, sstrides[2] = { 6, 2 };
+	int64_t rshape[2] = { 4, 6 }, rstrides[2] = { -6, 1 };
+	DLManagedTensor *views[3] = {
+		malloc_view(4, 6, 23, 2, tshape, tstrides, 0),
+		malloc_view(4, 6, 23, 2, sshape, sstrides, 1 * sizeof(int32_t)),
+		malloc_view(4, 6, 23, 2, rshape, rstrides,
+			    3 * 6 * sizeof(int32_t)),
+	};
+	const char *keys[3] = { "transposed", "odd-columns", "reversed" };
+	dlshare_publish_opts ko = { .keys = keys };
+
+	CHILD_CHECK(views[0] && views[1] && views[2]);
+	CHILD_OK(dlshare_publish(c, "copy/strided", views, 3, &ko, &v));
+	CHILD_CHECK(plain_deleted == 5);
+	dlshare_disconnect(c);
+	return 0;
+}
+
+static int check_i32(const DLTensor *t, int rows, int cols,
+		     const int32_t *want)
+{
+	if (!t || t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols ||
+	    t->strides || t->dtype.code != kDLInt || t->dtype.bits != 32)
+		return 1;
+	return memcmp((const char *)t->data + t->byte_offset, want,
+		      (size_t)rows * cols * sizeof(int32_t)) != 0;
+}
+
+static int copy_consumer(const struct daemon_proc *d, void *arg)
+{
+	dlshare_client *c = util_child_connect(d);
+	int64_t shape[2] = { 10, 3 };
+	int32_t a[4][6], want[24];
+	dlshare_bundle *b;
+	int k;
+
+	CHILD_CHECK(util_get_check(c, "copy/plain", NULL, DT_I32, 2, shape,
+				   21, NULL) == 0);
+	CHILD_ERR(dlshare_get(c, "copy/nocopy", NULL, &b), DLSHARE_ENOENT);
+
+	harness_fill(a, sizeof(a), 23);
+	CHILD_OK(dlshare_get(c, "copy/strided", NULL, &b));
+	CHILD_CHECK(dlshare_bundle_count(b) == 3);
+
+	k = 0;
+	for (int i = 0; i < 6; i++)
+		for (int j = 0; j < 4; j++)
+			want[k++] = a[j][i];
+	CHILD_CHECK(check_i32(dlshare_bundle_tensor(b, (size_t)dlshare_bundle_find(b, "transposed")),
+			      6, 4, want) == 0);
+	k = 0;
+	for (int i = 0; i < 4; i++)
+		for (int j = 0; j < 3; j++)
+			want[k++] = a[i][1 + 2 * j];
+	CHILD_CHECK(check_i32(dlshare_bundle_tensor(b, (size_t)dlshare_bundle_find(b, "odd-columns")),
+			      4, 3, want) == 0);
+	k = 0;
+	for (int i = 0; i < 4; i++)
+		for (int j = 0; j < 6; j++)
+			want[k++] = a[3 - i][j];
+	CHILD_CHECK(check_i32(dlshare_bundle_tensor(b, (size_t)dlshare_bundle_find(b, "reversed")),
+			      4, 6, want) == 0);
+	dlshare_bundle_free(b);
+	dlshare_disconnect(c);
+	return 0;
+}
+
+static void publish_copies(void **state)
+{
+	struct fixture *fx = *state;
+
+	assert_int_equal(util_wait(util_spawn(&fx->d, copy_producer, NULL)), 0);
+	assert_int_equal(util_wait(util_spawn(&fx->d, copy_consumer, NULL)), 0);
+}
+
+/* ---- a store version outlives its producer ----------------------------------- */
+
+static void store_outlives_producer(void **state)
+{
+	struct fixture *fx = *state;
+	struct job j = { .name = "e2e/orphan", .ts = bundle,
+			 .n = sizeof(bundle) / sizeof(bundle[0]),
+			 .mode = JOB_STORE };
+	dlshare_client *c = harness_connect(&fx->d);
+	struct util_want gone = UTIL_ANY;
+
+	assert_int_equal(util_wait(util_spawn(&fx->d, job_produce, &j)), 0);
+	/* The producer is gone (only we are connected); its version stays. */
+	gone.connections = 1;
+	gone.names = 1;
+	gone.versions = 1;
+	gone.buffers = 1;
+	util_assert_want(c, &gone);
+
+	j.want_version = 1;
+	assert_int_equal(util_wait(util_spawn(&fx->d, job_consume, &j)), 0);
+	assert_int_equal(util_wait(util_spawn(&fx->d, job_consume, &j)), 0);
+	assert_int_equal(harness_wait_stats(c, 0, 1, NULL), 0);
+	dlshare_disconnect(c);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(store_roundtrip, setup, teardown),
+		cmocka_unit_test_setup_teardown(export_roundtrip, setup, teardown),
+		cmocka_unit_test_setup_teardown(bundle_store, setup, teardown),
+		cmocka_unit_test_setup_teardown(bundle_export, setup, teardown),
+		cmocka_unit_test_setup_teardown(large_store, setup, teardown),
+		cmocka_unit_test_setup_teardown(large_export, setup, teardown),
+		cmocka_unit_test_setup_teardown(zero_size_and_scalar, setup, teardown),
+		cmocka_unit_test_setup_teardown(publish_copies, setup, teardown),
+		cmocka_unit_test_setup_teardown(store_outlives_producer, setup, teardown),
+	};
+
+	return cmocka_run_group_tests_name("e2e", tests, NULL, NULL);
+}

@@ -1,0 +1,567 @@
+/* test_protocol — the daemon against peers that break the protocol, through
+ * raw SOCK_SEQPACKET sockets and hand-built frames that the library would
+ * never send: garbage, no Hello, a second Hello, an unknown major, fds where
+ * none belong or miscounted, packets over --max-packet, and tensor
+ * descriptions that reach outside their buffer, overflow, or have too many
+ * dimensions. A framing error costs the peer its connection; a bad request
+ * gets an Error reply and the connection stays usable. Either way the
+ * daemon keeps serving everyone else, and its fd count comes back. */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include <cmocka.h>
+
+#include "util.h"
+
+#define MAX_PACKET 16384
+
+static int setup(void **state)
+{
+	static const char *const args[] = { "--max-packet", "16384", NULL };
+
+	return util_setup_fdcheck(state, args);
+}
+
+static int teardown(void **state)
+{
+	return util_teardown(state);
+}
+
+/* ---- building frames ------------------------------------------------------------- */
+
+struct rtensor {
+	Dlshare__Tensor t;
+	Dlshare__DataType dt;
+	int64_t shape[40];
+	int64_t strides[40];
+};
+
+static Dlshare__Tensor *rtensor(struct rtensor *r, uint32_t code,
+				uint32_t bits, size_t ndim,
+				const int64_t *shape, const int64_t *strides,
+				uint64_t offset)
+{
+	dlshare__tensor__init(&r->t);
+	dlshare__data_type__init(&r->dt);
+	r->dt.code = code;
+	r->dt.bits = bits;
+	r->dt.lanes = 1;
+	r->t.dtype = &r->dt;
+	r->t.buffer = 0;
+	r->t.offset = offset;
+	r->t.n_shape = ndim;
+	r->t.shape = r->shape;
+	memcpy(r->shape, shape, ndim * sizeof(int64_t));
+	if (strides) {
+		r->t.n_strides = ndim;
+		r->t.strides = r->strides;
+		memcpy(r->strides, strides, ndim * sizeof(int64_t));
+	}
+	return &r->t;
+}
+
+struct rbuf {
+	Dlshare__Buffer b;
+	Dlshare__Device dev;
+	Dlshare__Buffer *bp;
+};
+
+static Dlshare__Buffer **rbuf(struct rbuf *r, uint64_t size, int fd_attached)
+{
+	dlshare__buffer__init(&r->b);
+	dlshare__device__init(&r->dev);
+	r->dev.type = kDLCPU;
+	r->b.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
+	r->b.size = size;
+	r->b.device = &r->dev;
+	if (fd_attached) {
+		r->b.has_fd_attached = 1;
+		r->b.fd_attached = 1;
+	}
+	r->bp = &r->b;
+	return &r->bp;
+}
+
+static uint64_t next_id = 100;
+
+/* Sends a Create (or, with fd >= 0, a Publish carrying fd) of one tensor in
+ * one buffer of size bytes. Returns the Error code of the reply, 0 for a
+ * success reply, or 1 for anything else. */
+static int raw_version(int sock, const char *name, Dlshare__Tensor *t,
+		      uint64_t size, int fd)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Create cr = DLSHARE__CREATE__INIT;
+	Dlshare__Publish pu = DLSHARE__PUBLISH__INIT;
+	struct rbuf b;
+	struct wire_msg *m;
+	int ret = 1;
+
+	f.id = next_id++;
+	if (fd < 0) {
+		cr.name = (char *)name;
+		cr.n_tensors = t ? 1 : 0;
+		cr.tensors = &t;
+		cr.n_buffers = 1;
+		cr.buffers = rbuf(&b, size, 0);
+		f.body_case = DLSHARE__FRAME__BODY_CREATE;
+		f.create = &cr;
+	} else {
+		pu.name = (char *)name;
+		pu.n_tensors = t ? 1 : 0;
+		pu.tensors = &t;
+		pu.n_buffers = 1;
+		pu.buffers = rbuf(&b, size, 1);
+		f.body_case = DLSHARE__FRAME__BODY_PUBLISH;
+		f.publish = &pu;
+	}
+	if (raw_call(sock, &f, fd >= 0 ? &fd : NULL, fd >= 0, &m))
+		return 1;
+	if (m->frame->body_case == DLSHARE__FRAME__BODY_ERROR)
+		ret = m->frame->error->code;
+	else if (m->frame->body_case == DLSHARE__FRAME__BODY_CREATE_REPLY ||
+		 m->frame->body_case == DLSHARE__FRAME__BODY_PUBLISH_REPLY)
+		ret = 0;
+	wire_msg_free(m);
+	return ret;
+}
+
+/* A Stats round trip: the connection still works. Returns 0 or -1. */
+static int raw_alive(int sock)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Stats s = DLSHARE__STATS__INIT;
+	struct wire_msg *m;
+	int ok;
+
+	f.id = next_id++;
+	f.body_case = DLSHARE__FRAME__BODY_STATS;
+	f.stats = &s;
+	if (raw_call(sock, &f, NULL, 0, &m))
+		return -1;
+	ok = m->frame->body_case == DLSHARE__FRAME__BODY_STATS_REPLY;
+	wire_msg_free(m);
+	return ok ? 0 : -1;
+}
+
+/* ---- peers that lose their connection ------------------------------------------------- */
+
+/* Each child connects raw, misbehaves, and checks the daemon hangs up on
+ * it, with an Error of code want first when want is not 0. */
+struct misbehaviour {
+	const char *what;
+	int hello;     /* say Hello first */
+	int want;      /* Error code expected before the hang-up, or 0 */
+	int (*act)(int sock);
+};
+
+static int act_garbage(int sock)
+{
+	uint8_t junk[200];
+
+	harness_fill(junk, sizeof(junk), 5);
+	junk[0] = 0xff; /* field 31, wire type 7: never valid */
+	return raw_send_bytes(sock, junk, sizeof(junk), NULL, 0);
+}
+
+static int act_stats(int sock)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Stats s = DLSHARE__STATS__INIT;
+
+	f.id = 7;
+	f.body_case = DLSHARE__FRAME__BODY_STATS;
+	f.stats = &s;
+	return raw_send(sock, &f, NULL, 0, 0);
+}
+
+static int act_hello(int sock, uint32_t major, int with_fd)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Hello h = DLSHARE__HELLO__INIT;
+	int fd = with_fd ? raw_memfd(4096, 0) : -1;
+	int err;
+
+	h.major = major;
+	h.minor = 0;
+	f.id = 9;
+	f.body_case = DLSHARE__FRAME__BODY_HELLO;
+	f.hello = &h;
+	err = raw_send(sock, &f, with_fd ? &fd : NULL, with_fd ? 1 : 0, 0);
+	if (fd >= 0)
+		close(fd);
+	return err;
+}
+
+static int act_hello_again(int sock)
+{
+	return act_hello(sock, WIRE_PROTO_MAJOR, 0);
+}
+
+static int act_hello_major(int sock)
+{
+	return act_hello(sock, WIRE_PROTO_MAJOR + 98, 0);
+}
+
+static int act_hello_fd(int sock)
+{
+	return act_hello(sock, WIRE_PROTO_MAJOR, 1);
+}
+
+/* Stats is no Publish: it may carry no fd. */
+static int act_stats_fd(int sock)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Stats s = DLSHARE__STATS__INIT;
+	int fd = raw_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW);
+	int err;
+
+	f.id = 8;
+	f.body_case = DLSHARE__FRAME__BODY_STATS;
+	f.stats = &s;
+	err = raw_send(sock, &f, &fd, 1, 0);
+	close(fd);
+	return err;
+}
+
+/* A Publish whose nfds says 2 while the packet carries 1. */
+static int act_fd_miscount(int sock)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Publish pu = DLSHARE__PUBLISH__INIT;
+	struct rtensor t;
+	struct rbuf b;
+	Dlshare__Tensor *tp;
+	int64_t shape[1] = { 16 };
+	int fd = raw_memfd(64, F_SEAL_SHRINK | F_SEAL_GROW);
+	uint8_t *data;
+	size_t len;
+	int err;
+
+	tp = rtensor(&t, kDLFloat, 32, 1, shape, NULL, 0);
+	pu.name = "p/miscount";
+	pu.n_tensors = 1;
+	pu.tensors = &tp;
+	pu.n_buffers = 1;
+	pu.buffers = rbuf(&b, 64, 1);
+	f.id = 10;
+	f.body_case = DLSHARE__FRAME__BODY_PUBLISH;
+	f.publish = &pu;
+	f.has_nfds = 1;
+	f.nfds = 2;
+	err = wire_encode(&f, 1u << 20, &data, &len);
+	if (!err) {
+		err = raw_send_bytes(sock, data, len, &fd, 1);
+		free(data);
+	}
+	close(fd);
+	return err;
+}
+
+static int act_oversized(int sock)
+{
+	size_t n = MAX_PACKET + 4096;
+	uint8_t *big = calloc(1, n);
+	int err;
+
+	/* Content does not matter: it is cut off by size first. */
+	err = raw_send_bytes(sock, big, n, NULL, 0);
+	free(big);
+	return err;
+}
+
+/* Before Hello, a peer gets only a small packet. */
+static int act_oversized_hello(int sock)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Hello h = DLSHARE__HELLO__INIT;
+	char agent[2000];
+
+	memset(agent, 'a', sizeof(agent) - 1);
+	agent[sizeof(agent) - 1] = '\0';
+	h.major = WIRE_PROTO_MAJOR;
+	h.agent = agent;
+	f.id = 1;
+	f.body_case = DLSHARE__FRAME__BODY_HELLO;
+	f.hello = &h;
+	return raw_send(sock, &f, NULL, 0, 0);
+}
+
+static const struct misbehaviour misbehaviours[] = {
+	{ "garbage before Hello", 0, DLSHARE_EPROTO, act_garbage },
+	{ "garbage after Hello", 1, DLSHARE_EPROTO, act_garbage },
+	{ "no Hello", 0, DLSHARE_EPROTO, act_stats },
+	{ "Hello twice", 1, DLSHARE_EPROTO, act_hello_again },
+	{ "unknown major", 0, DLSHARE_EVERSION, act_hello_major },
+	{ "fd with Hello", 0, 0, act_hello_fd },
+	{ "fd with Stats", 1, DLSHARE_EPROTO, act_stats_fd },
+	{ "fd count lies", 1, DLSHARE_EPROTO, act_fd_miscount },
+	{ "packet over --max-packet", 1, DLSHARE_EPROTO, act_oversized },
+	{ "large packet before Hello", 0, DLSHARE_EPROTO, act_oversized_hello },
+};
+#define NMIS (sizeof(misbehaviours) / sizeof(misbehaviours[0]))
+
+static int misbehave(const struct daemon_proc *d, void *arg)
+{
+	const struct misbehaviour *mb = arg;
+	int sock = raw_connect(d->sock), code, err;
+
+	CHILD_CHECK(sock >= 0);
+	if (mb->hello)
+		CHILD_CHECK(raw_hello(sock) == 0);
+	err = mb->act(sock);
+	if (err)
+		CHILD_FAIL("%s: send: %s", mb->what, strerror(-err));
+	if (raw_expect_hangup(sock, harness_ms(5000), &code))
+		CHILD_FAIL("%s: the daemon did not hang up", mb->what);
+	if (mb->want && code != mb->want)
+		CHILD_FAIL("%s: error code %d, want %d", mb->what, code,
+			   mb->want);
+	close(sock);
+	return 0;
+}
+
+/* A well-behaved client in its own process. */
+static int good_client(const struct daemon_proc *d, void *arg)
+{
+	dlshare_client *c = util_child_connect(d);
+	int64_t shape[1] = { 100 };
+
+	CHILD_OK(util_store(c, "p/good", DT_F32, 1, shape, 42, NULL));
+	CHILD_OK(util_get_check(c, "p/good", NULL, DT_F32, 1, shape, 42, NULL));
+	CHILD_OK(dlshare_delete(c, "p/good"));
+	dlshare_disconnect(c);
+	return 0;
+}
+
+static void misbehaving_peers(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	struct util_want clean = UTIL_ANY;
+	int fds;
+
+	clean.connections = 1;
+	clean.names = 0;
+	clean.versions = 0;
+	clean.buffers = 0;
+	clean.leases = 0;
+	util_assert_want(c, &clean);
+	fds = harness_fd_count(fx->d.pid);
+	for (size_t i = 0; i < NMIS; i++) {
+		fprintf(stderr, "-- %s\n", misbehaviours[i].what);
+		assert_int_equal(util_wait(util_spawn(&fx->d, misbehave,
+						      (void *)&misbehaviours[i])), 0);
+		/* Gone without a trace, and everyone else is served. */
+		util_assert_want(c, &clean);
+		assert_int_equal(harness_wait_fds(fx->d.pid, fds), fds);
+		assert_int_equal(util_wait(util_spawn(&fx->d, good_client, NULL)), 0);
+		util_stats(c);
+	}
+	dlshare_disconnect(c);
+}
+
+/* ---- bad requests: an Error, and the connection stays ------------------------------------ */
+
+static int bad_requests(const struct daemon_proc *d, void *arg)
+{
+	int sock = raw_connect(d->sock);
+	struct rtensor t;
+	int64_t sh2[2] = { 4, 4 }, sh1[1] = { 2 }, big[2] = { 1LL << 40, 1LL << 40 };
+	int64_t huge[1] = { INT64_MAX }, neg[2] = { 4, -1 };
+	int64_t st_out[2] = { 8, 1 }, st_neg[1] = { -1 }, st_ok[2] = { 1, 4 };
+	int64_t st_big[2] = { INT64_MAX / 2, 1 };
+	int64_t dims33[33];
+	int fd;
+
+	for (int i = 0; i < 33; i++)
+		dims33[i] = 1;
+	CHILD_CHECK(sock >= 0);
+	CHILD_CHECK(raw_hello(sock) == 0);
+
+	/* The positive controls: these frames are right. */
+	CHILD_CHECK(raw_version(sock, "p/ok", rtensor(&t, kDLFloat, 32, 2, sh2,
+						       NULL, 0), 64, -1) == 0);
+	CHILD_CHECK(raw_version(sock, "p/ok2", rtensor(&t, kDLFloat, 32, 2, sh2,
+							st_ok, 0), 64, -1) == 0);
+	fd = raw_memfd(64, F_SEAL_SHRINK | F_SEAL_GROW);
+	CHILD_CHECK(raw_version(sock, "p/okx", rtensor(&t, kDLFloat, 32, 2, sh2,
+							NULL, 0), 64, fd) == 0);
+	close(fd);
+
+#define BAD(name, tensor, size, fd_, want)                                       \
+	do {                                                                      \
+		int code_ = raw_version(sock, name, tensor, size, fd_);           \
+		if (code_ != (want))                                              \
+			CHILD_FAIL("%s: reply %d, want %d", name, code_, want);   \
+		CHILD_CHECK(raw_alive(sock) == 0);                                \
+	} while (0)
+
+	/* Strides that reach outside the buffer, after or before it. */
+	BAD("p/strides-out", rtensor(&t, kDLFloat, 32, 2, sh2, st_out, 0), 64,
+	    -1, DLSHARE_EINVAL);
+	BAD("p/strides-neg", rtensor(&t, kDLFloat, 32, 1, sh1, st_neg, 0), 64,
+	    -1, DLSHARE_EINVAL);
+	BAD("p/strides-huge", rtensor(&t, kDLFloat, 32, 2, sh2, st_big, 0), 64,
+	    -1, DLSHARE_EINVAL);
+	/* Compact, but larger than the buffer; at an offset past its end. */
+	BAD("p/too-large", rtensor(&t, kDLFloat, 32, 2, sh2, NULL, 0), 63, -1,
+	    DLSHARE_EINVAL);
+	BAD("p/offset", rtensor(&t, kDLFloat, 32, 1, sh1, NULL, 60), 64, -1,
+	    DLSHARE_EINVAL);
+	/* Shapes whose product overflows. */
+	BAD("p/overflow", rtensor(&t, kDLFloat, 32, 2, big, NULL, 0), 64, -1,
+	    DLSHARE_EINVAL);
+	BAD("p/overflow1", rtensor(&t, kDLFloat, 64, 1, huge, NULL, 0), 64, -1,
+	    DLSHARE_EINVAL);
+	BAD("p/negative", rtensor(&t, kDLFloat, 32, 2, neg, NULL, 0), 64, -1,
+	    DLSHARE_EINVAL);
+	/* 33 dimensions. */
+	BAD("p/ndim33", rtensor(&t, kDLFloat, 32, 33, dims33, NULL, 0), 64, -1,
+	    DLSHARE_EINVAL);
+	/* dtypes nobody knows. */
+	BAD("p/dtype-code", rtensor(&t, 42, 32, 2, sh2, NULL, 0), 64, -1,
+	    DLSHARE_EINVAL);
+	BAD("p/dtype-bits", rtensor(&t, kDLFloat, 12, 2, sh2, NULL, 0), 64, -1,
+	    DLSHARE_EINVAL);
+	rtensor(&t, kDLFloat, 32, 2, sh2, NULL, 0);
+	t.dt.lanes = 0;
+	BAD("p/dtype-lanes", &t.t, 64, -1, DLSHARE_EINVAL);
+	/* A tensor in a buffer that does not exist; no tensor at all. */
+	rtensor(&t, kDLFloat, 32, 2, sh2, NULL, 0);
+	t.t.buffer = 1;
+	BAD("p/buffer-index", &t.t, 64, -1, DLSHARE_EINVAL);
+	BAD("p/no-tensors", NULL, 64, -1, DLSHARE_EINVAL);
+	/* Strides given for some dimensions only. */
+	rtensor(&t, kDLFloat, 32, 2, sh2, st_ok, 0);
+	t.t.n_strides = 1;
+	BAD("p/strides-some", &t.t, 64, -1, DLSHARE_EINVAL);
+	/* Names the library would refuse. */
+	BAD("p//x", rtensor(&t, kDLFloat, 32, 2, sh2, NULL, 0), 64, -1,
+	    DLSHARE_EINVAL);
+	BAD("../x", rtensor(&t, kDLFloat, 32, 2, sh2, NULL, 0), 64, -1,
+	    DLSHARE_EINVAL);
+
+	/* Exports: the fd must be a memfd with the size seals and as large
+	 * as claimed, and the tensors must fit it too. */
+	fd = raw_memfd(64, 0);
+	BAD("p/x-unsealed", rtensor(&t, kDLFloat, 32, 2, sh2, NULL, 0), 64, fd,
+	    DLSHARE_EINVAL);
+	close(fd);
+	fd = raw_memfd(32, F_SEAL_SHRINK | F_SEAL_GROW);
+	BAD("p/x-short", rtensor(&t, kDLFloat, 32, 2, sh2, NULL, 0), 64, fd,
+	    DLSHARE_EINVAL);
+	close(fd);
+	fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	BAD("p/x-devnull", rtensor(&t, kDLFloat, 32, 2, sh2, NULL, 0), 64, fd,
+	    DLSHARE_EINVAL);
+	close(fd);
+	fd = raw_memfd(64, F_SEAL_SHRINK | F_SEAL_GROW);
+	BAD("p/x-strides-out", rtensor(&t, kDLFloat, 32, 2, sh2, st_out, 0), 64,
+	    fd, DLSHARE_EINVAL);
+	BAD("p/x-ndim33", rtensor(&t, kDLFloat, 32, 33, dims33, NULL, 0), 64,
+	    fd, DLSHARE_EINVAL);
+	BAD("p/x-overflow", rtensor(&t, kDLFloat, 32, 2, big, NULL, 0), 64, fd,
+	    DLSHARE_EINVAL);
+	close(fd);
+#undef BAD
+
+	/* Requests that make no sense. */
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Get g = DLSHARE__GET__INIT;
+	Dlshare__Release rel = DLSHARE__RELEASE__INIT;
+	Dlshare__Seal seal = DLSHARE__SEAL__INIT;
+	Dlshare__Ok ok = DLSHARE__OK__INIT;
+	uint64_t lease = 123456;
+	struct wire_msg *m;
+
+	f.id = next_id++;
+	g.name = "p/ok";
+	g.has_select = 1;
+	g.select = 9;
+	f.body_case = DLSHARE__FRAME__BODY_GET;
+	f.get = &g;
+	CHILD_CHECK(raw_call(sock, &f, NULL, 0, &m) == 0);
+	CHILD_CHECK(m->frame->body_case == DLSHARE__FRAME__BODY_ERROR);
+	CHILD_CHECK(m->frame->error->code == DLSHARE_EINVAL);
+	wire_msg_free(m);
+
+	f.id = next_id++;
+	rel.n_leases = 1;
+	rel.leases = &lease;
+	f.body_case = DLSHARE__FRAME__BODY_RELEASE;
+	f.release = &rel;
+	CHILD_CHECK(raw_call(sock, &f, NULL, 0, &m) == 0);
+	CHILD_CHECK(m->frame->body_case == DLSHARE__FRAME__BODY_ERROR);
+	CHILD_CHECK(m->frame->error->code == DLSHARE_EINVAL);
+	wire_msg_free(m);
+
+	/* Sealing a version that is not pending for us. */
+	f.id = next_id++;
+	seal.name = "p/okx";
+	seal.version = 1;
+	f.body_case = DLSHARE__FRAME__BODY_SEAL;
+	f.seal = &seal;
+	CHILD_CHECK(raw_call(sock, &f, NULL, 0, &m) == 0);
+	CHILD_CHECK(m->frame->body_case == DLSHARE__FRAME__BODY_ERROR);
+	CHILD_CHECK(m->frame->error->code == DLSHARE_ESTATE);
+	wire_msg_free(m);
+	f.id = next_id++;
+	seal.name = "p/none";
+	CHILD_CHECK(raw_call(sock, &f, NULL, 0, &m) == 0);
+	CHILD_CHECK(m->frame->body_case == DLSHARE__FRAME__BODY_ERROR);
+	CHILD_CHECK(m->frame->error->code == DLSHARE_ENOENT);
+	wire_msg_free(m);
+
+	/* A reply sent as a request. */
+	f.id = next_id++;
+	f.body_case = DLSHARE__FRAME__BODY_OK;
+	f.ok = &ok;
+	CHILD_CHECK(raw_call(sock, &f, NULL, 0, &m) == 0);
+	CHILD_CHECK(m->frame->body_case == DLSHARE__FRAME__BODY_ERROR);
+	CHILD_CHECK(m->frame->error->code == DLSHARE_EINVAL);
+	wire_msg_free(m);
+
+	CHILD_CHECK(raw_alive(sock) == 0);
+	close(sock);
+	return 0;
+}
+
+static void bad_requests_keep_connection(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	struct util_want clean = UTIL_ANY;
+	int fds;
+
+	clean.connections = 1;
+	clean.names = 0;
+	clean.versions = 0;
+	clean.buffers = 0;
+	clean.bytes = 0;
+	util_assert_want(c, &clean);
+	fds = harness_fd_count(fx->d.pid);
+	assert_int_equal(util_wait(util_spawn(&fx->d, bad_requests, NULL)), 0);
+	/* The pending controls went with the connection, the export too, and
+	 * every fd sent with a refused Publish was closed. */
+	util_assert_want(c, &clean);
+	assert_int_equal(harness_wait_fds(fx->d.pid, fds), fds);
+	assert_int_equal(util_wait(util_spawn(&fx->d, good_client, NULL)), 0);
+	dlshare_disconnect(c);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(misbehaving_peers, setup, teardown),
+		cmocka_unit_test_setup_teardown(bad_requests_keep_connection, setup, teardown),
+	};
+
+	return cmocka_run_group_tests_name("protocol", tests, NULL, NULL);
+}
