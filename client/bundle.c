@@ -41,9 +41,16 @@ static void lease_ref_unref(struct lease_ref *lr)
 	if (atomic_fetch_sub(&lr->refs, 1) != 1)
 		return;
 	c = lr->c;
-	client_release(c, lr->lease);
-	client_unpin(c, lr->pins, lr->npins);
-	free(lr);
+	/* Release is stream-ordered: the producer may reuse device memory
+	 * only after the kernels this consumer queued on it have run. */
+	if (lr->ordinal >= 0 && lr->stream != DLSHARE_STREAM_NONE &&
+	    cuda_event_mark(lr->stream, lr->ordinal, &lr->event) == 0) {
+		client_release_after(c, lr); /* frees lr */
+	} else {
+		client_unpin(c, lr->pins, lr->npins);
+		client_release(c, lr->lease);
+		free(lr);
+	}
 	client_unref(c);
 }
 
@@ -187,6 +194,8 @@ int dlshare_get(dlshare_client *c, const char *name,
 	atomic_init(&lr->refs, 1);
 	lr->c = c;
 	lr->lease = gr->lease;
+	lr->stream = (opts ? opts : &dflt)->stream;
+	lr->ordinal = b->cuda_ordinal;
 	lr->npins = r.npins;
 	memcpy(lr->pins, r.pins, r.npins * sizeof(r.pins[0]));
 	r.npins = 0;

@@ -137,7 +137,12 @@ void client_unpin(dlshare_client *c, struct ibuf **pins, size_t n)
 	for (size_t i = 0; i < n; i++) {
 		struct ibuf *b = pins[i];
 
-		if (--b->refs == 0 && (b->gone || c->dead))
+		/* A device mapping closes with its last tensor: the handle
+		 * comes with every reply, and an exporter must be able to
+		 * free its memory once retired. Host mappings stay cached
+		 * until the daemon frees the buffer. */
+		if (--b->refs == 0 && (b->gone || c->dead ||
+				       b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC))
 			ibuf_drop(c, b);
 	}
 	pthread_mutex_unlock(&c->lock);
@@ -377,6 +382,65 @@ static void deliver(dlshare_client *c, struct wire_msg *m, int *fds,
 	pthread_cond_signal(&p->cond);
 }
 
+/* Sends the releases whose device work is done. Returns 1 while some still
+ * wait. Receiver thread. */
+static int deferred_poll(dlshare_client *c)
+{
+	struct lease_ref *done = NULL, **pp;
+	int waiting = 0;
+
+	pthread_mutex_lock(&c->lock);
+	for (pp = &c->deferred; *pp;) {
+		struct lease_ref *lr = *pp;
+
+		if (cuda_event_done(lr->event) == 0) {
+			waiting = 1;
+			pp = &lr->next;
+			continue;
+		}
+		*pp = lr->next;
+		lr->next = done;
+		done = lr;
+	}
+	pthread_mutex_unlock(&c->lock);
+	while (done) {
+		struct lease_ref *lr = done;
+
+		done = lr->next;
+		cuda_event_drop(lr->event);
+		client_unpin(c, lr->pins, lr->npins);
+		client_release(c, lr->lease);
+		free(lr);
+	}
+	return waiting;
+}
+
+void client_release_after(dlshare_client *c, struct lease_ref *lr)
+{
+	uint64_t one = 1;
+	int queued = 0;
+
+	pthread_mutex_lock(&c->lock);
+	if (!c->closed && !c->dead) {
+		lr->next = c->deferred;
+		c->deferred = lr;
+		queued = 1;
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (queued) {
+		if (write(c->wake_fd, &one, sizeof(one)) < 0) {
+			/* Already signalled. */
+		}
+		return;
+	}
+	/* Nobody watches events any more: wait here, rather than close a
+	 * mapping that queued kernels still read. */
+	cuda_event_wait(lr->event);
+	cuda_event_drop(lr->event);
+	client_unpin(c, lr->pins, lr->npins);
+	free(lr);
+}
+
 static void *rx_main(void *arg)
 {
 	dlshare_client *c = arg;
@@ -396,7 +460,9 @@ static void *rx_main(void *arg)
 		size_t len = 0;
 		int r;
 
-		if (poll(pfd, 2, -1) < 0) {
+		/* Releases waiting for device work are checked every
+		 * millisecond; otherwise we sleep until something happens. */
+		if (poll(pfd, 2, deferred_poll(c) ? 1 : -1) < 0) {
 			if (errno == EINTR)
 				continue;
 			err = DLSHARE_EIO;
@@ -689,6 +755,21 @@ void dlshare_disconnect(dlshare_client *c)
 			/* Already signalled. */
 		}
 		pthread_join(c->rx, NULL);
+	}
+	/* Releases still waiting for device work: their kernels must finish
+	 * before the daemon, seeing the socket close, hands the memory back. */
+	pthread_mutex_lock(&c->lock);
+	struct lease_ref *lr = c->deferred;
+	c->deferred = NULL;
+	pthread_mutex_unlock(&c->lock);
+	while (lr) {
+		struct lease_ref *next = lr->next;
+
+		cuda_event_wait(lr->event);
+		cuda_event_drop(lr->event);
+		client_unpin(c, lr->pins, lr->npins);
+		free(lr);
+		lr = next;
 	}
 	/* The daemon drops our leases and withdraws our exports when the
 	 * socket closes; close it now, not when the last tensor goes. */

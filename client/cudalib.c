@@ -34,6 +34,8 @@
 	X(rt, cudaIpcOpenEventHandle)                               \
 	X(rt, cudaStreamWaitEvent)                                  \
 	X(rt, cudaGetLastError)                                     \
+	X(rt, cudaEventQuery)                                       \
+	X(rt, cudaEventSynchronize)                                 \
 	X(drv, cuInit)                                              \
 	X(drv, cuDeviceGet)                                         \
 	X(drv, cuDeviceGetUuid)                                     \
@@ -449,7 +451,74 @@ int cuda_wait_event(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
 	return err;
 }
 
+int cuda_event_mark(void *stream, int ordinal, void **evp)
+{
+	cudaEvent_t ev;
+	int prev, err = 0;
+
+	if (cuda_available(NULL))
+		return DLSHARE_ENOTSUP;
+	cu.cudaGetDevice(&prev);
+	cu.cudaSetDevice(ordinal);
+	if (cu.cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) !=
+	    cudaSuccess) {
+		err = DLSHARE_ENOMEM;
+	} else if (cu.cudaEventRecord(ev, stream_of(stream)) != cudaSuccess) {
+		cu.cudaEventDestroy(ev);
+		err = DLSHARE_EINVAL;
+	}
+	if (err)
+		cu.cudaGetLastError();
+	cu.cudaSetDevice(prev);
+	if (!err)
+		*evp = ev;
+	return err;
+}
+
+int cuda_event_done(void *ev)
+{
+	cudaError_t e = cu.cudaEventQuery((cudaEvent_t)ev);
+
+	if (e == cudaSuccess)
+		return 1;
+	if (e == cudaErrorNotReady)
+		return 0;
+	cu.cudaGetLastError();
+	return DLSHARE_EIO;
+}
+
+void cuda_event_wait(void *ev)
+{
+	if (cu.cudaEventSynchronize((cudaEvent_t)ev) != cudaSuccess)
+		cu.cudaGetLastError();
+}
+
+void cuda_event_drop(void *ev)
+{
+	if (ev)
+		cu.cudaEventDestroy((cudaEvent_t)ev);
+}
+
 #else /* !DLSHARE_HAVE_CUDA */
+
+int cuda_event_mark(void *stream, int ordinal, void **ev)
+{
+	return DLSHARE_ENOTSUP;
+}
+
+int cuda_event_done(void *ev)
+{
+	return 1;
+}
+
+void cuda_event_wait(void *ev)
+{
+}
+
+void cuda_event_drop(void *ev)
+{
+}
+
 
 int cuda_available(const char **why)
 {

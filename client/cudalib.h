@@ -68,4 +68,15 @@ void cuda_cache_stats(unsigned long *open_now, unsigned long *opened_total);
 int cuda_wait_event(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
 		    void *stream);
 
+/* A plain (not interprocess) event recorded on stream on device ordinal,
+ * to learn when the consumer's queued work is done. Returns 0 with *ev, or a
+ * DLSHARE_E* code. */
+int cuda_event_mark(void *stream, int ordinal, void **ev);
+/* 1 when the event completed, 0 while pending, a DLSHARE_E* code when it
+ * cannot be asked (the work is then taken as done). */
+int cuda_event_done(void *ev);
+/* Waits for the event on the host. */
+void cuda_event_wait(void *ev);
+void cuda_event_drop(void *ev);
+
 #endif

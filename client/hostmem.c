@@ -78,7 +78,8 @@ int dlshare_host_alloc(DLDataType dtype, int32_t ndim, const int64_t *shape,
 		err = DLSHARE_ENOMEM;
 		goto fail;
 	}
-	memcpy(h->shape, shape, (size_t)ndim * sizeof(*shape));
+	if (ndim)
+		memcpy(h->shape, shape, (size_t)ndim * sizeof(*shape));
 	h->mt.dl_tensor.data = h->base;
 	h->mt.dl_tensor.device.device_type = kDLCPU;
 	h->mt.dl_tensor.ndim = ndim;

@@ -86,6 +86,7 @@ struct dlshare_client {
 	struct ibuf *bufs;
 	struct export *exports;
 	char fatal_msg[256];     /* the daemon's last word, if any */
+	struct lease_ref *deferred; /* released, waiting for their event */
 	uint64_t *rel;           /* lease ids to release */
 	size_t nrel, caprel;
 };
@@ -95,6 +96,10 @@ struct lease_ref {
 	atomic_int refs;
 	dlshare_client *c;
 	uint64_t lease;
+	void *stream;            /* the consumer's stream (CUDA) */
+	int ordinal;             /* a device of the version, -1 for none */
+	void *event;             /* marks the consumer's work, once released */
+	struct lease_ref *next;  /* c->deferred */
 	size_t npins;
 	struct ibuf *pins[];
 };
@@ -124,6 +129,13 @@ void client_unpin(dlshare_client *c, struct ibuf **pins, size_t n);
 
 /* Queues a lease for release; never blocks. */
 void client_release(dlshare_client *c, uint64_t lease);
+
+/* Gives up a lease whose tensors may still be read by queued device work:
+ * the mapping is closed and the Release sent only once lr->event completed
+ * (the receiver thread watches it). Never blocks, except when the receiver
+ * thread is gone (after disconnect), where it waits for the event. Frees
+ * lr. */
+void client_release_after(dlshare_client *c, struct lease_ref *lr);
 
 /* Calls the deleters of an export and frees it. */
 void export_free(struct export *e);

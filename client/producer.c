@@ -169,7 +169,9 @@ int dlshare_create(dlshare_client *c, const char *name,
 			err = DLSHARE_EINVAL;
 			goto fail;
 		}
-		memcpy(t->shape, s->shape, (size_t)s->ndim * sizeof(int64_t));
+		if (s->ndim)
+			memcpy(t->shape, s->shape,
+			       (size_t)s->ndim * sizeof(int64_t));
 		if ((err = tensor_bytes(&t->t, &bytes)))
 			goto fail;
 		total = (total + PRODUCER_ALIGN - 1) / PRODUCER_ALIGN *

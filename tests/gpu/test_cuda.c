@@ -1,1 +1,1599 @@
-int main(void){return 0;}
+/* test_cuda — CUDA tensors across processes: stream-ordered handoff, the
+ * import cache, device UUIDs, export retirement, crashes, memory that legacy
+ * IPC cannot export.
+ *
+ * Built twice from this one source (tests/gpu/CMakeLists.txt):
+ *   test_cuda_fake  against tests/fakecuda (DLSHARE_TEST_FAKECUDA defined):
+ *                   slow asynchronous streams, counters, several devices;
+ *   test_cuda_gpu   against the real CUDA runtime; prints "SKIP: no CUDA
+ *                   device (...)" and exits 0 where there is none.
+ *
+ * The fork rule: a process that used CUDA must not fork children that use
+ * CUDA (the fake refuses, as real CUDA does). So the test process itself never
+ * calls CUDA, nor a dlshare function that touches it (it only starts the
+ * daemon, reads its counters and names); every CUDA call runs in a child made
+ * with harness_fork(). Children talk over pipes (one byte a message, with
+ * timeouts), report through their exit status and stderr, and never use
+ * cmocka's asserts. An exporting child stays alive until its consumers are
+ * done with its memory.
+ *
+ * Timeouts scale with DLSHARE_TEST_TIMEOUT_SCALE (harness_ms).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+
+#include <dlshare/dlshare.h>
+
+#include "harness.h"
+
+#ifdef DLSHARE_TEST_FAKECUDA
+#include "fakecuda_ctl.h"
+#define FAKE 1
+#else
+#define FAKE 0
+#endif
+
+/* ---- process-wide state -------------------------------------------------- */
+
+static struct daemon_proc g_d;      /* this test's daemon */
+static int g_ndev;                  /* devices the probe child saw */
+
+#define MAX_KIDS 8
+#define MAX_CHANS 8
+static pid_t g_kids[MAX_KIDS];
+static int g_nkids;
+
+struct chan {
+	int r, w;
+};
+static struct chan g_chans[MAX_CHANS];
+static int g_nchans;
+
+/* ---- children ---------------------------------------------------------- */
+
+#define FAIL(...)                                                             \
+	do {                                                                  \
+		fprintf(stderr, "%s:%d: child %d: ", __FILE__, __LINE__,      \
+			(int)getpid());                                       \
+		fprintf(stderr, __VA_ARGS__);                                 \
+		fputc('\n', stderr);                                          \
+		_exit(1);                                                     \
+	} while (0)
+
+#define CHECK(cond)                                                           \
+	do {                                                                  \
+		if (!(cond))                                                  \
+			FAIL("check failed: %s", #cond);                      \
+	} while (0)
+
+/* A dlshare call that must return want. */
+#define DL_ERR(expr, want)                                                    \
+	do {                                                                  \
+		int e_ = (expr);                                              \
+		if (e_ != (want))                                             \
+			FAIL("%s = %d (%s) [%s], want %d (%s)", #expr, e_,    \
+			     dlshare_strerror(e_), dlshare_last_error(),      \
+			     (int)(want), dlshare_strerror(want));            \
+	} while (0)
+
+#define DL_OK(expr) DL_ERR(expr, 0)
+
+/* A CUDA call that must succeed. */
+#define CU(expr)                                                              \
+	do {                                                                  \
+		cudaError_t ce_ = (expr);                                     \
+		if (ce_ != cudaSuccess)                                       \
+			FAIL("%s = %s (%s)", #expr, cudaGetErrorName(ce_),    \
+			     cudaGetErrorString(ce_));                        \
+	} while (0)
+
+typedef int (*child_fn)(void *arg);
+
+/* Forks a child that runs fn and _exit()s with what it returns. */
+static pid_t spawn(child_fn fn, void *arg)
+{
+	pid_t pid;
+
+	fflush(NULL);
+	pid = harness_fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		/* cmocka's handlers would unwind into this copy of the runner:
+		 * a crash here must stay a crash. */
+		static const int sigs[] = { SIGSEGV, SIGBUS, SIGILL, SIGFPE,
+					    SIGABRT, SIGSYS };
+
+		for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+			signal(sigs[i], SIG_DFL);
+		_exit(fn(arg));
+	}
+	assert_true(g_nkids < MAX_KIDS);
+	g_kids[g_nkids++] = pid;
+	return pid;
+}
+
+/* Waits for a child; returns its exit status (128 + signal when killed). */
+static int reap(pid_t pid)
+{
+	int st = harness_wait(pid);
+
+	for (int i = 0; i < g_nkids; i++)
+		if (g_kids[i] == pid)
+			g_kids[i] = 0;
+	return st;
+}
+
+static void kill_kid(pid_t pid)
+{
+	kill(pid, SIGKILL);
+	reap(pid);
+}
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+}
+
+/* ---- pipes between processes --------------------------------------------- */
+
+static struct chan chan_new(void)
+{
+	int p[2];
+
+	assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+	assert_true(g_nchans < MAX_CHANS);
+	g_chans[g_nchans] = (struct chan){ p[0], p[1] };
+	return g_chans[g_nchans++];
+}
+
+static int chan_send(struct chan ch, char tag)
+{
+	return write(ch.w, &tag, 1) == 1 ? 0 : -1;
+}
+
+/* Has child pid exited? (Not reaped: reap() still gets its status.) */
+static int kid_exited(pid_t pid)
+{
+	siginfo_t si;
+
+	memset(&si, 0, sizeof(si));
+	return waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+	       si.si_pid == pid;
+}
+
+/* Waits up to a scaled timeout_ms for the next message; it must be want.
+ * With from > 0 (a child of ours, the sender), gives up as soon as it
+ * exited without sending. Returns 0 or -1 (timeout, error, another
+ * message, sender gone). */
+static int chan_wait(struct chan ch, char want, int timeout_ms, pid_t from)
+{
+	struct pollfd pfd = { .fd = ch.r, .events = POLLIN };
+	int64_t end = now_ms() + harness_ms(timeout_ms);
+	int gone = 0;
+	char got;
+
+	for (;;) {
+		int left = (int)(end - now_ms());
+		int r;
+
+		if (left < 0)
+			left = 0;
+		if (from > 0 && left > 50)
+			left = 50;
+		r = poll(&pfd, 1, gone ? 0 : left);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			break;
+		if (r == 0) {
+			if (gone || now_ms() >= end)
+				break;
+			/* One more look after it exited: it may have sent
+			 * just before. */
+			gone = from > 0 && kid_exited(from);
+			continue;
+		}
+		if (read(ch.r, &got, 1) != 1)
+			break;
+		if (got == want)
+			return 0;
+		fprintf(stderr, "pid %d: got message '%c', want '%c'\n",
+			(int)getpid(), got, want);
+		return -1;
+	}
+	if (gone)
+		fprintf(stderr, "pid %d: child %d exited without sending '%c'\n",
+			(int)getpid(), (int)from, want);
+	else
+		fprintf(stderr, "pid %d: no message '%c' within %d ms\n",
+			(int)getpid(), want, harness_ms(timeout_ms));
+	return -1;
+}
+
+static int chan_recv(struct chan ch, char want, int timeout_ms)
+{
+	return chan_wait(ch, want, timeout_ms, 0);
+}
+
+#define SEND(ch, tag) CHECK(chan_send(ch, tag) == 0)
+#define RECV(ch, tag) CHECK(chan_recv(ch, tag, 10000) == 0)
+
+/* ---- in children: dlshare, tensors, data -------------------------------- */
+
+static dlshare_client *child_connect(void)
+{
+	dlshare_client *c = NULL;
+
+	DL_OK(dlshare_connect(g_d.sock, &c));
+	return c;
+}
+
+/* Per-operation delay of the fake's streams (captured at enqueue). */
+static void set_delay_ms(unsigned ms)
+{
+#if FAKE
+	fakecuda_set_delay_us(ms * 1000u);
+#else
+	(void)ms;
+#endif
+}
+
+#if FAKE
+static struct fakecuda_stats fstats(void)
+{
+	struct fakecuda_stats s;
+
+	fakecuda_get_stats(&s);
+	return s;
+}
+#endif
+
+/* CUDA_VISIBLE_DEVICES must be set before the child's first CUDA call. */
+static void set_visible(const char *v)
+{
+	if (v)
+		setenv("CUDA_VISIBLE_DEVICES", v, 1);
+	else
+		unsetenv("CUDA_VISIBLE_DEVICES");
+}
+
+/* Producer-owned tensors: a float32 matrix over device memory with a deleter
+ * that counts its runs in a slot (deleters run on the library's thread). */
+#define SLOTS 8
+static atomic_int g_deleted[SLOTS];
+#if FAKE
+static void *g_watch[SLOTS];          /* allocation to look at in the deleter */
+static atomic_int g_importers_at_delete[SLOTS];
+#endif
+
+struct owned {
+	DLManagedTensor m;
+	int64_t shape[2];
+	int slot;
+};
+
+static void owned_delete(DLManagedTensor *self)
+{
+	struct owned *o = self->manager_ctx;
+
+#if FAKE
+	/* Who still maps the memory when it comes back to us? */
+	if (g_watch[o->slot])
+		atomic_store(&g_importers_at_delete[o->slot],
+			     fakecuda_mem_importers(g_watch[o->slot]));
+#endif
+	atomic_fetch_add(&g_deleted[o->slot], 1);
+	free(o);
+}
+
+static DLManagedTensor *owned_new(void *data, uint64_t byte_offset,
+				  int64_t rows, int64_t cols, int device_id,
+				  int slot)
+{
+	struct owned *o = calloc(1, sizeof(*o));
+
+	CHECK(o != NULL);
+	o->slot = slot;
+	o->shape[0] = rows;
+	o->shape[1] = cols;
+	o->m.manager_ctx = o;
+	o->m.deleter = owned_delete;
+	o->m.dl_tensor.data = data;
+	o->m.dl_tensor.byte_offset = byte_offset;
+	o->m.dl_tensor.device = (DLDevice){ kDLCUDA, device_id };
+	o->m.dl_tensor.ndim = 2;
+	o->m.dl_tensor.dtype = (DLDataType){ kDLFloat, 32, 1 };
+	o->m.dl_tensor.shape = o->shape;
+	o->m.dl_tensor.strides = NULL;
+	return &o->m;
+}
+
+/* Polls until slot's deleter ran want times, up to a scaled ms. */
+static int wait_deleted(int slot, int want, int ms)
+{
+	int64_t end = now_ms() + harness_ms(ms);
+
+	while (atomic_load(&g_deleted[slot]) != want && now_ms() < end)
+		sleep_ms(5);
+	return atomic_load(&g_deleted[slot]);
+}
+
+/* Writes the pattern of seed to dev (n bytes) on stream s, without waiting:
+ * from pageable memory, so the call returns once the source is staged. */
+static void put_pattern(void *dev, size_t n, uint32_t seed, cudaStream_t s)
+{
+	uint8_t *h = malloc(n);
+
+	CHECK(h != NULL);
+	harness_fill(h, n, seed);
+	CU(cudaMemcpyAsync(dev, h, n, cudaMemcpyHostToDevice, s));
+	free(h);
+}
+
+/* Compares n bytes with the pattern of seed. Returns 0, or 1 after saying
+ * where they differ (quietly when what is NULL). */
+static int pattern_diff(const uint8_t *got, size_t n, uint32_t seed,
+			const char *what)
+{
+	uint8_t *want = malloc(n);
+	size_t first = n, bad = 0;
+
+	CHECK(want != NULL);
+	harness_fill(want, n, seed);
+	for (size_t i = 0; i < n; i++)
+		if (got[i] != want[i]) {
+			if (first == n)
+				first = i;
+			bad++;
+		}
+	if (bad && what)
+		fprintf(stderr, "pid %d: %s: %zu of %zu bytes differ, first at "
+			"%zu (0x%02x, want 0x%02x)\n", (int)getpid(), what, bad,
+			n, first, got[first], want[first]);
+	free(want);
+	return bad != 0;
+}
+
+/* Copies a device tensor's n bytes to host on s (after whatever s waits
+ * for) and compares them with the pattern of seed. Returns 0 or 1. */
+static int read_check(const DLTensor *t, size_t n, uint32_t seed,
+		      cudaStream_t s, const char *what)
+{
+	uint8_t *h = malloc(n);
+	int bad;
+
+	CHECK(h != NULL);
+	memset(h, 0xa5, n);
+	CU(cudaSetDevice(t->device.device_id));
+	CU(cudaMemcpyAsync(h, (const char *)t->data + t->byte_offset, n,
+			   cudaMemcpyDeviceToHost, s));
+	CU(cudaStreamSynchronize(s));
+	bad = pattern_diff(h, n, seed, what);
+	free(h);
+	return bad;
+}
+
+static size_t tensor_nbytes(const DLTensor *t)
+{
+	size_t n = (size_t)(t->dtype.bits / 8) * t->dtype.lanes;
+
+	for (int32_t i = 0; i < t->ndim; i++)
+		n *= (size_t)t->shape[i];
+	return n;
+}
+
+/* Checks what a consumer got: a CUDA tensor of the expected kind and shape
+ * on local device dev. */
+static void check_meta(const DLTensor *t, int dev, int64_t rows, int64_t cols)
+{
+	CHECK(t != NULL);
+	CHECK(t->device.device_type == kDLCUDA);
+	if (t->device.device_id != dev)
+		FAIL("device_id %d, want %d", t->device.device_id, dev);
+	CHECK(t->dtype.code == kDLFloat && t->dtype.bits == 32 &&
+	      t->dtype.lanes == 1);
+	CHECK(t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols);
+	CHECK(t->strides == NULL);
+	CHECK(t->data != NULL);
+}
+
+/* In a child: waits until no other process maps alloc (fake only; on a GPU
+ * the consumers' exits ordered by the pipes stand for this). */
+static void wait_no_importers(void *alloc)
+{
+#if FAKE
+	int64_t end = now_ms() + harness_ms(5000);
+
+	while (fakecuda_mem_importers(alloc) != 0 && now_ms() < end)
+		sleep_ms(5);
+	if (fakecuda_mem_importers(alloc) != 0)
+		FAIL("%d other process(es) still map %p",
+		     fakecuda_mem_importers(alloc), alloc);
+#else
+	(void)alloc;
+#endif
+}
+
+/* ---- fixture ----------------------------------------------------------- */
+
+static int setup(void **state)
+{
+	(void)state;
+	g_nkids = 0;
+	g_nchans = 0;
+	return harness_daemon_start(&g_d, NULL) == 0 ? 0 : -1;
+}
+
+/* Removes what a daemon that was killed left in its directory. */
+static void rm_daemon_dir(void)
+{
+	DIR *dd = opendir(g_d.dir);
+	struct dirent *de;
+	char p[512];
+
+	if (!dd)
+		return;
+	while ((de = readdir(dd))) {
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		snprintf(p, sizeof(p), "%s/%s", g_d.dir, de->d_name);
+		unlink(p);
+	}
+	closedir(dd);
+	rmdir(g_d.dir);
+}
+
+static int teardown(void **state)
+{
+	int st = 0;
+
+	(void)state;
+	for (int i = 0; i < g_nkids; i++)
+		if (g_kids[i] > 0)
+			kill_kid(g_kids[i]);
+	g_nkids = 0;
+	for (int i = 0; i < g_nchans; i++) {
+		close(g_chans[i].r);
+		close(g_chans[i].w);
+	}
+	g_nchans = 0;
+	unsetenv("FAKECUDA_DEVICES");
+	if (g_d.pid > 0)
+		st = harness_daemon_stop(&g_d);
+	else
+		rm_daemon_dir(); /* the test killed it */
+	if (st != 0)
+		fprintf(stderr, "dlshared did not exit cleanly (%d)\n", st);
+	return st == 0 ? 0 : -1;
+}
+
+/* The parent's own connection: host-only calls (stats, stat). */
+static dlshare_client *parent_connect(void)
+{
+	return harness_connect(&g_d);
+}
+
+/* ======================================================================== */
+/* 1. Round trip, bit for bit, while the producer's stream still works.     */
+/* ======================================================================== */
+
+#define RT_ROWS 256
+#define RT_COLS 1024                           /* 1 MiB of float32 */
+#define RT_BYTES ((size_t)RT_ROWS * RT_COLS * 4)
+#define RT_SUB_DATA RT_BYTES                   /* sub-tensor: data pointer */
+#define RT_SUB_OFFSET 512                      /* ...plus a byte_offset */
+#define RT_SUB_ROWS 10
+#define RT_SUB_COLS 100
+#define RT_SUB_BYTES ((size_t)RT_SUB_ROWS * RT_SUB_COLS * 4)
+#define RT_ALLOC (RT_BYTES + 65536)
+
+struct rt_args {
+	struct chan to_p, to_c;
+	const char *name;
+	unsigned producer_delay_ms;
+	int consumer_no_wait;    /* test 2: DLSHARE_STREAM_NONE */
+};
+
+static int rt_producer(void *arg)
+{
+	struct rt_args *a = arg;
+	dlshare_client *c = child_connect();
+	static const char *const keys[] = { "whole", "sub" };
+	DLManagedTensor *ts[2];
+	dlshare_publish_opts po = { .keys = keys,
+				    .flags = DLSHARE_PUBLISH_NO_COPY };
+	cudaStream_t s;
+	uint64_t v = 0;
+	char *base;
+
+	CU(cudaStreamCreate(&s));
+	CU(cudaMalloc((void **)&base, RT_ALLOC));
+	set_delay_ms(a->producer_delay_ms);
+	CU(cudaMemsetAsync(base, 0, RT_ALLOC, s));
+	put_pattern(base, RT_BYTES, 11, s);
+	put_pattern(base + RT_SUB_DATA + RT_SUB_OFFSET, RT_SUB_BYTES, 12, s);
+#if FAKE
+	/* The writes are still queued: what follows must not wait for them. */
+	CHECK(cudaStreamQuery(s) == cudaErrorNotReady);
+#endif
+	ts[0] = owned_new(base, 0, RT_ROWS, RT_COLS, 0, 0);
+	ts[1] = owned_new(base + RT_SUB_DATA, RT_SUB_OFFSET, RT_SUB_ROWS,
+			  RT_SUB_COLS, 0, 1);
+	po.stream = s;
+	DL_OK(dlshare_publish(c, a->name, ts, 2, &po, &v));
+	CHECK(v == 1);
+#if FAKE
+	/* Published with no host sync: the stream has not caught up. */
+	CHECK(cudaStreamQuery(s) == cudaErrorNotReady);
+#endif
+	SEND(a->to_c, 'p');
+	if (a->consumer_no_wait) {
+		/* Test 2: once the writes are done, the consumer reads again. */
+		CU(cudaStreamSynchronize(s));
+		SEND(a->to_c, 's');
+	}
+	RECV(a->to_p, 'd');
+	CHECK(atomic_load(&g_deleted[0]) == 0);
+	dlshare_disconnect(c);
+	/* Still published: handed back at disconnect, once each. */
+	CHECK(atomic_load(&g_deleted[0]) == 1);
+	CHECK(atomic_load(&g_deleted[1]) == 1);
+	wait_no_importers(base);
+	CU(cudaStreamSynchronize(s));
+	CU(cudaFree(base));
+	CU(cudaStreamDestroy(s));
+	return 0;
+}
+
+static int rt_consumer(void *arg)
+{
+	struct rt_args *a = arg;
+	dlshare_client *c = child_connect();
+	dlshare_get_opts go = { .select = DLSHARE_LATEST };
+	const DLTensor *whole, *sub;
+	dlshare_bundle *b;
+	cudaStream_t s;
+	int i, bad = 0;
+
+	set_delay_ms(1);
+	if (a->consumer_no_wait)
+		CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	else
+		CU(cudaStreamCreate(&s));
+	go.stream = a->consumer_no_wait ? DLSHARE_STREAM_NONE : (void *)s;
+	RECV(a->to_c, 'p');
+	DL_OK(dlshare_get(c, a->name, &go, &b));
+	CHECK(dlshare_bundle_version(b) == 1);
+	CHECK(dlshare_bundle_count(b) == 2);
+	CHECK((i = dlshare_bundle_find(b, "whole")) >= 0);
+	whole = dlshare_bundle_tensor(b, (size_t)i);
+	CHECK((i = dlshare_bundle_find(b, "sub")) >= 0);
+	sub = dlshare_bundle_tensor(b, (size_t)i);
+	check_meta(whole, 0, RT_ROWS, RT_COLS);
+	check_meta(sub, 0, RT_SUB_ROWS, RT_SUB_COLS);
+	CHECK(tensor_nbytes(whole) == RT_BYTES);
+	CHECK(tensor_nbytes(sub) == RT_SUB_BYTES);
+	/* Both in one allocation, the sub-tensor at its offset inside it. */
+	CHECK((const char *)sub->data + sub->byte_offset ==
+	      (const char *)whole->data + whole->byte_offset + RT_SUB_DATA +
+	      RT_SUB_OFFSET);
+	if (!a->consumer_no_wait) {
+		bad |= read_check(whole, RT_BYTES, 11, s, "whole");
+		bad |= read_check(sub, RT_SUB_BYTES, 12, s, "sub");
+		CHECK(bad == 0);
+#if FAKE
+		/* The wait was queued on our stream (the host went on), and
+		 * the one allocation was opened once. */
+		CHECK(fstats().stream_wait_event_calls >= 1);
+		CHECK(fstats().ipc_open_mem_calls == 1);
+#endif
+	} else {
+#if FAKE
+		CHECK(fstats().stream_wait_event_calls == 0);
+#endif
+		/* Nobody waits for the producer's writes: they are still a
+		 * second away, so what we read now is not the data. */
+		if (read_check(whole, RT_BYTES, 11, s, NULL) == 0)
+			FAIL("read the producer's data before its stream wrote "
+			     "it: the delay did not hold the writes back");
+		/* The control: once they are done, the same copy sees them. */
+		RECV(a->to_c, 's');
+		bad |= read_check(whole, RT_BYTES, 11, s, "whole, after sync");
+		bad |= read_check(sub, RT_SUB_BYTES, 12, s, "sub, after sync");
+		CHECK(bad == 0);
+	}
+	dlshare_bundle_free(b);
+	dlshare_disconnect(c);
+#if FAKE
+	CHECK(fstats().ipc_mem_open_now == 0);
+#endif
+	CU(cudaStreamDestroy(s));
+	SEND(a->to_p, 'd');
+	return 0;
+}
+
+static void run_round_trip(struct rt_args *a)
+{
+	dlshare_client *c;
+	pid_t p, q;
+
+	a->to_p = chan_new();
+	a->to_c = chan_new();
+	p = spawn(rt_producer, a);
+	q = spawn(rt_consumer, a);
+	assert_int_equal(reap(q), 0);
+	assert_int_equal(reap(p), 0);
+	c = parent_connect();
+	assert_int_equal(harness_wait_stats(c, 0, 1, NULL), 0);
+	dlshare_disconnect(c);
+}
+
+static void round_trip_while_streams_lag(void **state)
+{
+	struct rt_args a = { .name = "gpu/rt", .producer_delay_ms = 100 };
+
+	(void)state;
+	run_round_trip(&a);
+}
+
+/* ======================================================================== */
+/* 2. Without the consumer-side wait, the bytes are wrong (fake only).      */
+/* ======================================================================== */
+
+static void no_wait_reads_stale_data(void **state)
+{
+	struct rt_args a = { .name = "gpu/nowait", .producer_delay_ms = 500,
+			     .consumer_no_wait = 1 };
+
+	(void)state;
+	if (!FAKE)
+		skip(); /* a GPU gives no control over when its copy runs */
+	run_round_trip(&a);
+}
+
+/* ======================================================================== */
+/* 3. Producer and consumer in one process: the pointer itself, no IPC.     */
+/* ======================================================================== */
+
+static int self_child(void *arg)
+{
+	dlshare_client *c = child_connect();
+	dlshare_publish_opts po = { .flags = DLSHARE_PUBLISH_NO_COPY };
+	DLManagedTensor *t, *got;
+	dlshare_get_opts go = { .select = DLSHARE_LATEST };
+	cudaStream_t ps, cs;
+	const char *want;
+	char *base;
+	uint64_t v;
+
+	(void)arg;
+	CU(cudaStreamCreate(&ps));
+	CU(cudaStreamCreate(&cs));
+	CU(cudaMalloc((void **)&base, 2 * RT_BYTES));
+	set_delay_ms(50);
+	put_pattern(base + 4096, RT_BYTES, 31, ps);
+	t = owned_new(base, 4096, RT_ROWS, RT_COLS, 0, 0);
+	want = base + 4096;
+	po.stream = ps;
+	DL_OK(dlshare_publish(c, "gpu/self", &t, 1, &po, &v));
+	set_delay_ms(1);
+	go.stream = cs;
+	DL_OK(dlshare_get_tensor(c, "gpu/self", &go, &got));
+	check_meta(&got->dl_tensor, 0, RT_ROWS, RT_COLS);
+	if ((const char *)got->dl_tensor.data + got->dl_tensor.byte_offset !=
+	    want)
+		FAIL("got %p + %llu, want the producer's pointer %p",
+		     got->dl_tensor.data,
+		     (unsigned long long)got->dl_tensor.byte_offset,
+		     (const void *)want);
+#if FAKE
+	CHECK(fstats().ipc_open_mem_calls == 0);
+	CHECK(fstats().ipc_open_event_calls == 0);
+#endif
+	/* Ordered after the producer's copy through its own event. */
+	CHECK(read_check(&got->dl_tensor, RT_BYTES, 31, cs, "self") == 0);
+	got->deleter(got);
+	CHECK(atomic_load(&g_deleted[0]) == 0);
+	dlshare_disconnect(c);
+	CHECK(atomic_load(&g_deleted[0]) == 1);
+	CU(cudaFree(base));
+	return 0;
+}
+
+static void same_process_gets_pointer(void **state)
+{
+	(void)state;
+	assert_int_equal(reap(spawn(self_child, NULL)), 0);
+}
+
+/* ======================================================================== */
+/* 4. Import cache: one open per allocation, closed once all are gone.      */
+/* ======================================================================== */
+
+#define CA_ROWS 64
+#define CA_COLS 256
+#define CA_BYTES ((size_t)CA_ROWS * CA_COLS * 4)  /* 64 KiB */
+
+struct two_chans {
+	struct chan to_p, to_c, to_parent;
+	const char *name;
+};
+
+static int cache_producer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	dlshare_publish_opts po = { .flags = DLSHARE_PUBLISH_NO_COPY };
+	DLManagedTensor *t;
+	char *base, *other;
+	cudaStream_t s;
+	uint64_t v;
+
+	CU(cudaStreamCreate(&s));
+	CU(cudaMalloc((void **)&base, 4 * CA_BYTES));
+	CU(cudaMalloc((void **)&other, CA_BYTES));
+	set_delay_ms(1);
+	po.stream = s;
+	put_pattern(base, CA_BYTES, 41, s);
+	t = owned_new(base, 0, CA_ROWS, CA_COLS, 0, 0);
+	DL_OK(dlshare_publish(c, a->name, &t, 1, &po, &v));
+	CHECK(v == 1);
+	SEND(a->to_c, '1');
+	RECV(a->to_p, 'g');
+	/* Version 2 over the same allocation, another part of it. */
+	put_pattern(base + 2 * CA_BYTES, CA_BYTES, 42, s);
+	t = owned_new(base + 2 * CA_BYTES, 0, CA_ROWS, CA_COLS, 0, 1);
+	DL_OK(dlshare_publish(c, a->name, &t, 1, &po, &v));
+	CHECK(v == 2);
+	SEND(a->to_c, '2');
+	RECV(a->to_p, 'r');
+	/* Version 3 elsewhere retires 1 and 2 (nobody holds them now). */
+	put_pattern(other, CA_BYTES, 43, s);
+	t = owned_new(other, 0, CA_ROWS, CA_COLS, 0, 2);
+	DL_OK(dlshare_publish(c, a->name, &t, 1, &po, &v));
+	CHECK(v == 3);
+	CHECK(wait_deleted(0, 1, 5000) == 1);
+	CHECK(wait_deleted(1, 1, 5000) == 1);
+	CHECK(atomic_load(&g_deleted[2]) == 0);
+	SEND(a->to_c, 'x');
+	RECV(a->to_p, 'c');
+	dlshare_disconnect(c);
+	CHECK(atomic_load(&g_deleted[2]) == 1);
+	wait_no_importers(base);
+	CU(cudaStreamSynchronize(s));
+	CU(cudaFree(base));
+	CU(cudaFree(other));
+	return 0;
+}
+
+static int cache_consumer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	dlshare_get_opts go = { .select = DLSHARE_EXACT, .version = 1,
+				.timeout_ms = 0 };
+	DLManagedTensor *m[4];
+	cudaStream_t s;
+
+	CU(cudaStreamCreate(&s));
+	set_delay_ms(1);
+	go.stream = s;
+	RECV(a->to_c, '1');
+	for (int i = 0; i < 3; i++) {
+		DL_OK(dlshare_get_tensor(c, a->name, &go, &m[i]));
+		check_meta(&m[i]->dl_tensor, 0, CA_ROWS, CA_COLS);
+		CHECK(read_check(&m[i]->dl_tensor, CA_BYTES, 41, s, "v1") == 0);
+	}
+	SEND(a->to_p, 'g');
+	RECV(a->to_c, '2');
+	go.version = 2;
+	DL_OK(dlshare_get_tensor(c, a->name, &go, &m[3]));
+	check_meta(&m[3]->dl_tensor, 0, CA_ROWS, CA_COLS);
+	CHECK(read_check(&m[3]->dl_tensor, CA_BYTES, 42, s, "v2") == 0);
+	/* Two versions, four tensors, one allocation: opened once. */
+	CHECK((const char *)m[3]->dl_tensor.data ==
+	      (const char *)m[0]->dl_tensor.data + 2 * CA_BYTES);
+#if FAKE
+	if (fstats().ipc_open_mem_calls != 1)
+		FAIL("ipc_open_mem_calls %lu, want 1",
+		     fstats().ipc_open_mem_calls);
+	CHECK(fstats().ipc_mem_open_now == 1);
+#endif
+	for (int i = 0; i < 4; i++)
+		m[i]->deleter(m[i]);
+	CU(cudaStreamSynchronize(s));
+	SEND(a->to_p, 'r');
+	RECV(a->to_c, 'x');
+#if FAKE
+	{
+		/* Releases are asynchronous; a device mapping closes with
+		 * the last tensor on it (this once stayed open until the
+		 * connection closed). */
+		int64_t end = now_ms() + harness_ms(5000);
+
+		while (fstats().ipc_mem_open_now != 0 && now_ms() < end)
+			sleep_ms(5);
+		if (fstats().ipc_mem_open_now != 0)
+			FAIL("ipc_mem_open_now %ld after both versions retired",
+			     fstats().ipc_mem_open_now);
+		CHECK(fstats().ipc_close_mem_calls == 1);
+		CHECK(fstats().ipc_open_mem_calls == 1);
+	}
+#endif
+	dlshare_disconnect(c);
+	CU(cudaStreamDestroy(s));
+	SEND(a->to_p, 'c');
+	return 0;
+}
+
+static void import_cache_reuse(void **state)
+{
+	struct two_chans a = { .name = "gpu/cache" };
+	pid_t p, q;
+
+	(void)state;
+	a.to_p = chan_new();
+	a.to_c = chan_new();
+	p = spawn(cache_producer, &a);
+	q = spawn(cache_consumer, &a);
+	assert_int_equal(reap(q), 0);
+	assert_int_equal(reap(p), 0);
+}
+
+/* ======================================================================== */
+/* 5. Devices by UUID: ordinals differ between processes.                   */
+/* ======================================================================== */
+
+static int uuid_producer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c;
+	dlshare_publish_opts po = { .flags = DLSHARE_PUBLISH_NO_COPY };
+	DLManagedTensor *t;
+	cudaStream_t s;
+	char *base;
+	int n;
+
+	set_visible("1");
+	CU(cudaGetDeviceCount(&n));
+	CHECK(n == 1);
+	c = child_connect();
+	CU(cudaSetDevice(0)); /* physical device 1 */
+	CU(cudaStreamCreate(&s));
+	CU(cudaMalloc((void **)&base, CA_BYTES));
+	set_delay_ms(20);
+	put_pattern(base, CA_BYTES, 51, s);
+	t = owned_new(base, 0, CA_ROWS, CA_COLS, 0, 0);
+	po.stream = s;
+	DL_OK(dlshare_publish(c, a->name, &t, 1, &po, NULL));
+	SEND(a->to_c, 'p');
+	RECV(a->to_p, 'd');
+	dlshare_disconnect(c);
+	wait_no_importers(base);
+	CU(cudaStreamSynchronize(s));
+	CU(cudaFree(base));
+	return 0;
+}
+
+/* Sees both devices: the producer's is our ordinal 1. */
+static int uuid_consumer_both(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_get_opts go = { .select = DLSHARE_LATEST };
+	dlshare_client *c;
+	DLManagedTensor *m;
+	cudaStream_t s;
+	int n;
+
+	set_visible("0,1");
+	CU(cudaGetDeviceCount(&n));
+	CHECK(n == 2);
+	c = child_connect();
+	CU(cudaSetDevice(1));
+	CU(cudaStreamCreate(&s));
+	CU(cudaSetDevice(0)); /* the library must not rely on our current one */
+	set_delay_ms(1);
+	go.stream = s;
+	RECV(a->to_c, 'p');
+	DL_OK(dlshare_get_tensor(c, a->name, &go, &m));
+	check_meta(&m->dl_tensor, 1, CA_ROWS, CA_COLS);
+	CHECK(read_check(&m->dl_tensor, CA_BYTES, 51, s, "uuid") == 0);
+	m->deleter(m);
+	dlshare_disconnect(c);
+	SEND(a->to_parent, 'a');
+	return 0;
+}
+
+/* Sees only device 0: the producer's device is not there. */
+static int uuid_consumer_other(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_get_opts go = { .select = DLSHARE_LATEST };
+	dlshare_stats st;
+	dlshare_client *c;
+	dlshare_bundle *b = NULL;
+	cudaStream_t s;
+
+	set_visible("0");
+	c = child_connect();
+	CU(cudaStreamCreate(&s));
+	go.stream = s;
+	DL_ERR(dlshare_get(c, a->name, &go, &b), DLSHARE_ENODEV);
+	CHECK(b == NULL);
+	/* Again: a failed import leaves nothing behind to trip over. */
+	DL_ERR(dlshare_get(c, a->name, &go, &b), DLSHARE_ENODEV);
+#if FAKE
+	CHECK(fstats().ipc_open_mem_calls == 0);
+#endif
+	/* The daemon gave a lease with each answer: both must be back
+	 * while we are still connected. */
+	if (harness_wait_stats(c, 0, -1, &st) != 0)
+		FAIL("%llu lease(s) left after dlshare_get failed with "
+		     "DLSHARE_ENODEV", (unsigned long long)st.leases);
+	dlshare_disconnect(c);
+	SEND(a->to_parent, 'b');
+	return 0;
+}
+
+static void device_by_uuid(void **state)
+{
+	struct two_chans a = { .name = "gpu/uuid" };
+	pid_t p, q;
+
+	(void)state;
+	if (!FAKE && g_ndev < 2)
+		skip(); /* needs two GPUs */
+	/* Environment only: the parent still never touches CUDA. */
+	setenv("FAKECUDA_DEVICES", "2", 1);
+	a.to_p = chan_new();
+	a.to_c = chan_new();
+	a.to_parent = chan_new();
+	p = spawn(uuid_producer, &a);
+	q = spawn(uuid_consumer_both, &a);
+	assert_int_equal(chan_wait(a.to_parent, 'a', 10000, q), 0);
+	assert_int_equal(reap(q), 0);
+	q = spawn(uuid_consumer_other, &a);
+	assert_int_equal(chan_wait(a.to_parent, 'b', 15000, q), 0);
+	assert_int_equal(reap(q), 0);
+	assert_int_equal(chan_send(a.to_p, 'd'), 0);
+	assert_int_equal(reap(p), 0);
+	unsetenv("FAKECUDA_DEVICES");
+}
+
+/* ======================================================================== */
+/* 6. Export retirement: the deleter waits for a newer version and leases. */
+/* ======================================================================== */
+
+static int retire_producer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	dlshare_publish_opts po = { .flags = DLSHARE_PUBLISH_NO_COPY };
+	dlshare_name_info info;
+	DLManagedTensor *t;
+	char *b1, *b2;
+	cudaStream_t s;
+	uint64_t v;
+
+	CU(cudaStreamCreate(&s));
+	CU(cudaMalloc((void **)&b1, CA_BYTES));
+	CU(cudaMalloc((void **)&b2, CA_BYTES));
+#if FAKE
+	g_watch[0] = b1;
+#endif
+	set_delay_ms(1);
+	po.stream = s;
+	put_pattern(b1, CA_BYTES, 61, s);
+	t = owned_new(b1, 0, CA_ROWS, CA_COLS, 0, 0);
+	DL_OK(dlshare_publish(c, a->name, &t, 1, &po, &v));
+	CHECK(v == 1);
+	/* Published, unleased, but the newest: not retired. */
+	sleep_ms(harness_ms(100));
+	CHECK(atomic_load(&g_deleted[0]) == 0);
+	SEND(a->to_c, '1');
+	RECV(a->to_p, 'h');
+	put_pattern(b2, CA_BYTES, 62, s);
+	t = owned_new(b2, 0, CA_ROWS, CA_COLS, 0, 1);
+	DL_OK(dlshare_publish(c, a->name, &t, 1, &po, &v));
+	CHECK(v == 2);
+	DL_OK(dlshare_stat(c, a->name, &info, NULL));
+	CHECK(info.versions == 2 && info.leases == 1 && info.latest == 2);
+	/* Replaced, but the consumer's lease holds version 1. */
+	sleep_ms(harness_ms(300));
+	CHECK(atomic_load(&g_deleted[0]) == 0);
+	SEND(a->to_c, '2');
+	/* The consumer lets go: now it comes back to us, and only it. */
+	CHECK(wait_deleted(0, 1, 5000) == 1);
+	CHECK(atomic_load(&g_deleted[1]) == 0);
+#if FAKE
+	if (atomic_load(&g_importers_at_delete[0]) != 0)
+		fprintf(stderr, "NOTE: version 1's deleter ran while %d other "
+			"process(es) still mapped its memory\n",
+			atomic_load(&g_importers_at_delete[0]));
+#endif
+	SEND(a->to_c, 'k');
+	RECV(a->to_p, 'c');
+	wait_no_importers(b1);
+	CU(cudaStreamSynchronize(s));
+	CU(cudaFree(b1));
+	dlshare_disconnect(c);
+	CHECK(atomic_load(&g_deleted[1]) == 1);
+	CU(cudaFree(b2));
+	return 0;
+}
+
+static int retire_consumer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	dlshare_get_opts go = { .select = DLSHARE_LATEST };
+	DLManagedTensor *m;
+	cudaStream_t s;
+
+	CU(cudaStreamCreate(&s));
+	set_delay_ms(1);
+	go.stream = s;
+	RECV(a->to_c, '1');
+	DL_OK(dlshare_get_tensor(c, a->name, &go, &m));
+	SEND(a->to_p, 'h');
+	RECV(a->to_c, '2');
+	/* A newer version exists; ours is unchanged. */
+	CHECK(read_check(&m->dl_tensor, CA_BYTES, 61, s, "v1 held") == 0);
+	m->deleter(m);
+	RECV(a->to_c, 'k');
+	dlshare_disconnect(c);
+	SEND(a->to_p, 'c');
+	return 0;
+}
+
+static void deleter_after_newer_and_release(void **state)
+{
+	struct two_chans a = { .name = "gpu/retire" };
+	pid_t p, q;
+
+	(void)state;
+	a.to_p = chan_new();
+	a.to_c = chan_new();
+	p = spawn(retire_producer, &a);
+	q = spawn(retire_consumer, &a);
+	assert_int_equal(reap(q), 0);
+	assert_int_equal(reap(p), 0);
+}
+
+/* ---- 6b. The release is stream-ordered (DESIGN.md) ------------------------
+ * The consumer queues a slow copy out of version 1 and drops the tensor at
+ * once, without waiting. The producer, told the version is retired, writes
+ * over the memory. The consumer's copy must still see version 1: the
+ * release carries an event recorded on the consumer's stream, and the
+ * memory comes back only after it. */
+
+static int ordered_producer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	dlshare_publish_opts po = { .flags = DLSHARE_PUBLISH_NO_COPY };
+	DLManagedTensor *t;
+	char *b1, *b2;
+	cudaStream_t s;
+	uint64_t v;
+
+	CU(cudaStreamCreate(&s));
+	CU(cudaMalloc((void **)&b1, CA_BYTES));
+	CU(cudaMalloc((void **)&b2, CA_BYTES));
+	set_delay_ms(1);
+	po.stream = s;
+	put_pattern(b1, CA_BYTES, 71, s);
+	t = owned_new(b1, 0, CA_ROWS, CA_COLS, 0, 0);
+	DL_OK(dlshare_publish(c, a->name, &t, 1, &po, &v));
+	put_pattern(b2, CA_BYTES, 72, s);
+	CU(cudaStreamSynchronize(s));
+	SEND(a->to_c, '1');
+	RECV(a->to_p, 'h');
+	t = owned_new(b2, 0, CA_ROWS, CA_COLS, 0, 1);
+	DL_OK(dlshare_publish(c, a->name, &t, 1, &po, &v));
+	SEND(a->to_c, '2');
+	/* Ours again: reuse it at once, as an allocator would. */
+	CHECK(wait_deleted(0, 1, 5000) == 1);
+	CU(cudaMemsetAsync(b1, 0xff, CA_BYTES, s));
+	CU(cudaStreamSynchronize(s));
+	SEND(a->to_c, 'w');
+	RECV(a->to_p, 'c');
+	wait_no_importers(b1);
+	CU(cudaFree(b1));
+	dlshare_disconnect(c);
+	CU(cudaFree(b2));
+	return 0;
+}
+
+static int ordered_consumer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	dlshare_get_opts go = { .select = DLSHARE_LATEST };
+	DLManagedTensor *m;
+	cudaStream_t s;
+	uint8_t *h;
+
+	CU(cudaStreamCreate(&s));
+	CU(cudaMallocHost((void **)&h, CA_BYTES)); /* so the copy is async */
+	go.stream = s;
+	RECV(a->to_c, '1');
+	DL_OK(dlshare_get_tensor(c, a->name, &go, &m));
+	SEND(a->to_p, 'h');
+	RECV(a->to_c, '2');
+	memset(h, 0xa5, CA_BYTES);
+	set_delay_ms(300);
+	CU(cudaMemcpyAsync(h, m->dl_tensor.data, CA_BYTES,
+			   cudaMemcpyDeviceToHost, s));
+	/* Dropped while our stream still reads it: legal for DLPack. */
+	m->deleter(m);
+	/* The producer overwrites version 1 as soon as it gets it back:
+	 * with an ordered release, once our copy ran (~300 ms). */
+	if (chan_recv(a->to_c, 'w', 3000) != 0)
+		fprintf(stderr, "NOTE: the producer did not get version 1 "
+			"back within 3 s\n");
+	CU(cudaStreamSynchronize(s));
+	/* Regression test: the release is stream-ordered. The deleter
+	 * records an event on our stream; the Release goes out, and the
+	 * mapping closes, only once it completed. Before, the producer got
+	 * its memory back and overwrote it before our copy ran. */
+	CHECK(pattern_diff(h, CA_BYTES, 71, "v1 read after release") == 0);
+	CU(cudaFreeHost(h));
+	dlshare_disconnect(c);
+	SEND(a->to_p, 'c');
+	return 0;
+}
+
+static void release_is_stream_ordered(void **state)
+{
+	struct two_chans a = { .name = "gpu/ordered" };
+	pid_t p, q;
+
+	(void)state;
+	if (!FAKE)
+		skip(); /* a GPU copy of 64 KiB is done before the release */
+	a.to_p = chan_new();
+	a.to_c = chan_new();
+	p = spawn(ordered_producer, &a);
+	q = spawn(ordered_consumer, &a);
+	assert_int_equal(reap(q), 0);
+	assert_int_equal(reap(p), 0);
+}
+
+/* ======================================================================== */
+/* 7. Crashes.                                                              */
+/* ======================================================================== */
+
+/* 7a. A consumer dies holding a CUDA lease. */
+static int crash_producer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	dlshare_publish_opts po = { .flags = DLSHARE_PUBLISH_NO_COPY };
+	DLManagedTensor *t;
+	char *b1, *b2;
+	cudaStream_t s;
+	uint64_t v;
+
+	CU(cudaStreamCreate(&s));
+	CU(cudaMalloc((void **)&b1, CA_BYTES));
+	CU(cudaMalloc((void **)&b2, CA_BYTES));
+	set_delay_ms(1);
+	po.stream = s;
+	put_pattern(b1, CA_BYTES, 81, s);
+	t = owned_new(b1, 0, CA_ROWS, CA_COLS, 0, 0);
+	DL_OK(dlshare_publish(c, a->name, &t, 1, &po, &v));
+	SEND(a->to_c, '1');
+	RECV(a->to_p, 'k');
+	/* The lease died with the consumer: publishing goes on, and version
+	 * 1 is ours again. */
+	put_pattern(b2, CA_BYTES, 82, s);
+	t = owned_new(b2, 0, CA_ROWS, CA_COLS, 0, 1);
+	DL_OK(dlshare_publish(c, a->name, &t, 1, &po, &v));
+	CHECK(v == 2);
+	CHECK(wait_deleted(0, 1, 5000) == 1);
+	wait_no_importers(b1); /* the dead do not count */
+	CU(cudaStreamSynchronize(s));
+	CU(cudaFree(b1));
+	SEND(a->to_parent, 'p');
+	RECV(a->to_p, 'd');
+	dlshare_disconnect(c);
+	CU(cudaFree(b2));
+	return 0;
+}
+
+static int crash_consumer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	dlshare_get_opts go = { .select = DLSHARE_LATEST };
+	DLManagedTensor *m;
+	cudaStream_t s;
+
+	CU(cudaStreamCreate(&s));
+	set_delay_ms(1);
+	go.stream = s;
+	RECV(a->to_c, '1');
+	DL_OK(dlshare_get_tensor(c, a->name, &go, &m));
+	CHECK(read_check(&m->dl_tensor, CA_BYTES, 81, s, "v1") == 0);
+	SEND(a->to_parent, 'h');
+	for (;;)
+		pause(); /* until SIGKILL */
+	return 1;
+}
+
+/* A later consumer reads the version published after the crash. */
+static int crash_late_consumer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	dlshare_get_opts go = { .select = DLSHARE_LATEST };
+	DLManagedTensor *m;
+	cudaStream_t s;
+
+	CU(cudaStreamCreate(&s));
+	go.stream = s;
+	DL_OK(dlshare_get_tensor(c, a->name, &go, &m));
+	CHECK(read_check(&m->dl_tensor, CA_BYTES, 82, s, "v2") == 0);
+	m->deleter(m);
+	dlshare_disconnect(c);
+	return 0;
+}
+
+static void consumer_killed_holding_lease(void **state)
+{
+	struct two_chans a = { .name = "gpu/crash" };
+	dlshare_client *c = parent_connect();
+	dlshare_stats st;
+	pid_t p, q;
+
+	(void)state;
+	a.to_p = chan_new();
+	a.to_c = chan_new();
+	a.to_parent = chan_new();
+	p = spawn(crash_producer, &a);
+	q = spawn(crash_consumer, &a);
+	assert_int_equal(chan_wait(a.to_parent, 'h', 10000, q), 0);
+	assert_int_equal(harness_wait_stats(c, 1, -1, NULL), 0);
+	kill_kid(q);
+	if (harness_wait_stats(c, 0, -1, &st) != 0)
+		fail_msg("%llu lease(s) left after the consumer died",
+			 (unsigned long long)st.leases);
+	assert_int_equal(chan_send(a.to_p, 'k'), 0);
+	assert_int_equal(chan_wait(a.to_parent, 'p', 10000, p), 0);
+	assert_int_equal(reap(spawn(crash_late_consumer, &a)), 0);
+	assert_int_equal(chan_send(a.to_p, 'd'), 0);
+	assert_int_equal(reap(p), 0);
+	assert_int_equal(harness_wait_stats(c, 0, 1, &st), 0);
+	assert_int_equal(st.versions, 0);
+	dlshare_disconnect(c);
+}
+
+/* 7b. A producer dies: its versions are withdrawn. */
+static int dying_producer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	dlshare_publish_opts po = { .flags = DLSHARE_PUBLISH_NO_COPY };
+	DLManagedTensor *t;
+	cudaStream_t s;
+	char *b1;
+
+	CU(cudaStreamCreate(&s));
+	CU(cudaMalloc((void **)&b1, CA_BYTES));
+	set_delay_ms(1);
+	po.stream = s;
+	put_pattern(b1, CA_BYTES, 91, s);
+	t = owned_new(b1, 0, CA_ROWS, CA_COLS, 0, 0);
+	DL_OK(dlshare_publish(c, a->name, &t, 1, &po, NULL));
+	SEND(a->to_parent, 'p');
+	for (;;)
+		pause(); /* until SIGKILL */
+	return 1;
+}
+
+static int orphan_consumer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	dlshare_get_opts go = { .select = DLSHARE_LATEST };
+	dlshare_bundle *b = NULL;
+	cudaStream_t s;
+
+	CU(cudaStreamCreate(&s));
+	go.stream = s;
+	DL_ERR(dlshare_get(c, a->name, &go, &b), DLSHARE_ENOENT);
+	CHECK(b == NULL);
+	dlshare_disconnect(c);
+	return 0;
+}
+
+static void producer_killed_withdraws(void **state)
+{
+	struct two_chans a = { .name = "gpu/orphan" };
+	dlshare_client *c = parent_connect();
+	dlshare_name_info info;
+	dlshare_stats st;
+	int64_t end;
+	pid_t p;
+	int err;
+
+	(void)state;
+	a.to_parent = chan_new();
+	p = spawn(dying_producer, &a);
+	assert_int_equal(chan_wait(a.to_parent, 'p', 10000, p), 0);
+	assert_int_equal(dlshare_stat(c, a.name, &info, NULL), 0);
+	assert_int_equal(info.latest, 1);
+	assert_int_equal(info.kind, DLSHARE_KIND_CUDA_IPC);
+	assert_true(info.exported);
+	kill_kid(p);
+	/* The daemon sees the connection close, then withdraws. */
+	end = now_ms() + harness_ms(5000);
+	while ((err = dlshare_stat(c, a.name, &info, NULL)) == 0 &&
+	       info.latest != 0 && now_ms() < end)
+		sleep_ms(5);
+	assert_true(err == DLSHARE_ENOENT || (err == 0 && info.latest == 0));
+	assert_int_equal(reap(spawn(orphan_consumer, &a)), 0);
+	assert_int_equal(harness_wait_stats(c, 0, 1, &st), 0);
+	assert_int_equal(st.versions, 0);
+	assert_int_equal(st.buffers, 0);
+	dlshare_disconnect(c);
+}
+
+/* 7c. The daemon dies: a consumer's tensor stays readable (the memory is
+ * the producer's) and its deleter is harmless. */
+static int survivor_producer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	dlshare_publish_opts po = { .flags = DLSHARE_PUBLISH_NO_COPY };
+	DLManagedTensor *t;
+	cudaStream_t s;
+	char *b1;
+
+	CU(cudaStreamCreate(&s));
+	CU(cudaMalloc((void **)&b1, CA_BYTES));
+	set_delay_ms(50);
+	po.stream = s;
+	put_pattern(b1, CA_BYTES, 101, s);
+	t = owned_new(b1, 0, CA_ROWS, CA_COLS, 0, 0);
+	DL_OK(dlshare_publish(c, a->name, &t, 1, &po, NULL));
+	SEND(a->to_c, '1');
+	RECV(a->to_p, 'd');
+	CHECK(atomic_load(&g_deleted[0]) == 0);
+	dlshare_disconnect(c); /* the connection is dead; the export ours */
+	CHECK(atomic_load(&g_deleted[0]) == 1);
+	wait_no_importers(b1);
+	CU(cudaStreamSynchronize(s));
+	CU(cudaFree(b1));
+	return 0;
+}
+
+static int survivor_consumer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	dlshare_get_opts go = { .select = DLSHARE_LATEST };
+	DLManagedTensor *m;
+	dlshare_bundle *b = NULL;
+	cudaStream_t s;
+
+	CU(cudaStreamCreate(&s));
+	go.stream = s;
+	RECV(a->to_c, '1');
+	set_delay_ms(1);
+	DL_OK(dlshare_get_tensor(c, a->name, &go, &m));
+	SEND(a->to_parent, 'h');
+	RECV(a->to_c, 'k');
+	/* No daemon: the data is still there, and new gets fail cleanly. */
+	CHECK(read_check(&m->dl_tensor, CA_BYTES, 101, s, "after daemon") == 0);
+	DL_ERR(dlshare_get(c, a->name, &go, &b), DLSHARE_ECONN);
+	m->deleter(m);
+	dlshare_disconnect(c);
+#if FAKE
+	CHECK(fstats().ipc_mem_open_now == 0);
+#endif
+	CU(cudaStreamDestroy(s));
+	SEND(a->to_p, 'd');
+	return 0;
+}
+
+static void daemon_killed_tensor_survives(void **state)
+{
+	struct two_chans a = { .name = "gpu/survive" };
+	pid_t p, q;
+
+	(void)state;
+	a.to_p = chan_new();
+	a.to_c = chan_new();
+	a.to_parent = chan_new();
+	p = spawn(survivor_producer, &a);
+	q = spawn(survivor_consumer, &a);
+	assert_int_equal(chan_wait(a.to_parent, 'h', 10000, q), 0);
+	kill(g_d.pid, SIGKILL);
+	assert_int_equal(harness_wait(g_d.pid), 128 + SIGKILL);
+	g_d.pid = 0;
+	assert_int_equal(chan_send(a.to_c, 'k'), 0);
+	assert_int_equal(reap(q), 0);
+	assert_int_equal(reap(p), 0);
+}
+
+/* ======================================================================== */
+/* 8. Memory legacy IPC cannot export (a pool allocation).                  */
+/* ======================================================================== */
+
+static int pool_child(void *arg)
+{
+	dlshare_client *c = child_connect();
+	dlshare_publish_opts po = { .flags = DLSHARE_PUBLISH_NO_COPY };
+	dlshare_name_info info;
+	dlshare_stats st;
+	DLManagedTensor *t;
+	cudaStream_t s;
+	uint64_t v = 77;
+	char *p;
+
+	(void)arg;
+	CU(cudaStreamCreate(&s));
+	CU(cudaMallocAsync((void **)&p, CA_BYTES, s));
+	set_delay_ms(1);
+	CU(cudaMemsetAsync(p, 1, CA_BYTES, s));
+	t = owned_new(p, 0, CA_ROWS, CA_COLS, 0, 0);
+	po.stream = s;
+	DL_ERR(dlshare_publish(c, "gpu/pool", &t, 1, &po, &v), DLSHARE_ECOPY);
+	CHECK(atomic_load(&g_deleted[0]) == 0);
+	po.flags = 0;
+	/* Device copies into the daemon are not there yet. */
+	DL_ERR(dlshare_publish(c, "gpu/pool", &t, 1, &po, &v), DLSHARE_ENOTSUP);
+	CHECK(atomic_load(&g_deleted[0]) == 0);
+	CHECK(v == 77);
+	/* Nothing was published, nothing was left behind. */
+	DL_ERR(dlshare_stat(c, "gpu/pool", &info, NULL), DLSHARE_ENOENT);
+	DL_OK(dlshare_stats_get(c, &st));
+	CHECK(st.versions == 0 && st.buffers == 0 && st.leases == 0);
+#if FAKE
+	CHECK(fstats().ipc_get_event_calls == 0);
+	CHECK(fstats().live_events == 0);
+#endif
+	/* Still the caller's: its memory is intact and it frees it. */
+	t->deleter(t);
+	CHECK(atomic_load(&g_deleted[0]) == 1);
+	CU(cudaFreeAsync(p, s));
+	CU(cudaStreamSynchronize(s));
+	dlshare_disconnect(c);
+	return 0;
+}
+
+static void pool_memory_refused(void **state)
+{
+	(void)state;
+	assert_int_equal(reap(spawn(pool_child, NULL)), 0);
+}
+
+/* ======================================================================== */
+
+/* Asks a child how many devices CUDA sees (the parent must not ask). */
+static int probe_devices(char *why, size_t len)
+{
+	char buf[256] = "";
+	ssize_t got = 0, r;
+	int p[2], n = -1;
+	pid_t pid;
+
+	if (pipe(p))
+		return -1;
+	fflush(NULL);
+	pid = harness_fork();
+	if (pid == 0) {
+		cudaError_t e = cudaGetDeviceCount(&n);
+		char msg[256];
+
+		if (e != cudaSuccess)
+			snprintf(msg, sizeof(msg), "-1 cudaGetDeviceCount: %s "
+				 "(%s)", cudaGetErrorName(e),
+				 cudaGetErrorString(e));
+		else
+			snprintf(msg, sizeof(msg), "%d", n);
+		if (write(p[1], msg, strlen(msg)) < 0)
+			_exit(1);
+		_exit(0);
+	}
+	close(p[1]);
+	while (pid > 0 && got < (ssize_t)sizeof(buf) - 1 &&
+	       (r = read(p[0], buf + got, sizeof(buf) - 1 - (size_t)got)) > 0)
+		got += r;
+	close(p[0]);
+	if (pid < 0 || harness_wait(pid) != 0 || got <= 0) {
+		snprintf(why, len, "the probe process failed");
+		return -1;
+	}
+	buf[got] = '\0';
+	n = atoi(buf);
+	if (n < 0) {
+		const char *sp = strchr(buf, ' ');
+
+		snprintf(why, len, "%s", sp ? sp + 1 : buf);
+	} else if (n == 0) {
+		snprintf(why, len, "cudaGetDeviceCount found none");
+	}
+	return n;
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(round_trip_while_streams_lag,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(no_wait_reads_stale_data,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(same_process_gets_pointer,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(import_cache_reuse,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(device_by_uuid,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(deleter_after_newer_and_release,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(release_is_stream_ordered,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(consumer_killed_holding_lease,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(producer_killed_withdraws,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(daemon_killed_tensor_survives,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(pool_memory_refused,
+						setup, teardown),
+	};
+	char why[256] = "";
+
+	/* A dead pipe reader must fail a write, not kill the writer. */
+	signal(SIGPIPE, SIG_IGN);
+#if FAKE
+	/* The fake reads it too: a real machine's "GPU-<uuid>" list would
+	 * hide every fake device. Tests that want one set their own. */
+	unsetenv("CUDA_VISIBLE_DEVICES");
+#endif
+	g_ndev = probe_devices(why, sizeof(why));
+	if (g_ndev <= 0) {
+		if (FAKE) {
+			/* The double always has a device: this is a bug. */
+			printf("FAIL: the fake CUDA shows no device (%s)\n", why);
+			return 1;
+		}
+		printf("SKIP: no CUDA device (%s)\n", why);
+		return 0;
+	}
+	return cmocka_run_group_tests_name(FAKE ? "test_cuda_fake" :
+					   "test_cuda_gpu", tests, NULL, NULL);
+}

@@ -109,7 +109,7 @@ int harness_daemon_start(struct daemon_proc *d, const char *const *extra)
 		/* The daemon must not inherit the test's fds: only 0-2. */
 		for (int i = 3; i < 1024; i++)
 			close(i);
-		execv(argv[0], (char *const *)argv);
+		execvp(argv[0], (char *const *)argv);
 		_exit(127);
 	}
 	for (int waited = 0; waited < harness_ms(20000); waited += 10) {
