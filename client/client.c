@@ -204,6 +204,16 @@ static int import_buffers(dlshare_client *c, Dlshare__GetReply *r, int *fds,
 				if (wb->size) {
 					b->base = mmap(NULL, wb->size, PROT_READ,
 						       MAP_SHARED, fd, 0);
+					/* Before Linux 6.7 a shared mapping of a
+					 * write-sealed memfd fails when the fd
+					 * is read-write (a daemon without /proc
+					 * sends that one); a private read-only
+					 * mapping shows the same pages. */
+					if (b->base == MAP_FAILED &&
+					    (errno == EPERM || errno == EACCES))
+						b->base = mmap(NULL, wb->size,
+							       PROT_READ,
+							       MAP_PRIVATE, fd, 0);
 					if (b->base == MAP_FAILED) {
 						e = client_errno(-errno);
 						free(b);

@@ -270,7 +270,10 @@ static void on_poll(uv_poll_t *h, int status, int events)
 	struct conn *c = h->data;
 
 	if (status < 0) {
-		conn_fail(c, "poll failed");
+		/* A peer that closed with data still unread shows up as a
+		 * reset: that is a hang-up, not a daemon problem. */
+		conn_fail(c, status == UV_ECONNRESET || status == UV_EPIPE ?
+			  "peer hung up" : "poll failed");
 	} else {
 		if ((events & UV_WRITABLE) && conn_flush(c))
 			conn_fail(c, "send failed");

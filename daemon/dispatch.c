@@ -219,7 +219,9 @@ static int wire_version_fill(struct wire_version *w, const struct version *v,
 		if (attach && attach[i] && rb->fd >= 0) {
 			b->has_fd_attached = 1;
 			b->fd_attached = 1;
-			w->fds[w->nfds++] = rb->fd;
+			/* Readers of a sealed version get the read-only fd;
+			 * the producer of a pending one the writable one. */
+			w->fds[w->nfds++] = registry_reader_fd(rb);
 		}
 		w->bp[i] = b;
 	}

@@ -47,6 +47,16 @@ int host_seal_future_write(int fd)
 #endif
 }
 
+int host_reopen_ro(int fd)
+{
+	char path[64];
+	int ro;
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	ro = open(path, O_RDONLY | O_CLOEXEC);
+	return ro < 0 ? -errno : ro;
+}
+
 int host_check_fd(int fd, uint64_t size)
 {
 	struct stat st;

@@ -22,6 +22,12 @@ int host_seal_write(int fd);
  * the mappings that exist. Best effort: returns 0 or -errno. */
 int host_seal_future_write(int fd);
 
+/* A read-only fd of the same memfd (a reopen through /proc/self/fd), for
+ * readers: before Linux 6.7 a shared mapping of a write-sealed memfd is
+ * refused when the fd is open read-write, even with PROT_READ. Returns the
+ * fd, or -errno (the caller then hands out fd itself). */
+int host_reopen_ro(int fd);
+
 /* Accepts an fd from a peer only when it is a memfd carrying
  * HOST_SEALS_BIRTH and at least size bytes long. Returns 0 or -EINVAL. */
 int host_check_fd(int fd, uint64_t size);

@@ -79,6 +79,8 @@ static void buffer_free(struct registry *r, struct rbuffer *b)
 	HASH_DEL(r->buffers, b);
 	if (b->fd >= 0)
 		close(b->fd);
+	if (b->ro_fd >= 0)
+		close(b->ro_fd);
 	r->nbuffers--;
 	r->bytes -= b->size;
 	if (b->daemon_owned)
@@ -283,6 +285,7 @@ static int version_buffers(struct registry *r, struct version *v,
 		b->size = in->size;
 		b->dev_type = in->device->type;
 		b->fd = -1;
+		b->ro_fd = -1;
 		b->version = v;
 		if (in->device->has_uuid && in->device->uuid.len == 16) {
 			memcpy(b->uuid, in->device->uuid.data, 16);
@@ -542,6 +545,17 @@ static void lease_drop(struct registry *r, struct registry_owner *o,
 	r->nleases--;
 	free(l);
 	version_check(r, v);
+}
+
+int registry_reader_fd(struct rbuffer *b)
+{
+	if (b->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST ||
+	    b->version->state != VERSION_SEALED)
+		return b->fd;
+	/* Made the first time a reader needs it, kept with the buffer. */
+	if (b->ro_fd < 0)
+		b->ro_fd = host_reopen_ro(b->fd);
+	return b->ro_fd >= 0 ? b->ro_fd : b->fd;
 }
 
 int registry_release(struct registry *r, struct registry_owner *o,

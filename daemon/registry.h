@@ -34,6 +34,8 @@ struct rbuffer {
 	uint8_t uuid[16];
 	int has_uuid;
 	int fd;                  /* host, cuda-vmm: the daemon's fd; else -1 */
+	int ro_fd;               /* host, once sealed: read-only fd for
+				  * readers, or -1 (then fd is handed out) */
 	int daemon_owned;        /* store mode: counts against max_bytes */
 	uint8_t ipc_handle[REGISTRY_HANDLE_MAX];
 	size_t ipc_handle_len;
@@ -219,6 +221,10 @@ struct version *registry_find(struct registry *r, struct registry_owner *o,
  * max_leases), -ENOMEM. */
 int registry_lease(struct registry *r, struct registry_owner *o,
 		   struct version *v, struct lease **out);
+
+/* The fd to hand a reader of b: for a sealed host buffer a read-only
+ * reopen (made once, see host_reopen_ro), else b->fd (-1 when none). */
+int registry_reader_fd(struct rbuffer *b);
 
 /* Drops o's lease id; the version may die. Returns 0 or -ENOENT. */
 int registry_release(struct registry *r, struct registry_owner *o,

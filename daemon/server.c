@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,10 @@
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
+
+#ifdef DLSHARE_HAVE_SYSTEMD
+#include <systemd/sd-daemon.h>
+#endif
 
 #include "conn.h"
 #include "dispatch.h"
@@ -189,10 +194,110 @@ static int socket_is_stale(const char *path)
 	return stale;
 }
 
+/* Starts accepting on fd, a listening socket (ours or systemd's). */
+static void start_accepting(struct server *s, int fd)
+{
+	s->listen_fd = fd;
+	s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	uv_poll_init(s->loop, &s->listen_poll, fd);
+	s->listen_poll.data = s;
+	uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
+	s->listening = 1;
+}
+
+#ifdef DLSHARE_HAVE_SYSTEMD
+/* Checks that fd is what dlshared.socket makes: a listening AF_UNIX
+ * SOCK_SEQPACKET socket. Returns 0 or -EINVAL (logged). */
+static int check_inherited(int fd)
+{
+	int domain = 0, type = 0, acc = 0;
+	socklen_t len = sizeof(int);
+
+	if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) < 0) {
+		log_err("socket activation: fd %d is not a socket: %s", fd,
+			strerror(errno));
+		return -EINVAL;
+	}
+	len = sizeof(int);
+	getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len);
+	len = sizeof(int);
+	getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &len);
+	if (domain != AF_UNIX || type != SOCK_SEQPACKET) {
+		log_err("socket activation: fd %d is not an AF_UNIX "
+			"SOCK_SEQPACKET socket (domain %d, type %d); the "
+			"socket unit needs ListenSequentialPacket=", fd,
+			domain, type);
+		return -EINVAL;
+	}
+	if (!acc) {
+		log_err("socket activation: fd %d is not listening "
+			"(Accept=yes is not supported)", fd);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* Takes the socket systemd passed (LISTEN_FDS). Returns 1 when it did, 0
+ * when systemd passed none, or -errno (logged). The socket file is
+ * systemd's: it is never unlinked here. */
+static int listen_inherited(struct server *s)
+{
+	struct sockaddr_un sa;
+	socklen_t len = sizeof(sa);
+	int n = sd_listen_fds(1), fd = SD_LISTEN_FDS_START, flags;
+
+	if (n < 0) {
+		log_err("socket activation: %s", strerror(-n));
+		return n;
+	}
+	if (n == 0)
+		return 0;
+	if (n > 1) {
+		log_err("socket activation: %d sockets passed; dlshared takes "
+			"one (one ListenSequentialPacket= line)", n);
+		return -EINVAL;
+	}
+	if (check_inherited(fd))
+		return -EINVAL;
+	/* systemd hands it over blocking and inheritable. */
+	flags = fcntl(fd, F_GETFL);
+	if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0 ||
+	    fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) {
+		log_err("socket activation: fd %d: %s", fd, strerror(errno));
+		return -errno;
+	}
+	memset(&sa, 0, sizeof(sa));
+	if (getsockname(fd, (struct sockaddr *)&sa, &len) == 0 &&
+	    len > offsetof(struct sockaddr_un, sun_path) && sa.sun_path[0])
+		snprintf(s->path, sizeof(s->path), "%.*s",
+			 (int)(len - offsetof(struct sockaddr_un, sun_path)),
+			 sa.sun_path);
+	else
+		snprintf(s->path, sizeof(s->path), "(unnamed socket)");
+	if (s->cfg.socket_path && strcmp(s->cfg.socket_path, s->path) != 0)
+		log_warn("socket activation: ignoring socket %s; serving %s, "
+			 "which systemd passed", s->cfg.socket_path, s->path);
+	s->own_path = 0;
+	start_accepting(s, fd);
+	log_notice("dlshared listening on %s (socket activation)", s->path);
+	return 1;
+}
+#endif
+
 int server_listen(struct server *s)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	int fd, err, dflt = !s->cfg.socket_path;
+
+#ifdef DLSHARE_HAVE_SYSTEMD
+	err = listen_inherited(s);
+	if (err)
+		return err < 0 ? err : 0;
+#else
+	if (getenv("LISTEN_FDS"))
+		log_warn("LISTEN_FDS is set but dlshared was built without "
+			 "libsystemd: binding its own socket");
+#endif
 
 	if (dflt) {
 		err = paths_default_socket(s->path, sizeof(s->path));
@@ -240,12 +345,7 @@ int server_listen(struct server *s)
 		s->own_path = 0;
 		return err;
 	}
-	s->listen_fd = fd;
-	s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-	uv_poll_init(s->loop, &s->listen_poll, fd);
-	s->listen_poll.data = s;
-	uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
-	s->listening = 1;
+	start_accepting(s, fd);
 	log_notice("dlshared listening on %s", s->path);
 	return 0;
 }

@@ -68,10 +68,14 @@ void server_config_default(struct server_config *cfg);
 int server_init(struct server *s, uv_loop_t *loop,
 		const struct server_config *cfg);
 
-/* Binds and listens on the configured path, creating its directory for the
- * default path (0700, must be ours), replacing a stale socket only when a
- * connect proves nobody serves it. Returns 0 or -errno (-EADDRINUSE when a
- * live daemon holds it). */
+/* Starts accepting. Under socket activation (built with libsystemd and
+ * LISTEN_FDS set for us) it takes the one socket systemd passed, after
+ * checking it is a listening AF_UNIX SOCK_SEQPACKET socket, and leaves its
+ * file to systemd. Otherwise it binds and listens on the configured path,
+ * creating its directory for the default path (0700, must be ours),
+ * replacing a stale socket only when a connect proves nobody serves it.
+ * Returns 0 or -errno (-EADDRINUSE when a live daemon holds the path,
+ * -EINVAL when systemd passed the wrong kind or number of sockets). */
 int server_listen(struct server *s);
 
 /* Closes the listener and every connection; the loop must then run until

@@ -95,7 +95,9 @@ int wire_recv(int sock, void *buf, size_t cap, int *fds, unsigned max_fds,
 	if (max_fds > WIRE_FDS_MAX)
 		max_fds = WIRE_FDS_MAX;
 	msg.msg_control = ctl.buf;
-	/* Room for exactly max_fds: one more and the kernel sets MSG_CTRUNC. */
+	/* Room for max_fds, rounded up to 8 bytes: with an odd max_fds the
+	 * kernel may deliver one more without MSG_CTRUNC (collect_fds counts
+	 * it, and the packet is refused below). */
 	msg.msg_controllen = max_fds ? CMSG_SPACE(sizeof(int) * max_fds) : 0;
 	if (!max_fds)
 		msg.msg_control = NULL;
