@@ -366,7 +366,7 @@ static int ls_producer(const struct daemon_proc *d, void *arg)
 	dlshare_client *c = util_child_connect(d);
 
 	CHILD_OK(util_store(c, "cli/a", DT_F32, 2, shape, 1, NULL));
-	CHILD_OK(util_store(c, "cli/b/x", DT_I64, 0, NULL, 2, NULL));
+	CHILD_OK(util_store(c, "cli/b/x", DT_I64, 0, shape, 2, NULL));
 	CHILD_OK(util_store(c, "other", DT_U8, 2, shape, 3, NULL));
 	dlshare_disconnect(c);
 	return 0;

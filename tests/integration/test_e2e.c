@@ -145,6 +145,82 @@ static void zero_size_and_scalar(void **state)
 		produce_consume(&fx->d, &js[i]);
 }
 
+/* A 0-d tensor has no dimensions, so its shape may be NULL, in a spec, in
+ * dlshare_host_alloc() and in a DLTensor given to dlshare_publish(). */
+static int null_shape_producer(const struct daemon_proc *d, void *arg)
+{
+	dlshare_client *c = util_child_connect(d);
+	dlshare_tensor_spec spec = { .dtype = DT_F64, .ndim = 0, .shape = NULL };
+	dlshare_publish_opts nocopy = { .flags = DLSHARE_PUBLISH_NO_COPY };
+	double v = 2.5;
+	DLManagedTensor *t, plain = {
+		.dl_tensor = { .data = &v, .device = { kDLCPU, 0 },
+			       .ndim = 0, .dtype = DT_F64, .shape = NULL },
+	};
+	DLManagedTensor *pp = &plain;
+	dlshare_writer *w;
+
+	CHILD_OK(dlshare_create(c, "e2e/null-shape", &spec, 1, NULL, &w));
+	memcpy(dlshare_writer_tensor(w, 0)->data, &v, sizeof(v));
+	CHILD_OK(dlshare_seal(w, NULL, NULL));
+	CHILD_OK(dlshare_host_alloc(DT_F64, 0, NULL, &t));
+	memcpy(t->dl_tensor.data, &v, sizeof(v));
+	CHILD_OK(dlshare_publish(c, "e2e/null-shape-x", &t, 1, &nocopy, NULL));
+	CHILD_OK(dlshare_publish(c, "e2e/null-shape-c", &pp, 1, NULL, NULL));
+	CHILD_OK(util_post(c, "e2e/null-shape.ready", 1));
+	CHILD_CHECK(util_await(c, "e2e/null-shape.done", 0, harness_ms(20000),
+			       NULL) > 0);
+	dlshare_disconnect(c);
+	return 0;
+}
+
+static int null_shape_consumer(const struct daemon_proc *d, void *arg)
+{
+	static const char *const names[] = {
+		"e2e/null-shape", "e2e/null-shape-x", "e2e/null-shape-c",
+	};
+	dlshare_client *c = util_child_connect(d);
+
+	for (size_t i = 0; i < 3; i++) {
+		DLManagedTensor *m;
+		double v;
+
+		CHILD_OK(dlshare_get_tensor(c, names[i], NULL, &m));
+		CHILD_CHECK(m->dl_tensor.ndim == 0);
+		memcpy(&v, (char *)m->dl_tensor.data + m->dl_tensor.byte_offset,
+		       sizeof(v));
+		CHILD_CHECK(v == 2.5);
+		m->deleter(m);
+	}
+	CHILD_OK(util_post(c, "e2e/null-shape.done", 1));
+	dlshare_disconnect(c);
+	return 0;
+}
+
+/* Found by the sanitizer build: dlshare_create and dlshare_host_alloc used
+ * to memcpy() from a NULL shape when ndim was 0 (undefined behaviour). */
+static void scalar_null_shape(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	pid_t p = util_spawn(&fx->d, null_shape_producer, NULL);
+	int64_t ready = 0;
+	int st;
+
+	/* Wait for the producer, unless it dies first. */
+	for (int waited = 0; ready <= 0 && waited < harness_ms(20000);
+	     waited += 50) {
+		ready = util_await(c, "e2e/null-shape.ready", 0, 50, NULL);
+		if (ready <= 0 && util_exited(p, &st))
+			fail_msg("the producer ended first, status %d", st);
+	}
+	assert_true(ready > 0);
+	assert_int_equal(util_wait(util_spawn(&fx->d, null_shape_consumer,
+					      NULL)), 0);
+	assert_int_equal(util_wait(p), 0);
+	dlshare_disconnect(c);
+}
+
 /* ---- copies of memory the library cannot share ---------------------------- */
 
 static int plain_deleted;
@@ -330,6 +406,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(large_store, setup, teardown),
 		cmocka_unit_test_setup_teardown(large_export, setup, teardown),
 		cmocka_unit_test_setup_teardown(zero_size_and_scalar, setup, teardown),
+		cmocka_unit_test_setup_teardown(scalar_null_shape, setup, teardown),
 		cmocka_unit_test_setup_teardown(publish_copies, setup, teardown),
 		cmocka_unit_test_setup_teardown(store_outlives_producer, setup, teardown),
 	};

@@ -330,10 +330,8 @@ static void request_too_big(void **state)
 		specs[i].shape = shape;
 	}
 	err = dlshare_create(c, "e/big", specs, MANY, NULL, &w);
-	/* BUG: the client never adopts the daemon's max_packet from its
-	 * HelloReply: it sends the oversized packet, the daemon cuts the
-	 * connection, and the call fails with a connection error instead
-	 * of DLSHARE_E2BIG. */
+	/* The client knows the daemon's packet limit from its HelloReply:
+	 * it refuses, instead of sending what would cost the connection. */
 	assert_int_equal(err, DLSHARE_E2BIG);
 	/* The connection is still good. */
 	util_stats(c);

@@ -490,11 +490,8 @@ static void max_output(void **state)
 	assert_int_equal(harness_wait_stats(c, -1, 1, NULL), 0);
 	fds = harness_fd_count(fx->d.pid);
 	p = util_spawn(&fx->d, non_reader, NULL);
-	/* BUG: at half of --max-output the daemon stops reading from the
-	 * peer, so request replies alone never reach the limit: a peer that
-	 * sends and never reads stays connected (its output parked in the
-	 * daemon) instead of being cut off. The wait is generous, to allow
-	 * a soft limit with a grace period. */
+	/* Its replies pile up in the daemon until --max-output cuts it off.
+	 * The wait is generous, to allow a soft limit with a grace period. */
 	struct util_want one = UTIL_ANY;
 	dlshare_stats last;
 	one.connections = 2;
@@ -681,12 +678,12 @@ static void max_fds_odd(void **state)
 {
 	static const struct fds_case cases[] = {
 		{ 3, 3, 3, 0, 0 },              /* at the limit: fine */
-		/* BUG: with an odd --max-fds the control buffer has room
-		 * for one more fd (CMSG_SPACE rounds up to 8 bytes), so a
-		 * packet with max_fds + 1 fds is not truncated: the extra
-		 * fd is closed silently and the frame accepted, where the
-		 * protocol says fds that do not match are an error. */
+		/* With an odd --max-fds the control buffer has room for one
+		 * more fd (CMSG_SPACE rounds up to 8 bytes): the kernel does
+		 * not truncate, yet the packet carries more than allowed
+		 * (and more than its frame says). */
 		{ 3, 4, 3, 1, 0 },
+		{ 3, 4, 4, 1, 0 },
 	};
 
 	run_fds_cases(*state, cases, sizeof(cases) / sizeof(cases[0]));

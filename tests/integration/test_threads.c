@@ -241,8 +241,9 @@ static void many_threads_one_client(void **state)
 	pid_t ver;
 	int64_t workers_done;
 
-	/* A watchdog: a deadlock fails the test instead of hanging it. */
-	alarm(300);
+	/* A watchdog: a deadlock (a parked get that holds up the others, say)
+	 * kills the test with SIGALRM instead of hanging it. */
+	alarm((unsigned)harness_ms(120000) / 1000);
 	pthread_mutex_init(&sh.lock, NULL);
 	ver = util_spawn(&fx->d, versioner, NULL);
 	assert_int_equal(dlshare_get(sh.c, "th/data", &first, &b), 0);

@@ -66,7 +66,7 @@ int util_setup_fdcheck(void **state, const char *const *extra)
 int util_teardown(void **state)
 {
 	struct fixture *fx = *state;
-	int status, fds;
+	int status, fds, want_fds, check;
 
 	for (int i = 0; i < UTIL_MAX_CHILDREN; i++)
 		if (children[i] > 0) {
@@ -93,8 +93,12 @@ int util_teardown(void **state)
 			}
 		}
 	}
+	want_fds = fx->self_fds;
+	check = fx->check_fds;
 	free(fx);
 	assert_int_equal(status, 0);
+	if (check)
+		assert_int_equal(fds, want_fds);
 	return 0;
 }
 
@@ -127,6 +131,17 @@ int util_wait(pid_t pid)
 
 	child_forget(pid);
 	return st;
+}
+
+int util_exited(pid_t pid, int *status)
+{
+	int st;
+
+	if (waitpid(pid, &st, WNOHANG) != pid)
+		return 0;
+	*status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	child_forget(pid);
+	return 1;
 }
 
 void util_kill(pid_t pid)
@@ -340,7 +355,11 @@ int util_get_check(dlshare_client *c, const char *name,
 
 int util_post(dlshare_client *c, const char *name, int64_t value)
 {
-	dlshare_tensor_spec spec = { .dtype = DT_I64, .ndim = 0 };
+	/* A 0-d tensor needs no shape; pass one anyway, so that a
+	 * handshake never depends on the NULL-shape path (test_e2e tests
+	 * that one on its own). */
+	static const int64_t none[1] = { 0 };
+	dlshare_tensor_spec spec = { .dtype = DT_I64, .ndim = 0, .shape = none };
 	dlshare_writer *w;
 	int err;
 

@@ -85,6 +85,9 @@ typedef int (*util_child_fn)(const struct daemon_proc *d, void *arg);
 pid_t util_spawn(const struct daemon_proc *d, util_child_fn fn, void *arg);
 /* harness_wait(), and forgets the child. */
 int util_wait(pid_t pid);
+/* Reaps the child if it has exited: returns 1 with its status as
+ * harness_wait() gives it in *status (and forgets it), else 0. */
+int util_exited(pid_t pid, int *status);
 /* SIGKILLs a child and reaps it. */
 void util_kill(pid_t pid);
 
