@@ -284,6 +284,23 @@ static void on_poll(uv_poll_t *h, int status, int events)
 	server_reap(c->srv);
 }
 
+void conn_sweep(struct server *s)
+{
+	uint64_t now = uv_now(s->loop);
+	uint32_t limit = s->cfg.limits.hello_timeout_ms;
+	struct conn *c;
+
+	/* A peer that never says Hello holds a slot for nothing. */
+	DL_FOREACH(s->conns, c)
+		if (conn_open(c) && !c->hello && now - c->born_ms >= limit) {
+			log_info("conn %llu (pid %d uid %u): no Hello within %u ms",
+				 (unsigned long long)c->id, (int)c->owner.pid,
+				 (unsigned)c->owner.uid, limit);
+			conn_fail(c, "no Hello in time");
+		}
+	server_reap(s);
+}
+
 int conn_new(struct server *s, int fd)
 {
 	struct ucred cred;
@@ -305,9 +322,19 @@ int conn_new(struct server *s, int fd)
 	c->id = ++s->next_conn_id;
 	c->fd = fd;
 	c->state = CONN_OPEN;
+	c->born_ms = uv_now(s->loop);
 	registry_owner_init(&c->owner, cred.uid, cred.gid, cred.pid);
+	err = registry_owner_attach(&s->reg, &c->owner);
+	if (err) {
+		log_warn("uid %u: %s reached (%u); refused a connection",
+			 (unsigned)cred.uid, s->reg.why,
+			 s->reg.limits.uid_connections);
+		free(c);
+		return err; /* the caller refuses fd */
+	}
 	err = uv_poll_init(s->loop, &c->poll, fd);
 	if (err) {
+		registry_owner_drop(&s->reg, &c->owner);
 		close(fd);
 		free(c);
 		return err;

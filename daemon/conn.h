@@ -52,12 +52,18 @@ struct conn {
 	uint32_t nparked;
 	struct conn *prev, *next; /* server->conns */
 	struct conn *doomed_next; /* server->doomed */
+	uint64_t born_ms;         /* loop time of accept */
 	const char *why;          /* why it is failing (a static string) */
 };
 
 /* Takes over fd, an accepted socket, and starts reading from it.
- * Returns 0, or -errno (fd is closed then). */
+ * Returns 0; -EDQUOT when the peer's uid has its quota of connections (fd
+ * stays the caller's, to refuse politely); or another -errno (fd is closed
+ * then). */
 int conn_new(struct server *s, int fd);
+
+/* Closes conns that did not say Hello within hello_timeout_ms. */
+void conn_sweep(struct server *s);
 
 static inline int conn_open(const struct conn *c)
 {

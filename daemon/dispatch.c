@@ -83,7 +83,7 @@ static const char *errno_text(int err)
 	case -ENOSPC:
 		return "the daemon's byte limit is reached";
 	case -EDQUOT:
-		return "too many leases on this connection";
+		return "a quota is reached";
 	case -EFBIG:
 		return "buffer larger than the daemon allows";
 	case -EOPNOTSUPP:
@@ -128,8 +128,16 @@ static void reply_err(struct conn *c, uint64_t id, int err, const char *what,
 		log_info("conn %llu (pid %d): %s %s: %s",
 			 (unsigned long long)c->id, (int)c->owner.pid, what,
 			 name ? name : "", errno_text(err));
-	conn_send_error(c, id, dispatch_code(err), "%s%s%s: %s", what,
-			name ? " " : "", name ? name : "", errno_text(err));
+	/* For a limit, name it: which one, and that it is this uid's. */
+	if ((err == -EDQUOT || err == -ENOSPC) && c->srv->reg.why)
+		conn_send_error(c, id, dispatch_code(err),
+				"%s%s%s: limit reached: %s (uid %u)", what,
+				name ? " " : "", name ? name : "",
+				c->srv->reg.why, (unsigned)c->owner.uid);
+	else
+		conn_send_error(c, id, dispatch_code(err), "%s%s%s: %s", what,
+				name ? " " : "", name ? name : "",
+				errno_text(err));
 }
 
 /* ---- encoding the model ------------------------------------------------ */

@@ -28,6 +28,43 @@ void registry_limits_default(struct registry_limits *l)
 	l->max_bytes = (pages > 0 && psize > 0) ?
 		(uint64_t)pages * (uint64_t)psize / 2 : (UINT64_C(1) << 32);
 	l->default_mode = REGISTRY_DEFAULT_MODE;
+	l->uid_connections = REGISTRY_UID_CONNECTIONS_DEFAULT;
+	l->uid_names = REGISTRY_UID_NAMES_DEFAULT;
+	l->uid_leases = REGISTRY_UID_LEASES_DEFAULT;
+	l->uid_host_bytes = l->max_bytes;
+	l->uid_gpu_bytes = l->max_bytes;
+}
+
+/* Frees a uid's record once it holds nothing. */
+static void usage_put(struct registry *r, struct uid_usage *u)
+{
+	if (u && !u->owners && !u->names && !u->leases && !u->host_bytes &&
+	    !u->gpu_bytes) {
+		HASH_DEL(r->uids, u);
+		free(u);
+	}
+}
+
+int registry_owner_attach(struct registry *r, struct registry_owner *o)
+{
+	struct uid_usage *u = NULL;
+
+	HASH_FIND(hh, r->uids, &o->uid, sizeof(o->uid), u);
+	if (!u) {
+		u = calloc(1, sizeof(*u));
+		if (!u)
+			return -ENOMEM;
+		u->uid = o->uid;
+		HASH_ADD(hh, r->uids, uid, sizeof(u->uid), u);
+	}
+	if (u->owners >= r->limits.uid_connections) {
+		r->why = "connections per uid";
+		usage_put(r, u);
+		return -EDQUOT;
+	}
+	u->owners++;
+	o->usage = u;
+	return 0;
 }
 
 void registry_init(struct registry *r, const struct registry_limits *l,
@@ -85,6 +122,10 @@ static void buffer_free(struct registry *r, struct rbuffer *b)
 	r->bytes -= b->size;
 	if (b->daemon_owned)
 		r->owned_bytes -= b->size;
+	if (b->usage) {
+		b->usage->host_bytes -= b->size;
+		usage_put(r, b->usage);
+	}
 	free(b);
 }
 
@@ -92,6 +133,10 @@ static void entry_maybe_free(struct registry *r, struct entry *e)
 {
 	if (e->versions)
 		return;
+	if (e->usage) {
+		e->usage->names--;
+		usage_put(r, e->usage);
+	}
 	if (!e->detached) {
 		HASH_DEL(r->names, e);
 		r->nnames--;
@@ -181,12 +226,19 @@ void registry_deinit(struct registry *r)
 			DL_DELETE2(v->lease_list, l, vprev, vnext);
 			HASH_DEL(l->owner->leases, l);
 			l->owner->nleases--;
+			if (l->owner->usage)
+				l->owner->usage->leases--;
 			v->leases--;
 			v->entry->leases--;
 			r->nleases--;
 			free(l);
 		}
 		version_destroy(r, v);
+	}
+	struct uid_usage *u, *utmp;
+	HASH_ITER(hh, r->uids, u, utmp) {
+		HASH_DEL(r->uids, u);
+		free(u);
 	}
 }
 
@@ -246,9 +298,31 @@ static int spec_check(struct registry *r, const struct registry_spec *s,
 	for (size_t i = 0; i < s->ntensors; i++)
 		if ((err = check_tensor(s->tensors[i], sizes, s->nbuffers)))
 			return err;
-	if (total > l->max_bytes || r->owned_bytes > l->max_bytes - total)
+	if (total > l->max_bytes || r->owned_bytes > l->max_bytes - total) {
+		r->why = "daemon-owned bytes of the daemon";
 		return -ENOSPC;
+	}
 	*owned = total;
+	return 0;
+}
+
+/* The per-uid part of registry_add's checks. */
+static int quota_check(struct registry *r, struct registry_owner *o,
+		       int fresh_name, uint64_t bytes)
+{
+	struct uid_usage *u = o->usage;
+
+	if (!u)
+		return 0;
+	if (fresh_name && u->names >= r->limits.uid_names) {
+		r->why = "names per uid";
+		return -EDQUOT;
+	}
+	if (bytes > r->limits.uid_host_bytes ||
+	    u->host_bytes > r->limits.uid_host_bytes - bytes) {
+		r->why = "daemon-owned host bytes per uid";
+		return -EDQUOT;
+	}
 	return 0;
 }
 
@@ -268,8 +342,9 @@ static void tensor_copy(struct rtensor *d, const Dlshare__Tensor *t)
 }
 
 /* Builds v's buffers: store mode makes memfds, export mode takes the fds. */
-static int version_buffers(struct registry *r, struct version *v,
-			   const struct registry_spec *s, int exported)
+static int version_buffers(struct registry *r, struct registry_owner *o,
+			   struct version *v, const struct registry_spec *s,
+			   int exported)
 {
 	for (size_t i = 0; i < s->nbuffers; i++) {
 		const Dlshare__Buffer *in = s->buffers[i];
@@ -315,6 +390,9 @@ static int version_buffers(struct registry *r, struct version *v,
 			}
 			b->daemon_owned = 1;
 			r->owned_bytes += b->size;
+			b->usage = o->usage;
+			if (b->usage)
+				b->usage->host_bytes += b->size;
 		}
 		b->id = r->next_buffer_id++;
 		v->buffers[i] = b;
@@ -347,6 +425,8 @@ int registry_add(struct registry *r, struct registry_owner *o,
 	e = registry_entry(r, s->name);
 	if (e && !registry_may(e, o, 2))
 		return -EPERM;
+	if ((err = quota_check(r, o, !e, owned)))
+		return err;
 	if (!e) {
 		e = calloc(1, sizeof(*e));
 		if (!e)
@@ -362,6 +442,9 @@ int registry_add(struct registry *r, struct registry_owner *o,
 				e->last_number = d->last_number;
 		e->owner_uid = o->uid;
 		e->owner_gid = o->gid;
+		e->usage = o->usage;
+		if (e->usage)
+			e->usage->names++;
 		e->mode = s->mode ? s->mode : r->limits.default_mode;
 		HASH_ADD_STR(r->names, name, e);
 		r->nnames++;
@@ -400,7 +483,7 @@ int registry_add(struct registry *r, struct registry_owner *o,
 	DL_APPEND2(o->versions, v, oprev, onext);
 	e->nversions++;
 	r->nversions++;
-	if ((err = version_buffers(r, v, s, exported))) {
+	if ((err = version_buffers(r, o, v, s, exported))) {
 		version_destroy(r, v); /* frees the entry too if fresh */
 		return err;
 	}
@@ -421,6 +504,10 @@ fail_entry:
 	if (fresh) {
 		HASH_DEL(r->names, e);
 		r->nnames--;
+		if (e->usage) {
+			e->usage->names--;
+			usage_put(r, e->usage);
+		}
 		free(e);
 	}
 	return -ENOMEM;
@@ -514,8 +601,14 @@ int registry_lease(struct registry *r, struct registry_owner *o,
 {
 	struct lease *l;
 
-	if (o->nleases >= r->limits.max_leases)
+	if (o->nleases >= r->limits.max_leases) {
+		r->why = "leases per connection";
 		return -EDQUOT;
+	}
+	if (o->usage && o->usage->leases >= r->limits.uid_leases) {
+		r->why = "leases per uid";
+		return -EDQUOT;
+	}
 	l = calloc(1, sizeof(*l));
 	if (!l)
 		return -ENOMEM;
@@ -525,6 +618,8 @@ int registry_lease(struct registry *r, struct registry_owner *o,
 	HASH_ADD(hh, o->leases, id, sizeof(l->id), l);
 	DL_APPEND2(v->lease_list, l, vprev, vnext);
 	o->nleases++;
+	if (o->usage)
+		o->usage->leases++;
 	v->leases++;
 	v->entry->leases++;
 	r->nleases++;
@@ -540,6 +635,8 @@ static void lease_drop(struct registry *r, struct registry_owner *o,
 	HASH_DEL(o->leases, l);
 	DL_DELETE2(v->lease_list, l, vprev, vnext);
 	o->nleases--;
+	if (o->usage)
+		o->usage->leases--;
 	v->leases--;
 	v->entry->leases--;
 	r->nleases--;
@@ -615,5 +712,10 @@ void registry_owner_drop(struct registry *r, struct registry_owner *o)
 		if (v->entry->latest == v)
 			v->entry->latest = NULL;
 		version_check(r, v);
+	}
+	if (o->usage) {
+		o->usage->owners--;
+		usage_put(r, o->usage);
+		o->usage = NULL;
 	}
 }

@@ -33,6 +33,7 @@ struct rbuffer {
 	uint32_t dev_type;       /* DLDeviceType */
 	uint8_t uuid[16];
 	int has_uuid;
+	struct uid_usage *usage; /* daemon-owned: charged for its bytes */
 	int fd;                  /* host, cuda-vmm: the daemon's fd; else -1 */
 	int ro_fd;               /* host, once sealed: read-only fd for
 				  * readers, or -1 (then fd is handed out) */
@@ -94,6 +95,7 @@ struct entry {
 	uint32_t leases;
 	uint32_t owner_uid, owner_gid;
 	uint32_t mode;
+	struct uid_usage *usage; /* charged for this name */
 	int detached;            /* deleted: out of the name map, dying */
 	UT_hash_handle hh;       /* registry->names */
 	struct entry *dprev, *dnext; /* registry->detached */
@@ -107,11 +109,24 @@ struct lease {
 	struct lease *vprev, *vnext; /* version->lease_list */
 };
 
+/* What one uid holds, over all its connections: quotas are per uid, so a
+ * user cannot get around them by opening more connections. */
+struct uid_usage {
+	uid_t uid;
+	uint32_t owners;         /* registry owners (connections) of the uid */
+	uint32_t names;          /* names it created */
+	uint32_t leases;
+	uint64_t host_bytes;     /* daemon-owned host memory of its versions */
+	uint64_t gpu_bytes;      /* daemon-owned GPU memory (none yet) */
+	UT_hash_handle hh;       /* registry->uids */
+};
+
 /* One peer's stake in the registry; embedded by the caller. */
 struct registry_owner {
 	uid_t uid;
 	gid_t gid;
 	pid_t pid;
+	struct uid_usage *usage; /* set by registry_owner_attach */
 	struct lease *leases;
 	uint32_t nleases;
 	struct version *versions; /* pending and exported, by this owner */
@@ -132,6 +147,11 @@ struct registry_limits {
 	uint32_t max_tensors;       /* tensors per version */
 	uint32_t max_buffers;       /* buffers per version */
 	uint32_t max_leases;        /* leases per owner */
+	uint32_t uid_connections;   /* owners (connections) per uid */
+	uint32_t uid_names;         /* names created per uid */
+	uint32_t uid_leases;        /* leases per uid, all connections */
+	uint64_t uid_host_bytes;    /* daemon-owned host bytes per uid */
+	uint64_t uid_gpu_bytes;     /* daemon-owned GPU bytes per uid */
 	uint64_t max_buffer_bytes;  /* size of one buffer */
 	uint64_t max_bytes;         /* daemon-owned bytes, all buffers */
 	uint32_t default_mode;      /* mode of a name when the publisher gives 0 */
@@ -143,8 +163,13 @@ struct registry_limits {
 #define REGISTRY_MAX_LEASES_DEFAULT 16384u
 #define REGISTRY_MAX_BUFFER_BYTES_DEFAULT (UINT64_C(1) << 40)
 #define REGISTRY_DEFAULT_MODE 0644u
+#define REGISTRY_UID_CONNECTIONS_DEFAULT 256u
+#define REGISTRY_UID_NAMES_DEFAULT 65536u
+#define REGISTRY_UID_LEASES_DEFAULT 65536u
 
 struct registry {
+	struct uid_usage *uids;   /* what each uid holds */
+	const char *why;          /* which limit the last -EDQUOT/-ENOSPC hit */
 	struct entry *names;
 	struct entry *detached;   /* deleted names whose versions live on */
 	struct rbuffer *buffers;
@@ -162,11 +187,16 @@ void registry_limits_default(struct registry_limits *l);
 void registry_init(struct registry *r, const struct registry_limits *l,
 		   const struct registry_ops *ops, void *ud);
 /* Frees everything, leases still held included (their owners' tables are
- * emptied of them); callbacks are not called. */
+ * emptied of them); callbacks are not called. Owners attached with
+ * registry_owner_attach must be dropped first. */
 void registry_deinit(struct registry *r);
 
 void registry_owner_init(struct registry_owner *o, uid_t uid, gid_t gid,
 			 pid_t pid);
+/* Counts o against its uid's connection quota. Returns 0, -EDQUOT (the uid
+ * has uid_connections owners already) or -ENOMEM. Undone by
+ * registry_owner_drop. */
+int registry_owner_attach(struct registry *r, struct registry_owner *o);
 /* Drops every lease of o, every pending version and every exported version
  * it produced. Versions that lose their last reachability die here. */
 void registry_owner_drop(struct registry *r, struct registry_owner *o);
@@ -218,7 +248,7 @@ struct version *registry_find(struct registry *r, struct registry_owner *o,
 			      uint64_t number, int *err);
 
 /* Takes a lease of o on v. Returns 0 with *out, -EDQUOT (o holds
- * max_leases), -ENOMEM. */
+ * max_leases, or its uid uid_leases; r->why says which), -ENOMEM. */
 int registry_lease(struct registry *r, struct registry_owner *o,
 		   struct version *v, struct lease **out);
 
