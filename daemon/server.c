@@ -44,7 +44,13 @@ void server_config_default(struct server_config *cfg)
 	cfg->limits.max_connections = SERVER_MAX_CONNECTIONS_DEFAULT;
 	cfg->limits.max_output = SERVER_MAX_OUTPUT_DEFAULT;
 	cfg->limits.list_page = SERVER_LIST_PAGE_DEFAULT;
+	cfg->limits.hello_timeout_ms = SERVER_HELLO_TIMEOUT_DEFAULT;
 	registry_limits_default(&cfg->registry);
+}
+
+static void on_sweep(uv_timer_t *t)
+{
+	conn_sweep(t->data);
 }
 
 int server_init(struct server *s, uv_loop_t *loop,
@@ -60,6 +66,13 @@ int server_init(struct server *s, uv_loop_t *loop,
 	if (!s->rbuf)
 		return -ENOMEM;
 	registry_init(&s->reg, &cfg->registry, &dispatch_registry_ops, s);
+	/* Housekeeping once a second: cheap, and it needs no timer per
+	 * connection. */
+	uv_timer_init(loop, &s->sweep);
+	s->sweep.data = s;
+	uv_timer_start(&s->sweep, on_sweep, 1000, 1000);
+	uv_unref((uv_handle_t *)&s->sweep);
+	s->sweeping = 1;
 	return 0;
 }
 
@@ -142,7 +155,9 @@ static void on_accept(uv_poll_t *h, int status, int events)
 			continue;
 		}
 		int err = conn_new(s, fd);
-		if (err)
+		if (err == -EDQUOT)
+			refuse(fd, "too many connections for this uid");
+		else if (err)
 			log_err("new connection: %s", strerror(-err));
 	}
 	server_reap(s);
@@ -352,6 +367,10 @@ int server_listen(struct server *s)
 
 void server_shutdown(struct server *s)
 {
+	if (s->sweeping) {
+		uv_close((uv_handle_t *)&s->sweep, NULL);
+		s->sweeping = 0;
+	}
 	if (s->listening) {
 		uv_close((uv_handle_t *)&s->listen_poll, NULL);
 		s->listening = 0;

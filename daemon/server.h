@@ -20,6 +20,7 @@ struct server_limits {
 	uint32_t max_connections; /* connections at once */
 	uint64_t max_output;      /* bytes queued to one peer before it is cut */
 	uint32_t list_page;       /* names in one List answer */
+	uint32_t hello_timeout_ms; /* a peer must say Hello within this */
 };
 
 #define SERVER_MAX_PACKET_DEFAULT (128u * 1024u)
@@ -28,6 +29,7 @@ struct server_limits {
 #define SERVER_MAX_CONNECTIONS_DEFAULT 1024u
 #define SERVER_MAX_OUTPUT_DEFAULT (4u * 1024u * 1024u)
 #define SERVER_LIST_PAGE_DEFAULT 256u
+#define SERVER_HELLO_TIMEOUT_DEFAULT 10000u
 /* Before Hello a peer gets a much smaller packet. */
 #define SERVER_HELLO_PACKET_MAX 512u
 
@@ -59,6 +61,8 @@ struct server {
 	uint64_t nparked;
 	uint64_t requests;
 	uint64_t started_ms;
+	uv_timer_t sweep;         /* housekeeping: Hello timeouts */
+	int sweeping;
 	uint8_t *rbuf;            /* one packet; the loop decodes it at once */
 };
 
