@@ -574,3 +574,15 @@ int cuda_wait_event(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
 }
 
 #endif
+
+void dlshare_cuda_cache_stats(unsigned long *open_now,
+			      unsigned long *opened_total)
+{
+	unsigned long a, b;
+
+	cuda_cache_stats(&a, &b);
+	if (open_now)
+		*open_now = a;
+	if (opened_total)
+		*opened_total = b;
+}

@@ -334,6 +334,12 @@ DLSHARE_API int dlshare_stats_get(dlshare_client *c, dlshare_stats *out);
  * the last lease does. Returns 0, DLSHARE_ENOENT, DLSHARE_EPERM, DLSHARE_ECONN. */
 DLSHARE_API int dlshare_delete(dlshare_client *c, const char *name);
 
+/* This process's cache of opened CUDA IPC allocations: how many are open
+ * now (each stays open while a tensor on it lives) and how many were opened
+ * since the process started. Both 0 without CUDA. */
+DLSHARE_API void dlshare_cuda_cache_stats(unsigned long *open_now,
+					  unsigned long *opened_total);
+
 /* ---- DLPack helpers ------------------------------------------------------ */
 
 /* Parses a dtype such as "float32", "int8", "uint16", "bfloat16", "bool",
