@@ -325,12 +325,17 @@ int conn_new(struct server *s, int fd)
 	c->born_ms = uv_now(s->loop);
 	registry_owner_init(&c->owner, cred.uid, cred.gid, cred.pid);
 	err = registry_owner_attach(&s->reg, &c->owner);
-	if (err) {
+	if (err == -EDQUOT) {
 		log_warn("uid %u: %s reached (%u); refused a connection",
 			 (unsigned)cred.uid, s->reg.why,
 			 s->reg.limits.uid_connections);
 		free(c);
 		return err; /* the caller refuses fd */
+	}
+	if (err) {
+		close(fd);
+		free(c);
+		return err;
 	}
 	err = uv_poll_init(s->loop, &c->poll, fd);
 	if (err) {

@@ -38,13 +38,9 @@ int host_seal_write(int fd)
 
 int host_seal_future_write(int fd)
 {
-#ifdef F_SEAL_FUTURE_WRITE
-	if (fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) < 0)
+	if (fcntl(fd, F_ADD_SEALS, HOST_SEAL_FUTURE_WRITE) < 0)
 		return -errno;
 	return 0;
-#else
-	return -ENOSYS;
-#endif
 }
 
 int host_reopen_ro(int fd)
@@ -67,6 +63,11 @@ int host_check_fd(int fd, uint64_t size)
 	/* Only memfds (and sealable shmem files) answer F_GET_SEALS. */
 	seals = fcntl(fd, F_GET_SEALS);
 	if (seals < 0 || (seals & HOST_SEALS_BIRTH) != HOST_SEALS_BIRTH)
+		return -EINVAL;
+	/* With F_SEAL_SEAL and no write seal, the daemon could not stop
+	 * readers from mapping it writable (host_seal_future_write). */
+	if ((seals & F_SEAL_SEAL) &&
+	    !(seals & (F_SEAL_WRITE | HOST_SEAL_FUTURE_WRITE)))
 		return -EINVAL;
 	if (st.st_size < 0 || (uint64_t)st.st_size < size)
 		return -EINVAL;

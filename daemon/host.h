@@ -7,6 +7,12 @@
 
 #include <stdint.h>
 
+#ifdef F_SEAL_FUTURE_WRITE
+#define HOST_SEAL_FUTURE_WRITE F_SEAL_FUTURE_WRITE
+#else
+#define HOST_SEAL_FUTURE_WRITE 0x0010 /* Linux 5.1 */
+#endif
+
 /* Seals every host buffer carries from birth. */
 #define HOST_SEALS_BIRTH (F_SEAL_SHRINK | F_SEAL_GROW)
 
@@ -29,7 +35,8 @@ int host_seal_future_write(int fd);
 int host_reopen_ro(int fd);
 
 /* Accepts an fd from a peer only when it is a memfd carrying
- * HOST_SEALS_BIRTH and at least size bytes long. Returns 0 or -EINVAL. */
+ * HOST_SEALS_BIRTH, at least size bytes long, and still open to a write
+ * seal (no F_SEAL_SEAL unless already write-sealed). Returns 0 or -EINVAL. */
 int host_check_fd(int fd, uint64_t size);
 
 #endif

@@ -378,8 +378,10 @@ static int version_buffers(struct registry *r, struct registry_owner *o,
 			/* Readers must not write the producer's memory, even
 			 * through a reopen of /proc/self/fd: no new writable
 			 * mapping of it, ever (the producer's own stays). */
+			/* host_check_fd made sure this can be added; only a
+			 * kernel before 5.1 says no. */
 			if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
-				host_seal_future_write(b->fd);
+				(void)host_seal_future_write(b->fd);
 		} else {
 			b->fd = host_create(s->name, in->size);
 			if (b->fd < 0) {
@@ -681,6 +683,13 @@ int registry_delete(struct registry *r, struct registry_owner *o,
 	r->nnames--;
 	e->detached = 1;
 	DL_APPEND2(r->detached, e, dprev, dnext);
+	/* The name is free again, also for the owner's quota, even while
+	 * other uids' leases keep its versions alive. */
+	if (e->usage) {
+		e->usage->names--;
+		usage_put(r, e->usage);
+		e->usage = NULL;
+	}
 	e->latest = NULL;
 	/* The last version to die frees e; do not touch e after the loop. */
 	DL_FOREACH_SAFE(e->versions, v, tmp) {
