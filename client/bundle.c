@@ -153,6 +153,8 @@ int dlshare_get(dlshare_client *c, const char *name,
 	struct reply r;
 	int err;
 
+	errmsg_set(NULL);
+
 	if (!c || !out || check_name(name))
 		return DLSHARE_EINVAL;
 	*out = NULL;
@@ -440,6 +442,8 @@ int dlshare_stat(dlshare_client *c, const char *name, dlshare_name_info *info,
 	struct reply r;
 	int err;
 
+	errmsg_set(NULL);
+
 	if (manifest)
 		*manifest = NULL;
 	if (!c || !info || check_name(name))
@@ -493,6 +497,8 @@ int dlshare_list(dlshare_client *c, const char *prefix, dlshare_list_fn fn,
 	char after[CHECK_NAME_MAX + 1] = "";
 	int more = 1, err = 0;
 
+	errmsg_set(NULL);
+
 	if (!c || !fn || check_prefix(prefix))
 		return DLSHARE_EINVAL;
 	while (more && !err) {
@@ -534,6 +540,8 @@ int dlshare_stats_get(dlshare_client *c, dlshare_stats *out)
 	struct reply r;
 	int err;
 
+	errmsg_set(NULL);
+
 	if (!c || !out)
 		return DLSHARE_EINVAL;
 	f.body_case = DLSHARE__FRAME__BODY_STATS;
@@ -560,6 +568,8 @@ int dlshare_delete(dlshare_client *c, const char *name)
 	Dlshare__Delete d = DLSHARE__DELETE__INIT;
 	struct reply r;
 	int err;
+
+	errmsg_set(NULL);
 
 	if (!c || check_name(name))
 		return DLSHARE_EINVAL;

@@ -542,6 +542,7 @@ static void *rx_main(void *arg)
 		    err == DLSHARE_EPROTO ? DLSHARE_ECONN : err);
 	c->nrel = 0;
 	pthread_mutex_unlock(&c->lock);
+	client_unref(c);
 	return NULL;
 }
 
@@ -732,7 +733,11 @@ int dlshare_connect(const char *path, dlshare_client **out)
 		err = errno == EACCES ? DLSHARE_EPERM : DLSHARE_ECONN;
 		goto fail;
 	}
+	/* The receiver thread holds its own reference: it may outlive a
+	 * dlshare_disconnect() made from a deleter running on it. */
+	client_ref(c);
 	if (pthread_create(&c->rx, NULL, rx_main, c)) {
+		atomic_fetch_sub(&c->refs, 1);
 		err = DLSHARE_ENOMEM;
 		goto fail;
 	}
@@ -764,7 +769,13 @@ void dlshare_disconnect(dlshare_client *c)
 		if (write(c->wake_fd, &one, sizeof(one)) < 0) {
 			/* Already signalled. */
 		}
-		pthread_join(c->rx, NULL);
+		/* From a deleter on the receiver thread itself: it cannot be
+		 * joined; it sees closed and exits when the deleter returns,
+		 * dropping its own reference. */
+		if (pthread_equal(pthread_self(), c->rx))
+			pthread_detach(c->rx);
+		else
+			pthread_join(c->rx, NULL);
 	}
 	/* Releases still waiting for device work: their kernels must finish
 	 * before the daemon, seeing the socket close, hands the memory back. */

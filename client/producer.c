@@ -131,6 +131,8 @@ int dlshare_create(dlshare_client *c, const char *name,
 	struct reply r;
 	int err;
 
+	errmsg_set(NULL);
+
 	if (!out)
 		return DLSHARE_EINVAL;
 	*out = NULL;
@@ -566,6 +568,8 @@ int dlshare_publish(dlshare_client *c, const char *name,
 	static const dlshare_publish_opts dflt = { 0 };
 	const dlshare_publish_opts *o = opts ? opts : &dflt;
 	int err, cuda_dev = 0;
+
+	errmsg_set(NULL);
 
 	if (!c || check_name(name) || !tensors || n == 0 ||
 	    (o->mode & ~CHECK_MODE_MASK))

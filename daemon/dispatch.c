@@ -94,6 +94,10 @@ static const char *errno_text(int err)
 		return "version already sealed";
 	case -EPERM:
 		return "permission denied";
+	case -ENOENT:
+		return "no such name or version";
+	case -ETIMEDOUT:
+		return "no matching version before the timeout";
 	default:
 		return strerror(-err);
 	}
