@@ -1,0 +1,792 @@
+"""dlshare: named tensors handed between processes without a copy.
+
+A consumer (any DLPack library takes what get() returns)::
+
+    import dlshare, torch
+    with dlshare.Client() as client:            # the default socket
+        w = torch.from_dlpack(client.get("model/w"))
+
+A producer::
+
+    with dlshare.Client() as client:
+        client.publish("batch/7", images, labels, keys=["images", "labels"])
+
+The data never passes through the socket: host tensors live in sealed memfds
+that every consumer maps read-only. ``publish`` copies ordinary memory (a
+NumPy array, a CPU torch tensor) once into a daemon buffer; memory from
+``dlshare.empty()`` is shared without any copy. ``create``/``seal`` let a
+producer write straight into the daemon's buffer.
+
+The package needs nothing beyond the standard library: the DLPack protocol
+(``__dlpack__``/``__dlpack_device__``) is the interface to NumPy, PyTorch,
+JAX and CuPy. Its C side, ``dlshare._dlshare``, is a CPython extension over
+libdlshare; see python/README.md for why it is C and not ctypes.
+"""
+
+import collections
+import dataclasses
+import enum
+import math
+import os
+import re
+from collections.abc import Mapping
+
+from . import _dlshare
+from ._errors import (Error, InvalidArgument, NotFound, Timeout,
+                      PermissionDenied, OutOfMemory, LimitExceeded,
+                      ProtocolError, ConnectionFailed, VersionMismatch,
+                      NotSupported, SystemCallFailed, Busy, CopyForbidden,
+                      DeviceUnavailable, InvalidState, TooBig, Closed)
+
+__version__ = _dlshare.version()
+
+__all__ = [
+    "Client", "Tensor", "Bundle", "Writer", "Array", "TensorSpec",
+    "NameInfo", "TensorInfo", "Stats", "DLDeviceType", "empty",
+    "socket_path", "WAIT_FOREVER",
+    "Error", "InvalidArgument", "NotFound", "Timeout", "PermissionDenied",
+    "OutOfMemory", "LimitExceeded", "ProtocolError", "ConnectionFailed",
+    "VersionMismatch", "NotSupported", "SystemCallFailed", "Busy",
+    "CopyForbidden", "DeviceUnavailable", "InvalidState", "TooBig", "Closed",
+]
+
+#: Pass as ``timeout`` to wait for a version without limit.
+WAIT_FOREVER = math.inf
+
+_LATEST, _EXACT, _NEWER_THAN = 0, 1, 2
+_KINDS = {1: "host", 2: "cuda-ipc", 3: "cuda-vmm"}
+_U64 = (1 << 64) - 1
+
+
+class DLDeviceType(enum.IntEnum):
+    """DLPack's device types, as ``__dlpack_device__()`` reports them."""
+    kDLCPU = 1
+    kDLCUDA = 2
+    kDLCUDAHost = 3
+    kDLOpenCL = 4
+    kDLVulkan = 7
+    kDLMetal = 8
+    kDLVPI = 9
+    kDLROCM = 10
+    kDLROCMHost = 11
+    kDLExtDev = 12
+    kDLCUDAManaged = 13
+    kDLOneAPI = 14
+    kDLWebGPU = 15
+    kDLHexagon = 16
+
+
+# Devices whose DLPack exchange takes a stream (the array API's rule).
+_STREAM_DEVICES = (DLDeviceType.kDLCUDA, DLDeviceType.kDLROCM,
+                   DLDeviceType.kDLCUDAManaged)
+
+
+def _device(dev_type, dev_id):
+    try:
+        dev_type = DLDeviceType(dev_type)
+    except ValueError:
+        pass
+    return (dev_type, dev_id)
+
+
+def socket_path():
+    """The socket that Client() uses when given none (the rule DESIGN.md
+    fixes: $DLSHARE_SOCKET, /run/dlshare/dlshared.sock,
+    $XDG_RUNTIME_DIR/dlshare/dlshared.sock, /tmp/dlshare-$UID/...)."""
+    return _dlshare.socket_path()
+
+
+# ---- argument helpers ---------------------------------------------------
+
+_NAME_RE = re.compile(r"[A-Za-z0-9._/-]{1,255}")
+
+
+def _check_name(name):
+    if not isinstance(name, str):
+        raise TypeError(f"a name is a str, not {type(name).__name__}")
+    segs = name.split("/")
+    if (not _NAME_RE.fullmatch(name) or
+            any(s in ("", ".", "..") for s in segs)):
+        raise InvalidArgument(
+            f"invalid name {name!r}: 1-255 bytes of [A-Za-z0-9._/-], no "
+            "leading or trailing '/', no empty, '.' or '..' segment")
+    return name
+
+
+def _dtype_name(dtype):
+    """'float32' from a str, a NumPy dtype or scalar type, a torch dtype."""
+    if isinstance(dtype, str):
+        s = dtype
+    elif isinstance(getattr(dtype, "name", None), str):
+        s = dtype.name                       # numpy.dtype
+    elif isinstance(dtype, type):
+        s = dtype.__name__                   # numpy.float32, float, bool
+    else:
+        s = str(dtype)                       # torch.float32
+    s = s.rsplit(".", 1)[-1]
+    s = {"bool_": "bool", "float": "float64", "int": "int64",
+         "complex": "complex128", "half": "float16", "double": "float64",
+         "cfloat": "complex64", "cdouble": "complex128"}.get(s, s)
+    return _dlshare.dtype_check(s)
+
+
+def _mode(mode):
+    if mode is None:
+        return 0
+    mode = int(mode)
+    if mode & ~0o666 or mode < 0:
+        raise InvalidArgument(f"mode {mode:#o}: only the bits of 0666")
+    return mode
+
+
+def _stream_value(stream):
+    """A stream argument as the C library takes it (a cudaStream_t)."""
+    if stream is None:
+        return 0                              # NULL: the legacy default
+    if hasattr(stream, "cuda_stream"):        # torch.cuda.Stream, CuPy's
+        stream = stream.cuda_stream or 1      # 0 is the legacy default
+    stream = int(stream)
+    if stream == 0:
+        raise ValueError("stream 0 is ambiguous: pass None or 1 for the "
+                         "legacy default stream, 2 for the per-thread one")
+    return stream & _U64
+
+
+def _timeout_value(timeout):
+    if timeout is None:
+        return 0.0
+    timeout = float(timeout)
+    if math.isnan(timeout) or timeout < 0:
+        raise ValueError("timeout must be None, >= 0 or WAIT_FOREVER")
+    if math.isinf(timeout):
+        return -1.0
+    return timeout
+
+
+def _capsule_of(obj, stream):
+    """A DLPack capsule of obj: asks for the versioned protocol first, and
+    falls back on the buffer protocol (bytes, array.array, and the read-only
+    arrays that NumPy < 2 refuses to export)."""
+    if _dlshare.is_capsule(obj):
+        return obj
+    if not hasattr(obj, "__dlpack__"):
+        try:
+            return _dlshare.buffer_capsule(obj)
+        except TypeError:
+            raise TypeError(f"{type(obj).__name__} supports neither DLPack "
+                            "nor the buffer protocol") from None
+    kw = {}
+    if hasattr(obj, "__dlpack_device__"):
+        dev = int(obj.__dlpack_device__()[0])
+        if dev in _STREAM_DEVICES:
+            # The producer makes this stream wait for its work; the library
+            # records its event there.
+            kw["stream"] = 1 if stream is None else stream
+    try:
+        return obj.__dlpack__(max_version=(1, 0), **kw)
+    except TypeError:
+        pass
+    except BufferError as e:
+        if kw:
+            raise
+        return _buffer_fallback(obj, e)
+    # DLPack < 1.0 producers (NumPy < 2, torch < 2.3) take no max_version.
+    try:
+        return obj.__dlpack__(**kw)
+    except BufferError as e:
+        if kw:
+            raise
+        return _buffer_fallback(obj, e)
+
+
+def _buffer_fallback(obj, err):
+    try:
+        return _dlshare.buffer_capsule(obj)
+    except (TypeError, BufferError):
+        raise err from None
+
+
+# ---- DLPack export, shared by Tensor and Array ----------------------------
+
+class _DLPack:
+    __slots__ = ()
+
+    def __dlpack_device__(self):
+        """(DLDeviceType, device id) of the tensor's memory."""
+        return _device(*self._device_raw())
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None,
+                   copy=None):
+        """A DLPack capsule of this tensor, as the array API standard fixes:
+        a versioned ``dltensor_versioned`` (flagged read-only where the
+        memory is) when max_version >= (1, 0), else a ``dltensor``; a copy
+        only with copy=True; BufferError for what cannot be honoured."""
+        dev_type, dev_id = self._device_raw()
+        self._check_stream(stream, dev_type)
+        versioned = False
+        if max_version is not None:
+            major, _minor = max_version
+            versioned = int(major) >= 1
+        if dl_device is not None:
+            want = (int(dl_device[0]), int(dl_device[1]))
+            if want != (int(dev_type), int(dev_id)):
+                raise BufferError(
+                    f"the tensor is on device {(dev_type, dev_id)}, and "
+                    f"dlshare does not move it to {want}")
+        if copy and dev_type not in (DLDeviceType.kDLCPU,
+                                     DLDeviceType.kDLCUDAHost):
+            raise BufferError("copy=True is supported for host tensors only")
+        return self._capsule(versioned, bool(copy))
+
+    def _check_stream(self, stream, dev_type):
+        if dev_type in _STREAM_DEVICES:
+            if stream is not None and int(stream) == 0:
+                raise ValueError("stream 0 is ambiguous under DLPack")
+        elif stream is not None:
+            raise BufferError("stream must be None for a tensor in host "
+                              f"memory, not {stream!r}")
+
+
+def _shape_str(dtype, shape):
+    return f"{dtype}[{', '.join(str(n) for n in shape)}]"
+
+
+# ---- consumer side --------------------------------------------------------
+
+class Tensor(_DLPack):
+    """One tensor of a version got from the daemon.
+
+    It holds a lease: the memory stays valid and unchanged while this object,
+    or any array a consumer made from it (``numpy.from_dlpack``,
+    ``torch.from_dlpack``, ``jax.dlpack.from_dlpack``), lives. The memory is
+    mapped read-only: with DLPack >= 1.0 consumers (NumPy >= 2.1) the arrays
+    are read-only; older consumers cannot see that flag, and writing through
+    their arrays crashes the process (SIGSEGV) rather than change the data.
+    Ask for ``copy=True`` (``numpy.from_dlpack(t, copy=True)``) for a
+    writable copy.
+    """
+
+    __slots__ = ("_b", "_i", "_info", "_owner", "_stream", "name", "key",
+                 "version", "__weakref__")
+
+    def __init__(self, bundle, index, name, key, stream, owner):
+        self._b = bundle
+        self._i = index
+        self._info = bundle.info(index)
+        self._owner = owner
+        self._stream = stream
+        self.name = name
+        self.key = key
+        self.version = bundle.version()
+
+    # Geometry.
+    @property
+    def dtype(self):
+        """The dtype's name ("float32", "bfloat16", ...)."""
+        return self._info[0]
+
+    @property
+    def shape(self):
+        return self._info[1]
+
+    @property
+    def strides(self):
+        """Strides in elements, or None when compact row-major."""
+        return self._info[2]
+
+    @property
+    def ndim(self):
+        return len(self._info[1])
+
+    @property
+    def size(self):
+        return math.prod(self._info[1])
+
+    @property
+    def itemsize(self):
+        return self._info[6]
+
+    @property
+    def nbytes(self):
+        return self.size * self._info[6]
+
+    @property
+    def device(self):
+        return _device(self._info[3], self._info[4])
+
+    @property
+    def released(self):
+        return self._b.released()
+
+    def _device_raw(self):
+        return self._info[3], self._info[4]
+
+    def _check_stream(self, stream, dev_type):
+        super()._check_stream(stream, dev_type)
+        if dev_type in _STREAM_DEVICES and stream != -1:
+            want = 1 if self._stream is None else self._stream
+            got = 1 if stream is None else int(stream)
+            if (got & _U64) != (_stream_value(want) or 1):
+                # The library made get()'s stream wait for the producer;
+                # it offers no way yet to make another stream wait.
+                raise BufferError(
+                    f"the consumer's stream {got} is not the stream given "
+                    f"to get() ({want}): pass stream= to get()")
+
+    def _capsule(self, versioned, copy):
+        return self._b.export(self._i, versioned, copy)
+
+    def release(self):
+        """Drops this object's hold on the lease now (arrays made from the
+        tensor keep theirs); further use raises BufferError. A tensor of a
+        Bundle shares the bundle's hold: release the Bundle instead."""
+        if self._owner:
+            self._b.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __repr__(self):
+        dev = self.device[0]
+        dev = dev.name[3:].lower() if isinstance(dev, DLDeviceType) else dev
+        key = f"[{self.key!r}]" if self.key else ""
+        return (f"<dlshare.Tensor {self.name!r}{key} v{self.version} "
+                f"{_shape_str(self.dtype, self.shape)} {dev}>")
+
+
+class Bundle:
+    """A version holding several tensors (or get_bundle()'s answer): a
+    sequence of Tensor, also indexable by key. One lease holds them all; it
+    goes once the bundle, its Tensors and the arrays made from them are
+    gone, or at release()."""
+
+    __slots__ = ("_b", "_keys", "_tensors", "_stream", "name", "version")
+
+    def __init__(self, bundle, name, stream):
+        self._b = bundle
+        self._keys = bundle.keys()
+        self._tensors = [None] * len(self._keys)
+        self._stream = stream
+        self.name = name
+        self.version = bundle.version()
+
+    def __len__(self):
+        return len(self._keys)
+
+    def _at(self, i):
+        t = self._tensors[i]
+        if t is None:
+            t = Tensor(self._b, i, self.name, self._keys[i], self._stream,
+                       False)
+            self._tensors[i] = t
+        return t
+
+    def __getitem__(self, k):
+        if isinstance(k, str):
+            try:
+                return self._at(self._keys.index(k))
+            except ValueError:
+                raise KeyError(k) from None
+        if isinstance(k, slice):
+            return [self._at(i) for i in range(len(self))[k]]
+        i = range(len(self))[k]            # IndexError, negative indices
+        return self._at(i)
+
+    def __iter__(self):
+        return (self._at(i) for i in range(len(self)))
+
+    def __contains__(self, key):
+        return key in self._keys
+
+    def keys(self):
+        return list(self._keys)
+
+    def values(self):
+        return list(self)
+
+    def items(self):
+        return [(k, self._at(i)) for i, k in enumerate(self._keys)]
+
+    def get(self, key, default=None):
+        return self[key] if key in self._keys else default
+
+    def release(self):
+        """Drops the lease now, for every Tensor of this bundle (arrays made
+        from them keep theirs)."""
+        self._b.release()
+
+    @property
+    def released(self):
+        return self._b.released()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __repr__(self):
+        return (f"<dlshare.Bundle {self.name!r} v{self.version} "
+                f"keys={self._keys!r}>")
+
+
+# ---- producer side --------------------------------------------------------
+
+class Array(_dlshare.Array, _DLPack):
+    """Writable host memory that dlshare shares: ``dlshare.empty()`` (then
+    ``publish`` hands it out without a copy) or a tensor of a Writer (store
+    mode). Supports the buffer protocol (``numpy.asarray(a)``,
+    ``memoryview(a)``) and DLPack (``numpy.from_dlpack(a)``,
+    ``torch.from_dlpack(a)``), both writable.
+
+    After publishing an ``empty()`` array, do not write it again: consumers
+    read it in place. Allocate a new one for the next version; the memory
+    goes once the daemon retired the version and no reference is left.
+    """
+
+    __slots__ = ()
+
+    @property
+    def dtype(self):
+        return self._info()[0]
+
+    @property
+    def shape(self):
+        return self._info()[1]
+
+    @property
+    def ndim(self):
+        return len(self._info()[1])
+
+    @property
+    def size(self):
+        return math.prod(self._info()[1])
+
+    @property
+    def itemsize(self):
+        return self._info()[5]
+
+    @property
+    def nbytes(self):
+        return self.size * self._info()[5]
+
+    @property
+    def device(self):
+        return _device(*self._info()[2:4])
+
+    def _device_raw(self):
+        return self._info()[2:4]
+
+    def _capsule(self, versioned, copy):
+        return self._export(versioned, copy)
+
+    def copy_from(self, src):
+        """Copies src (any DLPack host tensor of the same dtype and shape,
+        any strides) into this memory."""
+        cap = _capsule_of(src, None)
+        self._copy_from(cap)
+
+    def __repr__(self):
+        if not self._usable():
+            return "<dlshare.Array (gone: writer sealed or aborted)>"
+        return f"<dlshare.Array {_shape_str(self.dtype, self.shape)}>"
+
+
+def empty(shape, dtype="float32"):
+    """A new Array in shareable memory (a sealed memfd), zero-filled.
+    Publishing it, or any DLPack view of it, needs no copy."""
+    if isinstance(shape, int):
+        shape = (shape,)
+    return _dlshare.host_alloc(Array, _dtype_name(dtype), tuple(shape))
+
+
+TensorSpec = collections.namedtuple("TensorSpec", "key dtype shape")
+TensorSpec.__doc__ = ("One tensor for Client.create(): its key (or None), "
+                      "dtype and shape.")
+
+
+class Writer:
+    """A pending version from Client.create(): write into ``w[i]`` or
+    ``w["key"]`` (Arrays), then ``seal()``. As a context manager it seals on
+    success and aborts on an exception.
+
+    Sealing unmaps the writable memory, so every view made from the writer's
+    Arrays (``numpy.asarray``, ``from_dlpack``, ``memoryview``) must be gone
+    by then; seal() raises BufferError otherwise.
+    """
+
+    __slots__ = ("_w", "_arrays", "client", "name", "keys")
+
+    def __init__(self, client, name, w, keys):
+        self._w = w
+        self._arrays = {}
+        self.client = client
+        self.name = name
+        self.keys = keys
+
+    @property
+    def version(self):
+        """The version number sealing will publish."""
+        return self._w.version()
+
+    @property
+    def done(self):
+        return self._w.done()
+
+    def __len__(self):
+        return len(self.keys)
+
+    def __getitem__(self, k):
+        if isinstance(k, str):
+            try:
+                i = self.keys.index(k)
+            except ValueError:
+                raise KeyError(k) from None
+        else:
+            i = range(len(self.keys))[k]
+        a = self._arrays.get(i)
+        if a is None:
+            a = self._arrays[i] = self._w.array(Array, i)
+        return a
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def seal(self, stream=None):
+        """Makes the version immutable and visible; returns its number."""
+        return self._w.seal(_stream_value(stream))
+
+    def abort(self):
+        """Drops the pending version (a no-op once sealed or aborted)."""
+        self._w.abort()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self._w.done():
+            return
+        if exc_type is None:
+            self.seal()
+        else:
+            try:
+                self.abort()
+            except BufferError:
+                pass  # views alive: the version goes with the connection
+
+    def __repr__(self):
+        state = " done" if self.done else ""
+        return (f"<dlshare.Writer {self.name!r} v{self.version}{state} "
+                f"keys={self.keys!r}>")
+
+
+# ---- looking inside ---------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """A tensor of a version's manifest (no data)."""
+    key: str
+    dtype: str
+    shape: tuple
+    strides: tuple
+    offset: int
+
+
+@dataclasses.dataclass(frozen=True)
+class NameInfo:
+    """What list() and stat() tell about a name."""
+    name: str
+    latest: int          # newest sealed version, 0 when none yet
+    versions: int        # live versions (the newest and those leased)
+    tensors: int         # tensors in the newest version
+    bytes: int           # buffer bytes of the newest version
+    leases: int          # leases on all its versions
+    owner_uid: int
+    mode: int
+    kind: str            # "host", "cuda-ipc", "cuda-vmm"; None when unsealed
+    exported: bool       # the newest version is a producer's own memory
+    manifest: tuple = ()  # stat() only: TensorInfo of the newest version
+
+    @classmethod
+    def _of(cls, t, manifest=()):
+        return cls(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
+                   _KINDS.get(t[8]), bool(t[9]),
+                   tuple(TensorInfo(*m) for m in manifest))
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """The daemon's counters."""
+    connections: int
+    names: int
+    versions: int
+    leases: int
+    buffers: int
+    bytes: int
+    parked: int
+    requests: int
+    uptime_ms: int
+
+
+# ---- the client ---------------------------------------------------------------
+
+class Client:
+    """A connection to dlshared.
+
+    ``Client()`` finds the daemon by the default rule (see socket_path());
+    ``Client("/path/to.sock")`` names the socket. Use it as a context
+    manager, or call close(). One Client may be shared by threads: calls
+    release the GIL, and a get() waiting for a version blocks only its
+    caller.
+
+    Tensors and bundles got from a client stay valid after it is closed.
+    """
+
+    def __init__(self, socket=None):
+        path = None if socket is None else os.fsdecode(os.fspath(socket))
+        self._c = _dlshare.Client(path)
+        #: The socket path this client connected to.
+        self.socket = path if path is not None else _dlshare.socket_path()
+
+    def close(self):
+        """Disconnects. Versions this client published by export without
+        a reader are withdrawn; store versions stay."""
+        self._c.close()
+
+    @property
+    def closed(self):
+        return self._c.closed()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self.closed else "open"
+        return f"<dlshare.Client {self.socket!r} {state}>"
+
+    # Producing.
+    def publish(self, name, *tensors, keys=None, mode=None, copy=None,
+                stream=None):
+        """Publishes tensors as a new version of name; returns its number.
+
+        tensors: objects with ``__dlpack__`` (NumPy, PyTorch, JAX, CuPy
+        arrays, dlshare Arrays) or bare ``dltensor`` capsules (renamed
+        ``used_dltensor`` once taken); a single dict publishes its values
+        under its keys. Several tensors make a bundle; keys names them.
+
+        Memory from dlshare.empty() is shared without a copy. Other host
+        memory is copied once into a daemon buffer, unless copy=False, which
+        raises CopyForbidden instead; copy=True always copies. mode: the
+        permission bits (0o644 style) of a new name. stream: the producer's
+        CUDA stream for device tensors (None: the legacy default stream).
+        """
+        _check_name(name)
+        if len(tensors) == 1 and isinstance(tensors[0], Mapping):
+            if keys is not None:
+                raise TypeError("pass keys or a dict, not both")
+            keys = list(tensors[0].keys())
+            tensors = tuple(tensors[0].values())
+        if not tensors:
+            raise ValueError("publish needs at least one tensor")
+        if keys is not None:
+            keys = tuple(str(k) for k in keys)
+            if len(keys) != len(tensors):
+                raise ValueError(f"{len(keys)} keys for {len(tensors)} "
+                                 "tensors")
+        mode = _mode(mode)
+        sv = _stream_value(stream)
+        caps = tuple(_capsule_of(t, stream) for t in tensors)
+        return self._c.publish(name, caps, keys, mode, copy is False,
+                               copy is True, sv)
+
+    def create(self, name, *specs, mode=None):
+        """Creates a pending store-mode version of name in a daemon buffer
+        and returns its Writer. specs: TensorSpec(key, dtype, shape),
+        (key, dtype, shape) or (dtype, shape) tuples, or one dict
+        {key: (dtype, shape)}. dtype: "float32", a NumPy dtype, a torch
+        dtype."""
+        _check_name(name)
+        if len(specs) == 1 and isinstance(specs[0], Mapping):
+            specs = tuple((k, d, s) for k, (d, s) in specs[0].items())
+        norm = []
+        for s in specs:
+            s = tuple(s)
+            if len(s) == 2:
+                s = (None,) + s
+            if len(s) != 3:
+                raise TypeError("a spec is (key, dtype, shape) or "
+                                "(dtype, shape)")
+            key, dtype, shape = s
+            if isinstance(shape, int):
+                shape = (shape,)
+            norm.append((None if key is None else str(key),
+                         _dtype_name(dtype), tuple(int(n) for n in shape)))
+        w = self._c.create(name, tuple(norm), _mode(mode))
+        return Writer(self, name, w, tuple(k or "" for k, _, _ in norm))
+
+    def seal(self, writer, stream=None):
+        """writer.seal(stream): the version becomes immutable and visible."""
+        return writer.seal(stream)
+
+    # Consuming.
+    def _get(self, name, version, newer_than, timeout, stream):
+        _check_name(name)
+        if version is not None and newer_than is not None:
+            raise ValueError("pass version or newer_than, not both")
+        if version is not None:
+            select, v = _EXACT, int(version)
+        elif newer_than is not None:
+            select, v = _NEWER_THAN, int(newer_than)
+        else:
+            select, v = _LATEST, 0
+        if v < 0:
+            raise ValueError("versions are >= 0")
+        return self._c.get(name, select, v, _timeout_value(timeout),
+                           _stream_value(stream))
+
+    def get(self, name, version=None, newer_than=None, timeout=None,
+            stream=None):
+        """Gets a version of name: the newest, exactly ``version``, or the
+        newest one newer than ``newer_than``. Returns a Tensor, or a Bundle
+        when the version holds several tensors.
+
+        timeout: None fails at once (NotFound) when there is no such
+        version; a number of seconds waits for one to be published (Timeout
+        when none came); WAIT_FOREVER waits without limit. stream: the
+        consumer's CUDA stream for device tensors (None: the legacy default
+        stream, 1 the same, 2 per-thread, -1 no synchronisation, or a
+        cudaStream_t / torch.cuda.Stream)."""
+        b = self._get(name, version, newer_than, timeout, stream)
+        if b.count() == 1:
+            return Tensor(b, 0, name, b.keys()[0], stream, True)
+        return Bundle(b, name, stream)
+
+    def get_bundle(self, name, version=None, newer_than=None, timeout=None,
+                   stream=None):
+        """As get(), but always a Bundle, also for one tensor."""
+        return Bundle(self._get(name, version, newer_than, timeout, stream),
+                      name, stream)
+
+    # Looking inside.
+    def delete(self, name):
+        """Removes name; leased data stays valid for its readers."""
+        self._c.delete(_check_name(name))
+
+    def list(self, prefix=""):
+        """NameInfo of every name starting with prefix, in byte order."""
+        return [NameInfo._of(t) for t in self._c.list(prefix or "")]
+
+    def stat(self, name):
+        """NameInfo of name, with the newest version's manifest."""
+        info, manifest = self._c.stat(_check_name(name))
+        return NameInfo._of(info, manifest)
+
+    def stats(self):
+        """The daemon's counters (a Stats)."""
+        return Stats(**self._c.stats())
