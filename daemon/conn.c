@@ -44,6 +44,11 @@ static void conn_update_poll(struct conn *c)
 	events |= UV_READABLE;
 	if (c->out_head)
 		events |= UV_WRITABLE;
+	/* libuv 1.44 re-registers the fd with epoll on every start: three
+	 * epoll_ctl calls per request when nothing changed. */
+	if (events == c->armed)
+		return;
+	c->armed = events;
 	uv_poll_start(&c->poll, events, on_poll);
 }
 
@@ -60,6 +65,7 @@ void conn_fail(struct conn *c, const char *why)
 		return;
 	c->state = CONN_FAILING;
 	c->why = why;
+	c->armed = 0;
 	uv_poll_stop(&c->poll);
 	c->doomed_next = c->srv->doomed;
 	c->srv->doomed = c;
@@ -350,6 +356,7 @@ int conn_new(struct server *s, int fd)
 	log_debug("conn %llu: pid %d uid %u gid %u",
 		  (unsigned long long)c->id, (int)cred.pid,
 		  (unsigned)cred.uid, (unsigned)cred.gid);
+	c->armed = UV_READABLE;
 	uv_poll_start(&c->poll, UV_READABLE, on_poll);
 	return 0;
 }

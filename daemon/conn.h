@@ -53,6 +53,7 @@ struct conn {
 	struct conn *prev, *next; /* server->conns */
 	struct conn *doomed_next; /* server->doomed */
 	uint64_t born_ms;         /* loop time of accept */
+	int armed;                /* events the poll handle waits for */
 	const char *why;          /* why it is failing (a static string) */
 };
 
