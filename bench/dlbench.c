@@ -1,0 +1,1430 @@
+/* dlbench — runs every dlshare benchmark beside its floor, in one run on
+ * one machine, and prints a table (and, with --json FILE, writes it).
+ *
+ * Each figure is measured over repeats; a repeat of dlshare and the
+ * repeat of its floor run next to each other (their order alternating), so
+ * a ratio is taken between measurements seconds apart. A figure's value is
+ * the median over repeats, its spread the min..max. bench/run builds this
+ * and calls it; BENCHMARKS.md explains every figure.
+ *
+ * Single-threaded: the figures run in child processes (figures.c) and the
+ * floors in dlshare-floor (floor.c).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <sched.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include "figures.h"
+#include "util.h"
+
+/* ---- figures and their repeats ------------------------------------------ */
+
+enum goal_kind { GOAL_NONE, GOAL_LE, GOAL_GE, GOAL_LT };
+
+struct fig {
+	const char *key;
+	char label[96];
+	const char *unit;        /* how the values are shown */
+	const char *section;
+	struct samples reps;
+	enum goal_kind goal;
+	double goal_v;
+	char note[160];
+	int is_null;             /* not measured (quick mode, limits) */
+};
+
+#define FIGS_MAX 160
+
+static struct fig figs[FIGS_MAX];
+static int nfigs;
+static const char *cur_section = "";
+static uint64_t t_start;
+
+static struct fig *fig_find(const char *key)
+{
+	for (int i = 0; i < nfigs; i++)
+		if (strcmp(figs[i].key, key) == 0)
+			return &figs[i];
+	return NULL;
+}
+
+/* Declares a figure (once; later calls return it). key must be static. */
+static struct fig *fig_decl(const char *key, const char *unit,
+			    const char *fmt, ...)
+{
+	struct fig *f = fig_find(key);
+	va_list ap;
+
+	if (f)
+		return f;
+	if (nfigs == FIGS_MAX) {
+		fprintf(stderr, "bench: too many figures\n");
+		exit(1);
+	}
+	f = &figs[nfigs++];
+	memset(f, 0, sizeof(*f));
+	f->key = key;
+	f->unit = unit;
+	f->section = cur_section;
+	va_start(ap, fmt);
+	vsnprintf(f->label, sizeof(f->label), fmt, ap);
+	va_end(ap);
+	return f;
+}
+
+static void fig_add(struct fig *f, double v)
+{
+	samples_add(&f->reps, v);
+}
+
+static void fig_goal(struct fig *f, enum goal_kind g, double v)
+{
+	f->goal = g;
+	f->goal_v = v;
+}
+
+static void fig_note(struct fig *f, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(f->note, sizeof(f->note), fmt, ap);
+	va_end(ap);
+}
+
+/* Median, min and max over the repeats; a copy is sorted, not the
+ * repeats themselves (they are written in order to the JSON). */
+static void fig_summary(const struct fig *f, double *med, double *lo,
+			double *hi)
+{
+	struct samples s = { 0 };
+
+	for (size_t i = 0; i < f->reps.n; i++)
+		samples_add(&s, f->reps.v[i]);
+	/* The true median: the mean of the middle two for an even count. */
+	samples_quantile(&s, 0.5);
+	if (s.n == 0)
+		*med = NAN;
+	else if (s.n % 2)
+		*med = s.v[s.n / 2];
+	else
+		*med = (s.v[s.n / 2 - 1] + s.v[s.n / 2]) / 2;
+	*lo = samples_min(&s);
+	*hi = samples_max(&s);
+	samples_free(&s);
+}
+
+static int fig_has(const struct fig *f)
+{
+	return f && !f->is_null && f->reps.n > 0;
+}
+
+/* 1 met, 0 missed, -1 no goal or no value. */
+static int fig_met(const struct fig *f)
+{
+	double med, lo, hi;
+
+	if (f->goal == GOAL_NONE || !fig_has(f))
+		return -1;
+	fig_summary(f, &med, &lo, &hi);
+	switch (f->goal) {
+	case GOAL_LE:
+		return med <= f->goal_v;
+	case GOAL_GE:
+		return med >= f->goal_v;
+	case GOAL_LT:
+		return med < f->goal_v;
+	default:
+		return -1;
+	}
+}
+
+/* ---- plan ------------------------------------------------------------------ */
+
+struct plan {
+	int quick;
+	int reps;
+	long rt_iters;        /* round trips per repeat (floor and get) */
+	long first_iters;     /* first gets per repeat */
+	long tp_ms;           /* throughput window */
+	uint64_t big;         /* handoff: the large size */
+	long small_iters;     /* handoffs of 4 KiB per repeat */
+	long scale_max;       /* most names */
+	long spread_iters;    /* gets per scale point and repeat */
+	int idle_n;
+	int storm_n;
+	int storm_leases;
+	int storm_reps;
+};
+
+static const char *floor_bin;
+static const char *only;
+
+static int want(const char *section)
+{
+	char buf[256], *tok, *save;
+
+	if (!only)
+		return 1;
+	snprintf(buf, sizeof(buf), "%s", only);
+	for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+		if (strcmp(tok, section) == 0)
+			return 1;
+	return 0;
+}
+
+static void progress(const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "[%4.0fs] ", (double)(util_now_ns() - t_start) / 1e9);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+}
+
+/* ---- placement --------------------------------------------------------------- */
+
+static cpu_set_t all_cpus;
+
+/* Pins this process (and so the children it forks from now on) and the
+ * daemon to one CPU, or back to all (cpu < 0). */
+static void pin(pid_t daemon, int cpu)
+{
+	cpu_set_t one;
+
+	CPU_ZERO(&one);
+	CPU_SET(cpu < 0 ? 0 : cpu, &one);
+	sched_setaffinity(0, sizeof(cpu_set_t), cpu < 0 ? &all_cpus : &one);
+	if (daemon > 0)
+		sched_setaffinity(daemon, sizeof(cpu_set_t),
+				  cpu < 0 ? &all_cpus : &one);
+}
+
+/* ---- the floor program ------------------------------------------------------ */
+
+/* Runs dlshare-floor with args (NULL-ended) and returns its output line in
+ * out. Returns 0 or -1. */
+static int floor_run(char *out, size_t cap, ...)
+{
+	const char *argv[24];
+	int argc = 0, p[2];
+	va_list ap;
+	pid_t pid;
+
+	argv[argc++] = floor_bin;
+	va_start(ap, cap);
+	while (argc < 23 && (argv[argc] = va_arg(ap, const char *)))
+		argc++;
+	va_end(ap);
+	argv[argc] = NULL;
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return -1;
+	pid = util_fork();
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		dup2(p[1], 1);
+		execv(floor_bin, (char *const *)argv);
+		_exit(127);
+	}
+	close(p[1]);
+	if (util_read_all(p[0], out, cap) < 0)
+		out[0] = '\0';
+	close(p[0]);
+	if (util_wait(pid) != 0) {
+		fprintf(stderr, "bench: dlshare-floor %s failed\n", argv[1]);
+		return -1;
+	}
+	return 0;
+}
+
+/* The value of "key=" in a floor output line, or NAN. */
+static double kv(const char *line, const char *key)
+{
+	size_t n = strlen(key);
+
+	for (const char *p = line; (p = strstr(p, key)); p += n)
+		if ((p == line || p[-1] == ' ') && p[n] == '=')
+			return strtod(p + n + 1, NULL);
+	return NAN;
+}
+
+static char *num(char *buf, size_t cap, double v)
+{
+	snprintf(buf, cap, "%.0f", v);
+	return buf;
+}
+
+/* ---- latency: round trips, get, first get ------------------------------------ */
+
+static int floor_rt(const char *type, int with_fd, size_t req, size_t rep,
+		    long iters, double *p50, double *p99)
+{
+	char out[512], a[32], b[32], c[32];
+	int err;
+
+	num(a, sizeof(a), (double)req);
+	num(b, sizeof(b), (double)rep);
+	num(c, sizeof(c), (double)iters);
+	if (with_fd)
+		err = floor_run(out, sizeof(out), "rt", "--type", type, "--fd",
+				"--req", a, "--rep", b, "--iters", c,
+				(const char *)NULL);
+	else
+		err = floor_run(out, sizeof(out), "rt", "--type", type,
+				"--req", a, "--rep", b, "--iters", c,
+				(const char *)NULL);
+	if (err)
+		return -1;
+	*p50 = kv(out, "p50_ns") / 1e3;
+	*p99 = kv(out, "p99_ns") / 1e3;
+	return isnan(*p50) ? -1 : 0;
+}
+
+static const char *const default_opts[] = {
+	"--log-rate-limit", "0",
+	NULL, NULL,
+};
+
+static int section_latency(const struct plan *pl, const struct fig_packets *pk)
+{
+	struct daemon_proc d;
+	int rc = -1;
+
+	cur_section = "latency";
+	struct fig *fs50 = fig_decl("floor_rt_seqpacket_p50_us", "us",
+		"floor: SEQPACKET round trip %zu/%zu B, p50", pk->get, pk->reply);
+	struct fig *fs99 = fig_decl("floor_rt_seqpacket_p99_us", "us",
+		"floor: SEQPACKET round trip, p99");
+	struct fig *ft50 = fig_decl("floor_rt_stream_p50_us", "us",
+		"floor: STREAM round trip %zu/%zu B, p50", pk->get, pk->reply);
+	struct fig *ft99 = fig_decl("floor_rt_stream_p99_us", "us",
+		"floor: STREAM round trip, p99");
+	struct fig *fsf50 = fig_decl("floor_rt_seqpacket_fd_p50_us", "us",
+		"floor: SEQPACKET round trip + 1 fd (%zu B), p50", pk->reply_fd);
+	struct fig *ftf50 = fig_decl("floor_rt_stream_fd_p50_us", "us",
+		"floor: STREAM round trip + 1 fd, p50");
+	struct fig *g50 = fig_decl("get_p50_us", "us",
+		"get+release, buffer already mapped, p50");
+	struct fig *g99 = fig_decl("get_p99_us", "us",
+		"get+release, buffer already mapped, p99");
+	struct fig *r50 = fig_decl("get_p50_over_floor", "x",
+		"get p50 / SEQPACKET floor p50");
+	struct fig *r99 = fig_decl("get_p99_over_floor", "x",
+		"get p99 / SEQPACKET floor p99");
+	struct fig *w50 = fig_decl("wire_get_p50_us", "us",
+		"Get+Release at the wire level (no libdlshare), p50");
+	struct fig *wr = fig_decl("wire_get_p50_over_floor", "x",
+		"wire-level get p50 / SEQPACKET floor p50");
+	struct fig *p_fl = fig_decl("floor_rt_seqpacket_p50_1cpu_us", "us",
+		"floor: SEQPACKET round trip, all on one CPU, p50");
+	struct fig *p_dl = fig_decl("get_p50_1cpu_us", "us",
+		"get+release, all on one CPU, p50");
+	struct fig *p_r = fig_decl("get_p50_over_floor_1cpu", "x",
+		"get p50 / floor p50, all on one CPU");
+	struct fig *f50 = fig_decl("first_get_p50_us", "us",
+		"first get of a new 4 KiB buffer (fd + mmap), p50");
+	struct fig *f99 = fig_decl("first_get_p99_us", "us",
+		"first get of a new buffer, p99");
+	struct fig *rf = fig_decl("first_get_p50_over_floor_fd", "x",
+		"first get p50 / SEQPACKET+fd floor p50");
+	fig_goal(r50, GOAL_LE, 1.3);
+
+	if (daemon_start(&d, default_opts) ||
+	    fig_publish(&d, FIG_NAME, FIG_TENSOR_BYTES))
+		goto out;
+	for (int r = 0; r < pl->reps; r++) {
+		double a50, a99, b50, b99, c50, c99, e50, e99, x50, x99, y50, y99;
+		double z50;
+
+		progress("latency: repeat %d/%d", r + 1, pl->reps);
+		/* Alternate which side goes first, so drift cancels. */
+		for (int side = 0; side < 2; side++) {
+			if ((side == 0) == (r % 2 == 0)) {
+				if (floor_rt("seqpacket", 0, pk->get, pk->reply,
+					     pl->rt_iters, &a50, &a99) ||
+				    floor_rt("stream", 0, pk->get, pk->reply,
+					     pl->rt_iters, &b50, &b99) ||
+				    floor_rt("seqpacket", 1, pk->get, pk->reply_fd,
+					     pl->first_iters * 4, &c50, &c99) ||
+				    floor_rt("stream", 1, pk->get, pk->reply_fd,
+					     pl->first_iters * 4, &e50, &e99))
+					goto out;
+			} else {
+				if (fig_get_latency(&d, FIG_NAME, pl->rt_iters,
+						    &x50, &x99) ||
+				    fig_raw_get(&d, FIG_NAME, 0, pl->rt_iters,
+						&z50) ||
+				    fig_first_get(&d, pl->first_iters, &y50,
+						  &y99))
+					goto out;
+				z50 /= 1e3;
+				x50 /= 1e3;
+				x99 /= 1e3;
+				y50 /= 1e3;
+				y99 /= 1e3;
+			}
+		}
+		fig_add(fs50, a50);
+		fig_add(fs99, a99);
+		fig_add(ft50, b50);
+		fig_add(ft99, b99);
+		fig_add(fsf50, c50);
+		fig_add(ftf50, e50);
+		fig_add(g50, x50);
+		fig_add(g99, x99);
+		fig_add(r50, x50 / a50);
+		fig_add(r99, x99 / a99);
+		fig_add(f50, y50);
+		fig_add(f99, y99);
+		fig_add(rf, y50 / c50);
+		fig_add(w50, z50);
+		fig_add(wr, z50 / a50);
+
+		/* The same on one CPU: no cross-CPU wakeups (on a VM those
+		 * cost tens of microseconds and come and go with the
+		 * scheduler's placement), only the work itself. */
+		pin(d.pid, 0);
+		for (int side = 0; side < 2; side++) {
+			int err;
+
+			if ((side == 0) == (r % 2 == 0))
+				err = floor_rt("seqpacket", 0, pk->get,
+					       pk->reply, pl->rt_iters, &a50,
+					       &a99);
+			else
+				err = fig_get_latency(&d, FIG_NAME,
+						      pl->rt_iters, &x50, &x99);
+			if (err) {
+				pin(d.pid, -1);
+				goto out;
+			}
+		}
+		pin(d.pid, -1);
+		fig_add(p_fl, a50);
+		fig_add(p_dl, x50 / 1e3);
+		fig_add(p_r, x50 / 1e3 / a50);
+	}
+	rc = 0;
+out:
+	daemon_stop(&d);
+	return rc;
+}
+
+/* ---- throughput --------------------------------------------------------------- */
+
+static int section_throughput(const struct plan *pl,
+			      const struct fig_packets *pk)
+{
+	static const int ns[] = { 1, 4, 16, 64 };
+	static const char *const kf[] = { "floor_server_ops_1", "floor_server_ops_4",
+		"floor_server_ops_16", "floor_server_ops_64" };
+	static const char *const kd[] = { "throughput_ops_1", "throughput_ops_4",
+		"throughput_ops_16", "throughput_ops_64" };
+	static const char *const kr[] = { "throughput_over_floor_1",
+		"throughput_over_floor_4", "throughput_over_floor",
+		"throughput_over_floor_64" };
+	struct fig *ff[4], *fd[4], *fr[4];
+	struct daemon_proc d;
+	int rc = -1;
+
+	cur_section = "throughput";
+	for (int i = 0; i < 4; i++) {
+		ff[i] = fig_decl(kf[i], "ops/s",
+			"floor: epoll server, %d client processes", ns[i]);
+		fd[i] = fig_decl(kd[i], "ops/s",
+			"get+release, %d client processes", ns[i]);
+		fr[i] = fig_decl(kr[i], "x",
+			"throughput / floor, %d clients", ns[i]);
+	}
+	fig_goal(fr[2], GOAL_GE, 0.8);
+	if (daemon_start(&d, default_opts) ||
+	    fig_publish(&d, FIG_NAME, FIG_TENSOR_BYTES))
+		goto out;
+	for (int r = 0; r < pl->reps; r++) {
+		progress("throughput: repeat %d/%d", r + 1, pl->reps);
+		for (int i = 0; i < 4; i++) {
+			char out[512], a[16], b[16], c[16], m[16];
+			double fl = NAN, dl = NAN;
+
+			for (int side = 0; side < 2; side++) {
+				if ((side == 0) == (r % 2 == 0)) {
+					if (floor_run(out, sizeof(out), "server",
+						      "--clients", num(a, sizeof(a), ns[i]),
+						      "--req", num(b, sizeof(b), (double)pk->get),
+						      "--rep", num(c, sizeof(c), (double)pk->reply),
+						      "--ms", num(m, sizeof(m), (double)pl->tp_ms),
+						      (const char *)NULL))
+						goto out;
+					fl = kv(out, "ops_per_s");
+				} else if (fig_throughput(&d, FIG_NAME, ns[i],
+							  pl->tp_ms, &dl)) {
+					goto out;
+				}
+			}
+			fig_add(ff[i], fl);
+			fig_add(fd[i], dl);
+			fig_add(fr[i], dl / fl);
+		}
+	}
+	rc = 0;
+out:
+	daemon_stop(&d);
+	return rc;
+}
+
+/* ---- handoff --------------------------------------------------------------------- */
+
+static const char *size_name(uint64_t b, char *buf, size_t cap)
+{
+	if (b >= (1u << 30) && b % (1u << 30) == 0)
+		snprintf(buf, cap, "%llu GiB", (unsigned long long)(b >> 30));
+	else if (b >= (1u << 20) && b % (1u << 20) == 0)
+		snprintf(buf, cap, "%llu MiB", (unsigned long long)(b >> 20));
+	else
+		snprintf(buf, cap, "%llu KiB", (unsigned long long)(b >> 10));
+	return buf;
+}
+
+/* A number from a sysfs file, or -1. */
+static long read_long(const char *path)
+{
+	FILE *f = fopen(path, "re");
+	long v = -1;
+
+	if (f) {
+		if (fscanf(f, "%ld", &v) != 1)
+			v = -1;
+		fclose(f);
+	}
+	return v;
+}
+
+/* 1 when the kernel's pool has free huge pages of 2^log2 bytes for bytes. */
+static int huge_free(int log2, uint64_t bytes)
+{
+	char path[128];
+	long n;
+
+	snprintf(path, sizeof(path),
+		 "/sys/kernel/mm/hugepages/hugepages-%llukB/free_hugepages",
+		 (unsigned long long)((UINT64_C(1) << log2) >> 10));
+	n = read_long(path);
+	return n > 0 && (uint64_t)n << log2 >= bytes;
+}
+
+/* The median of n values, in ns, divided by div. */
+static double median_of(const double *v, long n, double div)
+{
+	struct samples s = { 0 };
+	double m;
+
+	for (long i = 0; i < n; i++)
+		samples_add(&s, v[i]);
+	m = samples_quantile(&s, 0.5) / div;
+	samples_free(&s);
+	return m;
+}
+
+static int section_handoff(const struct plan *pl)
+{
+	char big[32], bb[32], it[32], out[512];
+	struct daemon_proc d;
+	double *v = calloc((size_t)pl->small_iters, sizeof(*v));
+	int rc = -1, is_gib = pl->big == (UINT64_C(1) << 30);
+	int huge2 = huge_free(21, pl->big), huge1 = huge_free(30, pl->big);
+
+	cur_section = "handoff";
+	size_name(pl->big, big, sizeof(big));
+	struct fig *fs = fig_decl("floor_handoff_4KiB_us", "us",
+		"floor: munmap+seal+send fd+mmap, 4 KiB");
+	struct fig *fb = fig_decl("floor_handoff_big_ms", "ms",
+		"floor: munmap+seal+send fd+mmap, %s", big);
+	struct fig *fbu = fig_decl("floor_handoff_big_munmap_ms", "ms",
+		"floor: of which munmap of the written %s", big);
+	struct fig *fbs = fig_decl("floor_handoff_big_seal_ms", "ms",
+		"floor: of which F_SEAL_WRITE on %s", big);
+	struct fig *fr = fig_decl("floor_handoff_big_over_4KiB", "x",
+		"floor: %s / 4 KiB", big);
+	struct fig *fh2 = fig_decl("floor_handoff_big_2MiB_pages_ms", "ms",
+		"floor: %s in 2 MiB huge pages", big);
+	struct fig *fh1 = fig_decl("floor_handoff_big_1GiB_pages_ms", "ms",
+		"floor: %s in 1 GiB huge pages", big);
+	struct fig *ds = fig_decl("handoff_4KiB_us", "us",
+		"store: seal to consumer holding it, 4 KiB");
+	struct fig *db = fig_decl("handoff_big_ms", "ms",
+		"store: seal to consumer holding it, %s", big);
+	/* At 1 GiB the key below is this figure. */
+	struct fig *dr = is_gib ? NULL : fig_decl("handoff_big_over_4KiB", "x",
+		"store: handoff %s / 4 KiB", big);
+	struct fig *key = fig_decl("handoff_1GiB_over_4KiB", "x",
+		"store: handoff 1 GiB / 4 KiB");
+	struct fig *es = fig_decl("export_handoff_4KiB_us", "us",
+		"export: publish to consumer holding it, 4 KiB");
+	struct fig *eb = fig_decl("export_handoff_big_ms", "ms",
+		"export: publish to consumer holding it, %s", big);
+	struct fig *er = fig_decl("export_handoff_big_over_4KiB", "x",
+		"export: handoff %s / 4 KiB", big);
+	fig_goal(key, GOAL_LE, 1.2);
+	if (!is_gib) {
+		key->is_null = 1;
+		fig_note(key, "not measured: %s used instead (not enough "
+			 "free memory)", big);
+	}
+	if (!huge2) {
+		fh2->is_null = 1;
+		fig_note(fh2, "not measured: no free 2 MiB pages (vm.nr_hugepages)");
+	}
+	if (!huge1) {
+		fh1->is_null = 1;
+		fig_note(fh1, "not measured: no free 1 GiB page (hugepages-1048576kB)");
+	}
+	num(bb, sizeof(bb), (double)pl->big);
+	num(it, sizeof(it), (double)pl->small_iters);
+	if (!v || daemon_start(&d, default_opts))
+		goto out;
+	for (int r = 0; r < pl->reps; r++) {
+		double s_fl = NAN, b_fl = NAN, s_dl = NAN, b_dl = NAN;
+		double s_ex = NAN, b_ex = NAN;
+
+		progress("handoff: repeat %d/%d (%s)", r + 1, pl->reps, big);
+		for (int side = 0; side < 2; side++) {
+			if ((side == 0) == (r % 2 == 0)) {
+				if (floor_run(out, sizeof(out), "handoff",
+					      "--bytes", "4096", "--iters", it,
+					      (const char *)NULL))
+					goto out;
+				s_fl = kv(out, "total_ns") / 1e3;
+				if (floor_run(out, sizeof(out), "handoff",
+					      "--bytes", bb, "--iters", "1",
+					      (const char *)NULL))
+					goto out;
+				b_fl = kv(out, "total_ns") / 1e6;
+				fig_add(fbu, kv(out, "munmap_ns") / 1e6);
+				fig_add(fbs, kv(out, "seal_ns") / 1e6);
+				if (huge2 && floor_run(out, sizeof(out), "handoff",
+						       "--bytes", bb, "--iters", "1",
+						       "--huge", "2M",
+						       (const char *)NULL) == 0)
+					fig_add(fh2, kv(out, "total_ns") / 1e6);
+				if (huge1 && floor_run(out, sizeof(out), "handoff",
+						       "--bytes", bb, "--iters", "1",
+						       "--huge", "1G",
+						       (const char *)NULL) == 0)
+					fig_add(fh1, kv(out, "total_ns") / 1e6);
+			} else {
+				double one;
+
+				if (fig_handoff(&d, 4096, pl->small_iters, 0, v))
+					goto out;
+				s_dl = median_of(v, pl->small_iters, 1e3);
+				if (fig_handoff(&d, pl->big, 1, 0, &one))
+					goto out;
+				b_dl = one / 1e6;
+				if (fig_handoff(&d, 4096, pl->small_iters, 1, v))
+					goto out;
+				s_ex = median_of(v, pl->small_iters, 1e3);
+				if (fig_handoff(&d, pl->big, 1, 1, &one))
+					goto out;
+				b_ex = one / 1e6;
+			}
+		}
+		fig_add(fs, s_fl);
+		fig_add(fb, b_fl);
+		fig_add(fr, b_fl * 1e3 / s_fl);
+		fig_add(ds, s_dl);
+		fig_add(db, b_dl);
+		if (dr)
+			fig_add(dr, b_dl * 1e3 / s_dl);
+		if (is_gib)
+			fig_add(key, b_dl * 1e3 / s_dl);
+		fig_add(es, s_ex);
+		fig_add(eb, b_ex);
+		fig_add(er, b_ex * 1e3 / s_ex);
+	}
+	rc = 0;
+out:
+	free(v);
+	daemon_stop(&d);
+	return rc;
+}
+
+/* ---- scale: names ---------------------------------------------------------------- */
+
+static uint64_t nofile_limit;
+
+/* One point of the scale section: a daemon holding n names. */
+struct scale_point {
+	long n;
+	int raw;                 /* fd-less names, read at the wire level */
+	int up;
+	struct daemon_proc d;
+	pid_t holder;            /* raw: the producer keeping them alive */
+	struct fig *mem, *kern, *rate, *get;
+};
+
+static int scale_fill(struct scale_point *sp, const char *const *opts)
+{
+	uint64_t rss0, rss1, k0, k1;
+	double secs;
+
+	progress("scale: registering %ld %s names", sp->n,
+		 sp->raw ? "fd-less" : "host");
+	if (daemon_start(&sp->d, opts))
+		return -1;
+	sp->up = 1;
+	/* The tables exist before the baseline. */
+	if (fig_publish(&sp->d, "warm/x", 4))
+		return -1;
+	util_sleep_ms(50);
+	rss0 = util_proc_status_bytes(sp->d.pid, "VmRSS");
+	k0 = util_meminfo_bytes("Slab") + util_meminfo_bytes("Shmem");
+	if (sp->raw) {
+		sp->holder = fig_raw_register(&sp->d, "r/", sp->n, &secs);
+		if (sp->holder < 0)
+			return -1;
+	} else if (fig_populate(&sp->d, sp->n, 4, &secs)) {
+		return -1;
+	}
+	util_sleep_ms(50);
+	rss1 = util_proc_status_bytes(sp->d.pid, "VmRSS");
+	k1 = util_meminfo_bytes("Slab") + util_meminfo_bytes("Shmem");
+	fig_add(sp->mem, ((double)rss1 - (double)rss0) / (double)sp->n);
+	/* /proc/meminfo moves in steps too coarse for 100 names, and other
+	 * processes move it too: an estimate at 10^4 and up. */
+	if (sp->kern && sp->n >= 10000)
+		fig_add(sp->kern, ((double)k1 - (double)k0) / (double)sp->n);
+	else if (sp->kern)
+		fig_note(sp->kern, "too few names to see in /proc/meminfo");
+	fig_add(sp->rate, (double)sp->n / secs);
+	return 0;
+}
+
+static int section_scale(const struct plan *pl)
+{
+	static const long sizes[] = { 100, 10000, 1000000 };
+	static const char *const kmem[] = { "mem_per_tensor_bytes_100",
+		"mem_per_tensor_bytes_10k", "mem_per_tensor_bytes_1M" };
+	static const char *const kslab[] = { "kernel_per_tensor_bytes_100",
+		"kernel_per_tensor_bytes_10k", "kernel_per_tensor_bytes_1M" };
+	static const char *const kget[] = { "get_p50_us_100", "get_p50_us_10k",
+		"get_p50_us_1M" };
+	static const char *const krate[] = { "register_per_s_100",
+		"register_per_s_10k", "register_per_s_1M" };
+	static const char *const rmem[] = { "registry_mem_per_tensor_bytes_100",
+		"registry_mem_per_tensor_bytes_10k",
+		"registry_mem_per_tensor_bytes_1M" };
+	static const char *const rget[] = { "registry_get_p50_us_100",
+		"registry_get_p50_us_10k", "registry_get_p50_us_1M" };
+	static const char *const rrate[] = { "registry_register_per_s_100",
+		"registry_register_per_s_10k", "registry_register_per_s_1M" };
+	static const char *const lbl[] = { "10^2", "10^4", "10^6" };
+	struct scale_point sp[6];
+	int rc = -1, top = -1;
+	char uidn[32];
+
+	cur_section = "scale";
+	memset(sp, 0, sizeof(sp));
+	snprintf(uidn, sizeof(uidn), "%ld", pl->scale_max * 2 + 1000);
+	const char *const opts[] = {
+		"--log-rate-limit", "0",
+		"--uid-names", uidn,
+		NULL, NULL,
+	};
+	struct fig *fmem = fig_decl("mem_per_tensor_bytes", "B",
+		"daemon memory per registered tensor (largest N)");
+	fig_goal(fmem, GOAL_LT, 512);
+	for (int i = 0; i < 3; i++) {
+		struct scale_point *h = &sp[i], *w = &sp[3 + i];
+
+		h->n = w->n = sizes[i];
+		w->raw = 1;
+		h->mem = fig_decl(kmem[i], "B",
+			"host names: daemon RSS per tensor, %s", lbl[i]);
+		h->kern = fig_decl(kslab[i], "B",
+			"host names: kernel (Slab+Shmem) per tensor, %s", lbl[i]);
+		h->rate = fig_decl(krate[i], "/s",
+			"host names: registered a second (create+seal), %s",
+			lbl[i]);
+		h->get = fig_decl(kget[i], "us",
+			"host names: get+release p50 among %s", lbl[i]);
+	}
+	struct fig *r4 = fig_decl("get_p50_10k_over_100", "x",
+		"host names: get p50 at 10^4 / at 10^2");
+	struct fig *r6h = fig_decl("host_get_p50_1M_over_100", "x",
+		"host names: get p50 at 10^6 / at 10^2");
+	for (int i = 0; i < 3; i++) {
+		struct scale_point *w = &sp[3 + i];
+
+		w->mem = fig_decl(rmem[i], "B",
+			"fd-less names: daemon RSS per tensor, %s", lbl[i]);
+		w->rate = fig_decl(rrate[i], "/s",
+			"fd-less names: registered a second (wire), %s", lbl[i]);
+		w->get = fig_decl(rget[i], "us",
+			"fd-less names: Get+Release p50 (wire) among %s",
+			lbl[i]);
+	}
+	struct fig *w4 = fig_decl("registry_get_p50_10k_over_100", "x",
+		"fd-less names: Get p50 at 10^4 / at 10^2");
+	struct fig *w6 = fig_decl("registry_get_p50_1M_over_100", "x",
+		"fd-less names: Get p50 at 10^6 / at 10^2");
+	struct fig *key = fig_decl("get_p50_1M_over_100", "x",
+		"get p50 at 10^6 names / at 10^2");
+	fig_goal(key, GOAL_LE, 1.2);
+
+	for (int j = 0; j < 6; j++) {
+		struct scale_point *p = &sp[j];
+		int i = j % 3;
+
+		if (p->n > pl->scale_max) {
+			p->mem->is_null = p->rate->is_null = p->get->is_null = 1;
+			if (p->kern)
+				p->kern->is_null = 1;
+			fig_note(p->get, "not measured (%s)",
+				 pl->quick ? "--quick" : "--scale-max");
+			continue;
+		}
+		if (!p->raw && (uint64_t)p->n + 4096 > nofile_limit) {
+			p->mem->is_null = p->rate->is_null = p->get->is_null = 1;
+			p->kern->is_null = 1;
+			fig_note(p->get, "not measured: RLIMIT_NOFILE %llu < names "
+				 "(a memfd per name in the daemon)",
+				 (unsigned long long)nofile_limit);
+			continue;
+		}
+		if (scale_fill(p, opts))
+			goto out;
+		if (!p->raw)
+			top = i;
+	}
+	if (top >= 0) {
+		fig_add(fmem, sp[top].mem->reps.v[0]);
+		fig_note(fmem, "host names, at %s; one float32[1] tensor each",
+			 lbl[top]);
+	}
+	for (int r = 0; r < pl->reps; r++) {
+		double p[6] = { NAN, NAN, NAN, NAN, NAN, NAN };
+
+		progress("scale: repeat %d/%d", r + 1, pl->reps);
+		/* Alternate the order of the daemons between repeats. */
+		for (int k = 0; k < 6; k++) {
+			int j = r % 2 ? 5 - k : k;
+			struct scale_point *s = &sp[j];
+			int err;
+
+			if (!s->up)
+				continue;
+			err = s->raw ? fig_raw_get(&s->d, "r/", s->n,
+						   pl->spread_iters, &p[j]) :
+			      fig_get_spread(&s->d, s->n, pl->spread_iters,
+					     &p[j]);
+			if (err)
+				goto out;
+			fig_add(s->get, p[j] / 1e3);
+		}
+		if (sp[1].up)
+			fig_add(r4, p[1] / p[0]);
+		if (sp[2].up)
+			fig_add(r6h, p[2] / p[0]);
+		if (sp[4].up)
+			fig_add(w4, p[4] / p[3]);
+		if (sp[5].up)
+			fig_add(w6, p[5] / p[3]);
+		/* The goal's figure: host names where this machine allows a
+		 * memfd each, else the registry alone. */
+		if (sp[2].up)
+			fig_add(key, p[2] / p[0]);
+		else if (sp[5].up)
+			fig_add(key, p[5] / p[3]);
+	}
+	if (!sp[2].up && sp[5].up)
+		fig_note(key, "fd-less names (host names need RLIMIT_NOFILE > "
+			 "10^6)");
+	if (!sp[2].up && !sp[5].up) {
+		key->is_null = 1;
+		fig_note(key, "not measured (%s); see get_p50_10k_over_100",
+			 pl->quick ? "--quick" : "limits");
+	}
+	if (!sp[2].up) {
+		r6h->is_null = 1;
+		fig_note(r6h, "not measured");
+	}
+	if (!sp[5].up) {
+		w6->is_null = 1;
+		fig_note(w6, "not measured");
+	}
+	rc = 0;
+out:
+	for (int j = 0; j < 6; j++) {
+		fig_holder_stop(sp[j].holder);
+		if (sp[j].up)
+			daemon_stop(&sp[j].d);
+	}
+	return rc;
+}
+
+/* ---- idle connections ----------------------------------------------------------- */
+
+static int section_idle(const struct plan *pl)
+{
+	struct daemon_proc a, b;
+	char maxc[32];
+	pid_t holder = -1;
+	int rc = -1, a_up = 0, b_up = 0;
+	uint64_t rss0, rss1, t0;
+
+	cur_section = "idle";
+	snprintf(maxc, sizeof(maxc), "%d", pl->idle_n + 100);
+	const char *const opts[] = {
+		"--log-rate-limit", "0",
+		"--max-connections", maxc,
+		"--uid-connections", maxc,
+		NULL, NULL,
+	};
+	struct fig *fa = fig_decl("idle_get_p50_alone_us", "us",
+		"get+release p50, daemon with no other connection");
+	struct fig *fb = fig_decl("idle_get_p50_beside_us", "us",
+		"get+release p50 beside %d idle connections", pl->idle_n);
+	struct fig *fr = fig_decl("idle_get_p50_over_alone", "x",
+		"p50 beside %d idle / alone", pl->idle_n);
+	struct fig *fm = fig_decl("idle_mem_per_conn_bytes", "B",
+		"daemon RSS per idle connection");
+	struct fig *fc = fig_decl("idle_connect_per_s", "/s",
+		"connections + Hello a second (one process)");
+
+	if ((uint64_t)pl->idle_n + 4096 > nofile_limit) {
+		fr->is_null = 1;
+		fig_note(fr, "not measured: RLIMIT_NOFILE %llu",
+			 (unsigned long long)nofile_limit);
+		return 0;
+	}
+	if (daemon_start(&a, opts))
+		goto out;
+	a_up = 1;
+	if (daemon_start(&b, opts))
+		goto out;
+	b_up = 1;
+	if (fig_publish(&a, FIG_NAME, FIG_TENSOR_BYTES) ||
+	    fig_publish(&b, FIG_NAME, FIG_TENSOR_BYTES))
+		goto out;
+	progress("idle: opening %d connections", pl->idle_n);
+	util_sleep_ms(50);
+	rss0 = util_proc_status_bytes(b.pid, "VmRSS");
+	t0 = util_now_ns();
+	holder = fig_idle_start(&b, pl->idle_n);
+	if (holder < 0)
+		goto out;
+	fig_add(fc, pl->idle_n / ((double)(util_now_ns() - t0) / 1e9));
+	util_sleep_ms(50);
+	rss1 = util_proc_status_bytes(b.pid, "VmRSS");
+	fig_add(fm, ((double)rss1 - (double)rss0) / pl->idle_n);
+	for (int r = 0; r < pl->reps; r++) {
+		double pa = NAN, pb = NAN, x;
+
+		progress("idle: repeat %d/%d", r + 1, pl->reps);
+		for (int side = 0; side < 2; side++) {
+			if ((side == 0) == (r % 2 == 0)) {
+				if (fig_get_latency(&a, FIG_NAME, pl->rt_iters,
+						    &pa, &x))
+					goto out;
+			} else if (fig_get_latency(&b, FIG_NAME, pl->rt_iters,
+						   &pb, &x)) {
+				goto out;
+			}
+		}
+		fig_add(fa, pa / 1e3);
+		fig_add(fb, pb / 1e3);
+		fig_add(fr, pb / pa);
+	}
+	rc = 0;
+out:
+	fig_holder_stop(holder);
+	if (b_up)
+		daemon_stop(&b);
+	if (a_up)
+		daemon_stop(&a);
+	return rc;
+}
+
+/* ---- kill storm ------------------------------------------------------------------- */
+
+static int section_storm(const struct plan *pl)
+{
+	struct daemon_proc d;
+	char maxc[32], leases[32], n[16], out[256];
+	int rc = -1;
+
+	cur_section = "storm";
+	snprintf(maxc, sizeof(maxc), "%d", pl->storm_n + 100);
+	snprintf(leases, sizeof(leases), "%d",
+		 pl->storm_n * pl->storm_leases * 2 + 1000);
+	const char *const opts[] = {
+		"--log-rate-limit", "0",
+		"--max-connections", maxc,
+		"--uid-connections", maxc,
+		"--uid-leases", leases,
+		NULL, NULL,
+	};
+	struct fig *fl = fig_decl("storm_reclaim_ms", "ms",
+		"kill storm: %d clients x %d leases, until leases = 0",
+		pl->storm_n, pl->storm_leases);
+	struct fig *fc = fig_decl("storm_conns_ms", "ms",
+		"kill storm: until the daemon has closed every connection");
+	struct fig *ff = fig_decl("floor_storm_ms", "ms",
+		"floor: epoll server, %d clients killed, all hang-ups seen",
+		pl->storm_n);
+	struct fig *fr = fig_decl("storm_over_floor", "x",
+		"kill storm reclaim / floor");
+
+	if ((uint64_t)pl->storm_n * 3 + 4096 > nofile_limit) {
+		fl->is_null = 1;
+		fig_note(fl, "not measured: RLIMIT_NOFILE");
+		return 0;
+	}
+	if (daemon_start(&d, opts) ||
+	    fig_publish(&d, FIG_NAME, FIG_TENSOR_BYTES))
+		goto out;
+	for (int r = 0; r < pl->storm_reps; r++) {
+		double lms = NAN, cms = NAN, fms = NAN;
+
+		progress("storm: repeat %d/%d (%d clients)", r + 1,
+			 pl->storm_reps, pl->storm_n);
+		for (int side = 0; side < 2; side++) {
+			if ((side == 0) == (r % 2 == 0)) {
+				if (floor_run(out, sizeof(out), "storm",
+					      "--clients",
+					      num(n, sizeof(n), pl->storm_n),
+					      (const char *)NULL))
+					goto out;
+				fms = kv(out, "ms");
+			} else if (fig_storm(&d, pl->storm_n, pl->storm_leases,
+					     &lms, &cms)) {
+				goto out;
+			}
+		}
+		fig_add(fl, lms);
+		fig_add(fc, cms);
+		fig_add(ff, fms);
+		fig_add(fr, lms / fms);
+	}
+	rc = 0;
+out:
+	daemon_stop(&d);
+	return rc;
+}
+
+/* ---- output ---------------------------------------------------------------------- */
+
+static void fmt_val(char *buf, size_t cap, double v, const char *unit)
+{
+	if (isnan(v))
+		snprintf(buf, cap, "-");
+	else if (strcmp(unit, "x") == 0)
+		snprintf(buf, cap, "%.2f", v);
+	else if (strcmp(unit, "ops/s") == 0 || strcmp(unit, "/s") == 0 ||
+		 strcmp(unit, "B") == 0)
+		snprintf(buf, cap, "%.0f", v);
+	else if (fabs(v) < 10)
+		snprintf(buf, cap, "%.2f", v);
+	else
+		snprintf(buf, cap, "%.1f", v);
+}
+
+static void print_table(FILE *o)
+{
+	const char *section = NULL;
+
+	fprintf(o, "\n%-58s %12s %-23s %s\n", "figure", "median",
+		"spread (min..max)", "unit  goal");
+	for (int i = 0; i < nfigs; i++) {
+		const struct fig *f = &figs[i];
+		char med[32], lo[32], hi[32], spread[96], goal[48] = "";
+		double m, l, h;
+		int met = fig_met(f);
+
+		if (!section || strcmp(section, f->section) != 0) {
+			section = f->section;
+			fprintf(o, "-- %s\n", section);
+		}
+		if (!fig_has(f)) {
+			fprintf(o, "%-58s %12s %-23s %-5s %s\n", f->label, "-", "",
+				f->unit, f->note[0] ? f->note : "not measured");
+			continue;
+		}
+		fig_summary(f, &m, &l, &h);
+		fmt_val(med, sizeof(med), m, f->unit);
+		fmt_val(lo, sizeof(lo), l, f->unit);
+		fmt_val(hi, sizeof(hi), h, f->unit);
+		if (f->reps.n > 1)
+			snprintf(spread, sizeof(spread), "%s..%s (n=%zu)", lo, hi,
+				 f->reps.n);
+		else
+			snprintf(spread, sizeof(spread), "(n=1)");
+		if (f->goal != GOAL_NONE)
+			snprintf(goal, sizeof(goal), "%s %g %s",
+				 f->goal == GOAL_LE ? "<=" : f->goal == GOAL_GE ?
+				 ">=" : "<", f->goal_v,
+				 met ? "MET" : "MISSED");
+		fprintf(o, "%-58s %12s %-23s %-5s %s%s%s\n", f->label, med,
+			spread, f->unit, goal, f->note[0] && goal[0] ? "; " : "",
+			f->note);
+	}
+}
+
+static void json_str(FILE *o, const char *s)
+{
+	fputc('"', o);
+	for (; *s; s++) {
+		if (*s == '"' || *s == '\\')
+			fprintf(o, "\\%c", *s);
+		else if ((unsigned char)*s < 0x20)
+			fprintf(o, "\\u%04x", *s);
+		else
+			fputc(*s, o);
+	}
+	fputc('"', o);
+}
+
+static void json_num(FILE *o, double v)
+{
+	if (isnan(v) || isinf(v))
+		fprintf(o, "null");
+	else
+		fprintf(o, "%.6g", v);
+}
+
+struct machine {
+	char cpu[128];
+	long cores;
+	char kernel[200];
+	uint64_t mem;
+};
+
+static void machine_read(struct machine *m)
+{
+	struct utsname u;
+	char line[256];
+	FILE *f = fopen("/proc/cpuinfo", "re");
+
+	snprintf(m->cpu, sizeof(m->cpu), "unknown");
+	while (f && fgets(line, sizeof(line), f)) {
+		char *p = strchr(line, ':');
+
+		if (strncmp(line, "model name", 10) == 0 && p) {
+			p += 2;
+			p[strcspn(p, "\n")] = '\0';
+			snprintf(m->cpu, sizeof(m->cpu), "%s", p);
+			break;
+		}
+	}
+	if (f)
+		fclose(f);
+	m->cores = sysconf(_SC_NPROCESSORS_ONLN);
+	if (uname(&u) == 0)
+		snprintf(m->kernel, sizeof(m->kernel), "%.64s %.64s",
+			 u.sysname, u.release);
+	m->mem = util_meminfo_bytes("MemTotal");
+}
+
+static int write_json(const char *path, const struct plan *pl,
+		      const struct machine *m, const struct fig_packets *pk,
+		      double secs)
+{
+	static const char *const keys[] = { "get_p50_over_floor",
+		"throughput_over_floor", "handoff_1GiB_over_4KiB",
+		"get_p50_1M_over_100", "mem_per_tensor_bytes" };
+	FILE *o = fopen(path, "we");
+
+	if (!o) {
+		fprintf(stderr, "bench: %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	fprintf(o, "{\n  \"mode\": \"%s\",\n  \"repeats\": %d,\n",
+		pl->quick ? "quick" : "full", pl->reps);
+	fprintf(o, "  \"seconds\": %.1f,\n", secs);
+	fprintf(o, "  \"machine\": {\"cpu\": ");
+	json_str(o, m->cpu);
+	fprintf(o, ", \"cores\": %ld, \"kernel\": ", m->cores);
+	json_str(o, m->kernel);
+	fprintf(o, ", \"mem_bytes\": %llu},\n", (unsigned long long)m->mem);
+	fprintf(o, "  \"packets\": {\"get\": %zu, \"get_reply\": %zu, "
+		"\"get_reply_fd\": %zu, \"release\": %zu},\n",
+		pk->get, pk->reply, pk->reply_fd, pk->release);
+	fprintf(o, "  \"handoff_big_bytes\": %llu,\n",
+		(unsigned long long)pl->big);
+	/* The goal keys at the top, each the median (null: not measured). */
+	for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++) {
+		const struct fig *f = fig_find(keys[k]);
+		double med = NAN, lo, hi;
+
+		if (fig_has(f))
+			fig_summary(f, &med, &lo, &hi);
+		fprintf(o, "  \"%s\": ", keys[k]);
+		json_num(o, med);
+		fprintf(o, ",\n");
+	}
+	fprintf(o, "  \"figures\": {\n");
+	for (int i = 0; i < nfigs; i++) {
+		const struct fig *f = &figs[i];
+		double med = NAN, lo = NAN, hi = NAN;
+		int met = fig_met(f);
+
+		if (fig_has(f))
+			fig_summary(f, &med, &lo, &hi);
+		fprintf(o, "    ");
+		json_str(o, f->key);
+		fprintf(o, ": {\"section\": ");
+		json_str(o, f->section);
+		fprintf(o, ", \"label\": ");
+		json_str(o, f->label);
+		fprintf(o, ", \"unit\": ");
+		json_str(o, f->unit);
+		fprintf(o, ", \"median\": ");
+		json_num(o, med);
+		fprintf(o, ", \"min\": ");
+		json_num(o, lo);
+		fprintf(o, ", \"max\": ");
+		json_num(o, hi);
+		fprintf(o, ", \"repeats\": [");
+		for (size_t r = 0; fig_has(f) && r < f->reps.n; r++) {
+			fprintf(o, r ? ", " : "");
+			json_num(o, f->reps.v[r]);
+		}
+		fprintf(o, "]");
+		if (f->goal != GOAL_NONE) {
+			fprintf(o, ", \"goal\": \"%s %g\", \"met\": %s",
+				f->goal == GOAL_LE ? "<=" : f->goal == GOAL_GE ?
+				">=" : "<", f->goal_v,
+				met < 0 ? "null" : met ? "true" : "false");
+		}
+		if (f->note[0]) {
+			fprintf(o, ", \"note\": ");
+			json_str(o, f->note);
+		}
+		fprintf(o, "}%s\n", i + 1 < nfigs ? "," : "");
+	}
+	fprintf(o, "  }\n}\n");
+	return fclose(o) == 0 ? 0 : -1;
+}
+
+/* ---- main ------------------------------------------------------------------------ */
+
+static void on_signal(int sig)
+{
+	daemon_stop_all();
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
+static void usage(FILE *o)
+{
+	fprintf(o,
+		"usage: dlbench --daemon PATH --floor PATH [--quick] [--json FILE]\n"
+		"               [--only SECTIONS] [--repeats N] [--scale-max N]\n"
+		"       dlbench --daemon PATH --floor PATH --loop N [--loop-ms MS] [--pin]\n"
+		"  sections: latency,throughput,handoff,scale,idle,storm\n"
+		"  --loop N: for a profiler, only get+release from N client\n"
+		"  processes for MS ms (default 5000), printing the daemon's pid\n"
+		"  first and the round trips a second at the end; --pin puts\n"
+		"  everything on CPU 0.\n");
+}
+
+/* The steady state alone, for perf or valgrind to look at. */
+static int loop(int n, long ms, int pinned)
+{
+	struct daemon_proc d;
+	double ops;
+	int rc = 1;
+
+	if (daemon_start(&d, default_opts) ||
+	    fig_publish(&d, FIG_NAME, FIG_TENSOR_BYTES))
+		goto out;
+	if (pinned)
+		pin(d.pid, 0);
+	printf("daemon_pid=%d\n", (int)d.pid);
+	fflush(stdout);
+	if (fig_throughput(&d, FIG_NAME, n, ms, &ops))
+		goto out;
+	printf("clients=%d ms=%ld ops_per_s=%.0f\n", n, ms, ops);
+	rc = 0;
+out:
+	daemon_stop(&d);
+	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "daemon", required_argument, NULL, 'd' },
+		{ "floor", required_argument, NULL, 'f' },
+		{ "quick", no_argument, NULL, 'q' },
+		{ "json", required_argument, NULL, 'j' },
+		{ "only", required_argument, NULL, 'o' },
+		{ "repeats", required_argument, NULL, 'r' },
+		{ "scale-max", required_argument, NULL, 's' },
+		{ "loop", required_argument, NULL, 'l' },
+		{ "loop-ms", required_argument, NULL, 'L' },
+		{ "pin", no_argument, NULL, 'p' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	const char *daemon_bin = NULL, *json = NULL;
+	struct plan pl = { 0 };
+	struct fig_packets pk;
+	struct machine m;
+	int o, reps = 0, failed = 0, loop_n = 0, pinned = 0;
+	long scale_max = 0, loop_ms = 5000;
+	char big[32];
+
+	while ((o = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+		switch (o) {
+		case 'd':
+			daemon_bin = optarg;
+			break;
+		case 'f':
+			floor_bin = optarg;
+			break;
+		case 'q':
+			pl.quick = 1;
+			break;
+		case 'j':
+			json = optarg;
+			break;
+		case 'o':
+			only = optarg;
+			break;
+		case 'r':
+			reps = atoi(optarg);
+			break;
+		case 's':
+			scale_max = atol(optarg);
+			break;
+		case 'l':
+			loop_n = atoi(optarg);
+			break;
+		case 'L':
+			loop_ms = atol(optarg);
+			break;
+		case 'p':
+			pinned = 1;
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (!daemon_bin || !floor_bin || optind != argc) {
+		usage(stderr);
+		return 2;
+	}
+	t_start = util_now_ns();
+	if (pl.quick) {
+		pl.reps = 3;
+		pl.rt_iters = 5000;
+		pl.first_iters = 300;
+		pl.tp_ms = 1000;
+		pl.small_iters = 20;
+		pl.scale_max = 10000;
+		pl.spread_iters = 3000;
+		pl.idle_n = 10000;
+		pl.storm_n = 1000;
+		pl.storm_leases = 10;
+		pl.storm_reps = 3;
+	} else {
+		pl.reps = 5;
+		pl.rt_iters = 20000;
+		pl.first_iters = 1000;
+		pl.tp_ms = 2000;
+		pl.small_iters = 50;
+		pl.scale_max = 1000000;
+		pl.spread_iters = 20000;
+		pl.idle_n = 10000;
+		pl.storm_n = 1000;
+		pl.storm_leases = 10;
+		pl.storm_reps = 5;
+	}
+	if (reps > 0)
+		pl.reps = pl.storm_reps = reps;
+	if (scale_max > 0)
+		pl.scale_max = scale_max;
+	/* 1 GiB, unless the machine cannot spare four times that. */
+	pl.big = UINT64_C(1) << 30;
+	while (pl.big > (UINT64_C(1) << 24) &&
+	       util_meminfo_bytes("MemAvailable") < 4 * pl.big)
+		pl.big >>= 1;
+
+	signal(SIGINT, on_signal);
+	signal(SIGTERM, on_signal);
+	signal(SIGHUP, on_signal);
+	signal(SIGPIPE, SIG_IGN);
+	/* Bounded, whatever happens: the children die with us. */
+	signal(SIGALRM, on_signal);
+	alarm(pl.quick ? 900 : 5400);
+
+	/* A memfd per name and a socket per connection, in the daemon and
+	 * here; fs.nr_open is the ceiling. */
+	{
+		FILE *f = fopen("/proc/sys/fs/nr_open", "re");
+		unsigned long long nr = 1048576;
+
+		if (f) {
+			if (fscanf(f, "%llu", &nr) != 1)
+				nr = 1048576;
+			fclose(f);
+		}
+		nofile_limit = util_raise_nofile(nr);
+	}
+	sched_getaffinity(0, sizeof(all_cpus), &all_cpus);
+	if (daemon_setup(daemon_bin))
+		return 1;
+	if (loop_n > 0)
+		return loop(loop_n, loop_ms, pinned);
+	machine_read(&m);
+	fig_packet_sizes(&pk);
+	size_name(pl.big, big, sizeof(big));
+	progress("dlbench %s: %s, %ld cores, %s; %d repeats; handoff %s%s",
+		 pl.quick ? "--quick" : "full run", m.cpu, m.cores, m.kernel,
+		 pl.reps, big, pl.big == (UINT64_C(1) << 30) ? "" :
+		 " (smaller than 1 GiB: not enough free memory)");
+	progress("packets: Get %zu B, GetReply %zu B (%zu B with its fd), "
+		 "Release %zu B", pk.get, pk.reply, pk.reply_fd, pk.release);
+
+	if (want("latency") && section_latency(&pl, &pk))
+		failed = 1;
+	if (want("throughput") && section_throughput(&pl, &pk))
+		failed = 1;
+	if (want("handoff") && section_handoff(&pl))
+		failed = 1;
+	if (want("scale") && section_scale(&pl))
+		failed = 1;
+	if (want("idle") && section_idle(&pl))
+		failed = 1;
+	if (want("storm") && section_storm(&pl))
+		failed = 1;
+	daemon_stop_all();
+
+	double secs = (double)(util_now_ns() - t_start) / 1e9;
+	printf("dlshare benchmarks (%s, %d repeats, %.0f s): %s, %ld cores, %s\n",
+	       pl.quick ? "--quick" : "full", pl.reps, secs, m.cpu, m.cores,
+	       m.kernel);
+	print_table(stdout);
+	if (failed)
+		printf("\nSOME BENCHMARKS FAILED (see the messages above)\n");
+	if (json && write_json(json, &pl, &m, &pk, secs))
+		failed = 1;
+	return failed;
+}

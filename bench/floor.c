@@ -1,0 +1,564 @@
+/* dlshare-floor — what the kernel can do, with nothing of dlshare in it.
+ *
+ * The benchmarks measure dlshare against these programs, in the same run on
+ * the same machine:
+ *
+ *   dlshare-floor rt --type seqpacket|stream [--fd] --req B --rep B --iters N
+ *       a bare round trip over a Unix socket pair: a client sends B bytes,
+ *       a server process answers with B bytes (and one fd attached, with
+ *       --fd, which the client closes, as a client that maps it would);
+ *       prints the p50, p99 and mean in ns.
+ *   dlshare-floor server --clients N --req B --rep B --ms T
+ *       a bare single-threaded epoll server (non-blocking, level-triggered,
+ *       at most 32 packets per peer and wakeup) answering N client
+ *       processes that each send requests and wait for the reply in a loop
+ *       for T ms; prints round trips a second.
+ *   dlshare-floor storm --clients N
+ *       a kill storm against a bare epoll server: N processes each hold a
+ *       connection, all get SIGKILL at once; prints the ms from the first
+ *       kill until the server has seen every hang-up and closed its end.
+ *   dlshare-floor handoff --bytes B --iters N [--huge 2M|1G]
+ *       the kernel's part of a store-mode handoff: a memfd written through a
+ *       shared mapping, munmap, F_SEAL_WRITE, its fd sent over a SEQPACKET
+ *       socket to another process that maps it read-only; prints the
+ *       medians of the whole and of each step in ns. With --huge the memfd
+ *       is made of 2 MiB or 1 GiB huge pages (MFD_HUGETLB; the kernel's
+ *       pool, vm.nr_hugepages, must hold them): what a fix of the
+ *       handoff would use.
+ *
+ * Output is one line of key=value pairs on stdout. Exit status 0, or 1 with
+ * a message on stderr.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "util.h"
+
+#define FLOOR_PACKET_MAX 4096
+#define FLOOR_BATCH 32
+
+static _Noreturn void die(const char *what)
+{
+	fprintf(stderr, "dlshare-floor: %s: %s\n", what, strerror(errno));
+	exit(1);
+}
+
+/* Sends len bytes and, when fd >= 0, the fd with them. A SEQPACKET send
+ * is whole; a stream send is looped. Returns 0 or -1. */
+static int send_packet(int sock, const char *buf, size_t len, int fd)
+{
+	union {
+		char b[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} ctl;
+	struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
+
+	if (fd >= 0) {
+		struct cmsghdr *c;
+
+		memset(&ctl, 0, sizeof(ctl));
+		m.msg_control = ctl.b;
+		m.msg_controllen = sizeof(ctl.b);
+		c = CMSG_FIRSTHDR(&m);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &fd, sizeof(int));
+	}
+	while (iov.iov_len) {
+		ssize_t n = sendmsg(sock, &m, MSG_NOSIGNAL);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return -1;
+		iov.iov_base = (char *)iov.iov_base + n;
+		iov.iov_len -= (size_t)n;
+		m.msg_control = NULL;
+		m.msg_controllen = 0;
+	}
+	return 0;
+}
+
+/* Receives exactly len bytes (one packet for SEQPACKET) and closes any fd
+ * that came with them, the way a client that has mapped it would. Returns
+ * 0, 1 at EOF, or -1. */
+static int recv_packet(int sock, char *buf, size_t len, int *got_fd)
+{
+	union {
+		char b[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} ctl;
+	size_t have = 0;
+
+	*got_fd = -1;
+	while (have < len) {
+		struct iovec iov = { .iov_base = buf + have,
+				     .iov_len = len - have };
+		struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1,
+				    .msg_control = ctl.b,
+				    .msg_controllen = sizeof(ctl.b) };
+		ssize_t n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -1;
+		if (n == 0)
+			return 1;
+		for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c;
+		     c = CMSG_NXTHDR(&m, c))
+			if (c->cmsg_level == SOL_SOCKET &&
+			    c->cmsg_type == SCM_RIGHTS)
+				memcpy(got_fd, CMSG_DATA(c), sizeof(int));
+		have += (size_t)n;
+	}
+	return 0;
+}
+
+/* ---- rt ------------------------------------------------------------------ */
+
+static int floor_rt(int type, int with_fd, size_t req, size_t rep, long iters)
+{
+	char rbuf[FLOOR_PACKET_MAX], sbuf[FLOOR_PACKET_MAX];
+	struct samples s = { 0 };
+	long warm = iters / 10 + 100;
+	int sv[2], memfd = -1;
+	pid_t pid;
+
+	memset(sbuf, 0x5a, sizeof(sbuf));
+	if (socketpair(AF_UNIX, type | SOCK_CLOEXEC, 0, sv) < 0)
+		die("socketpair");
+	if (with_fd) {
+		memfd = memfd_create("floor", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+		if (memfd < 0 || ftruncate(memfd, 4096) < 0)
+			die("memfd");
+	}
+	pid = util_fork();
+	if (pid < 0)
+		die("fork");
+	if (pid == 0) {
+		/* The server: answer each request, until EOF. */
+		close(sv[0]);
+		for (;;) {
+			int fd, r = recv_packet(sv[1], rbuf, req, &fd);
+
+			if (r)
+				_exit(r == 1 ? 0 : 1);
+			if (send_packet(sv[1], sbuf, rep, memfd) < 0)
+				_exit(1);
+		}
+	}
+	close(sv[1]);
+	for (long i = 0; i < warm + iters; i++) {
+		uint64_t t0 = util_now_ns();
+		int fd;
+
+		if (send_packet(sv[0], sbuf, req, -1) < 0 ||
+		    recv_packet(sv[0], rbuf, rep, &fd) != 0)
+			die("round trip");
+		if (fd >= 0)
+			close(fd);
+		if (i >= warm && samples_add(&s, (double)(util_now_ns() - t0)))
+			die("samples");
+	}
+	close(sv[0]);
+	if (util_wait(pid) != 0) {
+		fprintf(stderr, "dlshare-floor: server failed\n");
+		return 1;
+	}
+	double sum = 0;
+	for (size_t i = 0; i < s.n; i++)
+		sum += s.v[i];
+	printf("p50_ns=%.0f p99_ns=%.0f mean_ns=%.0f n=%zu\n",
+	       samples_quantile(&s, 0.50), samples_quantile(&s, 0.99),
+	       sum / (double)s.n, s.n);
+	samples_free(&s);
+	if (memfd >= 0)
+		close(memfd);
+	return 0;
+}
+
+/* ---- server ----------------------------------------------------------- */
+
+/* One client process: round trips until the deadline; writes its count. */
+static void server_client(int sock, int go, int out, size_t req, size_t rep,
+			  const volatile uint64_t *deadline)
+{
+	char rbuf[FLOOR_PACKET_MAX], sbuf[FLOOR_PACKET_MAX];
+	uint64_t ops = 0;
+	char c;
+
+	memset(sbuf, 0x5a, sizeof(sbuf));
+	/* The parent closing its end releases everyone at once. */
+	while (read(go, &c, 1) < 0 && errno == EINTR)
+		;
+	while (util_now_ns() < *deadline) {
+		int fd;
+
+		if (send_packet(sock, sbuf, req, -1) < 0 ||
+		    recv_packet(sock, rbuf, rep, &fd) != 0)
+			_exit(1);
+		ops++;
+	}
+	if (util_write_all(out, &ops, sizeof(ops)) < 0)
+		_exit(1);
+	_exit(0);
+}
+
+static int floor_server(int nclients, size_t req, size_t rep, long ms)
+{
+	char rbuf[FLOOR_PACKET_MAX], sbuf[FLOOR_PACKET_MAX];
+	struct epoll_event evs[64];
+	volatile uint64_t *deadline;
+	int go[2], res[2], ep, open_peers = nclients;
+	pid_t *pids = calloc((size_t)nclients, sizeof(*pids));
+	uint64_t total = 0, t0;
+
+	memset(sbuf, 0x5a, sizeof(sbuf));
+	deadline = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
+			MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (!pids || deadline == MAP_FAILED || pipe2(go, O_CLOEXEC) < 0 ||
+	    pipe2(res, O_CLOEXEC) < 0)
+		die("setup");
+	ep = epoll_create1(EPOLL_CLOEXEC);
+	if (ep < 0)
+		die("epoll_create1");
+	*deadline = UINT64_MAX;
+	for (int i = 0; i < nclients; i++) {
+		int sv[2];
+		struct epoll_event ev = { .events = EPOLLIN };
+
+		if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
+			die("socketpair");
+		pids[i] = util_fork();
+		if (pids[i] < 0)
+			die("fork");
+		if (pids[i] == 0) {
+			close(sv[0]);
+			close(go[1]);
+			close(res[0]);
+			server_client(sv[1], go[0], res[1], req, rep, deadline);
+		}
+		close(sv[1]);
+		fcntl(sv[0], F_SETFL, O_NONBLOCK);
+		ev.data.fd = sv[0];
+		if (epoll_ctl(ep, EPOLL_CTL_ADD, sv[0], &ev) < 0)
+			die("epoll_ctl");
+	}
+	close(go[0]);
+	close(res[1]);
+	t0 = util_now_ns();
+	*deadline = t0 + (uint64_t)ms * 1000000u;
+	close(go[1]);
+	while (open_peers > 0) {
+		int n = epoll_wait(ep, evs, 64, 1000);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			die("epoll_wait");
+		for (int i = 0; i < n; i++) {
+			int fd = evs[i].data.fd;
+
+			for (int k = 0; k < FLOOR_BATCH; k++) {
+				ssize_t r = recv(fd, rbuf, sizeof(rbuf),
+						 MSG_DONTWAIT);
+
+				if (r < 0 && errno == EAGAIN)
+					break;
+				if (r <= 0) {
+					epoll_ctl(ep, EPOLL_CTL_DEL, fd, NULL);
+					close(fd);
+					open_peers--;
+					break;
+				}
+				if (send(fd, sbuf, rep, MSG_NOSIGNAL |
+					 MSG_DONTWAIT) < 0 && errno != EPIPE)
+					die("send");
+			}
+		}
+	}
+	for (int i = 0; i < nclients; i++) {
+		uint64_t ops;
+
+		if (read(res[0], &ops, sizeof(ops)) != sizeof(ops)) {
+			fprintf(stderr, "dlshare-floor: a client failed\n");
+			return 1;
+		}
+		total += ops;
+	}
+	for (int i = 0; i < nclients; i++)
+		if (util_wait(pids[i]) != 0)
+			return 1;
+	printf("ops=%llu ms=%ld ops_per_s=%.0f clients=%d\n",
+	       (unsigned long long)total, ms, (double)total * 1000.0 / (double)ms,
+	       nclients);
+	free(pids);
+	return 0;
+}
+
+/* ---- storm -------------------------------------------------------------- */
+
+static int floor_storm(int nclients)
+{
+	struct epoll_event evs[64];
+	pid_t *pids = calloc((size_t)nclients, sizeof(*pids));
+	int ready[2], ep, open_peers = nclients;
+	uint64_t t0;
+
+	ep = epoll_create1(EPOLL_CLOEXEC);
+	if (!pids || ep < 0 || pipe2(ready, O_CLOEXEC) < 0)
+		die("setup");
+	for (int i = 0; i < nclients; i++) {
+		struct epoll_event ev = { .events = EPOLLIN };
+		int sv[2];
+
+		if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
+			die("socketpair");
+		pids[i] = util_fork();
+		if (pids[i] < 0)
+			die("fork");
+		if (pids[i] == 0) {
+			char b = 'r';
+
+			close(sv[0]);
+			close(ready[0]);
+			if (util_write_all(ready[1], &b, 1) < 0)
+				_exit(1);
+			for (;;)
+				pause();
+		}
+		close(sv[1]);
+		fcntl(sv[0], F_SETFL, O_NONBLOCK);
+		ev.data.fd = sv[0];
+		if (epoll_ctl(ep, EPOLL_CTL_ADD, sv[0], &ev) < 0)
+			die("epoll_ctl");
+	}
+	close(ready[1]);
+	for (int i = 0; i < nclients; i++) {
+		char b;
+
+		if (read(ready[0], &b, 1) != 1)
+			die("a client failed");
+	}
+	t0 = util_now_ns();
+	for (int i = 0; i < nclients; i++)
+		kill(pids[i], SIGKILL);
+	while (open_peers > 0) {
+		int n = epoll_wait(ep, evs, 64, 120000);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			die("epoll_wait");
+		for (int i = 0; i < n; i++) {
+			char b[64];
+			int fd = evs[i].data.fd;
+
+			if (recv(fd, b, sizeof(b), MSG_DONTWAIT) > 0)
+				continue;
+			epoll_ctl(ep, EPOLL_CTL_DEL, fd, NULL);
+			close(fd);
+			open_peers--;
+		}
+	}
+	printf("ms=%.3f clients=%d\n", (double)(util_now_ns() - t0) / 1e6,
+	       nclients);
+	for (int i = 0; i < nclients; i++)
+		util_wait(pids[i]);
+	free(pids);
+	return 0;
+}
+
+/* ---- handoff ------------------------------------------------------------ */
+
+/* memfd_create's huge page size: log2 of it, shifted (linux/memfd.h). */
+#define FLOOR_MFD_HUGE(log2) ((unsigned)(log2) << 26)
+
+static int floor_handoff(uint64_t bytes, long iters, int huge)
+{
+	struct samples tot = { 0 }, unmap = { 0 }, seal = { 0 }, pass = { 0 };
+	volatile uint64_t *t_map;
+	int sv[2];
+	pid_t pid;
+
+	t_map = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
+		     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (t_map == MAP_FAILED ||
+	    socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
+		die("setup");
+	pid = util_fork();
+	if (pid < 0)
+		die("fork");
+	if (pid == 0) {
+		/* The consumer: map each fd it gets read-only, say when. */
+		close(sv[0]);
+		for (;;) {
+			char b[8];
+			int fd, r = recv_packet(sv[1], b, sizeof(b), &fd);
+			void *p;
+
+			if (r)
+				_exit(r == 1 ? 0 : 1);
+			p = mmap(NULL, bytes, PROT_READ, MAP_SHARED, fd, 0);
+			*t_map = util_now_ns();
+			if (p == MAP_FAILED)
+				_exit(1);
+			close(fd);
+			munmap(p, bytes);
+			if (send_packet(sv[1], b, 1, -1) < 0)
+				_exit(1);
+		}
+	}
+	close(sv[1]);
+	for (long i = 0; i < iters; i++) {
+		int fd = memfd_create("floor", MFD_CLOEXEC | MFD_ALLOW_SEALING |
+				      (huge ? MFD_HUGETLB | FLOOR_MFD_HUGE(huge) : 0));
+		uint64_t t0, t1, t2;
+		char *p, b[8] = "handoff";
+		int dummy;
+
+		if (fd < 0 || ftruncate(fd, (off_t)bytes) < 0 ||
+		    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0)
+			die("memfd");
+		p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		if (p == MAP_FAILED)
+			die("mmap");
+		memset(p, (int)i, bytes);
+		t0 = util_now_ns();
+		munmap(p, bytes);
+		t1 = util_now_ns();
+		if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE) < 0)
+			die("F_SEAL_WRITE");
+		t2 = util_now_ns();
+		if (send_packet(sv[0], b, sizeof(b), fd) < 0 ||
+		    recv_packet(sv[0], b, 1, &dummy) != 0)
+			die("pass");
+		close(fd);
+		samples_add(&tot, (double)(*t_map - t0));
+		samples_add(&unmap, (double)(t1 - t0));
+		samples_add(&seal, (double)(t2 - t1));
+		samples_add(&pass, (double)(*t_map - t2));
+	}
+	close(sv[0]);
+	if (util_wait(pid) != 0)
+		return 1;
+	printf("total_ns=%.0f munmap_ns=%.0f seal_ns=%.0f pass_ns=%.0f n=%ld\n",
+	       samples_quantile(&tot, 0.5), samples_quantile(&unmap, 0.5),
+	       samples_quantile(&seal, 0.5), samples_quantile(&pass, 0.5),
+	       iters);
+	samples_free(&tot);
+	samples_free(&unmap);
+	samples_free(&seal);
+	samples_free(&pass);
+	return 0;
+}
+
+/* ---- main ----------------------------------------------------------------- */
+
+static void usage(void)
+{
+	fprintf(stderr,
+		"usage: dlshare-floor rt --type seqpacket|stream [--fd] --req B --rep B --iters N\n"
+		"       dlshare-floor server --clients N --req B --rep B --ms T\n"
+		"       dlshare-floor storm --clients N\n"
+		"       dlshare-floor handoff --bytes B --iters N [--huge 2M|1G]\n");
+	exit(2);
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "type", required_argument, NULL, 't' },
+		{ "fd", no_argument, NULL, 'f' },
+		{ "req", required_argument, NULL, 'q' },
+		{ "rep", required_argument, NULL, 'p' },
+		{ "iters", required_argument, NULL, 'i' },
+		{ "clients", required_argument, NULL, 'c' },
+		{ "ms", required_argument, NULL, 'm' },
+		{ "bytes", required_argument, NULL, 'b' },
+		{ "huge", required_argument, NULL, 'H' },
+		{ NULL, 0, NULL, 0 },
+	};
+	int type = SOCK_SEQPACKET, with_fd = 0, clients = 1, huge = 0, o;
+	long req = 64, rep = 64, iters = 10000, ms = 1000;
+	unsigned long long bytes = 4096;
+	const char *cmd;
+
+	if (argc < 2)
+		usage();
+	cmd = argv[1];
+	optind = 2;
+	while ((o = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+		switch (o) {
+		case 't':
+			if (strcmp(optarg, "seqpacket") == 0)
+				type = SOCK_SEQPACKET;
+			else if (strcmp(optarg, "stream") == 0)
+				type = SOCK_STREAM;
+			else
+				usage();
+			break;
+		case 'f':
+			with_fd = 1;
+			break;
+		case 'q':
+			req = atol(optarg);
+			break;
+		case 'p':
+			rep = atol(optarg);
+			break;
+		case 'i':
+			iters = atol(optarg);
+			break;
+		case 'c':
+			clients = atoi(optarg);
+			break;
+		case 'm':
+			ms = atol(optarg);
+			break;
+		case 'b':
+			bytes = strtoull(optarg, NULL, 0);
+			break;
+		case 'H':
+			if (strcmp(optarg, "2M") == 0)
+				huge = 21;
+			else if (strcmp(optarg, "1G") == 0)
+				huge = 30;
+			else
+				usage();
+			break;
+		default:
+			usage();
+		}
+	}
+	if (req < 1 || req > FLOOR_PACKET_MAX || rep < 1 ||
+	    rep > FLOOR_PACKET_MAX || iters < 1 || clients < 1 || ms < 1 ||
+	    bytes < 1)
+		usage();
+	signal(SIGPIPE, SIG_IGN);
+	if (strcmp(cmd, "rt") == 0)
+		return floor_rt(type, with_fd, (size_t)req, (size_t)rep, iters);
+	if (strcmp(cmd, "server") == 0)
+		return floor_server(clients, (size_t)req, (size_t)rep, ms);
+	if (strcmp(cmd, "storm") == 0)
+		return floor_storm(clients);
+	if (strcmp(cmd, "handoff") == 0)
+		return floor_handoff(huge ? (bytes + (UINT64_C(1) << huge) - 1) &
+				     ~((UINT64_C(1) << huge) - 1) : bytes, iters,
+				     huge);
+	usage();
+	return 2;
+}
