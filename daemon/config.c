@@ -103,8 +103,8 @@ static const struct opt opts[] = {
 	{ "max-output", 0, OPT_BYTES, "BYTES", 64 * 1024, UINT64_C(1) << 34,
 	  SRV(limits.max_output), NULL,
 	  "output queued to one peer",
-	  "A peer that does not read is read no more at half of it, and "
-	  "disconnected past it.", NULL },
+	  "A peer that does not read its replies is disconnected past "
+	  "it.", NULL },
 	{ "list-page", 0, OPT_U32, "N", 1, 4096,
 	  SRV(limits.list_page), NULL,
 	  "names per list answer", NULL, NULL },
@@ -127,6 +127,28 @@ static const struct opt opts[] = {
 	{ "max-buffer-bytes", 0, OPT_BYTES, "BYTES", 1, INT64_MAX,
 	  SRV(registry.max_buffer_bytes), NULL,
 	  "size of one buffer", NULL, NULL },
+	{ "hello-timeout", 0, OPT_U32, "MS", 100, 3600 * 1000,
+	  SRV(limits.hello_timeout_ms), NULL,
+	  "milliseconds a new peer has to say Hello",
+	  "A peer that says nothing is disconnected after it.", NULL },
+
+	{ "uid-connections", 0, OPT_U32, "N", 1, 1u << 20,
+	  SRV(registry.uid_connections), "Quotas per uid (over all its connections)",
+	  "connections of one uid",
+	  "One more is refused with an error.", NULL },
+	{ "uid-names", 0, OPT_U32, "N", 1, 1u << 30,
+	  SRV(registry.uid_names), NULL,
+	  "names one uid created",
+	  "Publishing a new name past it fails with DLSHARE_ELIMIT.", NULL },
+	{ "uid-leases", 0, OPT_U32, "N", 1, 1u << 30,
+	  SRV(registry.uid_leases), NULL,
+	  "leases of one uid",
+	  "One more get fails with DLSHARE_ELIMIT.", NULL },
+	{ "uid-host-bytes", 0, OPT_BYTES, "BYTES", 0, UINT64_MAX,
+	  SRV(registry.uid_host_bytes), NULL,
+	  "daemon-owned host bytes of one uid; 0: as max-bytes",
+	  "A create past it fails with DLSHARE_ELIMIT.",
+	  "0, the same as max-bytes" },
 };
 
 #define NOPTS ((int)(sizeof(opts) / sizeof(opts[0])))
@@ -145,6 +167,11 @@ enum {
 int config_option_count(void)
 {
 	return NOPTS;
+}
+
+const char *config_option_name(int i)
+{
+	return i >= 0 && i < NOPTS ? opts[i].name : NULL;
 }
 
 static void *field(struct config *c, const struct opt *o)

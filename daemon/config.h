@@ -86,5 +86,7 @@ void config_print_example(FILE *out);
 void config_print_man(FILE *out, int keys);
 
 int config_option_count(void);
+/* The long name of option i (0 .. config_option_count() - 1), or NULL. */
+const char *config_option_name(int i);
 
 #endif

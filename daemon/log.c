@@ -168,6 +168,11 @@ void log_msg(int prio, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(line, sizeof(line), fmt, ap);
 	va_end(ap);
+	/* One event, one line: a peer's name or agent string with a newline
+	 * would otherwise forge lines, "<0>" prefix and all. */
+	for (char *p = line; *p; p++)
+		if ((unsigned char)*p < 0x20 || *p == 0x7f)
+			*p = '?';
 	pthread_mutex_lock(&lock);
 	if (rate && (prio == LOG_WARNING || prio >= LOG_INFO)) {
 		roll(now_ms());

@@ -6,7 +6,8 @@
  * are plain, for a person at a terminal. Error and notice lines tell the
  * daemon's own story and are never dropped; warning, info and debug lines are
  * what peers cause, so a misbehaving peer could flood them: past the rate
- * limit they are dropped and counted, and one line says how many. Never log a
+ * limit they are dropped and counted, and one line says how many. Control
+ * characters become '?', so a peer's string cannot forge a line. Never log a
  * CUDA IPC handle or any other bearer token. Any thread (a mutex orders
  * lines).
  */

@@ -132,6 +132,29 @@ static void on_signal(uv_signal_t *h, int signum)
 	server_shutdown(&srv);
 }
 
+/* config_from_args, with its error lines marked "<3>" when stderr is the
+ * journal (the service's unit started it with a bad file), so that they
+ * are logged as errors. */
+static int parse_settings(struct config *cfg, int argc, char **argv,
+			  enum config_action *action)
+{
+	char *errors = NULL, *line, *save = NULL;
+	size_t len = 0;
+	FILE *err = open_memstream(&errors, &len);
+	int r, journal = log_stderr_is_journal();
+
+	r = config_from_args(cfg, argc, argv, stdout, err ? err : stderr,
+			     action);
+	if (!err)
+		return r;
+	fclose(err);
+	for (line = strtok_r(errors, "\n", &save); line;
+	     line = strtok_r(NULL, "\n", &save))
+		fprintf(stderr, "%s%s\n", journal ? "<3>" : "", line);
+	free(errors);
+	return r;
+}
+
 int main(int argc, char **argv)
 {
 	struct config cfg;
@@ -140,7 +163,7 @@ int main(int argc, char **argv)
 	int err;
 
 	config_init(&cfg);
-	err = config_from_args(&cfg, argc, argv, stdout, stderr, &action);
+	err = parse_settings(&cfg, argc, argv, &action);
 	if (err) {
 		config_deinit(&cfg);
 		/* --check-config answers yes or no; otherwise 2 is a usage

@@ -278,8 +278,10 @@ static int listen_inherited(struct server *s)
 	flags = fcntl(fd, F_GETFL);
 	if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0 ||
 	    fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) {
-		log_err("socket activation: fd %d: %s", fd, strerror(errno));
-		return -errno;
+		int err = -errno;
+
+		log_err("socket activation: fd %d: %s", fd, strerror(-err));
+		return err;
 	}
 	memset(&sa, 0, sizeof(sa));
 	if (getsockname(fd, (struct sockaddr *)&sa, &len) == 0 &&

@@ -91,6 +91,9 @@ int harness_daemon_start(struct daemon_proc *d, const char *const *extra)
 	argv[argc++] = d->sock;
 	argv[argc++] = "--log-level";
 	argv[argc++] = "debug";
+	/* Never the machine's /etc/dlshare/dlshared.conf. */
+	argv[argc++] = "--config";
+	argv[argc++] = "/dev/null";
 	for (int i = 0; extra && extra[i] && argc < 62; i++)
 		argv[argc++] = extra[i];
 	argv[argc] = NULL;
