@@ -144,7 +144,7 @@ int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
 	f->has_nfds = nfds > 0;
 	err = wire_encode(f, s->cfg.limits.max_packet, &data, &len);
 	if (err) {
-		log_err("conn %llu: reply does not fit a packet (%d)",
+		log_warn("conn %llu: reply does not fit a packet (%d)",
 			(unsigned long long)c->id, err);
 		conn_fail(c, "reply too large");
 		return err;
@@ -278,8 +278,8 @@ static void on_poll(uv_poll_t *h, int status, int events)
 	if (status < 0) {
 		/* A peer that closed with data still unread shows up as a
 		 * reset: that is a hang-up, not a daemon problem. */
-		conn_fail(c, status == UV_ECONNRESET || status == UV_EPIPE ?
-			  "peer hung up" : "poll failed");
+		conn_fail(c, status == UV_ECONNRESET || status == UV_EPIPE ||
+			  status == UV_EBADF ? "peer hung up" : "poll failed");
 	} else {
 		if ((events & UV_WRITABLE) && conn_flush(c))
 			conn_fail(c, "send failed");

@@ -31,8 +31,8 @@ void registry_limits_default(struct registry_limits *l)
 	l->uid_connections = REGISTRY_UID_CONNECTIONS_DEFAULT;
 	l->uid_names = REGISTRY_UID_NAMES_DEFAULT;
 	l->uid_leases = REGISTRY_UID_LEASES_DEFAULT;
-	l->uid_host_bytes = l->max_bytes;
-	l->uid_gpu_bytes = l->max_bytes;
+	l->uid_host_bytes = 0; /* 0: the same as max_bytes, whatever it is */
+	l->uid_gpu_bytes = 0;
 }
 
 /* Frees a uid's record once it holds nothing. */
@@ -318,8 +318,10 @@ static int quota_check(struct registry *r, struct registry_owner *o,
 		r->why = "names per uid";
 		return -EDQUOT;
 	}
-	if (bytes > r->limits.uid_host_bytes ||
-	    u->host_bytes > r->limits.uid_host_bytes - bytes) {
+	uint64_t cap = r->limits.uid_host_bytes ? r->limits.uid_host_bytes :
+					       r->limits.max_bytes;
+
+	if (bytes > cap || u->host_bytes > cap - bytes) {
 		r->why = "daemon-owned host bytes per uid";
 		return -EDQUOT;
 	}

@@ -150,8 +150,10 @@ struct registry_limits {
 	uint32_t uid_connections;   /* owners (connections) per uid */
 	uint32_t uid_names;         /* names created per uid */
 	uint32_t uid_leases;        /* leases per uid, all connections */
-	uint64_t uid_host_bytes;    /* daemon-owned host bytes per uid */
-	uint64_t uid_gpu_bytes;     /* daemon-owned GPU bytes per uid */
+	uint64_t uid_host_bytes;    /* daemon-owned host bytes per uid;
+				     * 0: the same as max_bytes */
+	uint64_t uid_gpu_bytes;     /* daemon-owned GPU bytes per uid (0: as
+				     * max_bytes; none are made yet) */
 	uint64_t max_buffer_bytes;  /* size of one buffer */
 	uint64_t max_bytes;         /* daemon-owned bytes, all buffers */
 	uint32_t default_mode;      /* mode of a name when the publisher gives 0 */
