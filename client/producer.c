@@ -582,6 +582,7 @@ int dlshare_publish(dlshare_client *c, const char *name,
 			return DLSHARE_EINVAL;
 		t = &tensors[i]->dl_tensor;
 		if (t->device.device_type != kDLCPU &&
+		    t->device.device_type != kDLCUDAHost &&
 		    t->device.device_type != kDLCUDA)
 			return DLSHARE_ENOTSUP;
 		if (t->device.device_type == kDLCUDA)
@@ -589,7 +590,11 @@ int dlshare_publish(dlshare_client *c, const char *name,
 		if (tensor_bytes(t, &bytes) || (bytes && !t->data))
 			return DLSHARE_EINVAL;
 	}
-	err = publish_export(c, name, tensors, n, o, version);
+	if ((o->flags & DLSHARE_PUBLISH_COPY) &&
+	    (o->flags & DLSHARE_PUBLISH_NO_COPY))
+		return DLSHARE_EINVAL;
+	err = (o->flags & DLSHARE_PUBLISH_COPY) ? DLSHARE_ENOENT :
+		publish_export(c, name, tensors, n, o, version);
 	if (err != DLSHARE_ENOENT && err != DLSHARE_ECOPY)
 		return err;
 	if (o->flags & DLSHARE_PUBLISH_NO_COPY)

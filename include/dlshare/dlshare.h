@@ -174,6 +174,8 @@ DLSHARE_API int dlshare_host_alloc(DLDataType dtype, int32_t ndim,
 				   DLManagedTensor **out);
 
 #define DLSHARE_PUBLISH_NO_COPY 0x1u /* fail with DLSHARE_ECOPY, never copy */
+#define DLSHARE_PUBLISH_COPY 0x2u    /* always copy host tensors into a
+				      * daemon buffer, even shareable ones */
 
 typedef struct dlshare_publish_opts {
 	const char *const *keys; /* n names inside the version, or NULL */

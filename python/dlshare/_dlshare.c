@@ -1461,49 +1461,6 @@ static void pubwrap_delete(DLManagedTensor *self)
 	free(p);
 }
 
-/* store mode over tensors that may already be in shareable memory: what
- * publish(copy=True) asks for. Same ownership rules as dlshare_publish. */
-static int publish_copy(dlshare_client *c, const char *name,
-			DLManagedTensor *const *ts, size_t n,
-			const dlshare_publish_opts *o, uint64_t *version)
-{
-	dlshare_tensor_spec *specs = calloc(n, sizeof(*specs));
-	dlshare_create_opts co = { .device = { kDLCPU, 0 }, .mode = o->mode };
-	dlshare_writer *w;
-	int err;
-
-	if (!specs)
-		return DLSHARE_ENOMEM;
-	for (size_t i = 0; i < n; i++) {
-		const DLTensor *t = &ts[i]->dl_tensor;
-
-		if (t->device.device_type != kDLCPU &&
-		    t->device.device_type != kDLCUDAHost) {
-			free(specs);
-			return DLSHARE_ENOTSUP;
-		}
-		specs[i].key = o->keys ? o->keys[i] : NULL;
-		specs[i].dtype = t->dtype;
-		specs[i].ndim = t->ndim;
-		specs[i].shape = t->shape;
-	}
-	err = dlshare_create(c, name, specs, n, &co, &w);
-	free(specs);
-	if (err)
-		return err;
-	for (size_t i = 0; i < n; i++) {
-		DLTensor *dst = dlshare_writer_tensor(w, i);
-
-		if (dst->data)
-			copy_compact(dst->data, &ts[i]->dl_tensor);
-	}
-	if ((err = dlshare_seal(w, o->stream, version)))
-		return err;
-	for (size_t i = 0; i < n; i++)
-		ts[i]->deleter(ts[i]);
-	return 0;
-}
-
 /* Takes the tensor out of a capsule: renames it used_* so that neither its
  * destructor nor another consumer touches it. Returns 0, or -1 with an
  * exception. */
@@ -1605,11 +1562,11 @@ static PyObject *Client_publish(ClientObject *s, PyObject *args)
 	}
 	o.keys = ckeys;
 	o.mode = mode;
-	o.flags = no_copy ? DLSHARE_PUBLISH_NO_COPY : 0;
+	o.flags = no_copy ? DLSHARE_PUBLISH_NO_COPY :
+		  force_copy ? DLSHARE_PUBLISH_COPY : 0;
 	o.stream = (void *)(uintptr_t)stream;
-	GUARDED(s, err, force_copy ?
-		publish_copy(c_, name, ts, (size_t)n, &o, &version) :
-		dlshare_publish(c_, name, ts, (size_t)n, &o, &version));
+	GUARDED(s, err, dlshare_publish(c_, name, ts, (size_t)n, &o,
+					&version));
 	if (err) {
 		raise_code(err);
 		goto out;
