@@ -167,8 +167,10 @@ static void version_destroy(struct registry *r, struct version *v)
 			buffer_free(r, v->buffers[i]);
 	if (retire && r->ops && r->ops->retired)
 		r->ops->retired(r->ud, producer, e->name, number);
-	for (size_t i = 0; i < v->ntensors; i++)
+	for (size_t i = 0; i < v->ntensors; i++) {
 		free(v->tensors[i].key);
+		free(v->tensors[i].shape);
+	}
 	free(v->tensors);
 	free(v->buffers);
 	free(v);
@@ -328,7 +330,8 @@ static int quota_check(struct registry *r, struct registry_owner *o,
 	return 0;
 }
 
-static void tensor_copy(struct rtensor *d, const Dlshare__Tensor *t)
+/* Returns 0 or -ENOMEM. */
+static int tensor_copy(struct rtensor *d, const Dlshare__Tensor *t)
 {
 	d->buffer = t->buffer;
 	d->offset = t->offset;
@@ -337,10 +340,17 @@ static void tensor_copy(struct rtensor *d, const Dlshare__Tensor *t)
 	d->lanes = t->dtype->lanes;
 	d->ndim = (uint32_t)t->n_shape;
 	d->has_strides = t->n_strides != 0;
+	if (!d->ndim)
+		return 0;
+	d->shape = calloc(2 * (size_t)d->ndim, sizeof(int64_t));
+	if (!d->shape)
+		return -ENOMEM;
+	d->strides = d->shape + d->ndim;
 	for (size_t k = 0; k < t->n_shape; k++) {
 		d->shape[k] = t->shape[k];
 		d->strides[k] = d->has_strides ? t->strides[k] : 0;
 	}
+	return 0;
 }
 
 /* Builds v's buffers: store mode makes memfds, export mode takes the fds. */
@@ -432,10 +442,12 @@ int registry_add(struct registry *r, struct registry_owner *o,
 	if ((err = quota_check(r, o, !e, owned)))
 		return err;
 	if (!e) {
-		e = calloc(1, sizeof(*e));
+		size_t len = strlen(s->name);
+
+		e = calloc(1, sizeof(*e) + len + 1);
 		if (!e)
 			return -ENOMEM;
-		memcpy(e->name, s->name, strlen(s->name) + 1);
+		memcpy(e->name, s->name, len + 1);
 		/* A deleted name's versions may live on under leases; a new
 		 * name of the same spelling numbers after them, so (name,
 		 * number) never means two versions at once. */
@@ -471,9 +483,9 @@ int registry_add(struct registry *r, struct registry_owner *o,
 		const char *key = s->tensors[i]->key ? s->tensors[i]->key : "";
 
 		v->tensors[i].key = strdup(key);
-		if (!v->tensors[i].key)
+		if (!v->tensors[i].key ||
+		    tensor_copy(&v->tensors[i], s->tensors[i]))
 			goto fail_version;
-		tensor_copy(&v->tensors[i], s->tensors[i]);
 	}
 	memcpy(v->event_handle, s->event_handle ? s->event_handle :
 	       (const uint8_t *)"", s->event_len);
@@ -499,8 +511,10 @@ int registry_add(struct registry *r, struct registry_owner *o,
 
 fail_version:
 	if (v->tensors)
-		for (size_t i = 0; i < s->ntensors; i++)
+		for (size_t i = 0; i < s->ntensors; i++) {
 			free(v->tensors[i].key);
+			free(v->tensors[i].shape);
+		}
 	free(v->tensors);
 	free(v->buffers);
 	free(v);

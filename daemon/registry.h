@@ -52,8 +52,10 @@ struct rtensor {
 	uint32_t code, bits, lanes;
 	uint32_t ndim;
 	int has_strides;
-	int64_t shape[CHECK_NDIM_MAX];
-	int64_t strides[CHECK_NDIM_MAX];
+	/* ndim each, in one allocation (dims); NULL when ndim is 0. Sized to
+	 * the tensor: a registry of a million names stays small. */
+	int64_t *shape;
+	int64_t *strides;
 };
 
 enum version_state {
@@ -87,7 +89,6 @@ struct version {
 };
 
 struct entry {
-	char name[CHECK_NAME_MAX + 1];
 	uint64_t last_number;    /* highest version number handed out */
 	struct version *latest;  /* newest sealed version, or NULL */
 	struct version *versions;
@@ -99,6 +100,7 @@ struct entry {
 	int detached;            /* deleted: out of the name map, dying */
 	UT_hash_handle hh;       /* registry->names */
 	struct entry *dprev, *dnext; /* registry->detached */
+	char name[];             /* as long as it is */
 };
 
 struct lease {
