@@ -24,11 +24,35 @@ struct conn *conn_of_owner(struct registry_owner *o)
 	return (struct conn *)((char *)o - offsetof(struct conn, owner));
 }
 
-static void outpkt_free(struct outpkt *p)
+/* Frees a packet that left the queue, giving back its fds' quota. */
+static void outpkt_free(struct conn *c, struct outpkt *p)
 {
+	c->out_fds -= p->nfds;
+	if (c->owner.usage)
+		c->owner.usage->fds_queued -= p->nfds;
 	wire_close_fds(p->fds, p->nfds);
 	free(p->data);
 	free(p);
+}
+
+int conn_may_queue_fds(struct conn *c, unsigned nfds)
+{
+	struct server *s = c->srv;
+	struct uid_usage *u = c->owner.usage;
+
+	if (!nfds)
+		return 0;
+	/* fds wait in the queue only while the peer does not read; each is
+	 * an open file of the daemon's. */
+	if (c->out_fds + nfds > s->cfg.limits.max_out_fds) {
+		s->reg.why = "fds queued to one connection";
+		return -EDQUOT;
+	}
+	if (u && u->fds_queued + nfds > s->reg.limits.uid_fds) {
+		s->reg.why = "fds queued per uid";
+		return -EDQUOT;
+	}
+	return 0;
 }
 
 static void on_poll(uv_poll_t *h, int status, int events);
@@ -84,6 +108,16 @@ void conn_close(struct conn *c, const char *why)
 	c->state = CONN_CLOSING;
 	uv_poll_stop(&c->poll);
 	dispatch_conn_closed(c);
+	/* The queue first: its fds are charged to the uid record that
+	 * dropping the stake may free. */
+	while (c->out_head) {
+		struct outpkt *p = c->out_head;
+
+		c->out_head = p->next;
+		outpkt_free(c, p);
+	}
+	c->out_tail = NULL;
+	c->out_bytes = 0;
 	/* Dropping the stake may free buffers: buffer_freed skips closing
 	 * conns, and our sent set goes below. */
 	registry_owner_drop(&s->reg, &c->owner);
@@ -91,14 +125,6 @@ void conn_close(struct conn *c, const char *why)
 		HASH_DEL(c->sent, b);
 		free(b);
 	}
-	while (c->out_head) {
-		struct outpkt *p = c->out_head;
-
-		c->out_head = p->next;
-		outpkt_free(p);
-	}
-	c->out_tail = NULL;
-	c->out_bytes = 0;
 	DL_DELETE(s->conns, c);
 	s->nconns--;
 	/* The memory goes in on_closed, after the loop let go of the handle;
@@ -124,7 +150,7 @@ static int conn_flush(struct conn *c)
 		if (!c->out_head)
 			c->out_tail = NULL;
 		c->out_bytes -= p->len;
-		outpkt_free(p);
+		outpkt_free(c, p);
 	}
 	return 0;
 }
@@ -154,6 +180,13 @@ int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
 		conn_fail(c, "output limit reached: peer does not read");
 		return -ENOBUFS;
 	}
+	/* Requests that attach fds check conn_may_queue_fds first and answer
+	 * with an error; this is the backstop. */
+	if (conn_may_queue_fds(c, nfds)) {
+		free(data);
+		conn_fail(c, "fd limit reached: peer does not read");
+		return -ENOBUFS;
+	}
 	p = calloc(1, sizeof(*p) + nfds * sizeof(int));
 	if (!p) {
 		free(data);
@@ -162,13 +195,20 @@ int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
 	}
 	p->data = data;
 	p->len = len;
+	c->out_fds += nfds;
+	if (c->owner.usage)
+		c->owner.usage->fds_queued += nfds;
 	/* Our dups: the originals may be closed before this packet leaves. */
 	for (unsigned i = 0; i < nfds; i++) {
 		p->fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 3);
 		if (p->fds[i] < 0) {
 			err = -errno;
+			/* Give back the quota of the dups never made. */
+			c->out_fds -= nfds - i;
+			if (c->owner.usage)
+				c->owner.usage->fds_queued -= nfds - i;
 			p->nfds = i;
-			outpkt_free(p);
+			outpkt_free(c, p);
 			conn_fail(c, "cannot duplicate fd");
 			return err;
 		}

@@ -48,6 +48,7 @@ struct conn {
 	struct sent_buf *sent;
 	struct outpkt *out_head, *out_tail;
 	uint64_t out_bytes;
+	uint32_t out_fds;         /* fds in the queue (our dups) */
 	struct park *parked;
 	uint32_t nparked;
 	struct conn *prev, *next; /* server->conns */
@@ -76,6 +77,10 @@ static inline int conn_open(const struct conn *c)
  * the conn is failing (output limit crossed, encode failure, dead peer). */
 int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
 	      unsigned nfds);
+
+/* Whether nfds more fds may be queued to c: 0, or -EDQUOT with
+ * c->srv->reg.why naming the limit (per connection, or per uid). */
+int conn_may_queue_fds(struct conn *c, unsigned nfds);
 
 /* Sends an Error frame answering request id. Returns as conn_send. */
 int conn_send_error(struct conn *c, uint64_t id, int dlshare_code,

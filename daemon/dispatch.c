@@ -446,16 +446,22 @@ static void reply_get(struct conn *c, uint64_t id, struct version *v)
 	struct lease *l;
 	int err;
 
-	err = registry_lease(&s->reg, &c->owner, v, &l);
-	if (err) {
-		reply_err(c, id, err, "get", v->entry->name);
-		return;
-	}
+	unsigned nattach = 0;
 	for (size_t i = 0; i < v->nbuffers; i++) {
 		struct sent_buf *sb = NULL;
 
 		HASH_FIND(hh, c->sent, &v->buffers[i]->id, sizeof(uint64_t), sb);
 		attach[i] = !sb;
+		nattach += attach[i] && v->buffers[i]->fd >= 0;
+	}
+	/* A peer that does not read its replies must not make the daemon
+	 * hold fds for it without bound. */
+	err = conn_may_queue_fds(c, nattach);
+	if (!err)
+		err = registry_lease(&s->reg, &c->owner, v, &l);
+	if (err) {
+		reply_err(c, id, err, "get", v->entry->name);
+		return;
 	}
 	if (wire_version_fill(&w, v, attach)) {
 		reply_err(c, id, -ENOMEM, "get", v->entry->name);

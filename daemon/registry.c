@@ -33,13 +33,14 @@ void registry_limits_default(struct registry_limits *l)
 	l->uid_leases = REGISTRY_UID_LEASES_DEFAULT;
 	l->uid_host_bytes = 0; /* 0: the same as max_bytes, whatever it is */
 	l->uid_gpu_bytes = 0;
+	l->uid_fds = REGISTRY_UID_FDS_DEFAULT;
 }
 
 /* Frees a uid's record once it holds nothing. */
 static void usage_put(struct registry *r, struct uid_usage *u)
 {
 	if (u && !u->owners && !u->names && !u->leases && !u->host_bytes &&
-	    !u->gpu_bytes) {
+	    !u->gpu_bytes && !u->fds_queued) {
 		HASH_DEL(r->uids, u);
 		free(u);
 	}

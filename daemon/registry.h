@@ -120,6 +120,7 @@ struct uid_usage {
 	uint32_t leases;
 	uint64_t host_bytes;     /* daemon-owned host memory of its versions */
 	uint64_t gpu_bytes;      /* daemon-owned GPU memory (none yet) */
+	uint32_t fds_queued;     /* fds in replies not yet sent to it */
 	UT_hash_handle hh;       /* registry->uids */
 };
 
@@ -156,6 +157,7 @@ struct registry_limits {
 				     * 0: the same as max_bytes */
 	uint64_t uid_gpu_bytes;     /* daemon-owned GPU bytes per uid (0: as
 				     * max_bytes; none are made yet) */
+	uint32_t uid_fds;           /* fds queued to one uid's connections */
 	uint64_t max_buffer_bytes;  /* size of one buffer */
 	uint64_t max_bytes;         /* daemon-owned bytes, all buffers */
 	uint32_t default_mode;      /* mode of a name when the publisher gives 0 */
@@ -170,6 +172,7 @@ struct registry_limits {
 #define REGISTRY_UID_CONNECTIONS_DEFAULT 256u
 #define REGISTRY_UID_NAMES_DEFAULT 65536u
 #define REGISTRY_UID_LEASES_DEFAULT 65536u
+#define REGISTRY_UID_FDS_DEFAULT 4096u
 
 struct registry {
 	struct uid_usage *uids;   /* what each uid holds */

@@ -45,6 +45,7 @@ void server_config_default(struct server_config *cfg)
 	cfg->limits.max_output = SERVER_MAX_OUTPUT_DEFAULT;
 	cfg->limits.list_page = SERVER_LIST_PAGE_DEFAULT;
 	cfg->limits.hello_timeout_ms = SERVER_HELLO_TIMEOUT_DEFAULT;
+	cfg->limits.max_out_fds = SERVER_MAX_OUT_FDS_DEFAULT;
 	registry_limits_default(&cfg->registry);
 }
 

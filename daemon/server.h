@@ -21,6 +21,7 @@ struct server_limits {
 	uint64_t max_output;      /* bytes queued to one peer before it is cut */
 	uint32_t list_page;       /* names in one List answer */
 	uint32_t hello_timeout_ms; /* a peer must say Hello within this */
+	uint32_t max_out_fds;     /* fds queued to one peer, not yet sent */
 };
 
 #define SERVER_MAX_PACKET_DEFAULT (128u * 1024u)
@@ -30,6 +31,7 @@ struct server_limits {
 #define SERVER_MAX_OUTPUT_DEFAULT (4u * 1024u * 1024u)
 #define SERVER_LIST_PAGE_DEFAULT 256u
 #define SERVER_HELLO_TIMEOUT_DEFAULT 10000u
+#define SERVER_MAX_OUT_FDS_DEFAULT 256u
 /* Before Hello a peer gets a much smaller packet. */
 #define SERVER_HELLO_PACKET_MAX 512u
 

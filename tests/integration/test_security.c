@@ -25,6 +25,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -1967,6 +1968,125 @@ static void wrong_fds(void **state)
 	assert_int_equal(failed, 0);
 }
 
+/* ---- fds queued to a peer that does not read ---------------------------------- */
+
+#define DEAF_NAMES 800
+#define DEAF_MAX_OUT_FDS 4
+
+static int setup_deaf_fds(void **state)
+{
+	static const char *const args[] = {
+		"--max-out-fds", "4", "--uid-fds", "6", "--max-connections", "64",
+		NULL,
+	};
+	struct rlimit rl;
+
+	/* The daemon (our child) holds two fds per name read: room for
+	 * them, where the machine's soft limit is 1024. */
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < 4096 &&
+	    rl.rlim_max >= 4096) {
+		rl.rlim_cur = 4096;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+
+	return util_setup_fdcheck(state, args);
+}
+
+/* Peers ask for many buffers and never read: past what the kernel's socket
+ * queues absorb, the daemon would hold one fd per reply for them. It holds
+ * at most --max-out-fds per connection and --uid-fds per uid; later gets
+ * fail with ELIMIT (without an fd) naming the limit, and the peers are not
+ * cut off for it. Two connections of one uid: 4 + 4 would pass the
+ * per-connection limit but not the uid's 6. */
+static void deaf_peer_fds(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	int64_t shape[1] = { 16 };
+	int fds[2], base, peak = 0, n;
+	int with_fd = 0, per_conn = 0, per_uid = 0;
+	char name[64];
+
+	for (int i = 0; i < DEAF_NAMES; i++) {
+		snprintf(name, sizeof(name), "deaf/%03d", i);
+		assert_int_equal(util_store(c, name, DT_F32, 1, shape, i, NULL), 0);
+	}
+	assert_int_equal(harness_wait_stats(c, 0, 1, NULL), 0);
+	base = harness_fd_count(fx->d.pid);
+	for (int k = 0; k < 2; k++) {
+		fds[k] = raw_connect(fx->d.sock);
+		assert_true(fds[k] >= 0);
+		assert_int_equal(raw_hello(fds[k]), 0);
+	}
+	for (int i = 0; i < DEAF_NAMES; i++) {
+		Dlshare__Frame f = DLSHARE__FRAME__INIT;
+		Dlshare__Get g = DLSHARE__GET__INIT;
+
+		snprintf(name, sizeof(name), "deaf/%03d", i);
+		g.name = name;
+		f.id = (uint64_t)i + 100;
+		f.body_case = DLSHARE__FRAME__BODY_GET;
+		f.get = &g;
+		assert_int_equal(raw_send(fds[i % 2], &f, NULL, 0, 0), 0);
+		if (i % 50 == 49) {
+			util_sleep_ms(harness_ms(50));
+			n = harness_fd_count(fx->d.pid);
+			if (n > peak)
+				peak = n;
+		}
+	}
+	util_sleep_ms(harness_ms(200));
+	n = harness_fd_count(fx->d.pid);
+	if (n > peak)
+		peak = n;
+	/* The daemon's own fds: the peers' sockets, the read-only reopens
+	 * it made, and at most 6 queued dups (the uid's quota). */
+	assert_true(peak <= base + 2 + DEAF_NAMES + 6);
+	/* Now read everything: the first replies carry fds (delivered by the
+	 * kernel), the later ones are ELIMIT errors naming the limit. */
+	for (int k = 0; k < 2; k++)
+		for (;;) {
+			struct wire_msg *m;
+			Dlshare__Error *e;
+
+			if (raw_recv(fds[k], harness_ms(1000), &m))
+				break;
+			e = m->frame->error;
+			if (m->frame->body_case == DLSHARE__FRAME__BODY_GET_REPLY)
+				with_fd++;
+			else if (m->frame->body_case == DLSHARE__FRAME__BODY_ERROR &&
+				 e->code == DLSHARE_ELIMIT && e->message &&
+				 strstr(e->message, "fds queued to one connection"))
+				per_conn++;
+			else if (m->frame->body_case == DLSHARE__FRAME__BODY_ERROR &&
+				 e->code == DLSHARE_ELIMIT && e->message &&
+				 strstr(e->message, "fds queued per uid"))
+				per_uid++;
+			wire_msg_free(m);
+		}
+	assert_true(with_fd > 0);
+	assert_true(per_conn + per_uid > 0);
+	assert_true(per_uid > 0);
+	assert_int_equal(with_fd + per_conn + per_uid, DEAF_NAMES);
+	/* Not cut off: they still get answers. */
+	for (int k = 0; k < 2; k++) {
+		Dlshare__Frame f = DLSHARE__FRAME__INIT;
+		Dlshare__Stats st = DLSHARE__STATS__INIT;
+		struct wire_msg *m;
+
+		f.id = 1;
+		f.body_case = DLSHARE__FRAME__BODY_STATS;
+		f.stats = &st;
+		assert_int_equal(raw_call(fds[k], &f, NULL, 0, &m), 0);
+		assert_int_equal(m->frame->body_case,
+				 DLSHARE__FRAME__BODY_STATS_REPLY);
+		wire_msg_free(m);
+		close(fds[k]);
+	}
+	assert_int_equal(harness_wait_stats(c, 0, 1, NULL), 0);
+	dlshare_disconnect(c);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1980,6 +2100,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(kill_storm, setup_storm, teardown),
 		cmocka_unit_test_setup_teardown(connect_storm, setup_cstorm, teardown),
 		cmocka_unit_test_setup_teardown(wrong_fds, setup_wrong_fds, teardown),
+		cmocka_unit_test_setup_teardown(deaf_peer_fds, setup_deaf_fds, teardown),
 	};
 
 	return cmocka_run_group_tests_name("security", tests, NULL, NULL);
