@@ -118,12 +118,12 @@ int check_tensor(const Dlshare__Tensor *t, const uint64_t *sizes,
 
 	/* An empty tensor reaches no byte: whatever its other dimensions and
 	 * strides say, there is nothing to bound. */
-	for (size_t k = 0; k < t->n_shape; k++) {
+	for (size_t k = 0; k < t->n_shape; k++)
 		if (t->shape[k] < 0)
 			return -EINVAL;
+	for (size_t k = 0; k < t->n_shape; k++)
 		if (t->shape[k] == 0)
 			return 0;
-	}
 
 	/* The walk is done in elements with overflow checks; a compact tensor
 	 * is the special case of row-major strides. */
