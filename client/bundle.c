@@ -21,6 +21,8 @@ struct dlshare_bundle {
 	size_t n;
 	struct btensor *ts;
 	int cuda_ordinal;        /* a device of the version, -1 for none */
+	int has_event;
+	uint8_t event[CUDA_IPC_HANDLE_BYTES]; /* the producer's, for waits */
 };
 
 /* What a DLManagedTensor(Versioned) of ours carries. */
@@ -191,6 +193,8 @@ int dlshare_get(dlshare_client *c, const char *name,
 				      (opts ? opts : &dflt)->stream);
 		if (err)
 			goto fail;
+		memcpy(b->event, gr->event_handle.data, CUDA_IPC_HANDLE_BYTES);
+		b->has_event = 1;
 	}
 	/* The lease and the pins change hands from the reply to lr. */
 	atomic_init(&lr->refs, 1);
@@ -247,6 +251,23 @@ int dlshare_bundle_find(const dlshare_bundle *b, const char *key)
 const DLTensor *dlshare_bundle_tensor(const dlshare_bundle *b, size_t i)
 {
 	return b && i < b->n ? &b->ts[i].t : NULL;
+}
+
+int dlshare_bundle_wait(dlshare_bundle *b, void *stream)
+{
+	int err;
+
+	if (!b)
+		return DLSHARE_EINVAL;
+	if (b->cuda_ordinal < 0 || stream == DLSHARE_STREAM_NONE)
+		return 0;
+	if (b->has_event &&
+	    (err = cuda_wait_event(b->event, b->cuda_ordinal, stream)))
+		return err;
+	/* Release after this stream's work: the last stream named wins. A
+	 * consumer reading on two streams joins them itself. */
+	b->lr->stream = stream;
+	return 0;
 }
 
 void dlshare_bundle_free(dlshare_bundle *b)

@@ -254,6 +254,14 @@ DLSHARE_API int dlshare_bundle_export(dlshare_bundle *b, size_t i,
 DLSHARE_API int dlshare_bundle_export_versioned(dlshare_bundle *b, size_t i,
 						DLManagedTensorVersioned **out);
 
+/* Makes another CUDA stream wait for the producer's work on this version
+ * (DLPack stream rules; the host does not wait), for a consumer whose
+ * stream is known only after the get (the DLPack exchange protocol passes
+ * it to __dlpack__). The lease's release is then ordered after that
+ * stream's work too. A no-op for host versions and DLSHARE_STREAM_NONE.
+ * Returns 0, DLSHARE_EINVAL, or a CUDA error as DLSHARE_E* code. */
+DLSHARE_API int dlshare_bundle_wait(dlshare_bundle *b, void *stream);
+
 /* Frees the bundle; the lease goes once no exported tensor holds it.
  * NULL is a no-op. */
 DLSHARE_API void dlshare_bundle_free(dlshare_bundle *b);

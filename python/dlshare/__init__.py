@@ -327,11 +327,10 @@ class Tensor(_DLPack):
             want = 1 if self._stream is None else self._stream
             got = 1 if stream is None else int(stream)
             if (got & _U64) != (_stream_value(want) or 1):
-                # The library made get()'s stream wait for the producer;
-                # it offers no way yet to make another stream wait.
-                raise BufferError(
-                    f"the consumer's stream {got} is not the stream given "
-                    f"to get() ({want}): pass stream= to get()")
+                # get() made its own stream wait for the producer; the
+                # consumer names another one here: make that one wait too
+                # (and order the release after it).
+                self._b.wait(_stream_value(got))
 
     def _capsule(self, versioned, copy):
         return self._b.export(self._i, versioned, copy)

@@ -1141,6 +1141,25 @@ static PyObject *Bundle_export(BundleObject *s, PyObject *args)
 	}
 }
 
+/* wait(stream): makes a CUDA stream wait for the producer's work (the
+ * stream a consumer names in __dlpack__). */
+static PyObject *Bundle_wait(BundleObject *s, PyObject *arg)
+{
+	unsigned long long v = PyLong_AsUnsignedLongLongMask(arg);
+	int err;
+
+	if (PyErr_Occurred())
+		return NULL;
+	if (!s->b) {
+		PyErr_SetString(PyExc_ValueError, "the tensor was released");
+		return NULL;
+	}
+	err = dlshare_bundle_wait(s->b, (void *)(uintptr_t)v);
+	if (err)
+		return raise_code(err);
+	Py_RETURN_NONE;
+}
+
 /* release(): drops this object's hold on the lease now. */
 static PyObject *Bundle_release(BundleObject *s, PyObject *unused)
 {
@@ -1162,6 +1181,7 @@ static PyMethodDef Bundle_methods[] = {
 	{ "keys", (PyCFunction)Bundle_keys, METH_NOARGS, NULL },
 	{ "info", (PyCFunction)Bundle_info, METH_O, NULL },
 	{ "export", (PyCFunction)Bundle_export, METH_VARARGS, NULL },
+	{ "wait", (PyCFunction)Bundle_wait, METH_O, NULL },
 	{ "release", (PyCFunction)Bundle_release, METH_NOARGS, NULL },
 	{ "released", (PyCFunction)Bundle_released, METH_NOARGS, NULL },
 	{ NULL },

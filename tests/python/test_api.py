@@ -112,6 +112,7 @@ class FakeBundle:
     def __init__(self, dev_type):
         self.dev_type = dev_type
         self.exports = []
+        self.waits = []
 
     def info(self, i):
         return ("float32", (4,), None, self.dev_type, 0, 0, 4)
@@ -122,6 +123,9 @@ class FakeBundle:
     def export(self, i, versioned, copy):
         self.exports.append((versioned, copy))
         return "capsule"
+
+    def wait(self, stream):
+        self.waits.append(stream)
 
 
 class StreamRulesTest(unittest.TestCase):
@@ -136,8 +140,9 @@ class StreamRulesTest(unittest.TestCase):
         t.__dlpack__()                         # None: legacy default
         t.__dlpack__(stream=1)                 # 1: legacy default
         t.__dlpack__(stream=-1)                # -1: no synchronisation
-        with self.assertRaises(BufferError):
-            t.__dlpack__(stream=2)             # per-thread: not waited on
+        self.assertEqual(self.b.waits, [])     # get()'s stream: no wait
+        t.__dlpack__(stream=2)                 # per-thread: made to wait
+        self.assertEqual(self.b.waits, [2])
         with self.assertRaises(ValueError):
             t.__dlpack__(stream=0)             # ambiguous
         with self.assertRaises(BufferError):
@@ -148,9 +153,10 @@ class StreamRulesTest(unittest.TestCase):
     def test_cuda_explicit_stream(self):
         t = self.tensor(stream=0x7f00deadbeef)
         t.__dlpack__(stream=0x7f00deadbeef, max_version=(1, 0))
-        with self.assertRaises(BufferError):
-            t.__dlpack__(stream=1)
-        self.assertEqual(self.b.exports, [(True, False)])
+        self.assertEqual(self.b.waits, [])
+        t.__dlpack__(stream=1)                 # another stream: it waits
+        self.assertEqual(self.b.waits, [1])
+        self.assertEqual(self.b.exports, [(True, False), (False, False)])
         t = self.tensor(stream=2)
         t.__dlpack__(stream=2)
 
