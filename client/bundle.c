@@ -105,7 +105,8 @@ static int bundle_fill(struct dlshare_bundle *b, Dlshare__GetReply *r,
 			bt->t.device.device_id = pins[wt->buffer]->ordinal;
 			b->cuda_ordinal = pins[wt->buffer]->ordinal;
 		} else {
-			bt->t.device.device_type = kDLCPU;
+			bt->t.device.device_type = pins[wt->buffer]->cuda_host ?
+						   kDLCUDAHost : kDLCPU;
 			bt->t.device.device_id = 0;
 		}
 		bt->t.ndim = (int32_t)wt->n_shape;

@@ -70,9 +70,13 @@ void client_ref(dlshare_client *c)
 
 static void ibuf_unmap(struct ibuf *b)
 {
-	if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC)
+	if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC) {
 		cuda_close_mem(b->cuda_base, b->ordinal);
-	else if (b->base)
+		return;
+	}
+	if (b->cuda_host)
+		cuda_host_unregister(b->base);
+	if (b->base)
 		munmap(b->base, b->size);
 }
 
@@ -218,6 +222,18 @@ static int import_buffers(dlshare_client *c, Dlshare__GetReply *r, int *fds,
 						e = client_errno(-errno);
 						free(b);
 						b = NULL;
+					}
+				}
+				/* kDLCUDAHost: the producer asks that
+				 * readers register it with CUDA too. */
+				if (b && b->base && wb->device->type == kDLCUDAHost) {
+					e = cuda_host_register(b->base, b->size, 1);
+					if (e) {
+						munmap(b->base, b->size);
+						free(b);
+						b = NULL;
+					} else {
+						b->cuda_host = 1;
 					}
 				}
 				if (b)

@@ -35,6 +35,8 @@
 	X(rt, cudaStreamWaitEvent)                                  \
 	X(rt, cudaGetLastError)                                     \
 	X(rt, cudaEventQuery)                                       \
+	X(rt, cudaHostRegister)                                     \
+	X(rt, cudaHostUnregister)                                   \
 	X(rt, cudaEventSynchronize)                                 \
 	X(drv, cuInit)                                              \
 	X(drv, cuDeviceGet)                                         \
@@ -451,6 +453,27 @@ int cuda_wait_event(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
 	return err;
 }
 
+int cuda_host_register(void *p, size_t n, int readonly)
+{
+	unsigned flags = cudaHostRegisterPortable |
+			 (readonly ? cudaHostRegisterReadOnly : 0);
+
+	if (cuda_available(NULL))
+		return DLSHARE_ENOTSUP;
+	if (cu.cudaHostRegister(p, n, flags) != cudaSuccess) {
+		cu.cudaGetLastError();
+		return DLSHARE_EINVAL;
+	}
+	return 0;
+}
+
+void cuda_host_unregister(void *p)
+{
+	if (cuda_available(NULL) == 0 &&
+	    cu.cudaHostUnregister(p) != cudaSuccess)
+		cu.cudaGetLastError();
+}
+
 int cuda_event_mark(void *stream, int ordinal, void **evp)
 {
 	cudaEvent_t ev;
@@ -500,6 +523,15 @@ void cuda_event_drop(void *ev)
 }
 
 #else /* !DLSHARE_HAVE_CUDA */
+
+int cuda_host_register(void *p, size_t n, int readonly)
+{
+	return DLSHARE_ENOTSUP;
+}
+
+void cuda_host_unregister(void *p)
+{
+}
 
 int cuda_event_mark(void *stream, int ordinal, void **ev)
 {

@@ -68,6 +68,12 @@ void cuda_cache_stats(unsigned long *open_now, unsigned long *opened_total);
 int cuda_wait_event(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
 		    void *stream);
 
+/* Registers host memory [p, p+n) with CUDA (pinned, device-accessible),
+ * read-only when readonly. Returns 0 or a DLSHARE_E* code (DLSHARE_ENOTSUP
+ * without CUDA). */
+int cuda_host_register(void *p, size_t n, int readonly);
+void cuda_host_unregister(void *p);
+
 /* A plain (not interprocess) event recorded on stream on device ordinal,
  * to learn when the consumer's queued work is done. Returns 0 with *ev, or a
  * DLSHARE_E* code. */

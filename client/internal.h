@@ -34,6 +34,8 @@ struct ibuf {
 				  * CUDA: device pointer of the buffer */
 	void *cuda_base;         /* CUDA: the opened allocation (cuda.c) */
 	int ordinal;             /* CUDA: local device */
+	int cuda_host;           /* host mapping registered with CUDA
+				  * (kDLCUDAHost) */
 	uint64_t size;
 	int refs;                /* leases using it (pins) */
 	int gone;                /* the daemon freed it: drop at refs 0 */

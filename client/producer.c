@@ -24,6 +24,7 @@ struct dlshare_writer {
 	char name[CHECK_NAME_MAX + 1];
 	uint64_t version;
 	void *base;
+	int cuda_host;           /* base is registered with CUDA */
 	uint64_t size;
 	size_t n;
 	struct wtensor *ts;
@@ -104,10 +105,20 @@ static void send_abort(dlshare_client *c, const char *name, uint64_t version)
 	simple_call(c, &f, DLSHARE__FRAME__BODY_OK);
 }
 
-static void writer_free(dlshare_writer *w)
+/* Drops the writable mapping (and its CUDA registration). */
+static void writer_unmap(dlshare_writer *w)
 {
+	if (w->cuda_host)
+		cuda_host_unregister(w->base);
+	w->cuda_host = 0;
 	if (w->base)
 		munmap(w->base, w->size);
+	w->base = NULL;
+}
+
+static void writer_free(dlshare_writer *w)
+{
+	writer_unmap(w);
 	client_unref(w->c);
 	free(w->ts);
 	free(w);
@@ -138,7 +149,8 @@ int dlshare_create(dlshare_client *c, const char *name,
 	*out = NULL;
 	if (!c || check_name(name) || !specs || n == 0)
 		return DLSHARE_EINVAL;
-	if (opts && opts->device.device_type != kDLCPU)
+	if (opts && opts->device.device_type != kDLCPU &&
+	    opts->device.device_type != kDLCUDAHost)
 		return DLSHARE_ENOTSUP;
 	if (opts && (opts->mode & ~CHECK_MODE_MASK))
 		return DLSHARE_EINVAL;
@@ -187,7 +199,8 @@ int dlshare_create(dlshare_client *c, const char *name,
 		wire_tensor_set(&wt.t[i], s->key, s->dtype, s->ndim, t->shape,
 				NULL, 0, t->t.byte_offset);
 	}
-	dev.type = kDLCPU;
+	/* kDLCUDAHost: host memory that both sides register with CUDA. */
+	dev.type = opts ? (uint32_t)opts->device.device_type : kDLCPU;
 	buf.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
 	buf.size = total;
 	buf.device = &dev;
@@ -226,12 +239,21 @@ int dlshare_create(dlshare_client *c, const char *name,
 		}
 	}
 	reply_free(c, &r); /* closes the fd: the mapping holds the memory */
+	if (w->base && dev.type == kDLCUDAHost) {
+		err = cuda_host_register(w->base, w->size, 0);
+		if (err) {
+			writer_unmap(w);
+			send_abort(c, w->name, w->version);
+			goto fail;
+		}
+		w->cuda_host = 1;
+	}
 	for (size_t i = 0; i < n; i++) {
 		DLTensor *t = &w->ts[i].t;
 
 		t->data = w->base ? (char *)w->base + t->byte_offset : NULL;
 		t->byte_offset = 0;
-		t->device.device_type = kDLCPU;
+		t->device.device_type = (DLDeviceType)dev.type;
 	}
 	wire_tensors_free(&wt);
 	*out = w;
@@ -267,10 +289,7 @@ int dlshare_seal(dlshare_writer *w, void *stream, uint64_t *version)
 	if (!w)
 		return DLSHARE_EINVAL;
 	/* The daemon can only write-seal a memfd nobody maps writable. */
-	if (w->base) {
-		munmap(w->base, w->size);
-		w->base = NULL;
-	}
+	writer_unmap(w);
 	s.name = w->name;
 	s.version = w->version;
 	f.body_case = DLSHARE__FRAME__BODY_SEAL;
@@ -288,10 +307,7 @@ void dlshare_writer_abort(dlshare_writer *w)
 {
 	if (!w)
 		return;
-	if (w->base) {
-		munmap(w->base, w->size);
-		w->base = NULL;
-	}
+	writer_unmap(w);
 	send_abort(w->c, w->name, w->version);
 	writer_free(w);
 }

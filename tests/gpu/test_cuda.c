@@ -1501,6 +1501,84 @@ static void pool_memory_refused(void **state)
 }
 
 /* ======================================================================== */
+/* 9. kDLCUDAHost: a host buffer both sides register with CUDA.              */
+/* ======================================================================== */
+
+#define CH_BYTES ((size_t)64 * 1024)
+
+static int cuda_host_producer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	int64_t shape[1] = { (int64_t)(CH_BYTES / 4) };
+	dlshare_tensor_spec spec = {
+		.dtype = { kDLFloat, 32, 1 }, .ndim = 1, .shape = shape,
+	};
+	dlshare_create_opts co = { .device = { kDLCUDAHost, 0 } };
+	dlshare_writer *w;
+	DLTensor *t;
+
+	DL_OK(dlshare_create(c, a->name, &spec, 1, &co, &w));
+	t = dlshare_writer_tensor(w, 0);
+	CHECK(t->device.device_type == kDLCUDAHost);
+	/* Registered: a copy from it to the device works like from pinned
+	 * memory. */
+	harness_fill(t->data, CH_BYTES, 81);
+	DL_OK(dlshare_seal(w, NULL, NULL));
+	SEND(a->to_c, '1');
+	RECV(a->to_p, 'd');
+	dlshare_disconnect(c);
+	return 0;
+}
+
+static int cuda_host_consumer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c;
+	DLManagedTensor *t;
+	uint8_t *want, *back;
+	void *dev;
+
+	RECV(a->to_c, '1');
+	c = child_connect();
+	DL_OK(dlshare_get_tensor(c, a->name, NULL, &t));
+	CHECK(t->dl_tensor.device.device_type == kDLCUDAHost);
+	want = malloc(CH_BYTES);
+	back = malloc(CH_BYTES);
+	CHECK(want && back);
+	harness_fill(want, CH_BYTES, 81);
+	CHECK(memcmp(t->dl_tensor.data, want, CH_BYTES) == 0);
+	CU(cudaMalloc(&dev, CH_BYTES));
+	CU(cudaMemcpy(dev, t->dl_tensor.data, CH_BYTES, cudaMemcpyHostToDevice));
+	CU(cudaMemcpy(back, dev, CH_BYTES, cudaMemcpyDeviceToHost));
+	CHECK(memcmp(back, want, CH_BYTES) == 0);
+	/* Read-only for readers: registering it again fails, it is ours. */
+	CHECK(cudaHostRegister(t->dl_tensor.data, CH_BYTES, 0) != cudaSuccess);
+	cudaGetLastError();
+	t->deleter(t);
+	CU(cudaFree(dev));
+	free(want);
+	free(back);
+	dlshare_disconnect(c);
+	SEND(a->to_p, 'd');
+	return 0;
+}
+
+static void cuda_host_buffers(void **state)
+{
+	struct two_chans a = { .name = "gpu/cudahost" };
+	pid_t p, q;
+
+	(void)state;
+	a.to_p = chan_new();
+	a.to_c = chan_new();
+	p = spawn(cuda_host_producer, &a);
+	q = spawn(cuda_host_consumer, &a);
+	assert_int_equal(reap(q), 0);
+	assert_int_equal(reap(p), 0);
+}
+
+/* ======================================================================== */
 
 /* Asks a child how many devices CUDA sees (the parent must not ask). */
 static int probe_devices(char *why, size_t len)
@@ -1572,6 +1650,8 @@ int main(void)
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(daemon_killed_tensor_survives,
 						setup, teardown),
+		cmocka_unit_test_setup_teardown(cuda_host_buffers, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(pool_memory_refused,
 						setup, teardown),
 	};
