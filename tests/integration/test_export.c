@@ -78,7 +78,9 @@ static void deleter_runs_at_retire(void **state)
 	c = harness_connect(&fx->d);
 	assert_int_equal(util_post(c, "x/retire.done", 1), 0);
 	assert_int_equal(util_wait(p), 0);
-	/* The export went with its producer. */
+	/* The export went with its producer: once the daemon has seen its
+	 * connection close (nothing orders that before our next request). */
+	assert_int_equal(harness_wait_stats(c, 0, 1, NULL), 0);
 	assert_int_equal(dlshare_get(c, "x/retire", NULL, &(dlshare_bundle *){ NULL }),
 			 DLSHARE_ENOENT);
 	dlshare_disconnect(c);
