@@ -83,6 +83,16 @@ static void on_closed(uv_handle_t *h)
 	free(c);
 }
 
+void conn_sent_drop(struct sent_buf *sb)
+{
+	struct sent_buf *h = sb->buf->holders;
+
+	HASH_DEL(sb->conn->sent, sb);
+	DL_DELETE2(h, sb, bprev, bnext);
+	sb->buf->holders = h;
+	free(sb);
+}
+
 void conn_fail(struct conn *c, const char *why)
 {
 	if (c->state != CONN_OPEN)
@@ -121,10 +131,8 @@ void conn_close(struct conn *c, const char *why)
 	/* Dropping the stake may free buffers: buffer_freed skips closing
 	 * conns, and our sent set goes below. */
 	registry_owner_drop(&s->reg, &c->owner);
-	HASH_ITER(hh, c->sent, b, tmp) {
-		HASH_DEL(c->sent, b);
-		free(b);
-	}
+	HASH_ITER(hh, c->sent, b, tmp)
+		conn_sent_drop(b);
 	DL_DELETE(s->conns, c);
 	s->nconns--;
 	/* The memory goes in on_closed, after the loop let go of the handle;

@@ -23,11 +23,19 @@ struct park;
 
 enum conn_state { CONN_OPEN, CONN_FAILING, CONN_CLOSING };
 
-/* A buffer whose fd this peer already received. */
+/* A buffer whose fd this peer already received: in the conn's map by id
+ * and on the buffer's list of holders (rbuffer.holders), so that freeing a
+ * buffer reaches the peers that have it without a scan of every peer. */
 struct sent_buf {
 	uint64_t id;
-	UT_hash_handle hh;
+	struct conn *conn;
+	struct rbuffer *buf;      /* alive while on its holders list */
+	UT_hash_handle hh;        /* conn->sent */
+	struct sent_buf *bprev, *bnext; /* buf->holders */
 };
+
+/* Forgets that sb's peer has sb's buffer, and frees sb. */
+void conn_sent_drop(struct sent_buf *sb);
 
 struct outpkt {
 	struct outpkt *next;

@@ -483,26 +483,30 @@ static void reply_get(struct conn *c, uint64_t id, struct version *v)
 	f.id = id;
 	f.body_case = DLSHARE__FRAME__BODY_GET_REPLY;
 	f.get_reply = &r;
-	/* Remember the ids first: sending may free nothing, but a failed send
-	 * dooms c, after which its sent set no longer matters. */
-	uint64_t ids[REGISTRY_BUFFERS_HARD_MAX];
-	size_t nids = 0;
-	for (size_t i = 0; i < v->nbuffers; i++)
-		if (attach[i] && v->buffers[i]->fd >= 0)
-			ids[nids++] = v->buffers[i]->id;
+	/* Sending frees no buffer; a failed send dooms c, after which its
+	 * sent set no longer matters. */
 	err = conn_send(c, &f, w.fds, w.nfds);
 	wire_version_free(&w);
 	if (err || !conn_open(c))
 		return;
-	for (size_t i = 0; i < nids; i++) {
-		struct sent_buf *sb = calloc(1, sizeof(*sb));
+	for (size_t i = 0; i < v->nbuffers; i++) {
+		struct rbuffer *rb = v->buffers[i];
+		struct sent_buf *sb, *h;
 
+		if (!attach[i] || rb->fd < 0)
+			continue;
+		sb = calloc(1, sizeof(*sb));
 		if (!sb) {
 			conn_fail(c, "out of memory");
 			return;
 		}
-		sb->id = ids[i];
+		sb->id = rb->id;
+		sb->conn = c;
+		sb->buf = rb;
 		HASH_ADD(hh, c->sent, id, sizeof(sb->id), sb);
+		h = rb->holders;
+		DL_APPEND2(h, sb, bprev, bnext);
+		rb->holders = h;
 	}
 }
 
@@ -917,19 +921,14 @@ static void on_retired(void *ud, struct registry_owner *producer,
 
 static void on_buffer_freed(void *ud, struct rbuffer *b)
 {
-	struct server *s = ud;
-	struct conn *c;
-
-	DL_FOREACH(s->conns, c) {
+	/* Only the peers that have the buffer's fd hear of it. */
+	while (b->holders) {
 		Dlshare__Frame f = DLSHARE__FRAME__INIT;
 		Dlshare__BufferGone g = DLSHARE__BUFFER_GONE__INIT;
-		struct sent_buf *sb = NULL;
+		struct sent_buf *sb = b->holders;
+		struct conn *c = sb->conn;
 
-		HASH_FIND(hh, c->sent, &b->id, sizeof(b->id), sb);
-		if (!sb)
-			continue;
-		HASH_DEL(c->sent, sb);
-		free(sb);
+		conn_sent_drop(sb);
 		if (!conn_open(c))
 			continue;
 		g.n_ids = 1;

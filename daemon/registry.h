@@ -42,6 +42,8 @@ struct rbuffer {
 	size_t ipc_handle_len;
 	uint64_t ipc_offset;
 	struct version *version; /* the one version this buffer belongs to */
+	void *holders;           /* the registry's user's (dispatch: the
+				  * peers that have its fd); untouched here */
 	UT_hash_handle hh;       /* registry->buffers, by id */
 };
 

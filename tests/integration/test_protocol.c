@@ -556,11 +556,102 @@ static void bad_requests_keep_connection(void **state)
 	dlshare_disconnect(c);
 }
 
+/* ---- BufferGone reaches exactly the peers that have the buffer ---------------- */
+
+static int raw_get_buffer(int fd, const char *name, uint64_t id,
+			  uint64_t *lease, uint64_t *buf)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Get g = DLSHARE__GET__INIT;
+	struct wire_msg *m;
+	int ok;
+
+	g.name = (char *)name;
+	f.id = id;
+	f.body_case = DLSHARE__FRAME__BODY_GET;
+	f.get = &g;
+	if (raw_call(fd, &f, NULL, 0, &m))
+		return -1;
+	ok = m->frame->body_case == DLSHARE__FRAME__BODY_GET_REPLY &&
+	     m->frame->get_reply->n_buffers == 1;
+	if (ok) {
+		*lease = m->frame->get_reply->lease;
+		*buf = m->frame->get_reply->buffers[0]->id;
+	}
+	wire_msg_free(m);
+	return ok ? 0 : -1;
+}
+
+/* The next packet after a Stats request: a BufferGone (returns its first
+ * id), or the StatsReply itself (returns 0). */
+static uint64_t raw_next_gone(int fd)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Stats st = DLSHARE__STATS__INIT;
+	struct wire_msg *m;
+	uint64_t id = 0;
+
+	f.id = 77;
+	f.body_case = DLSHARE__FRAME__BODY_STATS;
+	f.stats = &st;
+	assert_int_equal(raw_send(fd, &f, NULL, 0, 0), 0);
+	assert_int_equal(raw_recv(fd, harness_ms(5000), &m), 0);
+	if (m->frame->body_case == DLSHARE__FRAME__BODY_BUFFER_GONE) {
+		assert_true(m->frame->buffer_gone->n_ids >= 1);
+		id = m->frame->buffer_gone->ids[0];
+		wire_msg_free(m);
+		/* Then the answer to our Stats. */
+		assert_int_equal(raw_recv(fd, harness_ms(5000), &m), 0);
+	}
+	assert_int_equal(m->frame->body_case, DLSHARE__FRAME__BODY_STATS_REPLY);
+	wire_msg_free(m);
+	return id;
+}
+
+static void buffer_gone_to_holders(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	int64_t shape[1] = { 64 };
+	int holder = raw_connect(fx->d.sock), other = raw_connect(fx->d.sock);
+	uint64_t lease, buf, lease2, buf2;
+
+	assert_true(holder >= 0 && other >= 0);
+	assert_int_equal(raw_hello(holder), 0);
+	assert_int_equal(raw_hello(other), 0);
+	assert_int_equal(util_store(c, "bg/x", DT_F32, 1, shape, 1, NULL), 0);
+	assert_int_equal(util_store(c, "bg/y", DT_F32, 1, shape, 2, NULL), 0);
+	/* holder gets bg/x's buffer, other only bg/y's. */
+	assert_int_equal(raw_get_buffer(holder, "bg/x", 10, &lease, &buf), 0);
+	assert_int_equal(raw_get_buffer(other, "bg/y", 11, &lease2, &buf2), 0);
+	{
+		Dlshare__Frame f = DLSHARE__FRAME__INIT;
+		Dlshare__Release r = DLSHARE__RELEASE__INIT;
+
+		r.n_leases = 1;
+		r.leases = &lease;
+		f.body_case = DLSHARE__FRAME__BODY_RELEASE;
+		f.release = &r;
+		assert_int_equal(raw_send(holder, &f, NULL, 0, 0), 0);
+	}
+	/* The release is in before the Stats answer; a new version then
+	 * frees bg/x's unleased buffer. */
+	assert_int_equal(raw_next_gone(holder), 0);
+	assert_int_equal(util_store(c, "bg/x", DT_F32, 1, shape, 3, NULL), 0);
+	assert_int_equal(raw_next_gone(holder), buf);
+	assert_int_equal(raw_next_gone(other), 0);
+	close(holder);
+	close(other);
+	assert_int_equal(harness_wait_stats(c, 0, 1, NULL), 0);
+	dlshare_disconnect(c);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(misbehaving_peers, setup, teardown),
 		cmocka_unit_test_setup_teardown(bad_requests_keep_connection, setup, teardown),
+		cmocka_unit_test_setup_teardown(buffer_gone_to_holders, setup, teardown),
 	};
 
 	return cmocka_run_group_tests_name("protocol", tests, NULL, NULL);
