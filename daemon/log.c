@@ -32,11 +32,6 @@ void log_set_level(int prio)
 	level = prio;
 }
 
-int log_get_level(void)
-{
-	return level;
-}
-
 int log_parse_level(const char *s)
 {
 	char *end;

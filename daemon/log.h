@@ -25,7 +25,6 @@ enum log_prefix {
 
 /* Sets the most verbose priority logged (LOG_ERR .. LOG_DEBUG). */
 void log_set_level(int prio);
-int log_get_level(void);
 /* Parses "error", "warning", "notice", "info", "debug" (or 3..7).
  * Returns the priority or -1. */
 int log_parse_level(const char *s);
