@@ -74,6 +74,10 @@ static void ibuf_unmap(struct ibuf *b)
 		cuda_close_mem(b->cuda_base, b->ordinal);
 		return;
 	}
+	if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM) {
+		cuda_vmm_unmap(b->cuda_base, b->size);
+		return;
+	}
 	if (b->cuda_host)
 		cuda_host_unregister(b->base);
 	if (b->base)
@@ -152,6 +156,109 @@ void client_unpin(dlshare_client *c, struct ibuf **pins, size_t n)
 	pthread_mutex_unlock(&c->lock);
 }
 
+/* Maps a host buffer from fd, read-only (and registers it with CUDA for
+ * kDLCUDAHost). Returns 0 or a DLSHARE_E* code. */
+static int ibuf_map_host(struct ibuf *b, const Dlshare__Buffer *wb, int fd)
+{
+	int e;
+
+	if (wb->size > SIZE_MAX || fd < 0)
+		return DLSHARE_EPROTO;
+	if (!wb->size)
+		return 0;
+	b->base = mmap(NULL, wb->size, PROT_READ, MAP_SHARED, fd, 0);
+	/* Before Linux 6.7 a shared mapping of a write-sealed memfd fails
+	 * when the fd is read-write (a daemon without /proc sends that one);
+	 * a private read-only mapping shows the same pages. */
+	if (b->base == MAP_FAILED && (errno == EPERM || errno == EACCES))
+		b->base = mmap(NULL, wb->size, PROT_READ, MAP_PRIVATE, fd, 0);
+	if (b->base == MAP_FAILED) {
+		b->base = NULL;
+		return client_errno(-errno);
+	}
+	/* kDLCUDAHost: the producer asks that readers register it with CUDA
+	 * too. */
+	if (wb->device->type == kDLCUDAHost) {
+		e = cuda_host_register(b->base, wb->size, 1);
+		if (e) {
+			munmap(b->base, wb->size);
+			b->base = NULL;
+			return e;
+		}
+		b->cuda_host = 1;
+	}
+	return 0;
+}
+
+/* Maps a cuda-vmm buffer from its fd on the local device of its UUID. */
+static int ibuf_map_vmm(struct ibuf *b, const Dlshare__Buffer *wb, int fd)
+{
+	int ordinal, e;
+
+	if (fd < 0 || !wb->device->has_uuid ||
+	    wb->device->uuid.len != CUDA_UUID_BYTES || wb->size == 0)
+		return DLSHARE_EPROTO;
+	ordinal = cuda_ordinal(wb->device->uuid.data);
+	if (ordinal < 0)
+		return ordinal;
+	b->ordinal = ordinal;
+	e = cuda_vmm_import(fd, wb->size, ordinal, &b->cuda_base);
+	b->base = b->cuda_base;
+	return e;
+}
+
+/* Under c->lock: the cached buffer wb names, or a new one mapped from fd
+ * (-1 when none came) and added to the cache. Does not pin. */
+static int ibuf_get(dlshare_client *c, const Dlshare__Buffer *wb, int fd,
+		    struct ibuf **out)
+{
+	struct ibuf *b = NULL;
+	int e;
+
+	HASH_FIND(hh, c->bufs, &wb->id, sizeof(wb->id), b);
+	if (b) {
+		*out = b;
+		return 0;
+	}
+	if (!wb->device)
+		return DLSHARE_EPROTO;
+	if (wb->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST &&
+	    wb->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC &&
+	    wb->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM)
+		return DLSHARE_ENOTSUP;
+	if (!(b = calloc(1, sizeof(*b))))
+		return DLSHARE_ENOMEM;
+	b->id = wb->id;
+	b->kind = wb->kind;
+	b->size = wb->size;
+	if (wb->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC)
+		e = ibuf_open_cuda(b, wb);
+	else if (wb->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM)
+		e = ibuf_map_vmm(b, wb, fd);
+	else
+		e = ibuf_map_host(b, wb, fd);
+	if (e) {
+		free(b);
+		return e;
+	}
+	HASH_ADD(hh, c->bufs, id, sizeof(b->id), b);
+	*out = b;
+	return 0;
+}
+
+int client_pin_buffer(dlshare_client *c, const Dlshare__Buffer *wb, int fd,
+		      struct ibuf **out)
+{
+	int err;
+
+	pthread_mutex_lock(&c->lock);
+	err = ibuf_get(c, wb, fd, out);
+	if (!err)
+		(*out)->refs++;
+	pthread_mutex_unlock(&c->lock);
+	return err;
+}
+
 /* Receiver thread, under c->lock: pins the buffers a GetReply names,
  * mapping the fds it brings. Fails (and pins nothing) when a buffer is
  * neither cached nor attached, or a mapping fails. */
@@ -169,7 +276,7 @@ static int import_buffers(dlshare_client *c, Dlshare__GetReply *r, int *fds,
 	for (size_t i = 0; i < r->n_buffers; i++) {
 		Dlshare__Buffer *wb = r->buffers[i];
 		struct ibuf *b = NULL;
-		int fd = -1, e = 0;
+		int fd = -1, e;
 
 		if (wb->fd_attached) {
 			if (k == nfds) {
@@ -179,74 +286,14 @@ static int import_buffers(dlshare_client *c, Dlshare__GetReply *r, int *fds,
 			fd = fds[k];
 			fds[k++] = -1;
 		}
-		HASH_FIND(hh, c->bufs, &wb->id, sizeof(wb->id), b);
-		if (b) {
-			/* Cached: nothing to open. */
-		} else if (wb->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC) {
-			if (!(b = calloc(1, sizeof(*b)))) {
-				e = DLSHARE_ENOMEM;
-			} else if ((e = ibuf_open_cuda(b, wb))) {
-				free(b);
-				b = NULL;
-			} else {
-				b->id = wb->id;
-				b->kind = wb->kind;
-				b->size = wb->size;
-				HASH_ADD(hh, c->bufs, id, sizeof(b->id), b);
-			}
-		} else {
-			if (wb->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST ||
-			    wb->size > SIZE_MAX || fd < 0) {
-				e = wb->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST ?
-				    DLSHARE_EPROTO : DLSHARE_ENOTSUP;
-			} else if (!(b = calloc(1, sizeof(*b)))) {
-				e = DLSHARE_ENOMEM;
-			} else {
-				b->id = wb->id;
-				b->kind = wb->kind;
-				b->size = wb->size;
-				if (wb->size) {
-					b->base = mmap(NULL, wb->size, PROT_READ,
-						       MAP_SHARED, fd, 0);
-					/* Before Linux 6.7 a shared mapping of a
-					 * write-sealed memfd fails when the fd
-					 * is read-write (a daemon without /proc
-					 * sends that one); a private read-only
-					 * mapping shows the same pages. */
-					if (b->base == MAP_FAILED &&
-					    (errno == EPERM || errno == EACCES))
-						b->base = mmap(NULL, wb->size,
-							       PROT_READ,
-							       MAP_PRIVATE, fd, 0);
-					if (b->base == MAP_FAILED) {
-						e = client_errno(-errno);
-						free(b);
-						b = NULL;
-					}
-				}
-				/* kDLCUDAHost: the producer asks that
-				 * readers register it with CUDA too. */
-				if (b && b->base && wb->device->type == kDLCUDAHost) {
-					e = cuda_host_register(b->base, b->size, 1);
-					if (e) {
-						munmap(b->base, b->size);
-						free(b);
-						b = NULL;
-					} else {
-						b->cuda_host = 1;
-					}
-				}
-				if (b)
-					HASH_ADD(hh, c->bufs, id, sizeof(b->id), b);
-			}
-		}
+		e = ibuf_get(c, wb, fd, &b);
 		/* The mapping keeps the memory; the fd is no longer needed
 		 * (and a duplicate one was never needed). */
 		if (fd >= 0)
 			close(fd);
 		if (e && !err)
 			err = e;
-		if (b && !e) {
+		if (!e) {
 			b->refs++;
 			p->pins[p->npins++] = b;
 		}
@@ -685,6 +732,8 @@ void client_release(dlshare_client *c, uint64_t lease)
 	uint64_t one = 1;
 	int wake;
 
+	if (lease == 0) /* a writer's pin holds no lease */
+		return;
 	if (release_now(c, lease) == 0)
 		return;
 	pthread_mutex_lock(&c->lock);

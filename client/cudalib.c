@@ -38,10 +38,18 @@
 	X(rt, cudaHostRegister)                                     \
 	X(rt, cudaHostUnregister)                                   \
 	X(rt, cudaEventSynchronize)                                 \
+	X(rt, cudaMemcpyAsync)                                      \
 	X(drv, cuInit)                                              \
 	X(drv, cuDeviceGet)                                         \
 	X(drv, cuDeviceGetUuid)                                     \
-	X(drv, cuMemGetAddressRange)
+	X(drv, cuMemGetAddressRange)                                \
+	X(drv, cuMemImportFromShareableHandle)                      \
+	X(drv, cuMemAddressReserve)                                 \
+	X(drv, cuMemAddressFree)                                    \
+	X(drv, cuMemMap)                                            \
+	X(drv, cuMemUnmap)                                          \
+	X(drv, cuMemSetAccess)                                      \
+	X(drv, cuMemRelease)
 
 static struct {
 #define DECLARE(lib, fn) __typeof__(&fn) fn;
@@ -522,7 +530,97 @@ void cuda_event_drop(void *ev)
 		cu.cudaEventDestroy((cudaEvent_t)ev);
 }
 
+int cuda_vmm_import(int fd, uint64_t size, int ordinal, void **ptr)
+{
+	CUmemGenericAllocationHandle h;
+	CUmemAccessDesc access = { 0 };
+	CUdeviceptr va = 0;
+	int prev, err = DLSHARE_EINVAL;
+
+	if (cuda_available(NULL))
+		return DLSHARE_ENOTSUP;
+	if (size == 0 || size > SIZE_MAX)
+		return DLSHARE_EPROTO;
+	/* The driver calls want the device's context current. */
+	cu.cudaGetDevice(&prev);
+	if (cu.cudaSetDevice(ordinal) != cudaSuccess) {
+		cu.cudaGetLastError();
+		return DLSHARE_ENODEV;
+	}
+	if (cu.cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd,
+			CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS)
+		goto out;
+	if (cu.cuMemAddressReserve(&va, (size_t)size, 0, 0, 0) != CUDA_SUCCESS) {
+		err = DLSHARE_ENOMEM;
+		goto release;
+	}
+	if (cu.cuMemMap(va, (size_t)size, 0, h, 0) != CUDA_SUCCESS)
+		goto free_va;
+	access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	access.location.id = ordinal;
+	access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	if (cu.cuMemSetAccess(va, (size_t)size, &access, 1) != CUDA_SUCCESS) {
+		cu.cuMemUnmap(va, (size_t)size);
+		goto free_va;
+	}
+	/* The mapping holds the memory now; the handle is not needed. */
+	cu.cuMemRelease(h);
+	*ptr = (void *)(uintptr_t)va;
+	pthread_mutex_lock(&cache_lock);
+	mems_open++;
+	mems_opened_total++;
+	pthread_mutex_unlock(&cache_lock);
+	err = 0;
+	goto out;
+free_va:
+	cu.cuMemAddressFree(va, (size_t)size);
+release:
+	cu.cuMemRelease(h);
+out:
+	cu.cudaSetDevice(prev);
+	return err;
+}
+
+void cuda_vmm_unmap(void *ptr, uint64_t size)
+{
+	CUdeviceptr va = (CUdeviceptr)(uintptr_t)ptr;
+
+	if (cuda_available(NULL) || !ptr)
+		return;
+	cu.cuMemUnmap(va, (size_t)size);
+	cu.cuMemAddressFree(va, (size_t)size);
+	pthread_mutex_lock(&cache_lock);
+	mems_open--;
+	pthread_mutex_unlock(&cache_lock);
+}
+
+int cuda_copy_d2d(void *dst, const void *src, size_t n, void *stream)
+{
+	if (cuda_available(NULL))
+		return DLSHARE_ENOTSUP;
+	if (cu.cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice,
+			       stream_of(stream)) != cudaSuccess) {
+		cu.cudaGetLastError();
+		return DLSHARE_EINVAL;
+	}
+	return 0;
+}
+
 #else /* !DLSHARE_HAVE_CUDA */
+
+int cuda_vmm_import(int fd, uint64_t size, int ordinal, void **ptr)
+{
+	return DLSHARE_ENOTSUP;
+}
+
+void cuda_vmm_unmap(void *ptr, uint64_t size)
+{
+}
+
+int cuda_copy_d2d(void *dst, const void *src, size_t n, void *stream)
+{
+	return DLSHARE_ENOTSUP;
+}
 
 int cuda_host_register(void *p, size_t n, int readonly)
 {

@@ -59,6 +59,17 @@ int cuda_open_mem(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
 		  void **base);
 /* Drops one count of an opened base; the last closes the handle. */
 void cuda_close_mem(void *base, int ordinal);
+/* Maps a cuda-vmm buffer (cuMemCreate memory exported as a POSIX fd) of
+ * size bytes, its whole allocation, on device ordinal, readable and
+ * writable there. The caller keeps fd. Returns 0 with the device pointer,
+ * or a DLSHARE_E* code. Counted with the open handles. */
+int cuda_vmm_import(int fd, uint64_t size, int ordinal, void **ptr);
+void cuda_vmm_unmap(void *ptr, uint64_t size);
+
+/* Queues a device-to-device copy of n bytes on stream (DLPack stream
+ * rules). Returns 0 or a DLSHARE_E* code. */
+int cuda_copy_d2d(void *dst, const void *src, size_t n, void *stream);
+
 /* Handles open now, and opened since the process started. */
 void cuda_cache_stats(unsigned long *open_now, unsigned long *opened_total);
 

@@ -128,6 +128,12 @@ void reply_free(dlshare_client *c, struct reply *r);
 
 /* Drops pins on buffers (under c->lock) and unmaps those no longer needed. */
 void client_unpin(dlshare_client *c, struct ibuf **pins, size_t n);
+/* Pins the buffer wb names: cached, or mapped from fd (-1 when none came;
+ * the caller keeps fd). For a writer of a daemon-owned device buffer,
+ * which the daemon counts among the buffer's holders. Returns 0 or a
+ * DLSHARE_E* code. */
+int client_pin_buffer(dlshare_client *c, const Dlshare__Buffer *wb, int fd,
+		      struct ibuf **out);
 
 /* Queues a lease for release; never blocks. */
 void client_release(dlshare_client *c, uint64_t lease);
