@@ -157,6 +157,11 @@ static const struct opt opts[] = {
 	  "daemon-owned host bytes of one uid; 0: as max-bytes",
 	  "A create past it fails with DLSHARE_ELIMIT.",
 	  "0, the same as max-bytes" },
+	{ "uid-gpu-bytes", 0, OPT_BYTES, "BYTES", 0, UINT64_MAX,
+	  SRV(registry.uid_gpu_bytes), NULL,
+	  "daemon-owned GPU bytes of one uid; 0: no cap but the devices' memory",
+	  "A create of device memory past it fails with DLSHARE_ELIMIT.",
+	  "0, no cap" },
 };
 
 #define NOPTS ((int)(sizeof(opts) / sizeof(opts[0])))

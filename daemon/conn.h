@@ -20,6 +20,7 @@
 
 struct server;
 struct park;
+struct gpu_job;
 
 enum conn_state { CONN_OPEN, CONN_FAILING, CONN_CLOSING };
 
@@ -58,7 +59,8 @@ struct conn {
 	uint64_t out_bytes;
 	uint32_t out_fds;         /* fds in the queue (our dups) */
 	struct park *parked;
-	uint32_t nparked;
+	struct gpu_job *jobs;     /* creates making GPU memory (dispatch.c) */
+	uint32_t nparked;         /* requests in flight: parks and jobs */
 	struct conn *prev, *next; /* server->conns */
 	struct conn *doomed_next; /* server->doomed */
 	uint64_t born_ms;         /* loop time of accept */

@@ -9,6 +9,7 @@
 #include <dlshare/dlshare.h>
 
 #include "check.h"
+#include "gpu.h"
 #include "log.h"
 #include "server.h"
 
@@ -64,6 +65,8 @@ int dispatch_code(int err)
 		return DLSHARE_EPROTO;
 	case -EOPNOTSUPP:
 		return DLSHARE_ENOTSUP;
+	case -ENODEV:
+		return DLSHARE_ENODEV;
 	case -EBUSY:
 		return DLSHARE_EBUSY;
 	case -EALREADY:
@@ -300,20 +303,45 @@ static void handle_hello(struct conn *c, uint64_t id, const Dlshare__Hello *h)
 }
 
 /* A version description must fit in a reply too. */
+/* Records that c received rb's fd: c hears when rb goes, and is not sent
+ * the fd again. Returns 0, or -ENOMEM after which c is failing. */
+static int sent_add(struct conn *c, struct rbuffer *rb)
+{
+	struct sent_buf *sb = calloc(1, sizeof(*sb)), *h;
+
+	if (!sb) {
+		conn_fail(c, "out of memory");
+		return -ENOMEM;
+	}
+	sb->id = rb->id;
+	sb->conn = c;
+	sb->buf = rb;
+	HASH_ADD(hh, c->sent, id, sizeof(sb->id), sb);
+	h = rb->holders;
+	DL_APPEND2(h, sb, bprev, bnext);
+	rb->holders = h;
+	return 0;
+}
+
 static int fits_reply(struct conn *c, const Dlshare__Frame *f)
 {
 	return dlshare__frame__get_packed_size(f) + REPLY_OVERHEAD <=
 	       c->srv->cfg.limits.max_packet;
 }
 
-static void handle_create(struct conn *c, const Dlshare__Frame *f,
-			  const Dlshare__Create *m)
+/* Registers a store version whose GPU buffers' fds (if any) are made, and
+ * answers with every buffer's fd. The version's cuda-vmm buffers count the
+ * producer among their holders: it maps them, and must hear when they go.
+ * fds the registry did not take stay the caller's. */
+static void create_finish(struct conn *c, uint64_t id,
+			  const Dlshare__Create *m, int *fds)
 {
 	struct server *s = c->srv;
 	struct registry_spec spec = {
 		.name = m->name, .mode = m->mode,
 		.tensors = m->tensors, .ntensors = m->n_tensors,
 		.buffers = m->buffers, .nbuffers = m->n_buffers,
+		.fds = fds,
 	};
 	Dlshare__Frame out = DLSHARE__FRAME__INIT;
 	Dlshare__CreateReply r = DLSHARE__CREATE_REPLY__INIT;
@@ -322,31 +350,197 @@ static void handle_create(struct conn *c, const Dlshare__Frame *f,
 	struct version *v;
 	int err;
 
-	if (!fits_reply(c, f)) {
-		reply_err(c, f->id, -EMSGSIZE, "create", m->name);
-		return;
-	}
 	err = registry_add(&s->reg, &c->owner, &spec, 0, &v);
 	if (err) {
-		reply_err(c, f->id, err, "create", m->name);
+		reply_err(c, id, err, "create", m->name);
 		return;
 	}
 	for (size_t i = 0; i < v->nbuffers; i++)
 		attach[i] = 1;
 	if (wire_version_fill(&w, v, attach)) {
 		registry_abort(&s->reg, &c->owner, m->name, v->number);
-		reply_err(c, f->id, -ENOMEM, "create", m->name);
+		reply_err(c, id, -ENOMEM, "create", m->name);
 		return;
 	}
 	r.version = v->number;
 	r.n_buffers = v->nbuffers;
 	r.buffers = w.bp;
-	out.id = f->id;
+	out.id = id;
 	out.body_case = DLSHARE__FRAME__BODY_CREATE_REPLY;
 	out.create_reply = &r;
 	/* A failed send dooms c, and its pending version goes with it. */
-	conn_send(c, &out, w.fds, w.nfds);
+	err = conn_send(c, &out, w.fds, w.nfds);
 	wire_version_free(&w);
+	if (err || !conn_open(c))
+		return;
+	for (size_t i = 0; i < v->nbuffers; i++)
+		if (v->buffers[i]->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM &&
+		    sent_add(c, v->buffers[i]))
+			return;
+}
+
+/* A Create whose GPU buffers are being made on the thread pool: a GPU
+ * allocation may take long (the driver's first call, a full device), and
+ * the loop never waits. It counts as a request in flight of its conn. */
+struct gpu_job {
+	uv_work_t req;
+	struct conn *conn;        /* NULL once the conn went */
+	struct gpu_job *prev, *next; /* conn->jobs */
+	uint64_t id;
+	Dlshare__Create *create;  /* a copy of the request */
+	int fds[REGISTRY_BUFFERS_HARD_MAX];
+	uint64_t sizes[REGISTRY_BUFFERS_HARD_MAX]; /* as allocated */
+	int err;
+	const char *why;
+};
+
+static int is_gpu_buffer(const Dlshare__Buffer *b)
+{
+	return b->device && b->device->type == kDLCUDA &&
+	       (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_UNSPECIFIED ||
+		b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM);
+}
+
+/* Thread pool: makes the GPU buffers, all or none. */
+static void gpu_job_work(uv_work_t *req)
+{
+	struct gpu_job *j = req->data;
+	const Dlshare__Create *m = j->create;
+
+	for (size_t i = 0; i < m->n_buffers && !j->err; i++) {
+		const Dlshare__Buffer *b = m->buffers[i];
+
+		if (is_gpu_buffer(b))
+			j->err = gpu_alloc(b->device->uuid.data, b->size,
+					   &j->fds[i], &j->sizes[i], &j->why);
+	}
+	if (j->err)
+		wire_close_fds(j->fds, m->n_buffers);
+}
+
+static void gpu_job_free(struct gpu_job *j)
+{
+	if (j->create)
+		wire_close_fds(j->fds, j->create->n_buffers);
+	dlshare__create__free_unpacked(j->create, NULL);
+	free(j);
+}
+
+/* Loop: answers the Create, unless its conn went meanwhile. */
+static void gpu_job_done(uv_work_t *req, int status)
+{
+	struct gpu_job *j = req->data;
+	struct conn *c = j->conn;
+	Dlshare__Create *m = j->create;
+	struct server *s;
+
+	if (!c) {
+		gpu_job_free(j);
+		return;
+	}
+	s = c->srv;
+	DL_DELETE(c->jobs, j);
+	c->nparked--;
+	if (!conn_open(c)) {
+		/* Doomed meanwhile: nothing to answer. */
+	} else if (status || j->err) {
+		conn_send_error(c, j->id, status ? DLSHARE_EIO :
+				dispatch_code(j->err), "create %s: %s",
+				m->name, status ? uv_strerror(status) : j->why);
+	} else {
+		for (size_t i = 0; i < m->n_buffers; i++)
+			if (is_gpu_buffer(m->buffers[i])) {
+				m->buffers[i]->kind =
+					DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM;
+				m->buffers[i]->size = j->sizes[i];
+			}
+		create_finish(c, j->id, m, j->fds);
+	}
+	gpu_job_free(j);
+	server_reap(s);
+}
+
+/* Starts making m's GPU buffers. The request is checked first, so that
+ * nothing is allocated for a create that would be refused anyway. */
+static void create_gpu(struct conn *c, uint64_t id, const Dlshare__Create *m)
+{
+	struct server *s = c->srv;
+	struct registry_spec spec = {
+		.name = m->name, .mode = m->mode,
+		.tensors = m->tensors, .ntensors = m->n_tensors,
+		.buffers = m->buffers, .nbuffers = m->n_buffers,
+		.precheck = 1,
+	};
+	struct gpu_job *j;
+	uint8_t *packed;
+	size_t len;
+	int err;
+
+	for (size_t i = 0; i < m->n_buffers; i++)
+		if (is_gpu_buffer(m->buffers[i]))
+			m->buffers[i]->kind =
+				DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM;
+	err = registry_precheck(&s->reg, &c->owner, &spec, 0);
+	if (err) {
+		reply_err(c, id, err, "create", m->name);
+		return;
+	}
+	if (c->nparked >= s->cfg.limits.max_inflight) {
+		conn_send_error(c, id, DLSHARE_ELIMIT,
+				"create %s: too many requests in flight on this connection (limit %u)",
+				m->name, s->cfg.limits.max_inflight);
+		return;
+	}
+	j = calloc(1, sizeof(*j));
+	len = dlshare__create__get_packed_size(m);
+	packed = malloc(len ? len : 1);
+	if (!j || !packed) {
+		free(j);
+		free(packed);
+		reply_err(c, id, -ENOMEM, "create", m->name);
+		return;
+	}
+	/* The request's memory goes with its packet: keep a copy. */
+	dlshare__create__pack(m, packed);
+	j->create = dlshare__create__unpack(NULL, len, packed);
+	free(packed);
+	if (!j->create) {
+		free(j);
+		reply_err(c, id, -ENOMEM, "create", m->name);
+		return;
+	}
+	for (size_t i = 0; i < REGISTRY_BUFFERS_HARD_MAX; i++)
+		j->fds[i] = -1;
+	j->id = id;
+	j->conn = c;
+	j->req.data = j;
+	err = uv_queue_work(s->loop, &j->req, gpu_job_work, gpu_job_done);
+	if (err) {
+		gpu_job_free(j);
+		reply_err(c, id, -ENOMEM, "create", m->name);
+		return;
+	}
+	DL_APPEND(c->jobs, j);
+	c->nparked++;
+}
+
+static void handle_create(struct conn *c, const Dlshare__Frame *f,
+			  const Dlshare__Create *m)
+{
+	if (!fits_reply(c, f)) {
+		reply_err(c, f->id, -EMSGSIZE, "create", m->name);
+		return;
+	}
+	if (m->n_buffers > REGISTRY_BUFFERS_HARD_MAX) {
+		reply_err(c, f->id, -E2BIG, "create", m->name);
+		return;
+	}
+	for (size_t i = 0; i < m->n_buffers; i++)
+		if (is_gpu_buffer(m->buffers[i])) {
+			create_gpu(c, f->id, m);
+			return;
+		}
+	create_finish(c, f->id, m, NULL);
 }
 
 static void handle_seal(struct conn *c, uint64_t id, const Dlshare__Seal *m)
@@ -489,25 +683,10 @@ static void reply_get(struct conn *c, uint64_t id, struct version *v)
 	wire_version_free(&w);
 	if (err || !conn_open(c))
 		return;
-	for (size_t i = 0; i < v->nbuffers; i++) {
-		struct rbuffer *rb = v->buffers[i];
-		struct sent_buf *sb, *h;
-
-		if (!attach[i] || rb->fd < 0)
-			continue;
-		sb = calloc(1, sizeof(*sb));
-		if (!sb) {
-			conn_fail(c, "out of memory");
+	for (size_t i = 0; i < v->nbuffers; i++)
+		if (attach[i] && v->buffers[i]->fd >= 0 &&
+		    sent_add(c, v->buffers[i]))
 			return;
-		}
-		sb->id = rb->id;
-		sb->conn = c;
-		sb->buf = rb;
-		HASH_ADD(hh, c->sent, id, sizeof(sb->id), sb);
-		h = rb->holders;
-		DL_APPEND2(h, sb, bprev, bnext);
-		rb->holders = h;
-	}
 }
 
 static void park_free_cb(uv_handle_t *h)
@@ -889,8 +1068,16 @@ void dispatch_frame(struct conn *c, Dlshare__Frame *f, int *fds,
 
 void dispatch_conn_closed(struct conn *c)
 {
+	struct gpu_job *j, *tmp;
+
 	while (c->parked)
 		park_remove(c->srv, c->parked);
+	/* A job in the pool finishes on its own, and then finds no conn. */
+	DL_FOREACH_SAFE(c->jobs, j, tmp) {
+		DL_DELETE(c->jobs, j);
+		c->nparked--;
+		j->conn = NULL;
+	}
 }
 
 void dispatch_deinit(struct server *s)

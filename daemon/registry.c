@@ -121,10 +121,15 @@ static void buffer_free(struct registry *r, struct rbuffer *b)
 		close(b->ro_fd);
 	r->nbuffers--;
 	r->bytes -= b->size;
-	if (b->daemon_owned)
+	if (b->daemon_owned && b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
 		r->owned_bytes -= b->size;
+	else if (b->daemon_owned)
+		r->gpu_bytes -= b->size;
 	if (b->usage) {
-		b->usage->host_bytes -= b->size;
+		if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
+			b->usage->host_bytes -= b->size;
+		else
+			b->usage->gpu_bytes -= b->size;
 		usage_put(r, b->usage);
 	}
 	free(b);
@@ -153,7 +158,9 @@ static void version_destroy(struct registry *r, struct version *v)
 {
 	struct entry *e = v->entry;
 	struct registry_owner *producer = v->producer;
-	int retire = v->exported && producer && v->state == VERSION_SEALED;
+	/* Exports give the producer its memory back; a store version sealed
+	 * with a CUDA event lets it destroy the event. */
+	int retire = producer && v->state == VERSION_SEALED;
 	uint64_t number = v->number;
 
 	if (producer)
@@ -246,10 +253,11 @@ void registry_deinit(struct registry *r)
 }
 
 static int spec_check(struct registry *r, const struct registry_spec *s,
-		      int exported, uint64_t *sizes, uint64_t *owned)
+		      int exported, uint64_t *sizes, uint64_t *owned,
+		      uint64_t *gpu)
 {
 	const struct registry_limits *l = &r->limits;
-	uint64_t total = 0;
+	uint64_t total = 0, gtotal = 0;
 	int err;
 
 	if ((err = check_name(s->name)))
@@ -281,10 +289,23 @@ static int spec_check(struct registry *r, const struct registry_spec *s,
 				 host_check_fd(s->fds[i], b->size))
 				return -EINVAL;
 			break;
+		case DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM:
+			/* Daemon-owned device memory: the fd the GPU backend
+			 * made (none yet when prechecking). A producer's own
+			 * VMM memory is copied into one of these instead. */
+			if (exported)
+				return -EOPNOTSUPP;
+			if (b->device->type != 2 || !b->device->has_uuid ||
+			    b->device->uuid.len != 16 ||
+			    (!s->precheck && (!s->fds || s->fds[i] < 0)))
+				return -EINVAL;
+			if (__builtin_add_overflow(gtotal, b->size, &gtotal))
+				return -ENOSPC;
+			break;
 		case DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC:
 			/* Producer memory named by a CUDA IPC handle: the
 			 * daemon only passes the handle on. Daemon-owned GPU
-			 * buffers are not there yet. */
+			 * buffers are cuda-vmm. */
 			if (!exported)
 				return -EOPNOTSUPP;
 			if (b->device->type != 2 || !b->device->has_uuid ||
@@ -306,12 +327,13 @@ static int spec_check(struct registry *r, const struct registry_spec *s,
 		return -ENOSPC;
 	}
 	*owned = total;
+	*gpu = gtotal;
 	return 0;
 }
 
 /* The per-uid part of registry_add's checks. */
 static int quota_check(struct registry *r, struct registry_owner *o,
-		       int fresh_name, uint64_t bytes)
+		       int fresh_name, uint64_t bytes, uint64_t gpu)
 {
 	struct uid_usage *u = o->usage;
 
@@ -326,6 +348,11 @@ static int quota_check(struct registry *r, struct registry_owner *o,
 
 	if (bytes > cap || u->host_bytes > cap - bytes) {
 		r->why = "daemon-owned host bytes per uid";
+		return -EDQUOT;
+	}
+	cap = r->limits.uid_gpu_bytes ? r->limits.uid_gpu_bytes : UINT64_MAX;
+	if (gpu > cap || u->gpu_bytes > cap - gpu) {
+		r->why = "daemon-owned GPU bytes per uid";
 		return -EDQUOT;
 	}
 	return 0;
@@ -364,9 +391,11 @@ static int version_buffers(struct registry *r, struct registry_owner *o,
 		struct rbuffer *b = calloc(1, sizeof(*b));
 
 		if (!b) {
-			/* The peer's fds stay the caller's: untake them. */
-			for (size_t j = 0; exported && j < i; j++)
-				v->buffers[j]->fd = -1;
+			/* The caller's fds stay the caller's: untake them. */
+			for (size_t j = 0; j < i; j++)
+				if (exported || v->buffers[j]->kind !=
+				    DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
+					v->buffers[j]->fd = -1;
 			return -ENOMEM;
 		}
 		b->kind = in->kind;
@@ -395,11 +424,23 @@ static int version_buffers(struct registry *r, struct registry_owner *o,
 			 * kernel before 5.1 says no. */
 			if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
 				(void)host_seal_future_write(b->fd);
+		} else if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM) {
+			/* Taken over below, once nothing can fail. */
+			b->fd = s->fds[i];
+			b->daemon_owned = 1;
+			r->gpu_bytes += b->size;
+			b->usage = o->usage;
+			if (b->usage)
+				b->usage->gpu_bytes += b->size;
 		} else {
 			b->fd = host_create(s->name, in->size);
 			if (b->fd < 0) {
 				int err = b->fd;
 
+				for (size_t j = 0; j < i; j++)
+					if (v->buffers[j]->kind !=
+					    DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
+						v->buffers[j]->fd = -1;
 				free(b);
 				return err;
 			}
@@ -416,32 +457,46 @@ static int version_buffers(struct registry *r, struct registry_owner *o,
 		r->nbuffers++;
 		r->bytes += b->size;
 	}
-	/* Only now, when nothing can fail, do the peer's fds change hands. */
-	if (exported)
-		for (size_t i = 0; i < s->nbuffers; i++)
+	/* Only now, when nothing can fail, do the caller's fds change
+	 * hands. */
+	for (size_t i = 0; s->fds && i < s->nbuffers; i++)
+		if (exported || s->buffers[i]->kind !=
+		    DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
 			s->fds[i] = -1;
 	return 0;
+}
+
+int registry_precheck(struct registry *r, struct registry_owner *o,
+		      const struct registry_spec *s, int exported)
+{
+	uint64_t sizes[REGISTRY_BUFFERS_HARD_MAX];
+	uint64_t owned, gpu;
+	struct entry *e;
+	int err;
+
+	if (s->nbuffers > REGISTRY_BUFFERS_HARD_MAX)
+		return -E2BIG;
+	if ((err = spec_check(r, s, exported, sizes, &owned, &gpu)))
+		return err;
+	e = registry_entry(r, s->name);
+	if (e && !registry_may(e, o, 2))
+		return -EPERM;
+	return quota_check(r, o, !e, owned, gpu);
 }
 
 int registry_add(struct registry *r, struct registry_owner *o,
 		 const struct registry_spec *s, int exported,
 		 struct version **out)
 {
-	uint64_t sizes[REGISTRY_BUFFERS_HARD_MAX];
 	struct entry *e;
 	struct version *v;
-	uint64_t owned;
 	int err, fresh = 0;
 
-	if (s->nbuffers > REGISTRY_BUFFERS_HARD_MAX)
-		return -E2BIG;
-	if ((err = spec_check(r, s, exported, sizes, &owned)))
+	if (s->precheck)
+		return -EINVAL;
+	if ((err = registry_precheck(r, o, s, exported)))
 		return err;
 	e = registry_entry(r, s->name);
-	if (e && !registry_may(e, o, 2))
-		return -EPERM;
-	if ((err = quota_check(r, o, !e, owned)))
-		return err;
 	if (!e) {
 		size_t len = strlen(s->name);
 
@@ -564,8 +619,13 @@ int registry_seal(struct registry *r, struct registry_owner *o,
 		memcpy(v->event_handle, event, event_len);
 	v->event_len = event_len;
 	v->state = VERSION_SEALED;
-	DL_DELETE2(o->versions, v, oprev, onext);
-	v->producer = NULL;
+	/* A CUDA event lives in the producer's process: the producer stays
+	 * attached, to hear when it may destroy it (Retired), and the
+	 * version forgets the event when the producer goes. */
+	if (!event_len) {
+		DL_DELETE2(o->versions, v, oprev, onext);
+		v->producer = NULL;
+	}
 	version_publish(r, v);
 	return 0;
 }
@@ -731,10 +791,18 @@ void registry_owner_drop(struct registry *r, struct registry_owner *o)
 			version_destroy(r, v);
 			continue;
 		}
-		/* An export ends with its producer: withdraw it; leases keep
-		 * their mappings, and the producer hears nothing more. */
 		DL_DELETE2(o->versions, v, oprev, onext);
 		v->producer = NULL;
+		if (!v->exported) {
+			/* A store version outlives its producer, but not
+			 * the producer's event: later readers get none (the
+			 * library waits for its seal events before it
+			 * disconnects). */
+			v->event_len = 0;
+			continue;
+		}
+		/* An export ends with its producer: withdraw it; leases keep
+		 * their mappings, and the producer hears nothing more. */
 		if (v->entry->latest == v)
 			v->entry->latest = NULL;
 		version_check(r, v);

@@ -74,7 +74,8 @@ struct version {
 	uint64_t number;
 	enum version_state state;
 	int exported;            /* producer memory: retired back to it */
-	struct registry_owner *producer; /* pending or exported; else NULL */
+	struct registry_owner *producer; /* pending, exported, or sealed with
+					  * its CUDA event; else NULL */
 	uint32_t mode;
 	size_t ntensors;
 	struct rtensor *tensors;
@@ -121,7 +122,7 @@ struct uid_usage {
 	uint32_t names;          /* names it created */
 	uint32_t leases;
 	uint64_t host_bytes;     /* daemon-owned host memory of its versions */
-	uint64_t gpu_bytes;      /* daemon-owned GPU memory (none yet) */
+	uint64_t gpu_bytes;      /* daemon-owned GPU memory of its versions */
 	uint32_t fds_queued;     /* fds in replies not yet sent to it */
 	UT_hash_handle hh;       /* registry->uids */
 };
@@ -134,14 +135,17 @@ struct registry_owner {
 	struct uid_usage *usage; /* set by registry_owner_attach */
 	struct lease *leases;
 	uint32_t nleases;
-	struct version *versions; /* pending and exported, by this owner */
+	struct version *versions; /* pending, exported, and sealed with a
+				   * CUDA event, by this owner */
 };
 
 struct registry_ops {
 	/* A version became visible: wake whoever waits for it. It is alive
 	 * during the call; the callee may take leases on it. */
 	void (*published)(void *ud, struct entry *e, struct version *v);
-	/* An exported version is gone: its memory is the producer's again. */
+	/* A sealed version that names its producer is gone: an export's
+	 * memory is the producer's again, a store version's CUDA event may
+	 * be destroyed. */
 	void (*retired)(void *ud, struct registry_owner *producer,
 			const char *name, uint64_t number);
 	/* A buffer is about to be freed: forget it. */
@@ -157,8 +161,8 @@ struct registry_limits {
 	uint32_t uid_leases;        /* leases per uid, all connections */
 	uint64_t uid_host_bytes;    /* daemon-owned host bytes per uid;
 				     * 0: the same as max_bytes */
-	uint64_t uid_gpu_bytes;     /* daemon-owned GPU bytes per uid (0: as
-				     * max_bytes; none are made yet) */
+	uint64_t uid_gpu_bytes;     /* daemon-owned GPU bytes per uid (0: no
+				     * cap but the devices' memory) */
 	uint32_t uid_fds;           /* fds queued to one uid's connections */
 	uint64_t max_buffer_bytes;  /* size of one buffer */
 	uint64_t max_bytes;         /* daemon-owned bytes, all buffers */
@@ -185,6 +189,7 @@ struct registry {
 	uint64_t next_buffer_id;
 	uint64_t next_lease_id;
 	uint64_t nnames, nversions, nleases, nbuffers, bytes, owned_bytes;
+	uint64_t gpu_bytes;       /* daemon-owned GPU bytes (not in max_bytes) */
 	struct registry_limits limits;
 	const struct registry_ops *ops;
 	void *ud;
@@ -222,10 +227,20 @@ struct registry_spec {
 	int *fds;                /* one per buffer, -1 where none */
 	const uint8_t *event_handle;
 	size_t event_len;
+	int precheck;            /* registry_precheck: cuda-vmm buffers'
+				  * fds are not made yet */
 };
 
-/* Adds a version of spec->name owned by o: pending (store mode, the caller
- * made the buffers) or, with exported, sealed at once (producer memory).
+/* The checks of registry_add (name, ACL, tensors against buffers, limits
+ * and quotas), changing nothing: for a request whose buffers must be made
+ * first (GPU memory, off the loop). registry_add checks again. Returns as
+ * registry_add. */
+int registry_precheck(struct registry *r, struct registry_owner *o,
+		      const struct registry_spec *s, int exported);
+
+/* Adds a version of spec->name owned by o: pending (store mode: host
+ * buffers are made here, cuda-vmm ones come as fds made by the GPU backend)
+ * or, with exported, sealed at once (producer memory).
  * Checks the name, the ACL, every tensor against the buffers and the limits.
  * On success the registry owns spec->fds (they are set to -1) and *out is the
  * new version. Returns 0, -EINVAL, -EPERM, -E2BIG (a limit on tensors or

@@ -360,8 +360,10 @@ static void test_store_pending_then_seal(void **state)
 	assert_int_equal(registry_seal(&f->r, &f->prod, "a/b", 1,
 				       (const uint8_t *)"ev", 2), 0);
 	assert_int_equal(v->state, VERSION_SEALED);
-	assert_null(v->producer);
-	assert_null(f->prod.versions);
+	/* Sealed with a CUDA event: the producer stays attached, to hear
+	 * when it may destroy the event. */
+	assert_ptr_equal(v->producer, &f->prod);
+	assert_ptr_equal(f->prod.versions, v);
 	assert_int_equal(v->event_len, 2);
 	assert_memory_equal(v->event_handle, "ev", 2);
 	assert_true(seals_of(fd) & F_SEAL_WRITE);
@@ -374,6 +376,36 @@ static void test_store_pending_then_seal(void **state)
 	assert_counts(f, 1, 1, 1, 2 * PAGE, 0);
 	assert_int_equal(f->rec.nfreed, 0);
 	assert_int_equal(f->rec.nretired, 0);
+
+	/* The producer goes: the version stays, its event does not. */
+	registry_owner_drop(&f->r, &f->prod);
+	assert_null(v->producer);
+	assert_null(f->prod.versions);
+	assert_int_equal(v->event_len, 0);
+	assert_found(f, &f->cons, "a/b", REG_LATEST, 0, v);
+	assert_int_equal(f->rec.nretired, 0);
+}
+
+/* A store version sealed with an event is retired to its producer when
+ * it dies, so that the producer may destroy the event; one sealed without
+ * is not. */
+static void test_store_event_retired(void **state)
+{
+	struct fix *f = *state;
+	struct tspec ts;
+
+	add_ok(f, &f->prod, spec(&ts, "ev", 0, 1, 1, PAGE), 0);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "ev", 1,
+				       (const uint8_t *)"e1", 2), 0);
+	add_ok(f, &f->prod, spec(&ts, "ev", 0, 1, 1, PAGE), 0);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "ev", 2, NULL, 0), 0);
+	/* Version 1 was superseded and nobody held it. */
+	assert_int_equal(f->rec.nretired, 1);
+	assert_ptr_equal(f->rec.ret_producer[0], &f->prod);
+	assert_string_equal(f->rec.ret_name[0], "ev");
+	assert_int_equal(f->rec.ret_number[0], 1);
+	assert_int_equal(registry_delete(&f->r, &f->prod, "ev"), 0);
+	assert_int_equal(f->rec.nretired, 1);
 }
 
 static void test_seal_errors(void **state)
@@ -1290,6 +1322,7 @@ int main(void)
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fix_setup, fix_teardown)
 	const struct CMUnitTest tests[] = {
 		T(test_store_pending_then_seal),
+		T(test_store_event_retired),
 		T(test_seal_errors),
 		T(test_seal_busy_while_mapped),
 		T(test_versions_supersede),
