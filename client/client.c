@@ -888,6 +888,14 @@ void dlshare_disconnect(dlshare_client *c)
 		free(lr);
 		lr = next;
 	}
+	/* Device versions sealed here outlive us, but their events do not
+	 * (the daemon forgets them when we go): their writes must be done
+	 * before it does. */
+	pthread_mutex_lock(&c->lock);
+	for (e = c->exports; e; e = e->next)
+		if (e->n == 0 && e->event)
+			cuda_event_wait(e->event);
+	pthread_mutex_unlock(&c->lock);
 	/* The daemon drops our leases and withdraws our exports when the
 	 * socket closes; close it now, not when the last tensor goes. */
 	shutdown(c->fd, SHUT_RDWR);

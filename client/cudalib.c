@@ -310,6 +310,16 @@ int cuda_ordinal(const uint8_t uuid[CUDA_UUID_BYTES])
 	return DLSHARE_ENODEV;
 }
 
+int cuda_uuid(int ordinal, uint8_t uuid[CUDA_UUID_BYTES])
+{
+	if (cuda_available(NULL))
+		return DLSHARE_ENOTSUP;
+	if (ordinal < 0 || ordinal >= cu.ndev)
+		return DLSHARE_ENODEV;
+	memcpy(uuid, cu.uuids[ordinal], CUDA_UUID_BYTES);
+	return 0;
+}
+
 int cuda_open_mem(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
 		  void **base)
 {
@@ -673,6 +683,11 @@ void cuda_event_free(void *ev)
 }
 
 int cuda_ordinal(const uint8_t uuid[CUDA_UUID_BYTES])
+{
+	return DLSHARE_ENOTSUP;
+}
+
+int cuda_uuid(int ordinal, uint8_t uuid[CUDA_UUID_BYTES])
 {
 	return DLSHARE_ENOTSUP;
 }

@@ -51,6 +51,8 @@ void cuda_event_free(void *ev);
 
 /* The local ordinal of the device with this UUID, or DLSHARE_ENODEV. */
 int cuda_ordinal(const uint8_t uuid[CUDA_UUID_BYTES]);
+/* The UUID of local device ordinal: 0, DLSHARE_ENODEV or DLSHARE_ENOTSUP. */
+int cuda_uuid(int ordinal, uint8_t uuid[CUDA_UUID_BYTES]);
 
 /* Opens a memory handle of another process on device ordinal, once per
  * process: a handle already open gets its base again, counted. Returns 0

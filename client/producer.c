@@ -25,6 +25,8 @@ struct dlshare_writer {
 	uint64_t version;
 	void *base;
 	int cuda_host;           /* base is registered with CUDA */
+	struct ibuf *dev;        /* device buffer: the library's mapping */
+	int ordinal;             /* device buffer: the local device */
 	uint64_t size;
 	size_t n;
 	struct wtensor *ts;
@@ -105,9 +107,17 @@ static void send_abort(dlshare_client *c, const char *name, uint64_t version)
 	simple_call(c, &f, DLSHARE__FRAME__BODY_OK);
 }
 
-/* Drops the writable mapping (and its CUDA registration). */
+/* Drops the writable mapping (and its CUDA registration). A device
+ * buffer's mapping is the import cache's: unpinned, it stays cached until
+ * the daemon frees the buffer. */
 static void writer_unmap(dlshare_writer *w)
 {
+	if (w->dev) {
+		client_unpin(w->c, &w->dev, 1);
+		w->dev = NULL;
+		w->base = NULL;
+		return;
+	}
 	if (w->cuda_host)
 		cuda_host_unregister(w->base);
 	w->cuda_host = 0;
@@ -137,6 +147,7 @@ int dlshare_create(dlshare_client *c, const char *name,
 	Dlshare__Device dev = DLSHARE__DEVICE__INIT;
 	Dlshare__CreateReply *rep;
 	struct wire_tensors wt = { 0 };
+	uint8_t uuid[CUDA_UUID_BYTES];
 	dlshare_writer *w;
 	uint64_t total = 0;
 	struct reply r;
@@ -150,7 +161,8 @@ int dlshare_create(dlshare_client *c, const char *name,
 	if (!c || check_name(name) || !specs || n == 0)
 		return DLSHARE_EINVAL;
 	if (opts && opts->device.device_type != kDLCPU &&
-	    opts->device.device_type != kDLCUDAHost)
+	    opts->device.device_type != kDLCUDAHost &&
+	    opts->device.device_type != kDLCUDA)
 		return DLSHARE_ENOTSUP;
 	if (opts && (opts->mode & ~CHECK_MODE_MASK))
 		return DLSHARE_EINVAL;
@@ -203,6 +215,17 @@ int dlshare_create(dlshare_client *c, const char *name,
 	dev.type = opts ? (uint32_t)opts->device.device_type : kDLCPU;
 	buf.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
 	buf.size = total;
+	if (dev.type == kDLCUDA) {
+		/* Device memory of the daemon's choosing, on this GPU. */
+		w->ordinal = opts->device.device_id;
+		err = cuda_uuid(w->ordinal, uuid);
+		if (err)
+			goto fail;
+		buf.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_UNSPECIFIED;
+		dev.has_uuid = 1;
+		dev.uuid.data = uuid;
+		dev.uuid.len = CUDA_UUID_BYTES;
+	}
 	buf.device = &dev;
 	cr.name = w->name;
 	cr.n_tensors = n;
@@ -227,7 +250,25 @@ int dlshare_create(dlshare_client *c, const char *name,
 	rep = r.msg->frame->create_reply;
 	w->version = rep->version;
 	w->size = total;
-	if (total) {
+	if (dev.type == kDLCUDA) {
+		Dlshare__Buffer *wb = rep->buffers[0];
+
+		/* The daemon counts us among the buffer's holders: mapped
+		 * through the import cache, it is dropped when the daemon
+		 * frees it (BufferGone). */
+		if (wb->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM ||
+		    wb->size < total)
+			err = DLSHARE_EPROTO;
+		else
+			err = client_pin_buffer(c, wb, r.fds[0], &w->dev);
+		reply_free(c, &r);
+		if (err) {
+			send_abort(c, w->name, w->version);
+			goto fail;
+		}
+		w->base = w->dev->base;
+		w->ordinal = w->dev->ordinal;
+	} else if (total) {
 		w->base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED,
 			       r.fds[0], 0);
 		if (w->base == MAP_FAILED) {
@@ -254,6 +295,7 @@ int dlshare_create(dlshare_client *c, const char *name,
 		t->data = w->base ? (char *)w->base + t->byte_offset : NULL;
 		t->byte_offset = 0;
 		t->device.device_type = (DLDeviceType)dev.type;
+		t->device.device_id = dev.type == kDLCUDA ? w->ordinal : 0;
 	}
 	wire_tensors_free(&wt);
 	*out = w;
@@ -280,25 +322,112 @@ uint64_t dlshare_writer_version(const dlshare_writer *w)
 	return w ? w->version : 0;
 }
 
+/* Keeps the event a device version was sealed with alive until the daemon
+ * retires the version (a Retired names it) or this client disconnects:
+ * consumers open it by its handle. Registered before the Seal is sent, so
+ * that the Retired always finds it. */
+static struct export *seal_event_keep(dlshare_writer *w, void *event)
+{
+	dlshare_client *c = w->c;
+	struct export *e = calloc(1, sizeof(*e));
+
+	if (!e)
+		return NULL;
+	memcpy(e->name, w->name, strlen(w->name) + 1);
+	e->version = w->version;
+	e->event = event;
+	pthread_mutex_lock(&c->lock);
+	e->next = c->exports;
+	c->exports = e;
+	pthread_mutex_unlock(&c->lock);
+	return e;
+}
+
+/* Undoes seal_event_keep when the Seal failed: the event goes now. */
+static void seal_event_drop(dlshare_client *c, struct export *e)
+{
+	int found = 0;
+
+	pthread_mutex_lock(&c->lock);
+	for (struct export **pp = &c->exports; *pp; pp = &(*pp)->next)
+		if (*pp == e) {
+			*pp = e->next;
+			found = 1;
+			break;
+		}
+	pthread_mutex_unlock(&c->lock);
+	/* Not found: disconnect took it, and frees it. */
+	if (found)
+		export_free(e);
+}
+
+/* After the seal of a device version: the writer's mapping is unpinned
+ * once the work queued so far on stream is done (unmapping memory that
+ * queued work still writes would fault). */
+static void writer_unmap_after(dlshare_writer *w, void *stream)
+{
+	struct lease_ref *lr = calloc(1, sizeof(*lr) + sizeof(struct ibuf *));
+
+	if (lr && stream != DLSHARE_STREAM_NONE &&
+	    cuda_event_mark(stream, w->ordinal, &lr->event) == 0) {
+		atomic_init(&lr->refs, 1);
+		lr->c = w->c;
+		lr->lease = 0; /* none: the writer's own pin */
+		lr->ordinal = w->ordinal;
+		lr->npins = 1;
+		lr->pins[0] = w->dev;
+		w->dev = NULL;
+		w->base = NULL;
+		client_release_after(w->c, lr); /* frees lr */
+		return;
+	}
+	free(lr);
+	writer_unmap(w);
+}
+
 int dlshare_seal(dlshare_writer *w, void *stream, uint64_t *version)
 {
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Seal s = DLSHARE__SEAL__INIT;
+	uint8_t event_handle[CUDA_IPC_HANDLE_BYTES];
+	struct export *kept = NULL;
+	void *event = NULL;
 	int err;
 
 	if (!w)
 		return DLSHARE_EINVAL;
-	/* The daemon can only write-seal a memfd nobody maps writable. */
-	writer_unmap(w);
 	s.name = w->name;
 	s.version = w->version;
+	if (w->dev) {
+		/* Consumers' streams will wait for what the producer's
+		 * stream has queued so far: the host does not. */
+		err = cuda_event_record(stream, &event, event_handle);
+		if (!err && !(kept = seal_event_keep(w, event)))
+			err = DLSHARE_ENOMEM;
+		if (err) {
+			cuda_event_free(event);
+			dlshare_writer_abort(w);
+			return err;
+		}
+		s.has_event_handle = 1;
+		s.event_handle.data = event_handle;
+		s.event_handle.len = CUDA_IPC_HANDLE_BYTES;
+	} else {
+		/* The daemon can only write-seal a memfd nobody maps
+		 * writable. */
+		writer_unmap(w);
+	}
 	f.body_case = DLSHARE__FRAME__BODY_SEAL;
 	f.seal = &s;
 	err = simple_call(w->c, &f, DLSHARE__FRAME__BODY_SEAL_REPLY);
 	if (err && err != DLSHARE_ECONN && err != DLSHARE_ECLOSED)
 		send_abort(w->c, w->name, w->version);
+	if (err && kept)
+		seal_event_drop(w->c, kept);
 	if (!err && version)
 		*version = w->version;
+	if (w->dev)
+		writer_unmap_after(w, stream);
 	writer_free(w);
 	return err;
 }
