@@ -99,7 +99,9 @@ static int bundle_fill(struct dlshare_bundle *b, Dlshare__GetReply *r,
 			(char *)pins[wt->buffer]->base + wt->offset : NULL;
 		bt->t.byte_offset = 0;
 		if (pins[wt->buffer]->kind ==
-		    DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC) {
+		    DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC ||
+		    pins[wt->buffer]->kind ==
+		    DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM) {
 			/* Our own ordinal for the producer's device UUID. */
 			bt->t.device.device_type = kDLCUDA;
 			bt->t.device.device_id = pins[wt->buffer]->ordinal;

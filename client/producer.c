@@ -508,6 +508,97 @@ static int publish_copy(dlshare_client *c, const char *name,
 	return 0;
 }
 
+/* Whether t's elements lie row-major and without gaps (dims of extent 1
+ * may have any stride). */
+static int is_compact(const DLTensor *t)
+{
+	int64_t want = 1;
+
+	if (!t->strides)
+		return 1;
+	for (int32_t k = t->ndim - 1; k >= 0; k--) {
+		if (t->shape[k] != 1 && t->strides[k] != want)
+			return 0;
+		want *= t->shape[k];
+	}
+	return 1;
+}
+
+/* Copies device tensors that CUDA IPC cannot share (pool, VMM or managed
+ * memory) into a daemon-owned buffer on the same GPU, on the producer's
+ * stream. The copy reads the producer's memory, so its deleters run only
+ * once the copy is done: this waits for the stream (the one place where
+ * publishing waits on the host; sharing without a copy never does). */
+static int publish_copy_device(dlshare_client *c, const char *name,
+			       DLManagedTensor *const *tensors, size_t n,
+			       const dlshare_publish_opts *o, uint64_t *version)
+{
+	dlshare_tensor_spec *specs;
+	dlshare_create_opts co = { .mode = o->mode };
+	dlshare_writer *w;
+	void *done = NULL;
+	int err;
+
+	co.device = tensors[0]->dl_tensor.device;
+	for (size_t i = 0; i < n; i++) {
+		const DLTensor *t = &tensors[i]->dl_tensor;
+
+		if (t->device.device_type != kDLCUDA ||
+		    t->device.device_id != co.device.device_id) {
+			errmsg_set("a copy into the daemon takes tensors of one "
+				   "GPU; publish host and device tensors apart");
+			return DLSHARE_ENOTSUP;
+		}
+		if (!is_compact(t)) {
+			errmsg_set("a strided device tensor that CUDA IPC "
+				   "cannot share can not be copied yet; make "
+				   "it contiguous first");
+			return DLSHARE_ENOTSUP;
+		}
+	}
+	specs = calloc(n, sizeof(*specs));
+	if (!specs)
+		return DLSHARE_ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		const DLTensor *t = &tensors[i]->dl_tensor;
+
+		specs[i].key = o->keys ? o->keys[i] : NULL;
+		specs[i].dtype = t->dtype;
+		specs[i].ndim = t->ndim;
+		specs[i].shape = t->shape;
+	}
+	err = dlshare_create(c, name, specs, n, &co, &w);
+	free(specs);
+	if (err)
+		return err;
+	for (size_t i = 0; i < n && !err; i++) {
+		const DLTensor *t = &tensors[i]->dl_tensor;
+		uint64_t bytes;
+
+		if (!tensor_bytes(t, &bytes) && bytes)
+			err = cuda_copy_d2d(w->ts[i].t.data,
+					    (const char *)t->data + t->byte_offset,
+					    (size_t)bytes, o->stream);
+	}
+	if (err) {
+		errmsg_set("copying a device tensor into the daemon's buffer "
+			   "failed");
+		dlshare_writer_abort(w);
+		return err;
+	}
+	err = dlshare_seal(w, o->stream, version);
+	if (err)
+		return err;
+	if (cuda_event_mark(o->stream, co.device.device_id, &done) == 0) {
+		cuda_event_wait(done);
+		cuda_event_drop(done);
+	}
+	for (size_t i = 0; i < n; i++)
+		if (tensors[i]->deleter)
+			tensors[i]->deleter(tensors[i]);
+	return 0;
+}
+
 /* Where one exported tensor's memory is, as a buffer of the version. */
 struct xbuf {
 	int kind;
@@ -744,10 +835,7 @@ int dlshare_publish(dlshare_client *c, const char *name,
 		return err;
 	if (o->flags & DLSHARE_PUBLISH_NO_COPY)
 		return DLSHARE_ECOPY;
-	if (cuda_dev) {
-		errmsg_set("device memory that CUDA IPC cannot export (pool, "
-			   "VMM or managed) cannot be copied into the daemon yet");
-		return DLSHARE_ENOTSUP;
-	}
+	if (cuda_dev)
+		return publish_copy_device(c, name, tensors, n, o, version);
 	return publish_copy(c, name, tensors, n, o, version);
 }

@@ -1472,12 +1472,8 @@ static int pool_child(void *arg)
 	po.stream = s;
 	DL_ERR(dlshare_publish(c, "gpu/pool", &t, 1, &po, &v), DLSHARE_ECOPY);
 	CHECK(atomic_load(&g_deleted[0]) == 0);
-	po.flags = 0;
-	/* Device copies into the daemon are not there yet. */
-	DL_ERR(dlshare_publish(c, "gpu/pool", &t, 1, &po, &v), DLSHARE_ENOTSUP);
-	CHECK(atomic_load(&g_deleted[0]) == 0);
+	/* Refused: nothing was published, nothing was left behind. */
 	CHECK(v == 77);
-	/* Nothing was published, nothing was left behind. */
 	DL_ERR(dlshare_stat(c, "gpu/pool", &info, NULL), DLSHARE_ENOENT);
 	DL_OK(dlshare_stats_get(c, &st));
 	CHECK(st.versions == 0 && st.buffers == 0 && st.leases == 0);
@@ -1485,19 +1481,207 @@ static int pool_child(void *arg)
 	CHECK(fstats().ipc_get_event_calls == 0);
 	CHECK(fstats().live_events == 0);
 #endif
-	/* Still the caller's: its memory is intact and it frees it. */
-	t->deleter(t);
+	/* Allowed to copy: into a daemon-owned buffer on the same GPU, on
+	 * the producer's stream, and the deleter runs once that is done. */
+	put_pattern(p, CA_BYTES, 303, s);
+	po.flags = 0;
+	DL_OK(dlshare_publish(c, "gpu/pool", &t, 1, &po, &v));
+	CHECK(v == 1);
 	CHECK(atomic_load(&g_deleted[0]) == 1);
 	CU(cudaFreeAsync(p, s));
-	CU(cudaStreamSynchronize(s));
+	DL_OK(dlshare_stat(c, "gpu/pool", &info, NULL));
+	CHECK(info.kind == DLSHARE_KIND_CUDA_VMM && !info.exported);
 	dlshare_disconnect(c);
+	CU(cudaStreamSynchronize(s));
 	return 0;
 }
 
-static void pool_memory_refused(void **state)
+/* Another process reads the copy, bit for bit, after its producer left. */
+static int pool_reader(void *arg)
+{
+	dlshare_client *c = child_connect();
+	dlshare_get_opts go = { .select = DLSHARE_LATEST };
+	DLManagedTensor *m;
+	cudaStream_t s;
+
+	(void)arg;
+	CU(cudaStreamCreate(&s));
+	go.stream = s;
+	DL_OK(dlshare_get_tensor(c, "gpu/pool", &go, &m));
+	check_meta(&m->dl_tensor, 0, CA_ROWS, CA_COLS);
+	CHECK(read_check(&m->dl_tensor, CA_BYTES, 303, s, "copy") == 0);
+	m->deleter(m);
+	dlshare_disconnect(c);
+	CU(cudaStreamDestroy(s));
+	return 0;
+}
+
+static void pool_memory_copied(void **state)
 {
 	(void)state;
 	assert_int_equal(reap(spawn(pool_child, NULL)), 0);
+	assert_int_equal(reap(spawn(pool_reader, NULL)), 0);
+}
+
+/* ======================================================================== */
+/* 10. Store mode on a GPU: daemon-owned cuda-vmm memory.                   */
+/* ======================================================================== */
+
+#define ST_NAME "gpu/store"
+
+/* Writes a version into daemon-owned device memory while its stream lags,
+ * seals it without waiting, and leaves (disconnect waits for the seal). */
+static int store_producer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	int64_t shape[2] = { CA_ROWS, CA_COLS };
+	dlshare_tensor_spec spec = { .dtype = { kDLFloat, 32, 1 }, .ndim = 2,
+				     .shape = shape };
+	dlshare_create_opts co = { .device = { kDLCUDA, 0 } };
+	dlshare_writer *w;
+	DLTensor *t;
+	cudaStream_t s;
+	uint64_t v = 0;
+
+	CU(cudaStreamCreate(&s));
+	DL_OK(dlshare_create(c, ST_NAME, &spec, 1, &co, &w));
+	t = dlshare_writer_tensor(w, 0);
+	CHECK(t && t->device.device_type == kDLCUDA && t->device.device_id == 0);
+	CHECK(t->data != NULL);
+	set_delay_ms(100);
+	put_pattern(t->data, CA_BYTES, 404, s);
+	DL_OK(dlshare_seal(w, s, &v));
+	CHECK(v == 1);
+#if FAKE
+	/* The host did not wait: the copy is still queued. */
+	CHECK(cudaStreamQuery(s) == cudaErrorNotReady);
+	CHECK(fstats().vmm_import_calls == 1);
+#endif
+	SEND(a->to_c, '1');
+	RECV(a->to_p, 'g');
+	dlshare_disconnect(c);
+	CU(cudaStreamDestroy(s));
+	return 0;
+}
+
+static int store_consumer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	dlshare_get_opts go = { .select = DLSHARE_LATEST };
+	DLManagedTensor *m, *m2;
+	dlshare_name_info info;
+	cudaStream_t s;
+
+	CU(cudaStreamCreate(&s));
+	go.stream = s;
+	RECV(a->to_c, '1');
+	set_delay_ms(1);
+	/* While the producer's stream still writes: this stream waits. */
+	DL_OK(dlshare_get_tensor(c, ST_NAME, &go, &m));
+	check_meta(&m->dl_tensor, 0, CA_ROWS, CA_COLS);
+	CHECK(read_check(&m->dl_tensor, CA_BYTES, 404, s, "store") == 0);
+	DL_OK(dlshare_stat(c, ST_NAME, &info, NULL));
+	CHECK(info.kind == DLSHARE_KIND_CUDA_VMM && !info.exported);
+	SEND(a->to_p, 'g');
+	/* The producer has gone: the version has not. */
+	RECV(a->to_c, 'p');
+	DL_OK(dlshare_get_tensor(c, ST_NAME, &go, &m2));
+	CHECK(read_check(&m2->dl_tensor, CA_BYTES, 404, s, "later") == 0);
+	m2->deleter(m2);
+	SEND(a->to_parent, 'h');
+	/* And the daemon has gone too: the mapping has not. */
+	RECV(a->to_c, 'k');
+	CHECK(read_check(&m->dl_tensor, CA_BYTES, 404, s, "no daemon") == 0);
+	m->deleter(m);
+	dlshare_disconnect(c);
+#if FAKE
+	CHECK(fstats().vmm_import_calls == 1); /* one mapping, cached */
+	CHECK(fstats().live_vmm_handles == 0);
+#endif
+	CU(cudaStreamDestroy(s));
+	return 0;
+}
+
+static void store_on_device_outlives_producer_and_daemon(void **state)
+{
+	struct two_chans a = { .name = ST_NAME };
+	pid_t p, q;
+
+	(void)state;
+	a.to_p = chan_new();
+	a.to_c = chan_new();
+	a.to_parent = chan_new();
+	p = spawn(store_producer, &a);
+	q = spawn(store_consumer, &a);
+	assert_int_equal(reap(p), 0);
+	assert_int_equal(chan_send(a.to_c, 'p'), 0);
+	assert_int_equal(chan_wait(a.to_parent, 'h', 10000, q), 0);
+	kill(g_d.pid, SIGKILL);
+	assert_int_equal(harness_wait(g_d.pid), 128 + SIGKILL);
+	g_d.pid = 0;
+	assert_int_equal(chan_send(a.to_c, 'k'), 0);
+	assert_int_equal(reap(q), 0);
+}
+
+/* What a create of device memory gets when it cannot be had. */
+static int store_refusals_child(void *arg)
+{
+	dlshare_client *c = child_connect();
+	int64_t shape[1] = { 1 << 20 };   /* 4 MiB of float32 */
+	dlshare_tensor_spec spec = { .dtype = { kDLFloat, 32, 1 }, .ndim = 1,
+				     .shape = shape };
+	dlshare_create_opts co = { .device = { kDLCUDA, 0 } };
+	dlshare_writer *w = NULL;
+	dlshare_stats st;
+
+	(void)arg;
+	/* Over --uid-gpu-bytes (3 MiB; allocations are whole 2 MiB
+	 * granules on the fake). */
+	DL_ERR(dlshare_create(c, "gpu/big", &spec, 1, &co, &w),
+	       DLSHARE_ELIMIT);
+	CHECK(strstr(dlshare_last_error(), "GPU bytes per uid") != NULL);
+	CHECK(w == NULL);
+	/* A device this process does not have. */
+	co.device.device_id = 7;
+	DL_ERR(dlshare_create(c, "gpu/big", &spec, 1, &co, &w),
+	       DLSHARE_ENODEV);
+	/* A device the daemon does not see (it was started with only
+	 * device 0 visible). */
+	co.device.device_id = 1;
+	shape[0] = 1024;
+	DL_ERR(dlshare_create(c, "gpu/big", &spec, 1, &co, &w),
+	       DLSHARE_ENODEV);
+	CHECK(strstr(dlshare_last_error(), "UUID") != NULL);
+	/* What fits works, and the quota is given back with the version. */
+	co.device.device_id = 0;
+	DL_OK(dlshare_create(c, "gpu/big", &spec, 1, &co, &w));
+	dlshare_writer_abort(w);
+	DL_OK(dlshare_create(c, "gpu/big", &spec, 1, &co, &w));
+	DL_OK(dlshare_seal(w, NULL, NULL));
+	DL_OK(dlshare_delete(c, "gpu/big"));
+	DL_OK(dlshare_stats_get(c, &st));
+	CHECK(st.versions == 0 && st.buffers == 0 && st.bytes == 0);
+	dlshare_disconnect(c);
+#if FAKE
+	CHECK(fstats().live_vmm_handles == 0);
+	CHECK(fstats().live_events == 0);
+#endif
+	return 0;
+}
+
+static void store_on_device_refusals(void **state)
+{
+	static const char *const args[] = { "--uid-gpu-bytes", "3M", NULL };
+
+	(void)state;
+	assert_int_equal(harness_daemon_stop(&g_d), 0);
+	setenv("FAKECUDA_DEVICES", "2", 1);
+	setenv("CUDA_VISIBLE_DEVICES", "0", 1);
+	assert_int_equal(harness_daemon_start(&g_d, args), 0);
+	unsetenv("CUDA_VISIBLE_DEVICES");
+	assert_int_equal(reap(spawn(store_refusals_child, NULL)), 0);
 }
 
 /* ======================================================================== */
@@ -1652,7 +1836,11 @@ int main(void)
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(cuda_host_buffers, setup,
 						teardown),
-		cmocka_unit_test_setup_teardown(pool_memory_refused,
+		cmocka_unit_test_setup_teardown(store_on_device_outlives_producer_and_daemon,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(store_on_device_refusals,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(pool_memory_copied,
 						setup, teardown),
 	};
 	char why[256] = "";
