@@ -551,8 +551,13 @@ static void server_teardown(struct session *z)
 	unsigned handles = 0;
 
 	server_shutdown(&z->s);
-	for (int i = 0; i < FZ_CLOSE_ROUNDS && uv_loop_alive(&loop); i++)
+	/* A GPU create's job may still be on the thread pool: give it time
+	 * (a few ms at most; the fuzzer's daemon has no GPU). */
+	for (int i = 0; i < FZ_CLOSE_ROUNDS && uv_loop_alive(&loop); i++) {
 		uv_run(&loop, UV_RUN_NOWAIT);
+		if (i >= 64 && uv_loop_alive(&loop))
+			usleep(100);
+	}
 	server_deinit(&z->s);
 	FUZZ_ASSERT(!r->names && !r->buffers && r->nnames == 0 &&
 		    r->nversions == 0 && r->nleases == 0 && r->nbuffers == 0 &&

@@ -125,6 +125,22 @@ static void vd_simple(struct vdesc *d, int attach)
 	vd_tensor(d, "", 0, 0, 2, 32, 2, shape, NULL);
 }
 
+/* One f32 [4,4] tensor in daemon-owned GPU memory (the daemon's choice of
+ * kind), on a device the fuzzer's daemon does not have. */
+static void vd_gpu(struct vdesc *d)
+{
+	static const int64_t shape[] = { 4, 4 };
+
+	memset(d, 0, sizeof(*d));
+	vd_buffer(d, DLSHARE__BUFFER_KIND__BUFFER_KIND_UNSPECIFIED, 64, 0);
+	memset(d->uuid, 0xc3, sizeof(d->uuid));
+	d->dev[0].type = 2;
+	d->dev[0].has_uuid = 1;
+	d->dev[0].uuid.data = d->uuid;
+	d->dev[0].uuid.len = sizeof(d->uuid);
+	vd_tensor(d, "", 0, 0, 2, 32, 2, shape, NULL);
+}
+
 /* A bundle: three tensors over two buffers, one strided, one scalar. */
 static void vd_bundle(struct vdesc *d, int attach)
 {
@@ -592,6 +608,19 @@ static void daemon_seeds(void)
 	s_pkt(&s, 0, b, f_delete(b, 9, "demo/w"), 0, 0);
 	s_pkt(&s, 0, b, f_stats(b, 10), 0, 0);
 	s_emit(&s, "store");
+
+	/* Store mode on a GPU: the create goes to the thread pool and comes
+	 * back refused (no driver), while the peer's next requests are
+	 * answered; then a host create on the same name. */
+	s_start(&s, 3 << 2);
+	vd_gpu(&d);
+	s_pkt(&s, 0, b, f_create(b, 2, "gpu/w", &d, 0), 0, 0);
+	s_pkt(&s, 0, b, f_stats(b, 3), 0, 0);
+	s_pkt(&s, 0, b, f_seal(b, 4, "gpu/w", 1, 0), 0, 0);
+	s_pkt(&s, 0, b, f_create(b, 5, "gpu/w", &d, 0), 0, 0);
+	vd_simple(&d, 0);
+	s_pkt(&s, 0, b, f_create(b, 6, "gpu/w", &d, 0), 0, 0);
+	s_emit(&s, "store-gpu");
 
 	/* Store mode, sealed version outlives its producer and is read by
 	 * the other peer; a second version retires the first. */
