@@ -125,7 +125,9 @@ typedef struct dlshare_tensor_spec {
 } dlshare_tensor_spec;
 
 typedef struct dlshare_create_opts {
-	DLDevice device;        /* {kDLCPU, 0} (the default) */
+	DLDevice device;        /* {kDLCPU, 0} (the default), {kDLCUDAHost, 0},
+				 * or {kDLCUDA, ordinal}: device memory on
+				 * that GPU of this process */
 	uint32_t mode;          /* permission bits (0640 style); 0: daemon default */
 } dlshare_create_opts;
 
@@ -135,9 +137,13 @@ typedef struct dlshare_writer dlshare_writer;
  * 64-byte aligned in one daemon-owned buffer that this process maps writable.
  * Write the data through dlshare_writer_tensor(), then dlshare_seal().
  * The version is invisible to get until sealed, and dropped if the writer is
- * aborted or the connection closes first. opts may be NULL.
+ * aborted or the connection closes first. opts may be NULL. With a kDLCUDA
+ * device the buffer is GPU memory the daemon allocates on that GPU (by its
+ * UUID; cuda-vmm), which outlives this process once sealed.
  * Returns 0 and a writer in *out, or DLSHARE_EINVAL, DLSHARE_ELIMIT,
- * DLSHARE_E2BIG, DLSHARE_EPERM, DLSHARE_ENOMEM, DLSHARE_ECONN. */
+ * DLSHARE_E2BIG, DLSHARE_EPERM, DLSHARE_ENOMEM, DLSHARE_ECONN; for a device,
+ * also DLSHARE_ENODEV (no such GPU here or at the daemon) and
+ * DLSHARE_ENOTSUP (no CUDA here, or a daemon without GPU support). */
 DLSHARE_API int dlshare_create(dlshare_client *c, const char *name,
 			       const dlshare_tensor_spec *tensors, size_t n,
 			       const dlshare_create_opts *opts,
@@ -154,14 +160,19 @@ DLSHARE_API uint64_t dlshare_writer_version(const dlshare_writer *w);
 
 /* Drops the writable mapping and seals the version: from now on it is
  * immutable and visible to get. stream is the producer's CUDA stream for
- * device buffers and ignored for host ones (pass NULL). Always consumes w.
+ * device buffers and ignored for host ones (pass NULL): an event recorded
+ * on it orders the consumers' streams after the writes queued so far, and
+ * the host does not wait (the writer's mapping goes once the stream passed
+ * the seal). Always consumes w.
  * Returns 0 and the version in *version (may be NULL), or DLSHARE_EBUSY (a
  * writable mapping of the buffer is still alive somewhere), DLSHARE_ECONN,
  * DLSHARE_ESTATE. */
 DLSHARE_API int dlshare_seal(dlshare_writer *w, void *stream,
 			     uint64_t *version);
 
-/* Drops a pending version without publishing it. NULL is a no-op. */
+/* Drops a pending version without publishing it. NULL is a no-op. For a
+ * device writer, call it only once the work queued on the buffer is done
+ * (its mapping goes at once). */
 DLSHARE_API void dlshare_writer_abort(dlshare_writer *w);
 
 /* ---- publishing, export mode: the producer owns the memory ------------- */
@@ -188,9 +199,12 @@ typedef struct dlshare_publish_opts {
  * Tensors in memory from dlshare_host_alloc() are shared without a copy: the
  * library keeps them and calls their deleters once the daemon retires the
  * version (a newer one replaced it, or the name was deleted, and no lease
- * holds it) or this client disconnects. Any other memory is copied into a
- * daemon-owned buffer and its deleter runs before this returns, unless
- * DLSHARE_PUBLISH_NO_COPY forbids that. On success the library owns all n
+ * holds it) or this client disconnects; so are cudaMalloc allocations (CUDA
+ * IPC, ordered by an event on opts->stream). Any other memory is copied into
+ * a daemon-owned buffer and its deleter runs before this returns, unless
+ * DLSHARE_PUBLISH_NO_COPY forbids that: host memory by the CPU; device memory
+ * (pool, VMM, managed) on opts->stream into GPU memory of the daemon on the
+ * same device, after which this waits for that stream. On success the library owns all n
  * tensors; on failure the caller still does. opts may be NULL.
  * Returns 0 and the version in *version (may be NULL), or DLSHARE_EINVAL,
  * DLSHARE_ECOPY, DLSHARE_ENOTSUP, DLSHARE_ELIMIT, DLSHARE_E2BIG, DLSHARE_EPERM,
