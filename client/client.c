@@ -21,6 +21,10 @@
 
 static _Thread_local char errmsg[256];
 
+/* Connections of this process; the last one to go drains the CUDA event
+ * pool (cudalib.c), so that a process done with dlshare holds no event. */
+static atomic_int live_clients;
+
 void errmsg_set(const char *msg)
 {
 	snprintf(errmsg, sizeof(errmsg), "%s", msg ? msg : "");
@@ -838,6 +842,7 @@ int dlshare_connect(const char *path, dlshare_client **out)
 		goto fail;
 	}
 	c->rx_started = 1;
+	atomic_fetch_add(&live_clients, 1); /* dlshare_disconnect drops it */
 	err = hello(c);
 	if (err) {
 		dlshare_disconnect(c);
@@ -915,5 +920,7 @@ void dlshare_disconnect(dlshare_client *c)
 		export_free(e);
 		e = next;
 	}
+	if (atomic_fetch_sub(&live_clients, 1) == 1)
+		cuda_event_pool_drain();
 	client_unref(c);
 }

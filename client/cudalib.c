@@ -14,6 +14,10 @@
 /* Imported events kept open, so a consumer that gets version after version
  * of a name opens each producer event once. Evicted entries are destroyed. */
 #define CUDA_EVENT_CACHE 256
+/* Interprocess events of retired versions kept for the next publish or seal
+ * (so consumers find them in their caches); beyond this many they are
+ * destroyed. */
+#define CUDA_EVENT_POOL 64
 
 #define XSTR(x) #x
 #define STR(x) XSTR(x)
@@ -71,6 +75,14 @@ struct event_entry {
 };
 static struct event_entry events[CUDA_EVENT_CACHE];
 static unsigned event_next;
+
+/* Our own events no live version names any more, by device. */
+struct pooled_event {
+	cudaEvent_t ev;
+	int device;
+};
+static struct pooled_event pool[CUDA_EVENT_POOL];
+static unsigned npool;
 
 /* Opened memory handles: CUDA refuses to open one twice in a process, and
  * many versions (buffers) may name one allocation. */
@@ -265,12 +277,26 @@ int cuda_event_record(void *stream, void **evp,
 		      uint8_t handle[CUDA_IPC_HANDLE_BYTES])
 {
 	cudaIpcEventHandle_t h;
-	cudaEvent_t ev;
+	cudaEvent_t ev = NULL;
+	int dev = 0;
 
 	if (cuda_available(NULL))
 		return DLSHARE_ENOTSUP;
-	if (cu.cudaEventCreateWithFlags(&ev, cudaEventDisableTiming |
-					cudaEventInterprocess) != cudaSuccess) {
+	/* A pooled event is named by no live version: it may be recorded
+	 * again (consumers that still have it open wait on the newest
+	 * record, as of their wait). */
+	cu.cudaGetDevice(&dev);
+	pthread_mutex_lock(&cache_lock);
+	for (unsigned i = npool; i-- > 0;)
+		if (pool[i].device == dev) {
+			ev = pool[i].ev;
+			pool[i] = pool[--npool];
+			break;
+		}
+	pthread_mutex_unlock(&cache_lock);
+	if (!ev && cu.cudaEventCreateWithFlags(&ev, cudaEventDisableTiming |
+					       cudaEventInterprocess) !=
+		   cudaSuccess) {
 		cu.cudaGetLastError();
 		return DLSHARE_ENOMEM;
 	}
@@ -292,12 +318,43 @@ int cuda_event_record(void *stream, void **evp,
 void cuda_event_free(void *ev)
 {
 	cudaIpcEventHandle_t h;
+	int dev = 0, pooled = 0;
 
 	if (!ev || cuda_available(NULL))
 		return;
 	if (cu.cudaIpcGetEventHandle(&h, (cudaEvent_t)ev) == cudaSuccess)
 		own_del((const uint8_t *)h.reserved);
-	cu.cudaEventDestroy((cudaEvent_t)ev);
+	else
+		cu.cudaGetLastError();
+	/* Events belong to the device current at their creation; ours are
+	 * made and recorded on the caller's current device. */
+	cu.cudaGetDevice(&dev);
+	pthread_mutex_lock(&cache_lock);
+	if (npool < CUDA_EVENT_POOL) {
+		pool[npool].ev = (cudaEvent_t)ev;
+		pool[npool++].device = dev;
+		pooled = 1;
+	}
+	pthread_mutex_unlock(&cache_lock);
+	if (!pooled)
+		cu.cudaEventDestroy((cudaEvent_t)ev);
+}
+
+void cuda_event_pool_drain(void)
+{
+	struct pooled_event out[CUDA_EVENT_POOL];
+	unsigned n;
+
+	/* Never the first CUDA call of a process: a process that forks
+	 * after its first CUDA call has children that cannot use CUDA. An
+	 * event in the pool means CUDA is loaded. */
+	pthread_mutex_lock(&cache_lock);
+	n = npool;
+	memcpy(out, pool, n * sizeof(*out));
+	npool = 0;
+	pthread_mutex_unlock(&cache_lock);
+	for (unsigned i = 0; i < n; i++)
+		cu.cudaEventDestroy(out[i].ev);
 }
 
 int cuda_ordinal(const uint8_t uuid[CUDA_UUID_BYTES])
@@ -679,6 +736,10 @@ int cuda_event_record(void *stream, void **ev,
 }
 
 void cuda_event_free(void *ev)
+{
+}
+
+void cuda_event_pool_drain(void)
 {
 }
 

@@ -44,10 +44,13 @@ void cuda_unexport_alloc(const uint8_t handle[CUDA_IPC_HANDLE_BYTES]);
 /* An interprocess event recorded on stream (DLPack stream rules: see
  * cuda_stream()); its handle goes in *handle. The event must stay alive and
  * unrecorded while a version names it: the caller keeps *ev and frees it
- * with cuda_event_free(). Returns 0 or a DLSHARE_E* code. */
+ * with cuda_event_free() once no version does, which pools it for a later
+ * record. Returns 0 or a DLSHARE_E* code. */
 int cuda_event_record(void *stream, void **ev,
 		      uint8_t handle[CUDA_IPC_HANDLE_BYTES]);
 void cuda_event_free(void *ev);
+/* Destroys the pooled events (cuda_event_free keeps some for reuse). */
+void cuda_event_pool_drain(void);
 
 /* The local ordinal of the device with this UUID, or DLSHARE_ENODEV. */
 int cuda_ordinal(const uint8_t uuid[CUDA_UUID_BYTES]);
