@@ -89,6 +89,26 @@ def _device(dev_type, dev_id):
     return (dev_type, dev_id)
 
 
+def _device_arg(device):
+    """(DLDeviceType, id) of a create() device: None (host), "cpu",
+    "cuda", "cuda:N", "cuda_host", a (type, id) pair, or an object with
+    ``type`` and ``index`` (torch.device)."""
+    if device is None:
+        return (int(DLDeviceType.kDLCPU), 0)
+    if hasattr(device, "type") and hasattr(device, "index"):
+        device = f"{device.type}:{device.index or 0}"
+    if isinstance(device, str):
+        kind, _, idx = device.partition(":")
+        types = {"cpu": DLDeviceType.kDLCPU, "cuda": DLDeviceType.kDLCUDA,
+                 "cuda_host": DLDeviceType.kDLCUDAHost}
+        if kind not in types or (idx and not idx.isdigit()):
+            raise ValueError(f"unknown device {device!r}: 'cpu', 'cuda', "
+                             "'cuda:N' or 'cuda_host'")
+        return (int(types[kind]), int(idx or 0))
+    dev_type, dev_id = device
+    return (int(dev_type), int(dev_id))
+
+
 def socket_path():
     """The socket that Client() uses when given none (the rule DESIGN.md
     fixes: $DLSHARE_SOCKET, /run/dlshare/dlshared.sock,
@@ -704,12 +724,16 @@ class Client:
         return self._c.publish(name, caps, keys, mode, copy is False,
                                copy is True, sv)
 
-    def create(self, name, *specs, mode=None):
+    def create(self, name, *specs, mode=None, device=None):
         """Creates a pending store-mode version of name in a daemon buffer
         and returns its Writer. specs: TensorSpec(key, dtype, shape),
         (key, dtype, shape) or (dtype, shape) tuples, or one dict
         {key: (dtype, shape)}. dtype: "float32", a NumPy dtype, a torch
-        dtype."""
+        dtype. device: None (host memory), "cuda:N" (GPU memory the daemon
+        allocates on this process's GPU N; seal(stream) then orders the
+        consumers after the writes queued on stream), "cuda_host", a
+        (DLDeviceType, id) pair or a torch.device."""
+        dev_type, dev_id = _device_arg(device)
         _check_name(name)
         if len(specs) == 1 and isinstance(specs[0], Mapping):
             specs = tuple((k, d, s) for k, (d, s) in specs[0].items())
@@ -726,7 +750,7 @@ class Client:
                 shape = (shape,)
             norm.append((None if key is None else str(key),
                          _dtype_name(dtype), tuple(int(n) for n in shape)))
-        w = self._c.create(name, tuple(norm), _mode(mode))
+        w = self._c.create(name, tuple(norm), _mode(mode), dev_type, dev_id)
         return Writer(self, name, w, tuple(k or "" for k, _, _ in norm))
 
     def seal(self, writer, stream=None):

@@ -1607,13 +1607,13 @@ out:
 
 /* --- create --- */
 
-/* create(name, specs, mode) -> Writer; specs: tuple of (key or None, dtype,
- * shape) */
+/* create(name, specs, mode[, device_type, device_id]) -> Writer; specs:
+ * tuple of (key or None, dtype, shape) */
 static PyObject *Client_create(ClientObject *s, PyObject *args)
 {
 	const char *name;
 	PyObject *specs;
-	unsigned int mode;
+	unsigned int mode, dev_type = kDLCPU, dev_id = 0;
 	dlshare_tensor_spec *sp = NULL;
 	int64_t (*shapes)[NDIM_MAX] = NULL;
 	dlshare_create_opts o = { .device = { kDLCPU, 0 } };
@@ -1622,7 +1622,8 @@ static PyObject *Client_create(ClientObject *s, PyObject *args)
 	Py_ssize_t n;
 	int err;
 
-	if (!PyArg_ParseTuple(args, "sO!I", &name, &PyTuple_Type, &specs, &mode))
+	if (!PyArg_ParseTuple(args, "sO!I|II", &name, &PyTuple_Type, &specs,
+			      &mode, &dev_type, &dev_id))
 		return NULL;
 	n = PyTuple_GET_SIZE(specs);
 	if (n == 0) {
@@ -1653,6 +1654,8 @@ static PyObject *Client_create(ClientObject *s, PyObject *args)
 		sp[i].shape = shapes[i];
 	}
 	o.mode = mode;
+	o.device.device_type = (DLDeviceType)dev_type;
+	o.device.device_id = (int32_t)dev_id;
 	GUARDED(s, err, dlshare_create(c_, name, sp, (size_t)n, &o, &w));
 	if (err) {
 		raise_code(err);

@@ -96,6 +96,42 @@ with dlshare.Client() as c:
         prod.send("done")
         self.assertEqual(prod.wait(), 0)
 
+    def test_store_on_device(self):
+        """create(device="cuda:0"): daemon-owned GPU memory, written here
+        through the fake's cudaMemcpy, read by another process after this
+        writer sealed it."""
+        n = self.name()
+        values = [0.5, 1.0, -1.5, 2.25, 8.0]
+        with self.assertRaises(ValueError):
+            self.client.create(n, ("float32", (5,)), device="gpu")
+        w = self.client.create(n, ("float32", (5,)), device="cuda:0")
+        cap = w[0].__dlpack__(stream=-1)
+        mt = DLManagedTensor.from_address(
+            capi.PyCapsule_GetPointer(cap, DLTENSOR))
+        self.assertEqual(mt.dl_tensor.device.device_type, 2)
+        vals = (ctypes.c_float * 5)(*values)
+        fc = cuda(FAKECUDA)
+        self.assertEqual(fc.cudaMemcpy(mt.dl_tensor.data, vals,
+                                       ctypes.sizeof(vals), 1), 0)  # H2D
+        del mt, cap
+        self.assertEqual(w.seal(), 1)
+        self.assertEqual(self.client.stat(n).kind, "cuda-vmm")
+        cons = self.child(f"""
+import ctypes, dlshare
+from fakecuda_dlpack import *
+fc = cuda({FAKECUDA!r})
+with dlshare.Client() as c:
+    t = c.get({n!r})
+    assert t.device == (dlshare.DLDeviceType.kDLCUDA, 0), t.device
+    cap = t.__dlpack__()
+    mt = DLManagedTensor.from_address(capi.PyCapsule_GetPointer(cap, DLTENSOR))
+    host = (ctypes.c_float * 5)()
+    assert fc.cudaMemcpy(host, mt.dl_tensor.data, ctypes.sizeof(host), 2) == 0
+    print(list(host))
+""", env=CUDA_ENV)
+        self.assertEqual(cons.readline(), repr(values))
+        self.assertEqual(cons.wait(), 0)
+
 
 if __name__ == "__main__":
     unittest.main()
