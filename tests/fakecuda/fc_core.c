@@ -260,6 +260,12 @@ static int fc_env_reopen(void)
     return FAKECUDA_REOPEN_FAIL;
 }
 
+bool fc_vmm_fd_supported(void)
+{
+    const char *s = getenv("FAKECUDA_VMM_FD");
+    return !s || strcmp(s, "0") != 0;
+}
+
 static void fc_uuid_string(const unsigned char u[16], char out[41])
 {
     static const int dash[] = { 4, 6, 8, 10 };
@@ -754,7 +760,9 @@ FC_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevic
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = 0; break;
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *pi = 1; break;
-    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: *pi = 1; break;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+        *pi = fc_vmm_fd_supported();
+        break;
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *pi = 1; break;
     case CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED: *pi = 1; break;
     default: return CUDA_ERROR_INVALID_VALUE;

@@ -178,6 +178,10 @@ struct fc_global {
 
 extern struct fc_global g_fc;
 
+/* FAKECUDA_VMM_FD (default 1): 0 plays a driver that cannot export VMM
+ * memory as a POSIX fd. */
+bool fc_vmm_fd_supported(void);
+
 /* Settings that fakecuda_ctl.h changes at run time. */
 struct fc_settings {
     _Atomic unsigned delay_us;

@@ -104,7 +104,8 @@ FC_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
         return rc;
     if (size == 0 || size % FC_VMM_GRANULARITY)
         return CUDA_ERROR_INVALID_VALUE;
-    if (prop->requestedHandleTypes & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    if ((prop->requestedHandleTypes & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ||
+        (prop->requestedHandleTypes && !fc_vmm_fd_supported()))
         return CUDA_ERROR_NOT_SUPPORTED;
     FC_COUNT(vmm_create_calls);
     int fd = fc_memfd_new("fakecuda-vmm", size);
