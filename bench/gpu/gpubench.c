@@ -158,6 +158,7 @@ struct plan {
 	int timeout_s;            /* per figure */
 	const char *python;
 	const char *torch_script;
+	const char *torch_device; /* "cuda"; "cpu" tries the plumbing */
 	const char *only;
 };
 
@@ -485,9 +486,12 @@ static int section_torch(void)
 	fh = fig_decl("torch_handoff", "ms", "torch.mp Queue handoff %s (fill_ .. "
 		      "aminmax)", tag);
 #ifdef GPUBENCH_FAKE
-	fig_note(ff, "skipped: fake CUDA");
-	fig_note(fh, "skipped: fake CUDA");
-	return 0;
+	/* Only the peer's plumbing can be tried here, on CPU tensors. */
+	if (strcmp(pl.torch_device, "cpu") != 0) {
+		fig_note(ff, "skipped: fake CUDA");
+		fig_note(fh, "skipped: fake CUDA");
+		return 0;
+	}
 #endif
 	if (!pl.python || access(pl.torch_script, R_OK) < 0) {
 		fig_note(fh, "skipped: %s", !pl.python ? "no --python" :
@@ -506,7 +510,8 @@ static int section_torch(void)
 	if (pid == 0) {
 		dup2(p[1], 1);
 		execl(pl.python, pl.python, pl.torch_script, "--bytes", bytes_s,
-		      "--repeats", reps_s, "--timeout", tmo_s, (char *)NULL);
+		      "--repeats", reps_s, "--timeout", tmo_s, "--device",
+		      pl.torch_device, (char *)NULL);
 		fprintf(stderr, "gpubench: exec %s: %s\n", pl.python,
 			strerror(errno));
 		_exit(127);
@@ -691,6 +696,7 @@ static void usage(FILE *o)
 		"usage: %s [--daemon PATH] [--json FILE] [--repeats N]\n"
 		"         [--bytes N] [--spin-ms MS] [--only SECTIONS] [--smoke]\n"
 		"         [--python PATH] [--torch-script PATH] [--timeout S]\n"
+		"         [--torch-device cuda|cpu]\n"
 		"  sections: import,spin,handoff,torch\n"
 		"  --bytes: the handoff size (default 1 GiB); --smoke: 1 MiB,\n"
 		"  1 repeat, a 20 ms spin, no torch (checks the program works).\n"
@@ -751,6 +757,7 @@ int main(int argc, char **argv)
 		{ "smoke", no_argument, NULL, 'S' },
 		{ "python", required_argument, NULL, 'p' },
 		{ "torch-script", required_argument, NULL, 'T' },
+		{ "torch-device", required_argument, NULL, 'D' },
 		{ "timeout", required_argument, NULL, 't' },
 		{ "corrupt", no_argument, NULL, 'c' },
 		{ "help", no_argument, NULL, 'h' },
@@ -776,6 +783,7 @@ int main(int argc, char **argv)
 	pl.spin_ms = 100;
 	pl.timeout_s = 300;
 	pl.torch_script = GPUBENCH_TORCH_SCRIPT;
+	pl.torch_device = "cuda";
 	while ((o = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
 		switch (o) {
 		case 'd': daemon_bin = optarg; break;
@@ -787,6 +795,7 @@ int main(int argc, char **argv)
 		case 'S': pl.smoke = 1; break;
 		case 'p': pl.python = optarg; break;
 		case 'T': pl.torch_script = optarg; break;
+		case 'D': pl.torch_device = optarg; break;
 		case 't': pl.timeout_s = atoi(optarg); break;
 		case 'c': pl.corrupt = 1; break;
 		case 'h': usage(stdout); return 0;
