@@ -215,7 +215,7 @@ static int wire_version_fill(struct wire_version *w, const struct version *v,
 		dlshare__buffer__init(b);
 		dlshare__device__init(&w->dev[i]);
 		w->dev[i].type = rb->dev_type;
-		if (rb->cuda && rb->cuda->has_uuid) {
+		if (rb->has_uuid) {
 			w->dev[i].has_uuid = 1;
 			w->dev[i].uuid.data = rb->cuda->uuid;
 			w->dev[i].uuid.len = sizeof(rb->cuda->uuid);
@@ -224,10 +224,10 @@ static int wire_version_fill(struct wire_version *w, const struct version *v,
 		b->kind = rb->kind;
 		b->size = rb->size;
 		b->device = &w->dev[i];
-		if (rb->cuda && rb->cuda->ipc_handle_len) {
+		if (rb->ipc_handle_len) {
 			b->has_ipc_handle = 1;
 			b->ipc_handle.data = rb->cuda->ipc_handle;
-			b->ipc_handle.len = rb->cuda->ipc_handle_len;
+			b->ipc_handle.len = rb->ipc_handle_len;
 			b->has_ipc_offset = 1;
 			b->ipc_offset = rb->cuda->ipc_offset;
 		}

@@ -490,13 +490,13 @@ static int version_buffers(struct registry *r, struct registry_owner *o,
 			if (in->device->has_uuid &&
 			    in->device->uuid.len == 16) {
 				memcpy(c->uuid, in->device->uuid.data, 16);
-				c->has_uuid = 1;
+				b->has_uuid = 1;
 			}
 			if (in->has_ipc_handle && in->ipc_handle.len > 0 &&
 			    in->ipc_handle.len <= REGISTRY_HANDLE_MAX) {
 				memcpy(c->ipc_handle, in->ipc_handle.data,
 				       in->ipc_handle.len);
-				c->ipc_handle_len =
+				b->ipc_handle_len =
 					(uint8_t)in->ipc_handle.len;
 				c->ipc_offset = in->ipc_offset;
 			}

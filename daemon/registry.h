@@ -27,13 +27,12 @@ struct version;
 
 /* What a buffer on a CUDA device carries beyond a host buffer; part of its
  * version's allocation, and there only for a buffer that names a device UUID
- * or a CUDA IPC handle, so a host buffer pays 8 bytes (the pointer) for it. */
+ * or a CUDA IPC handle, so a host buffer pays 8 bytes (the pointer) for it.
+ * Which parts are set, struct rbuffer says. */
 struct rbuffer_cuda {
 	uint64_t ipc_offset;
 	uint8_t uuid[16];
 	uint8_t ipc_handle[REGISTRY_HANDLE_MAX];
-	uint8_t ipc_handle_len;  /* 0: no handle */
-	uint8_t has_uuid;
 };
 
 /* The memory behind (part of) a version; lives in its version's allocation
@@ -53,6 +52,9 @@ struct rbuffer {
 	uint8_t kind;            /* DLSHARE__BUFFER_KIND__* */
 	uint8_t dev_type;        /* DLDeviceType: 1, 2 or 3 (spec_check) */
 	uint8_t daemon_owned;    /* store mode: counts against max_bytes */
+	uint8_t has_uuid;        /* cuda->uuid is set */
+	uint8_t ipc_handle_len;  /* bytes of cuda->ipc_handle (and
+				  * cuda->ipc_offset is set); 0: none */
 };
 
 /* Field widths are those check_tensor allows: code <= 6, bits <= 256,

@@ -1344,6 +1344,8 @@ static void test_version_contents(void **state)
 		assert_false(rb->daemon_owned);
 		if (i == 0) {
 			assert_null(rb->cuda);
+			assert_false(rb->has_uuid);
+			assert_int_equal(rb->ipc_handle_len, 0);
 			assert_true(rb->fd >= 0);
 			continue;
 		}
@@ -1351,9 +1353,9 @@ static void test_version_contents(void **state)
 		assert_int_equal((uintptr_t)rb->cuda %
 				 _Alignof(struct rbuffer_cuda), 0);
 		assert_int_equal(rb->fd, -1);
-		assert_true(rb->cuda->has_uuid);
+		assert_true(rb->has_uuid);
 		assert_memory_equal(rb->cuda->uuid, uuid, sizeof(uuid));
-		assert_int_equal(rb->cuda->ipc_handle_len, sizeof(handle));
+		assert_int_equal(rb->ipc_handle_len, sizeof(handle));
 		assert_memory_equal(rb->cuda->ipc_handle, handle,
 				    sizeof(handle));
 		assert_int_equal(rb->cuda->ipc_offset, b[i].ipc_offset);
