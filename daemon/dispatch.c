@@ -188,7 +188,7 @@ static int wire_version_fill(struct wire_version *w, const struct version *v,
 		return -ENOMEM;
 	}
 	for (size_t i = 0; i < v->ntensors; i++) {
-		struct rtensor *rt = &v->tensors[i];
+		const struct rtensor *rt = &v->tensors[i];
 		Dlshare__Tensor *t = &w->t[i];
 
 		dlshare__tensor__init(t);
@@ -217,8 +217,8 @@ static int wire_version_fill(struct wire_version *w, const struct version *v,
 		w->dev[i].type = rb->dev_type;
 		if (rb->has_uuid) {
 			w->dev[i].has_uuid = 1;
-			w->dev[i].uuid.data = rb->uuid;
-			w->dev[i].uuid.len = sizeof(rb->uuid);
+			w->dev[i].uuid.data = rb->cuda->uuid;
+			w->dev[i].uuid.len = sizeof(rb->cuda->uuid);
 		}
 		b->id = rb->id;
 		b->kind = rb->kind;
@@ -226,10 +226,10 @@ static int wire_version_fill(struct wire_version *w, const struct version *v,
 		b->device = &w->dev[i];
 		if (rb->ipc_handle_len) {
 			b->has_ipc_handle = 1;
-			b->ipc_handle.data = rb->ipc_handle;
+			b->ipc_handle.data = rb->cuda->ipc_handle;
 			b->ipc_handle.len = rb->ipc_handle_len;
 			b->has_ipc_offset = 1;
-			b->ipc_offset = rb->ipc_offset;
+			b->ipc_offset = rb->cuda->ipc_offset;
 		}
 		if (attach && attach[i] && rb->fd >= 0) {
 			b->has_fd_attached = 1;

@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -110,11 +111,11 @@ struct entry *registry_entry(struct registry *r, const char *name)
 	return e;
 }
 
-static void buffer_free(struct registry *r, struct rbuffer *b)
+/* Lets go of what b holds; its memory is its version's. */
+static void buffer_drop(struct registry *r, struct rbuffer *b)
 {
 	if (r->ops && r->ops->buffer_freed)
 		r->ops->buffer_freed(r->ud, b);
-	HASH_DEL(r->buffers, b);
 	if (b->fd >= 0)
 		close(b->fd);
 	if (b->ro_fd >= 0)
@@ -132,7 +133,6 @@ static void buffer_free(struct registry *r, struct rbuffer *b)
 			b->usage->gpu_bytes -= b->size;
 		usage_put(r, b->usage);
 	}
-	free(b);
 }
 
 static void entry_maybe_free(struct registry *r, struct entry *e)
@@ -170,18 +170,14 @@ static void version_destroy(struct registry *r, struct version *v)
 	r->nversions--;
 	if (e->latest == v)
 		e->latest = NULL;
+	/* A buffer's pointer is set once it is whole (version_buffers). */
 	for (size_t i = 0; i < v->nbuffers; i++)
 		if (v->buffers[i])
-			buffer_free(r, v->buffers[i]);
+			buffer_drop(r, v->buffers[i]);
 	if (retire && r->ops && r->ops->retired)
 		r->ops->retired(r->ud, producer, e->name, number);
-	for (size_t i = 0; i < v->ntensors; i++) {
-		free(v->tensors[i].key);
-		free(v->tensors[i].shape);
-	}
-	free(v->tensors);
-	free(v->buffers);
-	free(v);
+	free(v->event_handle);
+	free(v); /* its tensors, buffers, dims and keys with it */
 	entry_maybe_free(r, e);
 }
 
@@ -222,14 +218,14 @@ static void version_publish(struct registry *r, struct version *v)
 	version_check(r, v);
 }
 
-void registry_deinit(struct registry *r)
+/* Frees e with every version of it, leases still held included: they are
+ * taken out of their owners' tables, so an owner dropped later finds none.
+ * An entry has a version as long as it lives; the last one frees it. */
+static void entry_destroy(struct registry *r, struct entry *e)
 {
-	/* Every version has at least one buffer, so the buffer map reaches
-	 * all of them, detached entries included. Leases still held are taken
-	 * out of their owners' tables, so an owner dropped later finds none. */
-	r->ops = NULL;
-	while (r->buffers) {
-		struct version *v = r->buffers->version;
+	for (;;) {
+		struct version *v = e->versions;
+		int last = !v->next;
 		struct lease *l, *tmp;
 
 		DL_FOREACH_SAFE2(v->lease_list, l, tmp, vnext) {
@@ -244,7 +240,20 @@ void registry_deinit(struct registry *r)
 			free(l);
 		}
 		version_destroy(r, v);
+		if (last)
+			return;
 	}
+}
+
+void registry_deinit(struct registry *r)
+{
+	struct entry *e, *etmp;
+
+	r->ops = NULL;
+	HASH_ITER(hh, r->names, e, etmp)
+		entry_destroy(r, e);
+	while (r->detached)
+		entry_destroy(r, r->detached);
 	struct uid_usage *u, *utmp;
 	HASH_ITER(hh, r->uids, u, utmp) {
 		HASH_DEL(r->uids, u);
@@ -358,62 +367,140 @@ static int quota_check(struct registry *r, struct registry_owner *o,
 	return 0;
 }
 
-/* Returns 0 or -ENOMEM. */
-static int tensor_copy(struct rtensor *d, const Dlshare__Tensor *t)
+/* Unnamed tensors share this key; nothing writes it. */
+static char empty_key[1];
+
+/* Copies a checked tensor (check_tensor bounds every narrowed field) into d,
+ * its dims at *dims and its key at *keys, and moves both cursors on. */
+static void tensor_copy(struct rtensor *d, const Dlshare__Tensor *t,
+			int64_t **dims, char **keys)
 {
-	d->buffer = t->buffer;
+	d->buffer = (uint8_t)t->buffer;
 	d->offset = t->offset;
-	d->code = t->dtype->code;
-	d->bits = t->dtype->bits;
-	d->lanes = t->dtype->lanes;
-	d->ndim = (uint32_t)t->n_shape;
+	d->code = (uint8_t)t->dtype->code;
+	d->bits = (uint16_t)t->dtype->bits;
+	d->lanes = (uint16_t)t->dtype->lanes;
+	d->ndim = (uint8_t)t->n_shape;
 	d->has_strides = t->n_strides != 0;
-	if (!d->ndim)
-		return 0;
-	d->shape = calloc(2 * (size_t)d->ndim, sizeof(int64_t));
-	if (!d->shape)
-		return -ENOMEM;
-	d->strides = d->shape + d->ndim;
-	for (size_t k = 0; k < t->n_shape; k++) {
-		d->shape[k] = t->shape[k];
-		d->strides[k] = d->has_strides ? t->strides[k] : 0;
+	d->key = empty_key;
+	if (t->key && *t->key) {
+		size_t len = strlen(t->key) + 1;
+
+		d->key = memcpy(*keys, t->key, len);
+		*keys += len;
 	}
-	return 0;
+	if (!d->ndim)
+		return;
+	d->shape = memcpy(*dims, t->shape, d->ndim * sizeof(int64_t));
+	*dims += d->ndim;
+	if (d->has_strides) {
+		d->strides = memcpy(*dims, t->strides,
+				    d->ndim * sizeof(int64_t));
+		*dims += d->ndim;
+	}
 }
 
-/* Builds v's buffers: store mode makes memfds, export mode takes the fds. */
+/* Whether b needs a struct rbuffer_cuda: what version_buffers keeps of it
+ * beyond a host buffer's fields. */
+static int buffer_has_cuda(const Dlshare__Buffer *b)
+{
+	return (b->device->has_uuid && b->device->uuid.len == 16) ||
+	       (b->has_ipc_handle && b->ipc_handle.len > 0 &&
+		b->ipc_handle.len <= REGISTRY_HANDLE_MAX);
+}
+
+static size_t align_up(size_t n, size_t a)
+{
+	return (n + a - 1) / a * a;
+}
+
+/* Makes the block of a version of a checked spec (see struct version): the
+ * tensors are copied, the buffers zeroed, their pointers not yet set.
+ * Returns it, or NULL when out of memory. No overflow: ntensors is a
+ * uint32_t limit, and each tensor adds at most 2 * CHECK_NDIM_MAX dims and
+ * CHECK_KEY_MAX + 1 key bytes. */
+static struct version *version_alloc(const struct registry_spec *s,
+				     struct rbuffer **bufs,
+				     struct rbuffer_cuda **cuda)
+{
+	size_t ncuda = 0, ndims = 0, nkeys = 0;
+	size_t o_ptrs, o_bufs, o_cuda, o_dims, o_keys, size;
+	struct version *v;
+	int64_t *dims;
+	char *base, *keys;
+
+	for (size_t i = 0; i < s->nbuffers; i++)
+		ncuda += buffer_has_cuda(s->buffers[i]);
+	for (size_t i = 0; i < s->ntensors; i++) {
+		const Dlshare__Tensor *t = s->tensors[i];
+
+		ndims += t->n_shape + (t->n_strides ? t->n_shape : 0);
+		if (t->key && *t->key)
+			nkeys += strlen(t->key) + 1;
+	}
+	size = sizeof(*v) + s->ntensors * sizeof(struct rtensor);
+	o_ptrs = align_up(size, _Alignof(struct rbuffer *));
+	size = o_ptrs + s->nbuffers * sizeof(struct rbuffer *);
+	o_bufs = align_up(size, _Alignof(struct rbuffer));
+	size = o_bufs + s->nbuffers * sizeof(struct rbuffer);
+	o_cuda = align_up(size, _Alignof(struct rbuffer_cuda));
+	size = o_cuda + ncuda * sizeof(struct rbuffer_cuda);
+	o_dims = align_up(size, _Alignof(int64_t));
+	size = o_dims + ndims * sizeof(int64_t);
+	o_keys = size;
+	size += nkeys;
+
+	v = calloc(1, size);
+	if (!v)
+		return NULL;
+	base = (char *)v;
+	v->buffers = (struct rbuffer **)(base + o_ptrs);
+	*bufs = (struct rbuffer *)(base + o_bufs);
+	*cuda = ncuda ? (struct rbuffer_cuda *)(base + o_cuda) : NULL;
+	dims = (int64_t *)(base + o_dims);
+	keys = base + o_keys;
+	v->ntensors = (uint32_t)s->ntensors;
+	v->nbuffers = (uint8_t)s->nbuffers;
+	for (size_t i = 0; i < s->ntensors; i++)
+		tensor_copy(&v->tensors[i], s->tensors[i], &dims, &keys);
+	return v;
+}
+
+/* Builds v's buffers in bufs (and their CUDA records in cuda, as
+ * version_alloc made room for them): store mode makes memfds, export mode
+ * takes the fds. */
 static int version_buffers(struct registry *r, struct registry_owner *o,
 			   struct version *v, const struct registry_spec *s,
-			   int exported)
+			   int exported, struct rbuffer *bufs,
+			   struct rbuffer_cuda *cuda)
 {
 	for (size_t i = 0; i < s->nbuffers; i++) {
 		const Dlshare__Buffer *in = s->buffers[i];
-		struct rbuffer *b = calloc(1, sizeof(*b));
+		struct rbuffer *b = &bufs[i];
 
-		if (!b) {
-			/* The caller's fds stay the caller's: untake them. */
-			for (size_t j = 0; j < i; j++)
-				if (exported || v->buffers[j]->kind !=
-				    DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
-					v->buffers[j]->fd = -1;
-			return -ENOMEM;
-		}
-		b->kind = in->kind;
+		b->kind = (uint8_t)in->kind;
 		b->size = in->size;
-		b->dev_type = in->device->type;
+		b->dev_type = (uint8_t)in->device->type;
 		b->fd = -1;
 		b->ro_fd = -1;
 		b->version = v;
-		if (in->device->has_uuid && in->device->uuid.len == 16) {
-			memcpy(b->uuid, in->device->uuid.data, 16);
-			b->has_uuid = 1;
-		}
-		if (in->has_ipc_handle &&
-		    in->ipc_handle.len <= REGISTRY_HANDLE_MAX) {
-			memcpy(b->ipc_handle, in->ipc_handle.data,
-			       in->ipc_handle.len);
-			b->ipc_handle_len = in->ipc_handle.len;
-			b->ipc_offset = in->ipc_offset;
+		if (buffer_has_cuda(in)) {
+			struct rbuffer_cuda *c = cuda++;
+
+			if (in->device->has_uuid &&
+			    in->device->uuid.len == 16) {
+				memcpy(c->uuid, in->device->uuid.data, 16);
+				b->has_uuid = 1;
+			}
+			if (in->has_ipc_handle && in->ipc_handle.len > 0 &&
+			    in->ipc_handle.len <= REGISTRY_HANDLE_MAX) {
+				memcpy(c->ipc_handle, in->ipc_handle.data,
+				       in->ipc_handle.len);
+				b->ipc_handle_len =
+					(uint8_t)in->ipc_handle.len;
+				c->ipc_offset = in->ipc_offset;
+			}
+			b->cuda = c;
 		}
 		if (exported) {
 			b->fd = s->fds[i];
@@ -437,11 +524,12 @@ static int version_buffers(struct registry *r, struct registry_owner *o,
 			if (b->fd < 0) {
 				int err = b->fd;
 
+				/* The caller's fds stay the caller's: untake
+				 * them. */
 				for (size_t j = 0; j < i; j++)
 					if (v->buffers[j]->kind !=
 					    DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
 						v->buffers[j]->fd = -1;
-				free(b);
 				return err;
 			}
 			b->daemon_owned = 1;
@@ -453,7 +541,6 @@ static int version_buffers(struct registry *r, struct registry_owner *o,
 		b->id = r->next_buffer_id++;
 		v->buffers[i] = b;
 		v->bytes += b->size;
-		HASH_ADD(hh, r->buffers, id, sizeof(b->id), b);
 		r->nbuffers++;
 		r->bytes += b->size;
 	}
@@ -488,6 +575,8 @@ int registry_add(struct registry *r, struct registry_owner *o,
 		 const struct registry_spec *s, int exported,
 		 struct version **out)
 {
+	struct rbuffer *bufs;
+	struct rbuffer_cuda *cuda;
 	struct entry *e;
 	struct version *v;
 	int err, fresh = 0;
@@ -500,7 +589,7 @@ int registry_add(struct registry *r, struct registry_owner *o,
 	if (!e) {
 		size_t len = strlen(s->name);
 
-		e = calloc(1, sizeof(*e) + len + 1);
+		e = calloc(1, offsetof(struct entry, name) + len + 1);
 		if (!e)
 			return -ENOMEM;
 		memcpy(e->name, s->name, len + 1);
@@ -525,27 +614,17 @@ int registry_add(struct registry *r, struct registry_owner *o,
 		e->mode = s->mode;
 	}
 
-	v = calloc(1, sizeof(*v));
+	v = version_alloc(s, &bufs, &cuda);
 	if (!v)
 		goto fail_entry;
 	v->entry = e;
-	v->tensors = calloc(s->ntensors, sizeof(*v->tensors));
-	v->buffers = calloc(s->nbuffers, sizeof(*v->buffers));
-	if (!v->tensors || !v->buffers)
-		goto fail_version;
-	v->ntensors = s->ntensors;
-	v->nbuffers = s->nbuffers;
-	for (size_t i = 0; i < s->ntensors; i++) {
-		const char *key = s->tensors[i]->key ? s->tensors[i]->key : "";
-
-		v->tensors[i].key = strdup(key);
-		if (!v->tensors[i].key ||
-		    tensor_copy(&v->tensors[i], s->tensors[i]))
+	if (s->event_len && s->event_handle) {
+		v->event_handle = malloc(s->event_len);
+		if (!v->event_handle)
 			goto fail_version;
+		memcpy(v->event_handle, s->event_handle, s->event_len);
+		v->event_len = (uint8_t)s->event_len;
 	}
-	memcpy(v->event_handle, s->event_handle ? s->event_handle :
-	       (const uint8_t *)"", s->event_len);
-	v->event_len = s->event_len;
 	v->mode = e->mode;
 	v->number = e->last_number + 1;
 	v->producer = o;
@@ -555,7 +634,7 @@ int registry_add(struct registry *r, struct registry_owner *o,
 	DL_APPEND2(o->versions, v, oprev, onext);
 	e->nversions++;
 	r->nversions++;
-	if ((err = version_buffers(r, o, v, s, exported))) {
+	if ((err = version_buffers(r, o, v, s, exported, bufs, cuda))) {
 		version_destroy(r, v); /* frees the entry too if fresh */
 		return err;
 	}
@@ -566,13 +645,6 @@ int registry_add(struct registry *r, struct registry_owner *o,
 	return 0;
 
 fail_version:
-	if (v->tensors)
-		for (size_t i = 0; i < s->ntensors; i++) {
-			free(v->tensors[i].key);
-			free(v->tensors[i].shape);
-		}
-	free(v->tensors);
-	free(v->buffers);
 	free(v);
 fail_entry:
 	if (fresh) {
@@ -603,6 +675,7 @@ int registry_seal(struct registry *r, struct registry_owner *o,
 {
 	struct entry *e = registry_entry(r, name);
 	struct version *v = e ? entry_version(e, number) : NULL;
+	uint8_t *ev = NULL;
 	int err;
 
 	if (!v || (v->state == VERSION_PENDING && v->producer != o))
@@ -611,13 +684,21 @@ int registry_seal(struct registry *r, struct registry_owner *o,
 		return -EALREADY;
 	if (event_len > REGISTRY_HANDLE_MAX)
 		return -EINVAL;
+	/* Host buffers are usually sealed with no event: it costs memory only
+	 * where there is one. */
+	if (event_len && !(ev = malloc(event_len)))
+		return -ENOMEM;
 	for (size_t i = 0; i < v->nbuffers; i++)
 		if (v->buffers[i]->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST &&
-		    (err = host_seal_write(v->buffers[i]->fd)))
+		    (err = host_seal_write(v->buffers[i]->fd))) {
+			free(ev);
 			return err;
+		}
 	if (event_len)
-		memcpy(v->event_handle, event, event_len);
-	v->event_len = event_len;
+		memcpy(ev, event, event_len);
+	free(v->event_handle);
+	v->event_handle = ev;
+	v->event_len = (uint8_t)event_len;
 	v->state = VERSION_SEALED;
 	/* A CUDA event lives in the producer's process: the producer stays
 	 * attached, to hear when it may destroy it (Retired), and the
@@ -798,6 +879,8 @@ void registry_owner_drop(struct registry *r, struct registry_owner *o)
 			 * the producer's event: later readers get none (the
 			 * library waits for its seal events before it
 			 * disconnects). */
+			free(v->event_handle);
+			v->event_handle = NULL;
 			v->event_len = 0;
 			continue;
 		}

@@ -25,39 +25,54 @@
 struct registry;
 struct version;
 
-/* The memory behind (part of) a version. */
+/* What a buffer on a CUDA device carries beyond a host buffer; part of its
+ * version's allocation, and there only for a buffer that names a device UUID
+ * or a CUDA IPC handle, so a host buffer pays 8 bytes (the pointer) for it.
+ * Which parts are set, struct rbuffer says. */
+struct rbuffer_cuda {
+	uint64_t ipc_offset;
+	uint8_t uuid[16];
+	uint8_t ipc_handle[REGISTRY_HANDLE_MAX];
+};
+
+/* The memory behind (part of) a version; lives in its version's allocation
+ * (see struct version). */
 struct rbuffer {
 	uint64_t id;             /* daemon-wide, never reused */
-	int kind;                /* DLSHARE__BUFFER_KIND__* */
 	uint64_t size;
-	uint32_t dev_type;       /* DLDeviceType */
-	uint8_t uuid[16];
-	int has_uuid;
+	struct version *version; /* the one version this buffer belongs to */
 	struct uid_usage *usage; /* daemon-owned: charged for its bytes */
+	void *holders;           /* the registry's user's (dispatch: the
+				  * peers that have its fd); untouched here */
+	struct rbuffer_cuda *cuda; /* NULL when it names no device UUID and
+				    * carries no IPC handle */
 	int fd;                  /* host, cuda-vmm: the daemon's fd; else -1 */
 	int ro_fd;               /* host, once sealed: read-only fd for
 				  * readers, or -1 (then fd is handed out) */
-	int daemon_owned;        /* store mode: counts against max_bytes */
-	uint8_t ipc_handle[REGISTRY_HANDLE_MAX];
-	size_t ipc_handle_len;
-	uint64_t ipc_offset;
-	struct version *version; /* the one version this buffer belongs to */
-	void *holders;           /* the registry's user's (dispatch: the
-				  * peers that have its fd); untouched here */
-	UT_hash_handle hh;       /* registry->buffers, by id */
+	uint8_t kind;            /* DLSHARE__BUFFER_KIND__* */
+	uint8_t dev_type;        /* DLDeviceType: 1, 2 or 3 (spec_check) */
+	uint8_t daemon_owned;    /* store mode: counts against max_bytes */
+	uint8_t has_uuid;        /* cuda->uuid is set */
+	uint8_t ipc_handle_len;  /* bytes of cuda->ipc_handle (and
+				  * cuda->ipc_offset is set); 0: none */
 };
 
+/* Field widths are those check_tensor allows: code <= 6, bits <= 256,
+ * lanes <= 1024, ndim <= CHECK_NDIM_MAX, buffer < REGISTRY_BUFFERS_HARD_MAX. */
 struct rtensor {
-	char *key;               /* never NULL; "" when unnamed */
-	uint32_t buffer;         /* index into version->buffers */
+	char *key;               /* never NULL; "" when unnamed (shared,
+				  * never written), else in the version's
+				  * allocation */
 	uint64_t offset;
-	uint32_t code, bits, lanes;
-	uint32_t ndim;
-	int has_strides;
-	/* ndim each, in one allocation (dims); NULL when ndim is 0. Sized to
-	 * the tensor: a registry of a million names stays small. */
+	/* ndim each, in the version's allocation; NULL when ndim is 0 (shape)
+	 * or when the tensor has no strides (strides). */
 	int64_t *shape;
 	int64_t *strides;
+	uint16_t bits, lanes;
+	uint8_t code;
+	uint8_t ndim;
+	uint8_t buffer;          /* index into version->buffers */
+	uint8_t has_strides;
 };
 
 enum version_state {
@@ -69,41 +84,46 @@ struct registry_owner;
 
 struct entry;
 
+/* One allocation holds a version, its tensors (the flexible array at the
+ * end), the buffer pointers, the buffers, their CUDA records and the
+ * tensors' dims and keys: a name with one small tensor costs one block. */
 struct version {
 	struct entry *entry;
 	uint64_t number;
-	enum version_state state;
-	int exported;            /* producer memory: retired back to it */
 	struct registry_owner *producer; /* pending, exported, or sealed with
 					  * its CUDA event; else NULL */
-	uint32_t mode;
-	size_t ntensors;
-	struct rtensor *tensors;
-	size_t nbuffers;
-	struct rbuffer **buffers;
 	uint64_t bytes;
-	uint8_t event_handle[REGISTRY_HANDLE_MAX];
-	size_t event_len;
-	uint32_t leases;
-	int publishing;                        /* in ops->published */
+	struct rbuffer **buffers;              /* nbuffers of them */
+	uint8_t *event_handle;   /* event_len bytes, an allocation of its
+				  * own (set at seal); NULL when none */
 	struct lease *lease_list;              /* the leases on it */
 	struct version *prev, *next;           /* entry->versions */
 	struct version *oprev, *onext;         /* producer->versions */
+	uint32_t ntensors;
+	uint32_t leases;
+	uint16_t mode;
+	uint8_t nbuffers;        /* <= REGISTRY_BUFFERS_HARD_MAX */
+	uint8_t event_len;       /* <= REGISTRY_HANDLE_MAX */
+	uint8_t state;           /* enum version_state */
+	uint8_t exported;        /* producer memory: retired back to it */
+	uint8_t publishing;      /* in ops->published */
+	struct rtensor tensors[];
 };
 
 struct entry {
 	uint64_t last_number;    /* highest version number handed out */
 	struct version *latest;  /* newest sealed version, or NULL */
 	struct version *versions;
+	struct uid_usage *usage; /* charged for this name */
+	UT_hash_handle hh;       /* registry->names */
+	struct entry *dprev, *dnext; /* registry->detached */
 	uint32_t nversions;
 	uint32_t leases;
 	uint32_t owner_uid, owner_gid;
-	uint32_t mode;
-	struct uid_usage *usage; /* charged for this name */
-	int detached;            /* deleted: out of the name map, dying */
-	UT_hash_handle hh;       /* registry->names */
-	struct entry *dprev, *dnext; /* registry->detached */
-	char name[];             /* as long as it is */
+	uint16_t mode;
+	uint8_t detached;        /* deleted: out of the name map, dying */
+	char name[];             /* as long as it is; allocated from
+				  * offsetof(struct entry, name) */
 };
 
 struct lease {
@@ -185,7 +205,6 @@ struct registry {
 	const char *why;          /* which limit the last -EDQUOT/-ENOSPC hit */
 	struct entry *names;
 	struct entry *detached;   /* deleted names whose versions live on */
-	struct rbuffer *buffers;
 	uint64_t next_buffer_id;
 	uint64_t next_lease_id;
 	uint64_t nnames, nversions, nleases, nbuffers, bytes, owned_bytes;
@@ -253,8 +272,9 @@ int registry_add(struct registry *r, struct registry_owner *o,
 /* Seals pending version number of name, created by o: host buffers get
  * F_SEAL_WRITE, and the version becomes visible (the newest one if nothing
  * newer was sealed meanwhile). Returns 0, -ENOENT (no such pending version
- * of o), -EALREADY (already sealed), -EBUSY (a writable mapping of a buffer
- * is still alive; the version stays pending). */
+ * of o), -EALREADY (already sealed), -EINVAL (event_len over
+ * REGISTRY_HANDLE_MAX), -EBUSY (a writable mapping of a buffer is still
+ * alive; the version stays pending), -ENOMEM (no room for the event). */
 int registry_seal(struct registry *r, struct registry_owner *o,
 		  const char *name, uint64_t number, const uint8_t *event,
 		  size_t event_len);

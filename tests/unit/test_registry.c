@@ -1223,6 +1223,147 @@ static void test_acl(void **state)
 
 /* ---- deinit, and what outlives a delete --------------------------------- */
 
+/* A version's tensors, dims, keys, buffers and CUDA records share one
+ * block: every field must come back as given, whatever the mix. */
+static void test_version_contents(void **state)
+{
+	struct fix *f = *state;
+	static const Dlshare__Buffer b0 = DLSHARE__BUFFER__INIT;
+	static const Dlshare__Tensor t0 = DLSHARE__TENSOR__INIT;
+	static const Dlshare__Device d0 = DLSHARE__DEVICE__INIT;
+	static const Dlshare__DataType dt0 = DLSHARE__DATA_TYPE__INIT;
+	uint8_t uuid[16], handle[REGISTRY_HANDLE_MAX], ev[REGISTRY_HANDLE_MAX];
+	Dlshare__Device dev[3] = { d0, d0, d0 };
+	Dlshare__DataType dt[3] = { dt0, dt0, dt0 };
+	Dlshare__Buffer b[3] = { b0, b0, b0 }, *bp[3];
+	Dlshare__Tensor t[4] = { t0, t0, t0, t0 }, *tp[4];
+	int64_t shape2[2] = { 3, 5 }, strides2[2] = { 1, 3 }, shape1 = 2;
+	int fds[3] = { -1, -1, -1 };
+	struct registry_spec s = { .name = "contents", .tensors = tp,
+				   .ntensors = 4, .buffers = bp,
+				   .nbuffers = 3, .fds = fds,
+				   .event_handle = ev,
+				   .event_len = sizeof(ev) };
+	struct version *v;
+
+	for (size_t i = 0; i < sizeof(uuid); i++)
+		uuid[i] = (uint8_t)(0xa0 + i);
+	for (size_t i = 0; i < sizeof(handle); i++) {
+		handle[i] = (uint8_t)i;
+		ev[i] = (uint8_t)(0xff - i);
+	}
+	/* A host buffer, and two producer CUDA IPC buffers on one device. */
+	dev[0].type = 1;
+	b[0].kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
+	b[0].size = PAGE;
+	fds[0] = make_memfd(PAGE, F_SEAL_SHRINK | F_SEAL_GROW);
+	for (int i = 1; i < 3; i++) {
+		dev[i].type = 2;
+		dev[i].has_uuid = 1;
+		dev[i].uuid.data = uuid;
+		dev[i].uuid.len = sizeof(uuid);
+		b[i].kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC;
+		b[i].size = 65536u * (unsigned)i;
+		b[i].has_ipc_handle = 1;
+		b[i].ipc_handle.data = handle;
+		b[i].ipc_handle.len = sizeof(handle);
+		b[i].has_ipc_offset = 1;
+		b[i].ipc_offset = 1000u * (unsigned)i;
+	}
+	for (int i = 0; i < 3; i++) {
+		b[i].device = &dev[i];
+		bp[i] = &b[i];
+	}
+	/* No key, an empty key, two keys; 0, 1 and 2 dims; strides or not;
+	 * dtype fields at their widest. */
+	dt[0].code = 2, dt[0].bits = 32, dt[0].lanes = 1;
+	dt[1].code = 0, dt[1].bits = 256, dt[1].lanes = 1;
+	dt[2].code = 6, dt[2].bits = 8, dt[2].lanes = 1024;
+	t[0].dtype = &dt[0];
+	t[1].dtype = &dt[1];
+	t[1].key = "";
+	t[1].buffer = 1;
+	t[1].n_shape = 1;
+	t[1].shape = &shape1;
+	t[2].dtype = &dt[2];
+	t[2].key = "layer.0/weight";
+	t[2].buffer = 2;
+	t[2].offset = 8;
+	t[2].n_shape = 2;
+	t[2].shape = shape2;
+	t[3].dtype = &dt[0];
+	t[3].key = "b";
+	t[3].buffer = 2;
+	t[3].n_shape = 2;
+	t[3].shape = shape2;
+	t[3].n_strides = 2;
+	t[3].strides = strides2;
+	for (int i = 0; i < 4; i++)
+		tp[i] = &t[i];
+
+	v = add_ok(f, &f->prod, &s, 1);
+	assert_int_equal(fds[0], -1);
+	assert_int_equal(v->ntensors, 4);
+	assert_int_equal(v->nbuffers, 3);
+	assert_int_equal(v->bytes, PAGE + 65536 + 131072);
+	assert_int_equal(v->event_len, sizeof(ev));
+	assert_memory_equal(v->event_handle, ev, sizeof(ev));
+
+	assert_string_equal(v->tensors[0].key, "");
+	assert_string_equal(v->tensors[1].key, "");
+	assert_string_equal(v->tensors[2].key, "layer.0/weight");
+	assert_string_equal(v->tensors[3].key, "b");
+	for (int i = 0; i < 4; i++) {
+		const struct rtensor *rt = &v->tensors[i];
+
+		assert_int_equal(rt->buffer, t[i].buffer);
+		assert_int_equal(rt->offset, t[i].offset);
+		assert_int_equal(rt->code, t[i].dtype->code);
+		assert_int_equal(rt->bits, t[i].dtype->bits);
+		assert_int_equal(rt->lanes, t[i].dtype->lanes);
+		assert_int_equal(rt->ndim, t[i].n_shape);
+		assert_int_equal(rt->has_strides, t[i].n_strides != 0);
+		if (rt->ndim) {
+			assert_memory_equal(rt->shape, t[i].shape,
+					    rt->ndim * sizeof(int64_t));
+			assert_int_equal((uintptr_t)rt->shape %
+					 _Alignof(int64_t), 0);
+		}
+		if (rt->has_strides)
+			assert_memory_equal(rt->strides, t[i].strides,
+					    rt->ndim * sizeof(int64_t));
+	}
+	for (int i = 0; i < 3; i++) {
+		const struct rbuffer *rb = v->buffers[i];
+
+		assert_int_equal((uintptr_t)rb % _Alignof(struct rbuffer), 0);
+		assert_ptr_equal(rb->version, v);
+		assert_int_equal(rb->kind, b[i].kind);
+		assert_int_equal(rb->size, b[i].size);
+		assert_int_equal(rb->dev_type, dev[i].type);
+		assert_false(rb->daemon_owned);
+		if (i == 0) {
+			assert_null(rb->cuda);
+			assert_false(rb->has_uuid);
+			assert_int_equal(rb->ipc_handle_len, 0);
+			assert_true(rb->fd >= 0);
+			continue;
+		}
+		assert_non_null(rb->cuda);
+		assert_int_equal((uintptr_t)rb->cuda %
+				 _Alignof(struct rbuffer_cuda), 0);
+		assert_int_equal(rb->fd, -1);
+		assert_true(rb->has_uuid);
+		assert_memory_equal(rb->cuda->uuid, uuid, sizeof(uuid));
+		assert_int_equal(rb->ipc_handle_len, sizeof(handle));
+		assert_memory_equal(rb->cuda->ipc_handle, handle,
+				    sizeof(handle));
+		assert_int_equal(rb->cuda->ipc_offset, b[i].ipc_offset);
+	}
+	assert_true(v->buffers[1]->id != v->buffers[2]->id);
+	assert_ptr_not_equal(v->buffers[1]->cuda, v->buffers[2]->cuda);
+}
+
 static void test_deinit_frees_everything(void **state)
 {
 	struct fix *f = *state;
@@ -1243,7 +1384,7 @@ static void test_deinit_frees_everything(void **state)
 	assert_counts(f, 0, 0, 0, 0, 0);
 	assert_int_equal(f->r.owned_bytes, 0);
 	assert_null(f->r.names);
-	assert_null(f->r.buffers);
+	assert_null(f->r.detached);
 	assert_int_equal(f->rec.nfreed, freed);
 	assert_int_equal(f->rec.nretired, 1); /* the superseded export */
 }
@@ -1340,6 +1481,7 @@ int main(void)
 		T(test_limit_bytes_overflow),
 		T(test_limit_leases),
 		T(test_acl),
+		T(test_version_contents),
 		T(test_deinit_frees_everything),
 		T(test_deinit_with_leases),
 		T(test_numbers_after_delete),
