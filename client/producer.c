@@ -27,6 +27,8 @@ struct dlshare_writer {
 	int cuda_host;           /* base is registered with CUDA */
 	struct ibuf *dev;        /* device buffer: the library's mapping */
 	int ordinal;             /* device buffer: the local device */
+	uint64_t lease;          /* daemon-owned cuda-ipc: held until our
+				  * mapping is closed (0: none) */
 	uint64_t size;
 	size_t n;
 	struct wtensor *ts;
@@ -114,6 +116,8 @@ static void writer_unmap(dlshare_writer *w)
 {
 	if (w->dev) {
 		client_unpin(w->c, &w->dev, 1);
+		client_release(w->c, w->lease);
+		w->lease = 0;
 		w->dev = NULL;
 		w->base = NULL;
 		return;
@@ -242,7 +246,8 @@ int dlshare_create(dlshare_client *c, const char *name,
 	if (err)
 		goto fail;
 	if (r.msg->frame->body_case != DLSHARE__FRAME__BODY_CREATE_REPLY ||
-	    r.nfds != 1 || r.msg->frame->create_reply->n_buffers != 1) {
+	    (r.nfds != 1 && dev.type != kDLCUDA) || r.nfds > 1 ||
+	    r.msg->frame->create_reply->n_buffers != 1) {
 		reply_free(c, &r);
 		err = DLSHARE_EPROTO;
 		goto fail;
@@ -253,17 +258,24 @@ int dlshare_create(dlshare_client *c, const char *name,
 	if (dev.type == kDLCUDA) {
 		Dlshare__Buffer *wb = rep->buffers[0];
 
-		/* The daemon counts us among the buffer's holders: mapped
-		 * through the import cache, it is dropped when the daemon
-		 * frees it (BufferGone). */
-		if (wb->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM ||
-		    wb->size < total)
+		/* cuda-vmm: the daemon counts us among the buffer's holders,
+		 * and the mapping stays in the import cache until it frees
+		 * it (BufferGone). cuda-ipc: the mapping closes when we
+		 * unpin it, and then the writer lease goes. */
+		w->lease = rep->writer_lease;
+		if ((wb->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM &&
+		     wb->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC) ||
+		    wb->size < total ||
+		    (wb->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM) !=
+		    (r.nfds == 1))
 			err = DLSHARE_EPROTO;
 		else
-			err = client_pin_buffer(c, wb, r.fds[0], &w->dev);
+			err = client_pin_buffer(c, wb, r.nfds ? r.fds[0] : -1,
+						&w->dev);
 		reply_free(c, &r);
 		if (err) {
 			send_abort(c, w->name, w->version);
+			w->lease = 0; /* the abort took it */
 			goto fail;
 		}
 		w->base = w->dev->base;
@@ -372,7 +384,8 @@ static void writer_unmap_after(dlshare_writer *w, void *stream)
 	    cuda_event_mark(stream, w->ordinal, &lr->event) == 0) {
 		atomic_init(&lr->refs, 1);
 		lr->c = w->c;
-		lr->lease = 0; /* none: the writer's own pin */
+		lr->lease = w->lease; /* 0 for cuda-vmm: nothing to release */
+		w->lease = 0;
 		lr->ordinal = w->ordinal;
 		lr->npins = 1;
 		lr->pins[0] = w->dev;

@@ -329,42 +329,137 @@ static int fits_reply(struct conn *c, const Dlshare__Frame *f)
 	       c->srv->cfg.limits.max_packet;
 }
 
-/* Registers a store version whose GPU buffers' fds (if any) are made, and
+/* ---- daemon-owned cuda-ipc memory ---------------------------------------
+ * cudaMalloc memory of the daemon (the fallback where the driver cannot
+ * export VMM memory as an fd), by buffer id: freed on the thread pool when
+ * the registry frees the buffer. By then every process closed it: readers
+ * close their mapping before they release their lease, and the writer
+ * holds a lease until it closed its own. */
+struct devmem {
+	uint64_t id;              /* the buffer's */
+	void *ptr;
+	int ordinal;
+	UT_hash_handle hh;        /* server->devmem */
+};
+
+struct devmem_free {
+	uv_work_t req;
+	void *ptr;
+	int ordinal;
+};
+
+static void devmem_free_work(uv_work_t *req)
+{
+	struct devmem_free *d = req->data;
+
+	gpu_free_ipc(d->ptr, d->ordinal);
+}
+
+static void devmem_free_done(uv_work_t *req, int status)
+{
+	(void)status;
+	free(req->data);
+}
+
+/* Frees a cuda-ipc allocation off the loop (cudaFree waits for the
+ * device); at once when that cannot be queued. */
+static void devmem_free(struct server *s, void *ptr, int ordinal)
+{
+	struct devmem_free *d = calloc(1, sizeof(*d));
+
+	if (d) {
+		d->ptr = ptr;
+		d->ordinal = ordinal;
+		d->req.data = d;
+		if (uv_queue_work(s->loop, &d->req, devmem_free_work,
+				  devmem_free_done) == 0)
+			return;
+		free(d);
+	}
+	gpu_free_ipc(ptr, ordinal);
+}
+
+/* A Create whose GPU buffers are being made on the thread pool: a GPU
+ * allocation may take long (the driver's first call, a full device), and
+ * the loop never waits. It counts as a request in flight of its conn. */
+struct gpu_job {
+	uv_work_t req;
+	struct server *srv;
+	struct conn *conn;        /* NULL once the conn went */
+	struct gpu_job *prev, *next; /* conn->jobs */
+	uint64_t id;
+	Dlshare__Create *create;  /* a copy of the request */
+	int made[REGISTRY_BUFFERS_HARD_MAX];     /* mem[i] is ours to free */
+	struct gpu_mem mem[REGISTRY_BUFFERS_HARD_MAX];
+	int fds[REGISTRY_BUFFERS_HARD_MAX];      /* cuda-vmm: mem[i].fd */
+	int err;
+	const char *why;
+};
+
+/* Registers a store version whose GPU memory (if any, in j) is made, and
  * answers with every buffer's fd. The version's cuda-vmm buffers count the
  * producer among their holders: it maps them, and must hear when they go.
- * fds the registry did not take stay the caller's. */
+ * With cuda-ipc buffers the producer gets a writer lease. What the
+ * registry did not take stays j's. */
 static void create_finish(struct conn *c, uint64_t id,
-			  const Dlshare__Create *m, int *fds)
+			  const Dlshare__Create *m, struct gpu_job *j)
 {
 	struct server *s = c->srv;
 	struct registry_spec spec = {
 		.name = m->name, .mode = m->mode,
 		.tensors = m->tensors, .ntensors = m->n_tensors,
 		.buffers = m->buffers, .nbuffers = m->n_buffers,
-		.fds = fds,
+		.fds = j ? j->fds : NULL,
+		.made = j ? j->made : NULL,
 	};
 	Dlshare__Frame out = DLSHARE__FRAME__INIT;
 	Dlshare__CreateReply r = DLSHARE__CREATE_REPLY__INIT;
 	int attach[REGISTRY_BUFFERS_HARD_MAX];
 	struct wire_version w;
 	struct version *v;
-	int err;
+	struct lease *l;
+	int err, ipc = 0;
 
 	err = registry_add(&s->reg, &c->owner, &spec, 0, &v);
 	if (err) {
 		reply_err(c, id, err, "create", m->name);
 		return;
 	}
+	for (size_t i = 0; j && i < v->nbuffers; i++) {
+		struct devmem *d;
+
+		if (!j->made[i] || j->mem[i].kind != GPU_CUDA_IPC)
+			continue;
+		d = calloc(1, sizeof(*d));
+		if (!d) {
+			registry_abort(&s->reg, &c->owner, m->name, v->number);
+			reply_err(c, id, -ENOMEM, "create", m->name);
+			return;
+		}
+		d->id = v->buffers[i]->id;
+		d->ptr = j->mem[i].ptr;
+		d->ordinal = j->mem[i].ordinal;
+		HASH_ADD(hh, s->devmem, id, sizeof(d->id), d);
+		j->made[i] = 0; /* freed with the buffer from here */
+		ipc = 1;
+	}
+	err = ipc ? registry_lease(&s->reg, &c->owner, v, &l) : 0;
 	for (size_t i = 0; i < v->nbuffers; i++)
 		attach[i] = 1;
-	if (wire_version_fill(&w, v, attach)) {
+	if (!err && wire_version_fill(&w, v, attach))
+		err = -ENOMEM;
+	if (err) {
 		registry_abort(&s->reg, &c->owner, m->name, v->number);
-		reply_err(c, id, -ENOMEM, "create", m->name);
+		reply_err(c, id, err, "create", m->name);
 		return;
 	}
 	r.version = v->number;
 	r.n_buffers = v->nbuffers;
 	r.buffers = w.bp;
+	if (ipc) {
+		r.has_writer_lease = 1;
+		r.writer_lease = l->id;
+	}
 	out.id = id;
 	out.body_case = DLSHARE__FRAME__BODY_CREATE_REPLY;
 	out.create_reply = &r;
@@ -379,26 +474,24 @@ static void create_finish(struct conn *c, uint64_t id,
 			return;
 }
 
-/* A Create whose GPU buffers are being made on the thread pool: a GPU
- * allocation may take long (the driver's first call, a full device), and
- * the loop never waits. It counts as a request in flight of its conn. */
-struct gpu_job {
-	uv_work_t req;
-	struct conn *conn;        /* NULL once the conn went */
-	struct gpu_job *prev, *next; /* conn->jobs */
-	uint64_t id;
-	Dlshare__Create *create;  /* a copy of the request */
-	int fds[REGISTRY_BUFFERS_HARD_MAX];
-	uint64_t sizes[REGISTRY_BUFFERS_HARD_MAX]; /* as allocated */
-	int err;
-	const char *why;
-};
-
 static int is_gpu_buffer(const Dlshare__Buffer *b)
 {
 	return b->device && b->device->type == kDLCUDA &&
 	       (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_UNSPECIFIED ||
 		b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM);
+}
+
+/* Frees what j made and nobody took (any thread: cudaFree blocks). */
+static void gpu_job_unmake(struct gpu_job *j)
+{
+	for (size_t i = 0; i < REGISTRY_BUFFERS_HARD_MAX; i++) {
+		if (!j->made[i])
+			continue;
+		if (j->mem[i].kind == GPU_CUDA_IPC)
+			gpu_free_ipc(j->mem[i].ptr, j->mem[i].ordinal);
+		j->made[i] = 0;
+	}
+	wire_close_fds(j->fds, REGISTRY_BUFFERS_HARD_MAX);
 }
 
 /* Thread pool: makes the GPU buffers, all or none. */
@@ -410,18 +503,27 @@ static void gpu_job_work(uv_work_t *req)
 	for (size_t i = 0; i < m->n_buffers && !j->err; i++) {
 		const Dlshare__Buffer *b = m->buffers[i];
 
-		if (is_gpu_buffer(b))
-			j->err = gpu_alloc(b->device->uuid.data, b->size,
-					   &j->fds[i], &j->sizes[i], &j->why);
+		if (!is_gpu_buffer(b))
+			continue;
+		j->err = gpu_alloc(b->device->uuid.data, b->size, &j->mem[i],
+				   &j->why);
+		if (!j->err) {
+			j->made[i] = 1;
+			j->fds[i] = j->mem[i].fd;
+		}
 	}
 	if (j->err)
-		wire_close_fds(j->fds, m->n_buffers);
+		gpu_job_unmake(j);
 }
 
+/* Loop thread: frees j, and what it made that nobody took (off the loop:
+ * cudaFree waits for the device). */
 static void gpu_job_free(struct gpu_job *j)
 {
-	if (j->create)
-		wire_close_fds(j->fds, j->create->n_buffers);
+	wire_close_fds(j->fds, REGISTRY_BUFFERS_HARD_MAX);
+	for (size_t i = 0; i < REGISTRY_BUFFERS_HARD_MAX; i++)
+		if (j->made[i] && j->mem[i].kind == GPU_CUDA_IPC)
+			devmem_free(j->srv, j->mem[i].ptr, j->mem[i].ordinal);
 	dlshare__create__free_unpacked(j->create, NULL);
 	free(j);
 }
@@ -432,13 +534,12 @@ static void gpu_job_done(uv_work_t *req, int status)
 	struct gpu_job *j = req->data;
 	struct conn *c = j->conn;
 	Dlshare__Create *m = j->create;
-	struct server *s;
+	struct server *s = j->srv;
 
 	if (!c) {
 		gpu_job_free(j);
 		return;
 	}
-	s = c->srv;
 	DL_DELETE(c->jobs, j);
 	c->nparked--;
 	if (!conn_open(c)) {
@@ -448,13 +549,34 @@ static void gpu_job_done(uv_work_t *req, int status)
 				dispatch_code(j->err), "create %s: %s",
 				m->name, status ? uv_strerror(status) : j->why);
 	} else {
-		for (size_t i = 0; i < m->n_buffers; i++)
-			if (is_gpu_buffer(m->buffers[i])) {
-				m->buffers[i]->kind =
-					DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM;
-				m->buffers[i]->size = j->sizes[i];
+		ProtobufCBinaryData theirs[REGISTRY_BUFFERS_HARD_MAX];
+		protobuf_c_boolean had[REGISTRY_BUFFERS_HARD_MAX];
+
+		for (size_t i = 0; i < m->n_buffers; i++) {
+			Dlshare__Buffer *b = m->buffers[i];
+
+			theirs[i] = b->ipc_handle;
+			had[i] = b->has_ipc_handle;
+			if (!j->made[i])
+				continue;
+			b->size = j->mem[i].size;
+			if (j->mem[i].kind == GPU_CUDA_VMM) {
+				b->kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM;
+				continue;
 			}
-		create_finish(c, j->id, m, j->fds);
+			b->kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC;
+			b->has_ipc_handle = 1;
+			b->ipc_handle.data = j->mem[i].handle;
+			b->ipc_handle.len = GPU_IPC_HANDLE_LEN;
+			b->has_ipc_offset = 1;
+			b->ipc_offset = 0;
+		}
+		create_finish(c, j->id, m, j);
+		/* The copy frees what it unpacked, not j's handle bytes. */
+		for (size_t i = 0; i < m->n_buffers; i++) {
+			m->buffers[i]->ipc_handle = theirs[i];
+			m->buffers[i]->has_ipc_handle = had[i];
+		}
 	}
 	gpu_job_free(j);
 	server_reap(s);
@@ -512,6 +634,7 @@ static void create_gpu(struct conn *c, uint64_t id, const Dlshare__Create *m)
 	for (size_t i = 0; i < REGISTRY_BUFFERS_HARD_MAX; i++)
 		j->fds[i] = -1;
 	j->id = id;
+	j->srv = s;
 	j->conn = c;
 	j->req.data = j;
 	err = uv_queue_work(s->loop, &j->req, gpu_job_work, gpu_job_done);
@@ -1084,10 +1207,18 @@ void dispatch_deinit(struct server *s)
 {
 	struct waitq *q, *tmp;
 
+	struct devmem *d, *dtmp;
+
 	/* Conns are all closed, so every park is gone; this is a backstop. */
 	HASH_ITER(hh, s->waiters, q, tmp) {
 		HASH_DEL(s->waiters, q);
 		free(q);
+	}
+	/* cuda-ipc memory of versions still alive goes with the process (its
+	 * readers may still map it: freeing it under them would be worse). */
+	HASH_ITER(hh, s->devmem, d, dtmp) {
+		HASH_DEL(s->devmem, d);
+		free(d);
 	}
 }
 
@@ -1148,6 +1279,15 @@ static void on_retired(void *ud, struct registry_owner *producer,
 
 static void on_buffer_freed(void *ud, struct rbuffer *b)
 {
+	struct server *s = ud;
+	struct devmem *d = NULL;
+
+	HASH_FIND(hh, s->devmem, &b->id, sizeof(b->id), d);
+	if (d) {
+		HASH_DEL(s->devmem, d);
+		devmem_free(s, d->ptr, d->ordinal);
+		free(d);
+	}
 	/* Only the peers that have the buffer's fd hear of it. */
 	while (b->holders) {
 		Dlshare__Frame f = DLSHARE__FRAME__INIT;

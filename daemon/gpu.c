@@ -1,4 +1,5 @@
-/* gpu — daemon-owned GPU buffers as fd-exported cuMemCreate memory. */
+/* gpu — daemon-owned GPU buffers: fd-exported cuMemCreate memory, or
+ * legacy CUDA IPC where the driver cannot export it. */
 #include "gpu.h"
 
 #include <errno.h>
@@ -13,9 +14,10 @@
 #include <unistd.h>
 
 #include <cuda.h>
+#include <cuda_runtime_api.h>
 
 /* Devices the daemon keeps UUIDs of; more are not looked at. */
-#define CUDA_DEVICES_MAX 64
+#define GPU_DEVICES_MAX 64
 
 #define XSTR(x) #x
 #define STR(x) XSTR(x)
@@ -31,28 +33,48 @@
 	X(cuMemCreate)                                              \
 	X(cuMemExportToShareableHandle)                             \
 	X(cuMemRelease)
+#define RT_FUNCS(X)                                                 \
+	X(cudaSetDevice)                                            \
+	X(cudaMalloc)                                               \
+	X(cudaFree)                                                 \
+	X(cudaIpcGetMemHandle)                                      \
+	X(cudaGetLastError)
 
 static struct {
 #define DECLARE(fn) __typeof__(&fn) fn;
 	DRV_FUNCS(DECLARE)
+	RT_FUNCS(DECLARE)
 #undef DECLARE
-	void *lib;
+	void *lib, *rt;
 	int ndev;
-	CUdevice dev[CUDA_DEVICES_MAX];
-	uint8_t uuid[CUDA_DEVICES_MAX][GPU_UUID_LEN];
-	int vmm_fd[CUDA_DEVICES_MAX]; /* fd-exportable VMM memory there */
-	const char *why;              /* why there is no GPU support */
+	CUdevice dev[GPU_DEVICES_MAX];
+	uint8_t uuid[GPU_DEVICES_MAX][GPU_UUID_LEN];
+	int vmm_fd[GPU_DEVICES_MAX]; /* fd-exportable VMM memory there */
+	const char *why;             /* why there is no GPU support */
+	const char *rt_why;          /* why there is no legacy-IPC fallback */
 } drv;
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
+static pthread_once_t rt_once = PTHREAD_ONCE_INIT;
+
+static void *open_lib(const char *env, const char *const *names)
+{
+	const char *path = getenv(env);
+	void *h = NULL;
+
+	if (path && *path)
+		return dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	for (size_t i = 0; names[i] && !h; i++)
+		h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+	return h;
+}
 
 static void load(void)
 {
-	const char *path = getenv("DLSHARE_CUDA_DRIVER");
+	static const char *const names[] = { "libcuda.so.1", NULL };
 	int n;
 
-	drv.lib = dlopen(path && *path ? path : "libcuda.so.1",
-			 RTLD_NOW | RTLD_LOCAL);
+	drv.lib = open_lib("DLSHARE_CUDA_DRIVER", names);
 	if (!drv.lib) {
 		drv.why = "the CUDA driver (libcuda.so.1) cannot be loaded";
 		return;
@@ -70,8 +92,8 @@ static void load(void)
 		drv.why = "no CUDA device or driver";
 		return;
 	}
-	if (n > CUDA_DEVICES_MAX)
-		n = CUDA_DEVICES_MAX;
+	if (n > GPU_DEVICES_MAX)
+		n = GPU_DEVICES_MAX;
 	for (int i = 0; i < n; i++) {
 		CUuuid u;
 		int vmm = 0, fdh = 0;
@@ -82,45 +104,52 @@ static void load(void)
 			return;
 		}
 		memcpy(drv.uuid[i], u.bytes, GPU_UUID_LEN);
-		drv.cuDeviceGetAttribute(&vmm,
+		if (drv.cuDeviceGetAttribute(&vmm,
 			CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-			drv.dev[i]);
-		drv.cuDeviceGetAttribute(&fdh,
+			drv.dev[i]) != CUDA_SUCCESS)
+			vmm = 0;
+		if (drv.cuDeviceGetAttribute(&fdh,
 			CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-			drv.dev[i]);
+			drv.dev[i]) != CUDA_SUCCESS)
+			fdh = 0;
 		drv.vmm_fd[i] = vmm && fdh;
 	}
 	drv.ndev = n;
 }
 
-int gpu_alloc(const uint8_t uuid[GPU_UUID_LEN], uint64_t size, int *fd,
-	       uint64_t *alloc_size, const char **why)
+/* The runtime, for the legacy-IPC fallback only: it makes a context. */
+static void load_rt(void)
+{
+	static const char *const names[] = {
+		"libcudart.so", "libcudart.so.13", "libcudart.so.12", NULL,
+	};
+
+	drv.rt = open_lib("DLSHARE_CUDA_RUNTIME", names);
+	if (!drv.rt) {
+		drv.rt_why = "the driver cannot export VMM memory as an fd, and "
+			     "the CUDA runtime (libcudart) cannot be loaded";
+		return;
+	}
+#define LOAD(fn)                                                     \
+	drv.fn = (__typeof__(&fn))dlsym(drv.rt, STR(fn));            \
+	if (!drv.fn) {                                               \
+		drv.rt_why = "the CUDA runtime lacks " STR(fn);      \
+		return;                                              \
+	}
+	RT_FUNCS(LOAD)
+#undef LOAD
+}
+
+static int alloc_vmm(int i, uint64_t size, struct gpu_mem *m,
+		     const char **why)
 {
 	CUmemAllocationProp prop;
 	CUmemGenericAllocationHandle h;
 	size_t gran = 0;
 	uint64_t rounded;
 	CUresult rc;
-	int i, out = -1;
+	int out = -1;
 
-	pthread_once(&once, load);
-	if (!drv.ndev) {
-		*why = drv.why;
-		return -ENOTSUP;
-	}
-	for (i = 0; i < drv.ndev; i++)
-		if (memcmp(drv.uuid[i], uuid, GPU_UUID_LEN) == 0)
-			break;
-	if (i == drv.ndev) {
-		*why = "no GPU with that UUID on the daemon's machine";
-		return -ENODEV;
-	}
-	if (!drv.vmm_fd[i]) {
-		/* The legacy-IPC fallback needs a context in the daemon;
-		 * not there yet. */
-		*why = "the GPU's driver cannot export VMM memory as an fd";
-		return -ENOTSUP;
-	}
 	memset(&prop, 0, sizeof(prop));
 	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
 	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -132,9 +161,7 @@ int gpu_alloc(const uint8_t uuid[GPU_UUID_LEN], uint64_t size, int *fd,
 		*why = "the driver gives no allocation granularity";
 		return -EIO;
 	}
-	if (size == 0)
-		size = 1;
-	if (size > UINT64_MAX - gran) {
+	if (size > UINT64_MAX - gran || size > SIZE_MAX - gran) {
 		*why = "too large for the device";
 		return -ENOMEM;
 	}
@@ -155,22 +182,106 @@ int gpu_alloc(const uint8_t uuid[GPU_UUID_LEN], uint64_t size, int *fd,
 	}
 	/* Not every driver sets close-on-exec on the fd it makes. */
 	(void)fcntl(out, F_SETFD, FD_CLOEXEC);
-	*fd = out;
-	*alloc_size = rounded;
+	m->kind = GPU_CUDA_VMM;
+	m->fd = out;
+	m->size = rounded;
 	return 0;
+}
+
+static int alloc_ipc(int i, uint64_t size, struct gpu_mem *m,
+		     const char **why)
+{
+	cudaIpcMemHandle_t h;
+	cudaError_t e;
+	void *p = NULL;
+
+	pthread_once(&rt_once, load_rt);
+	if (drv.rt_why) {
+		*why = drv.rt_why;
+		return -ENOTSUP;
+	}
+	if (size > SIZE_MAX) {
+		*why = "too large for the device";
+		return -ENOMEM;
+	}
+	/* The runtime's ordinals are the driver's, in one process. The
+	 * current device is per thread: set it on every call. */
+	if (drv.cudaSetDevice(i) != cudaSuccess) {
+		drv.cudaGetLastError();
+		*why = "cudaSetDevice failed";
+		return -EIO;
+	}
+	e = drv.cudaMalloc(&p, size ? (size_t)size : 1);
+	if (e != cudaSuccess) {
+		drv.cudaGetLastError();
+		*why = e == cudaErrorMemoryAllocation ?
+		       "the GPU is out of memory" : "cudaMalloc failed";
+		return e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO;
+	}
+	if (drv.cudaIpcGetMemHandle(&h, p) != cudaSuccess) {
+		drv.cudaGetLastError();
+		drv.cudaFree(p);
+		*why = "cudaIpcGetMemHandle failed";
+		return -EIO;
+	}
+	m->kind = GPU_CUDA_IPC;
+	m->fd = -1;
+	m->ptr = p;
+	m->ordinal = i;
+	m->size = size;
+	memcpy(m->handle, h.reserved, GPU_IPC_HANDLE_LEN);
+	return 0;
+}
+
+int gpu_alloc(const uint8_t uuid[GPU_UUID_LEN], uint64_t size,
+	      struct gpu_mem *m, const char **why)
+{
+	int i;
+
+	memset(m, 0, sizeof(*m));
+	m->fd = -1;
+	pthread_once(&once, load);
+	if (!drv.ndev) {
+		*why = drv.why;
+		return -ENOTSUP;
+	}
+	for (i = 0; i < drv.ndev; i++)
+		if (memcmp(drv.uuid[i], uuid, GPU_UUID_LEN) == 0)
+			break;
+	if (i == drv.ndev) {
+		*why = "no GPU with that UUID on the daemon's machine";
+		return -ENODEV;
+	}
+	return drv.vmm_fd[i] ? alloc_vmm(i, size ? size : 1, m, why) :
+			       alloc_ipc(i, size, m, why);
+}
+
+void gpu_free_ipc(void *ptr, int ordinal)
+{
+	if (!drv.rt || drv.rt_why || !ptr)
+		return;
+	if (drv.cudaSetDevice(ordinal) != cudaSuccess ||
+	    drv.cudaFree(ptr) != cudaSuccess)
+		drv.cudaGetLastError();
 }
 
 #else /* !DLSHARE_HAVE_CUDA */
 
-int gpu_alloc(const uint8_t uuid[GPU_UUID_LEN], uint64_t size, int *fd,
-	       uint64_t *alloc_size, const char **why)
+int gpu_alloc(const uint8_t uuid[GPU_UUID_LEN], uint64_t size,
+	      struct gpu_mem *m, const char **why)
 {
 	(void)uuid;
 	(void)size;
-	(void)fd;
-	(void)alloc_size;
+	memset(m, 0, sizeof(*m));
+	m->fd = -1;
 	*why = "dlshared was built without CUDA";
 	return -ENOTSUP;
+}
+
+void gpu_free_ipc(void *ptr, int ordinal)
+{
+	(void)ptr;
+	(void)ordinal;
 }
 
 #endif

@@ -312,16 +312,20 @@ static int spec_check(struct registry *r, const struct registry_spec *s,
 				return -ENOSPC;
 			break;
 		case DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC:
-			/* Producer memory named by a CUDA IPC handle: the
-			 * daemon only passes the handle on. Daemon-owned GPU
-			 * buffers are cuda-vmm. */
-			if (!exported)
+			/* Producer memory named by a CUDA IPC handle (the
+			 * daemon only passes the handle on), or daemon-owned
+			 * memory the GPU backend made with legacy IPC (made[i];
+			 * a peer can not name one in a Create). */
+			if (!exported && !(s->made && s->made[i]))
 				return -EOPNOTSUPP;
 			if (b->device->type != 2 || !b->device->has_uuid ||
-			    b->device->uuid.len != 16 || !b->has_ipc_handle ||
-			    b->ipc_handle.len != REGISTRY_HANDLE_MAX ||
-			    s->fds[i] >= 0)
+			    b->device->uuid.len != 16 ||
+			    (s->fds && s->fds[i] >= 0) || !b->has_ipc_handle ||
+			    b->ipc_handle.len != REGISTRY_HANDLE_MAX)
 				return -EINVAL;
+			if (!exported &&
+			    __builtin_add_overflow(gtotal, b->size, &gtotal))
+				return -ENOSPC;
 			break;
 		default:
 			return -EOPNOTSUPP;
@@ -511,9 +515,13 @@ static int version_buffers(struct registry *r, struct registry_owner *o,
 			 * kernel before 5.1 says no. */
 			if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
 				(void)host_seal_future_write(b->fd);
-		} else if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM) {
-			/* Taken over below, once nothing can fail. */
-			b->fd = s->fds[i];
+		} else if (b->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST) {
+			/* GPU memory the caller made: a cuda-vmm fd, taken
+			 * over below once nothing can fail, or a cuda-ipc
+			 * allocation the caller frees when told
+			 * (buffer_freed). */
+			if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM)
+				b->fd = s->fds[i];
 			b->daemon_owned = 1;
 			r->gpu_bytes += b->size;
 			b->usage = o->usage;
@@ -711,6 +719,9 @@ int registry_seal(struct registry *r, struct registry_owner *o,
 	return 0;
 }
 
+static void lease_drop(struct registry *r, struct registry_owner *o,
+		       struct lease *l);
+
 int registry_abort(struct registry *r, struct registry_owner *o,
 		   const char *name, uint64_t number)
 {
@@ -719,6 +730,9 @@ int registry_abort(struct registry *r, struct registry_owner *o,
 
 	if (!v || v->state != VERSION_PENDING || v->producer != o)
 		return -ENOENT;
+	/* A writer lease (daemon-owned cuda-ipc memory) goes with it. */
+	while (v->lease_list)
+		lease_drop(r, v->lease_list->owner, v->lease_list);
 	version_destroy(r, v);
 	return 0;
 }

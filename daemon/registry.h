@@ -248,6 +248,10 @@ struct registry_spec {
 	size_t event_len;
 	int precheck;            /* registry_precheck: cuda-vmm buffers'
 				  * fds are not made yet */
+	const int *made;         /* store mode, one per buffer or NULL: the
+				  * caller made this buffer's GPU memory
+				  * (cuda-ipc: its handle is in the buffer;
+				  * the caller frees it on buffer_freed) */
 };
 
 /* The checks of registry_add (name, ACL, tensors against buffers, limits

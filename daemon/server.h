@@ -44,6 +44,7 @@ struct server_config {
 
 struct conn;
 struct waitq;
+struct devmem;
 
 struct server {
 	uv_loop_t *loop;
@@ -60,6 +61,7 @@ struct server {
 	struct conn *doomed;      /* failing conns, closed by server_reap() */
 	uint64_t next_conn_id;
 	struct waitq *waiters;    /* parked gets by name (dispatch.c) */
+	struct devmem *devmem;    /* daemon-owned cuda-ipc memory (dispatch.c) */
 	uint64_t nparked;
 	uint64_t requests;
 	uint64_t started_ms;

@@ -1652,6 +1652,22 @@ static int pool_ev_producer(void *arg)
 		DL_OK(dlshare_seal(w, s, NULL));
 		if (v == 1)
 			SEND(a->to_c, '1');
+		if (v == 2) {
+			/* Version 1 was retired at this seal; its event
+			 * reaches the pool when the library handles the
+			 * Retired, asynchronously. */
+#if FAKE
+			/* Each record and each free asks for the handle. */
+			int64_t end = now_ms() + harness_ms(5000);
+
+			while (fstats().ipc_get_event_calls < 3 &&
+			       now_ms() < end)
+				sleep_ms(2);
+			CHECK(fstats().ipc_get_event_calls == 3);
+#else
+			sleep_ms(200);
+#endif
+		}
 	}
 	SEND(a->to_c, '3');
 	RECV(a->to_p, 'd');
@@ -1675,6 +1691,15 @@ static int pool_ev_consumer(void *arg)
 	DL_OK(dlshare_get_tensor(c, "gpu/pooled", &go, &m));
 	CHECK(read_check(&m->dl_tensor, CA_BYTES, 501, s, "v1") == 0);
 	m->deleter(m);
+	/* The Release goes once the stream passed our read: wait for it. */
+	for (int i = 0; i < 1000; i++) {
+		dlshare_stats st;
+
+		DL_OK(dlshare_stats_get(c, &st));
+		if (st.leases == 0)
+			break;
+		sleep_ms(5);
+	}
 	SEND(a->to_p, 'r');
 	RECV(a->to_c, '3');
 	DL_OK(dlshare_get_tensor(c, "gpu/pooled", &go, &m));
@@ -1700,6 +1725,101 @@ static void events_pooled(void **state)
 	a.to_c = chan_new();
 	p = spawn(pool_ev_producer, &a);
 	q = spawn(pool_ev_consumer, &a);
+	assert_int_equal(reap(q), 0);
+	assert_int_equal(reap(p), 0);
+}
+
+/* Where the driver cannot export VMM memory as an fd (FAKECUDA_VMM_FD=0
+ * for the daemon), daemon-owned device memory is legacy CUDA IPC: cudaMalloc
+ * in the daemon. The writer's mapping and every reader's must be closed
+ * before the daemon frees it (the fake traps a cudaFree of memory another
+ * process maps), and the writer closes only once its stream passed the
+ * seal: here the version is deleted while that stream still writes. */
+static int ipc_store_producer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	int64_t shape[2] = { CA_ROWS, CA_COLS };
+	dlshare_tensor_spec spec = { .dtype = { kDLFloat, 32, 1 }, .ndim = 2,
+				     .shape = shape };
+	dlshare_create_opts co = { .device = { kDLCUDA, 0 } };
+	dlshare_name_info info;
+	dlshare_writer *w;
+	cudaStream_t s;
+	dlshare_stats st;
+
+	CU(cudaStreamCreate(&s));
+	set_delay_ms(1);
+	DL_OK(dlshare_create(c, "gpu/ipcstore", &spec, 1, &co, &w));
+	put_pattern(dlshare_writer_tensor(w, 0)->data, CA_BYTES, 601, s);
+	DL_OK(dlshare_seal(w, s, NULL));
+	DL_OK(dlshare_stat(c, "gpu/ipcstore", &info, NULL));
+	CHECK(info.kind == DLSHARE_KIND_CUDA_IPC && !info.exported);
+	SEND(a->to_c, '1');
+	RECV(a->to_p, 'r');
+	/* A second version, deleted at once while the stream lags: the
+	 * daemon may free it only after this process closed its mapping. */
+	DL_OK(dlshare_create(c, "gpu/ipcstore", &spec, 1, &co, &w));
+	set_delay_ms(100);
+	put_pattern(dlshare_writer_tensor(w, 0)->data, CA_BYTES, 602, s);
+	DL_OK(dlshare_seal(w, s, NULL));
+	DL_OK(dlshare_delete(c, "gpu/ipcstore"));
+	CU(cudaStreamSynchronize(s));
+	/* Everything goes once the writer let go. */
+	for (int i = 0; i < 500; i++) {
+		DL_OK(dlshare_stats_get(c, &st));
+		if (st.buffers == 0)
+			break;
+		sleep_ms(10);
+	}
+	CHECK(st.buffers == 0 && st.versions == 0 && st.leases == 0);
+	dlshare_disconnect(c);
+#if FAKE
+	CHECK(fstats().ipc_mem_open_now == 0);
+#endif
+	CU(cudaStreamDestroy(s));
+	return 0;
+}
+
+static int ipc_store_consumer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	dlshare_get_opts go = { .select = DLSHARE_LATEST };
+	DLManagedTensor *m;
+	cudaStream_t s;
+
+	CU(cudaStreamCreate(&s));
+	go.stream = s;
+	set_delay_ms(1);
+	RECV(a->to_c, '1');
+	DL_OK(dlshare_get_tensor(c, "gpu/ipcstore", &go, &m));
+	check_meta(&m->dl_tensor, 0, CA_ROWS, CA_COLS);
+	CHECK(read_check(&m->dl_tensor, CA_BYTES, 601, s, "ipc store") == 0);
+	m->deleter(m);
+	dlshare_disconnect(c);
+#if FAKE
+	CHECK(fstats().ipc_mem_open_now == 0);
+#endif
+	SEND(a->to_p, 'r');
+	CU(cudaStreamDestroy(s));
+	return 0;
+}
+
+static void store_on_device_legacy_ipc(void **state)
+{
+	struct two_chans a = { .name = "gpu/ipcstore" };
+	pid_t p, q;
+
+	(void)state;
+	assert_int_equal(harness_daemon_stop(&g_d), 0);
+	setenv("FAKECUDA_VMM_FD", "0", 1);
+	assert_int_equal(harness_daemon_start(&g_d, NULL), 0);
+	unsetenv("FAKECUDA_VMM_FD");
+	a.to_p = chan_new();
+	a.to_c = chan_new();
+	p = spawn(ipc_store_producer, &a);
+	q = spawn(ipc_store_consumer, &a);
 	assert_int_equal(reap(q), 0);
 	assert_int_equal(reap(p), 0);
 }
@@ -1919,6 +2039,8 @@ int main(void)
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(events_pooled, setup,
 						teardown),
+		cmocka_unit_test_setup_teardown(store_on_device_legacy_ipc,
+						setup, teardown),
 		cmocka_unit_test_setup_teardown(store_on_device_refusals,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(pool_memory_copied,
