@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cudalib.h"
@@ -615,6 +616,14 @@ static int dispatch(dlshare_client *c, struct wire_msg *m, int *fds,
 
 /* ---- the receiver thread ---------------------------------------------- */
 
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 /* Sends the releases whose device work is done. Returns 1 while some still
  * wait. Receiver thread. */
 static int deferred_poll(dlshare_client *c)
@@ -685,6 +694,7 @@ static void *rx_main(void *arg)
 	struct wakeq wq = { 0 };
 	struct export *retired;
 	uint64_t calls_seen = 0;
+	int64_t quiet_since = 0; /* since when no call began, as far as we saw */
 	int want_out = 0, reader = 0, err = 0;
 
 	for (;;) {
@@ -692,7 +702,8 @@ static void *rx_main(void *arg)
 		int fds[WIRE_FDS_MAX];
 		unsigned nfds = 0;
 		struct wire_msg *m = NULL;
-		int r, timeout;
+		int64_t now = now_ms();
+		int r, timeout = -1;
 
 		pthread_mutex_lock(&c->lock);
 		if (c->closed || c->dead) {
@@ -707,16 +718,23 @@ static void *rx_main(void *arg)
 		if (retired && reader) {
 			/* Deleters may call into the library: not while
 			 * callers wait for us to read their replies. */
-			c->reading = c->rx_reading = 0;
+			c->reading = 0;
 			reader = 0;
+			quiet_since = now;
 			handoff(c, &wq);
 		}
-		if (!retired && !reader && !c->reading &&
-		    c->calls == calls_seen) {
-			c->reading = c->rx_reading = 1;
-			reader = 1;
+		if (c->calls != calls_seen) {
+			calls_seen = c->calls;
+			quiet_since = now;
 		}
-		calls_seen = c->calls;
+		if (!reader && !retired && !c->reading) {
+			if (now - quiet_since >= CLIENT_IDLE_MS) {
+				c->reading = 1;
+				reader = 1;
+			} else {
+				timeout = (int)(CLIENT_IDLE_MS - (now - quiet_since));
+			}
+		}
 		pthread_mutex_unlock(&c->lock);
 		wakeq_run(c, &wq);
 		exports_free(retired);
@@ -729,11 +747,18 @@ static void *rx_main(void *arg)
 		/* Releases waiting for device work are checked every
 		 * millisecond; otherwise we sleep until something happens,
 		 * or, while callers read, until they may have gone quiet. */
-		timeout = deferred_poll(c) ? 1 : reader ? -1 : CLIENT_IDLE_MS;
+		if (deferred_poll(c))
+			timeout = 1;
+		else if (!reader && timeout < 0)
+			timeout = CLIENT_IDLE_MS; /* a caller reads */
 		pfd[0] = (struct pollfd){
 			.fd = c->fd,
 			.events = (reader ? POLLIN : 0) | (want_out ? POLLOUT : 0),
 		};
+		/* Not even a hang-up of the socket is ours while a caller
+		 * reads (poll reports one whatever the events). */
+		if (!pfd[0].events)
+			pfd[0].fd = -1;
 		pfd[1] = (struct pollfd){ .fd = c->wake_fd, .events = POLLIN };
 		if (poll(pfd, 2, timeout) < 0) {
 			if (errno == EINTR)
@@ -761,9 +786,11 @@ static void *rx_main(void *arg)
 		pthread_mutex_lock(&c->lock);
 		r = dispatch(c, m, fds, nfds, &wq);
 		if (r == 1) {
-			/* A caller is back: leave the socket to the callers. */
-			c->reading = c->rx_reading = 0;
+			/* A caller is back: leave the socket to the callers
+			 * until they go quiet again. */
+			c->reading = 0;
 			reader = 0;
+			quiet_since = now_ms();
 			handoff(c, &wq);
 		}
 		pthread_mutex_unlock(&c->lock);
@@ -776,7 +803,7 @@ static void *rx_main(void *arg)
 	}
 	pthread_mutex_lock(&c->lock);
 	if (reader)
-		c->reading = c->rx_reading = 0;
+		c->reading = 0;
 	if (!c->dead || c->pending)
 		conn_fail(c, err, &wq);
 	retired = c->retired;
