@@ -10,6 +10,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -342,8 +343,9 @@ static int queue_release(dlshare_client *c, uint64_t lease)
  * handled within about twice that. */
 #define CLIENT_IDLE_MS 20
 /* A caller reading for its reply wakes this often to see whether another
- * thread finished it (the connection failed or was closed). */
-#define CLIENT_LEAD_CHECK_MS 100
+ * thread finished it (the connection failed, or was closed while a call
+ * was in flight). The socket's receive timeout. */
+#define CLIENT_LEAD_CHECK_MS 1000
 
 /* Threads to wake once c->lock is dropped: signalled under the lock, a
  * woken thread would block on it at once. Each entry holds a reference on
@@ -561,11 +563,12 @@ static int deliver(dlshare_client *c, struct wire_msg *m, int *fds,
 }
 
 /* The reader, without c->lock: receives and decodes one packet into
- * c->rbuf. Returns 0 with *m and its fds, 1 when none was there, or a
+ * c->rbuf, waiting for one at most CLIENT_LEAD_CHECK_MS unless flags has
+ * MSG_DONTWAIT. Returns 0 with *m and its fds, 1 when none came, or a
  * DLSHARE_E* code: the connection is unusable (every fd it brought is
  * closed). */
 static int conn_read(dlshare_client *c, struct wire_msg **m, int *fds,
-		     unsigned *nfds)
+		     unsigned *nfds, int flags)
 {
 	size_t len = 0;
 	int r;
@@ -573,7 +576,7 @@ static int conn_read(dlshare_client *c, struct wire_msg **m, int *fds,
 	*m = NULL;
 	*nfds = 0;
 	r = wire_recv(c->fd, c->rbuf, c->max_packet, fds, WIRE_FDS_MAX, &len,
-		      nfds, MSG_DONTWAIT);
+		      nfds, flags);
 	if (r == -EAGAIN)
 		return 1;
 	if (r || (len == 0 && *nfds == 0))
@@ -776,7 +779,7 @@ static void *rx_main(void *arg)
 		}
 		if (!reader || !(pfd[0].revents & (POLLIN | POLLHUP | POLLERR)))
 			continue;
-		r = conn_read(c, &m, fds, &nfds);
+		r = conn_read(c, &m, fds, &nfds, MSG_DONTWAIT);
 		if (r == 1)
 			continue;
 		if (r) {
@@ -839,19 +842,15 @@ static void lead(dlshare_client *c, struct pending *p, struct wakeq *wq)
 	c->reading = 1;
 	pthread_mutex_unlock(&c->lock);
 	for (;;) {
-		struct pollfd pfd = { .fd = c->fd, .events = POLLIN };
 		int fds[WIRE_FDS_MAX];
 		unsigned nfds = 0;
 		struct wire_msg *m = NULL;
 		int r;
 
-		r = poll(&pfd, 1, CLIENT_LEAD_CHECK_MS);
-		if (r < 0)
-			r = errno == EINTR ? 1 : DLSHARE_EIO;
-		else if (r > 0)
-			r = conn_read(c, &m, fds, &nfds);
-		else
-			r = 1;
+		/* A blocking receive, no poll first: one system call per
+		 * packet, like a bare round trip. It times out (SO_RCVTIMEO)
+		 * so that we see when another thread failed our call. */
+		r = conn_read(c, &m, fds, &nfds, 0);
 		pthread_mutex_lock(&c->lock);
 		if (r == 0)
 			r = dispatch(c, m, fds, nfds, wq);
@@ -1088,6 +1087,12 @@ int dlshare_connect(const char *path, dlshare_client **out)
 		err = client_errno(-errno);
 		goto fail;
 	}
+	/* Callers read with blocking receives; the receiver thread never
+	 * blocks in one. */
+	setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO,
+		   &(struct timeval){ .tv_sec = CLIENT_LEAD_CHECK_MS / 1000,
+				      .tv_usec = CLIENT_LEAD_CHECK_MS % 1000 * 1000 },
+		   sizeof(struct timeval));
 	/* The reader's buffer, whichever thread reads. */
 	c->rbuf = malloc(c->max_packet);
 	if (!c->rbuf) {
