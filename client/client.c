@@ -10,7 +10,9 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cudalib.h"
@@ -102,6 +104,7 @@ static void client_free(dlshare_client *c)
 	if (c->wake_fd >= 0)
 		close(c->wake_fd);
 	free(c->rel);
+	free(c->rbuf);
 	pthread_mutex_destroy(&c->lock);
 	pthread_mutex_destroy(&c->send_lock);
 	free(c);
@@ -337,9 +340,89 @@ static int queue_release(dlshare_client *c, uint64_t lease)
 	return 1;
 }
 
-/* ---- the receiver thread ---------------------------------------------- */
+/* ---- the reader role ------------------------------------------------------ */
 
-static void fail_all(dlshare_client *c, int err)
+/* The receiver thread leaves the socket to callers while they keep calling
+ * and looks again after this long: a push that comes while nobody calls is
+ * handled within about twice that. */
+#define CLIENT_IDLE_MS 20
+/* A caller reading for its reply wakes this often to see whether another
+ * thread finished it (the connection failed, or was closed while a call
+ * was in flight). The socket's receive timeout. */
+#define CLIENT_LEAD_CHECK_MS 1000
+
+/* Threads to wake once c->lock is dropped: signalled under the lock, a
+ * woken thread would block on it at once. Each entry holds a reference on
+ * its pending, so its condition variable outlives the signal. */
+struct wakeq {
+	struct pending *done;    /* completed, linked by wnext */
+	struct pending *lead;    /* offered the reader role */
+	const struct pending *self; /* the reader's own request: never queued */
+	int kick_rx;             /* the receiver thread has work (Retired, or
+				  * the connection failed) */
+};
+
+static void pending_unref(struct pending *p)
+{
+	if (atomic_fetch_sub(&p->refs, 1) == 1) {
+		pthread_cond_destroy(&p->cond);
+		free(p);
+	}
+}
+
+/* Under c->lock: p is done; wake its owner. A pending completes once, so
+ * it is on one list at most. */
+static void wakeq_done(struct wakeq *wq, struct pending *p)
+{
+	if (p == wq->self)
+		return;
+	atomic_fetch_add(&p->refs, 1);
+	p->wnext = wq->done;
+	wq->done = p;
+}
+
+/* Without c->lock: wakes whom wq names. */
+static void wakeq_run(dlshare_client *c, struct wakeq *wq)
+{
+	struct pending *p = wq->done;
+	uint64_t one = 1;
+
+	while (p) {
+		struct pending *next = p->wnext;
+
+		pthread_cond_signal(&p->cond);
+		pending_unref(p);
+		p = next;
+	}
+	wq->done = NULL;
+	if (wq->lead) {
+		pthread_cond_signal(&wq->lead->cond);
+		pending_unref(wq->lead);
+		wq->lead = NULL;
+	}
+	if (wq->kick_rx && write(c->wake_fd, &one, sizeof(one)) < 0) {
+		/* The counter is full, so the thread is awake anyway. */
+	}
+	wq->kick_rx = 0;
+}
+
+/* Under c->lock, when nobody reads: offers the reader role to the caller
+ * that has waited longest (any caller takes it as it comes, too). Without
+ * callers the receiver thread takes it once they have gone quiet. */
+static void handoff(dlshare_client *c, struct wakeq *wq)
+{
+	struct pending *p = c->pending;
+
+	if (c->reading || c->dead || !p || wq->lead)
+		return;
+	atomic_fetch_add(&p->refs, 1);
+	wq->lead = p;
+}
+
+/* ---- reading ------------------------------------------------------------ */
+
+/* Under c->lock: every waiter gets err; the connection is dead. */
+static void fail_all(dlshare_client *c, int err, struct wakeq *wq)
 {
 	struct pending *p, *tmp;
 
@@ -348,8 +431,21 @@ static void fail_all(dlshare_client *c, int err)
 		HASH_DEL(c->pending, p);
 		p->done = 1;
 		p->err = err;
-		pthread_cond_signal(&p->cond);
+		wakeq_done(wq, p);
 	}
+}
+
+/* Under c->lock: the connection failed with err (a DLSHARE_E* code, or 0
+ * for "someone else found it failed"). Waiters get DLSHARE_ECONN for
+ * failures of ours or the wire, the daemon's code for its last word. */
+static void conn_fail(dlshare_client *c, int err, struct wakeq *wq)
+{
+	if (err == 0 || err == DLSHARE_EIO || err == DLSHARE_ENOMEM ||
+	    err == DLSHARE_EPROTO)
+		err = DLSHARE_ECONN;
+	fail_all(c, err, wq);
+	c->nrel = 0;
+	wq->kick_rx = 1;
 }
 
 /* Sends queued releases without blocking. Returns 0, or -EAGAIN when the
@@ -386,11 +482,12 @@ static int flush_releases(dlshare_client *c)
 	return 0;
 }
 
-static void handle_push(dlshare_client *c, Dlshare__Frame *f)
+/* Under c->lock. Export deleters may call back into the library, so a
+ * Retired export goes to the receiver thread, which frees it outside the
+ * lock and outside any call. */
+static void handle_push(dlshare_client *c, Dlshare__Frame *f,
+			struct wakeq *wq)
 {
-	struct export *done = NULL;
-
-	pthread_mutex_lock(&c->lock);
 	if (f->body_case == DLSHARE__FRAME__BODY_BUFFER_GONE) {
 		for (size_t i = 0; i < f->buffer_gone->n_ids; i++) {
 			struct ibuf *b = NULL;
@@ -410,20 +507,29 @@ static void handle_push(dlshare_client *c, Dlshare__Frame *f)
 			if (e->version == f->retired->version &&
 			    strcmp(e->name, f->retired->name) == 0) {
 				*pp = e->next;
-				done = e;
+				e->next = c->retired;
+				c->retired = e;
+				wq->kick_rx = 1;
 				break;
 			}
 		}
 	}
-	pthread_mutex_unlock(&c->lock);
-	/* Deleters run outside the lock: they may call back into us. */
-	if (done)
-		export_free(done);
 }
 
-/* Hands a reply to its waiting caller. Under c->lock. */
-static void deliver(dlshare_client *c, struct wire_msg *m, int *fds,
-		    unsigned nfds)
+static void exports_free(struct export *e)
+{
+	while (e) {
+		struct export *next = e->next;
+
+		export_free(e);
+		e = next;
+	}
+}
+
+/* Hands a reply to its waiting caller. Under c->lock. Returns 1 when a
+ * caller was waiting for it, 0 when nobody was (the packet is dropped). */
+static int deliver(dlshare_client *c, struct wire_msg *m, int *fds,
+		   unsigned nfds, struct wakeq *wq)
 {
 	Dlshare__Frame *f = m->frame;
 	struct pending *p = NULL;
@@ -433,14 +539,14 @@ static void deliver(dlshare_client *c, struct wire_msg *m, int *fds,
 	if (!p) {
 		wire_close_fds(fds, nfds);
 		wire_msg_free(m);
-		return;
+		return 0;
 	}
 	if (f->body_case == DLSHARE__FRAME__BODY_GET_REPLY) {
 		err = import_buffers(c, f->get_reply, fds, nfds, p);
 		nfds = 0;
 		/* The daemon gave us a lease we cannot use: give it back. */
-		if (err)
-			queue_release(c, f->get_reply->lease);
+		if (err && queue_release(c, f->get_reply->lease))
+			wq->kick_rx = 1;
 	} else if (f->body_case == DLSHARE__FRAME__BODY_PUBLISH_REPLY &&
 		   p->export) {
 		/* Registered before anything after this reply is read, so
@@ -456,7 +562,73 @@ static void deliver(dlshare_client *c, struct wire_msg *m, int *fds,
 	p->nfds = nfds;
 	p->err = err;
 	p->done = 1;
-	pthread_cond_signal(&p->cond);
+	wakeq_done(wq, p);
+	return 1;
+}
+
+/* The reader, without c->lock: receives and decodes one packet into
+ * c->rbuf, waiting for one at most CLIENT_LEAD_CHECK_MS unless flags has
+ * MSG_DONTWAIT. Returns 0 with *m and its fds, 1 when none came, or a
+ * DLSHARE_E* code: the connection is unusable (every fd it brought is
+ * closed). */
+static int conn_read(dlshare_client *c, struct wire_msg **m, int *fds,
+		     unsigned *nfds, int flags)
+{
+	size_t len = 0;
+	int r;
+
+	*m = NULL;
+	*nfds = 0;
+	r = wire_recv(c->fd, c->rbuf, c->max_packet, fds, WIRE_FDS_MAX, &len,
+		      nfds, flags);
+	if (r == -EAGAIN)
+		return 1;
+	if (r || (len == 0 && *nfds == 0))
+		return r == -EMSGSIZE || r == -EPROTO ? DLSHARE_EPROTO :
+		       DLSHARE_ECONN;
+	if (wire_decode(c->rbuf, len, m) || (*m)->frame->nfds != *nfds) {
+		if (*m)
+			wire_msg_free(*m);
+		*m = NULL;
+		wire_close_fds(fds, *nfds);
+		return DLSHARE_EPROTO;
+	}
+	return 0;
+}
+
+/* The reader, under c->lock: handles a packet (and takes it). Returns 1
+ * when it answered a waiting call, 0, or a DLSHARE_E* code (the daemon's
+ * last word). */
+static int dispatch(dlshare_client *c, struct wire_msg *m, int *fds,
+		    unsigned nfds, struct wakeq *wq)
+{
+	Dlshare__Frame *f = m->frame;
+	int err = 0;
+
+	if (f->id != 0)
+		return deliver(c, m, fds, nfds, wq);
+	/* An Error with id 0 is the daemon's last word before it hangs up:
+	 * every waiter gets its code. */
+	if (f->body_case == DLSHARE__FRAME__BODY_ERROR) {
+		err = f->error->code < 0 ? f->error->code : DLSHARE_EPROTO;
+		snprintf(c->fatal_msg, sizeof(c->fatal_msg), "%s",
+			 f->error->message ? f->error->message : "");
+	} else {
+		handle_push(c, f, wq);
+	}
+	wire_close_fds(fds, nfds);
+	wire_msg_free(m);
+	return err;
+}
+
+/* ---- the receiver thread ---------------------------------------------- */
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* Sends the releases whose device work is done. Returns 1 while some still
@@ -518,28 +690,84 @@ void client_release_after(dlshare_client *c, struct lease_ref *lr)
 	free(lr);
 }
 
+/* The receiver thread: sends queued releases, watches deferred ones, frees
+ * retired exports, and reads the socket while no caller does — taking the
+ * reader role only once callers have gone quiet for CLIENT_IDLE_MS, and
+ * giving it back as soon as it answered one, so that a reply wakes one
+ * thread, the caller's own. */
 static void *rx_main(void *arg)
 {
 	dlshare_client *c = arg;
-	uint8_t *buf = malloc(c->max_packet);
-	int want_out = 0, err = 0;
+	struct wakeq wq = { 0 };
+	struct export *retired;
+	uint64_t calls_seen = 0;
+	int64_t quiet_since = 0; /* since when no call began, as far as we saw */
+	int want_out = 0, reader = 0, err = 0;
 
-	if (!buf)
-		err = DLSHARE_ENOMEM;
-	while (!err) {
-		struct pollfd pfd[2] = {
-			{ .fd = c->fd, .events = POLLIN | (want_out ? POLLOUT : 0) },
-			{ .fd = c->wake_fd, .events = POLLIN },
-		};
+	for (;;) {
+		struct pollfd pfd[2];
 		int fds[WIRE_FDS_MAX];
 		unsigned nfds = 0;
 		struct wire_msg *m = NULL;
-		size_t len = 0;
-		int r;
+		int64_t now = now_ms();
+		int r, timeout = -1;
+
+		pthread_mutex_lock(&c->lock);
+		if (c->closed || c->dead) {
+			/* dead: a caller found the connection failed. */
+			err = c->closed ? DLSHARE_ECLOSED : 0;
+			pthread_mutex_unlock(&c->lock);
+			break;
+		}
+		r = flush_releases(c);
+		retired = c->retired;
+		c->retired = NULL;
+		if (retired && reader) {
+			/* Deleters may call into the library: not while
+			 * callers wait for us to read their replies. */
+			c->reading = 0;
+			reader = 0;
+			quiet_since = now;
+			handoff(c, &wq);
+		}
+		if (c->calls != calls_seen) {
+			calls_seen = c->calls;
+			quiet_since = now;
+		}
+		if (!reader && !retired && !c->reading) {
+			if (now - quiet_since >= CLIENT_IDLE_MS) {
+				c->reading = 1;
+				reader = 1;
+			} else {
+				timeout = (int)(CLIENT_IDLE_MS - (now - quiet_since));
+			}
+		}
+		pthread_mutex_unlock(&c->lock);
+		wakeq_run(c, &wq);
+		exports_free(retired);
+		want_out = r == -EAGAIN;
+		if (r && r != -EAGAIN) {
+			err = DLSHARE_ECONN;
+			break;
+		}
 
 		/* Releases waiting for device work are checked every
-		 * millisecond; otherwise we sleep until something happens. */
-		if (poll(pfd, 2, deferred_poll(c) ? 1 : -1) < 0) {
+		 * millisecond; otherwise we sleep until something happens,
+		 * or, while callers read, until they may have gone quiet. */
+		if (deferred_poll(c))
+			timeout = 1;
+		else if (!reader && timeout < 0)
+			timeout = CLIENT_IDLE_MS; /* a caller reads */
+		pfd[0] = (struct pollfd){
+			.fd = c->fd,
+			.events = (reader ? POLLIN : 0) | (want_out ? POLLOUT : 0),
+		};
+		/* Not even a hang-up of the socket is ours while a caller
+		 * reads (poll reports one whatever the events). */
+		if (!pfd[0].events)
+			pfd[0].fd = -1;
+		pfd[1] = (struct pollfd){ .fd = c->wake_fd, .events = POLLIN };
+		if (poll(pfd, 2, timeout) < 0) {
 			if (errno == EINTR)
 				continue;
 			err = DLSHARE_EIO;
@@ -548,67 +776,49 @@ static void *rx_main(void *arg)
 		if (pfd[1].revents & POLLIN) {
 			uint64_t v;
 
-			if (read(c->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+			if (read(c->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN) {
 				err = DLSHARE_EIO;
+				break;
+			}
+		}
+		if (!reader || !(pfd[0].revents & (POLLIN | POLLHUP | POLLERR)))
+			continue;
+		r = conn_read(c, &m, fds, &nfds, MSG_DONTWAIT);
+		if (r == 1)
+			continue;
+		if (r) {
+			err = r;
+			break;
 		}
 		pthread_mutex_lock(&c->lock);
-		if (c->closed) {
-			pthread_mutex_unlock(&c->lock);
-			err = DLSHARE_ECLOSED;
-			break;
+		r = dispatch(c, m, fds, nfds, &wq);
+		if (r == 1) {
+			/* A caller is back: leave the socket to the callers
+			 * until they go quiet again. */
+			c->reading = 0;
+			reader = 0;
+			quiet_since = now_ms();
+			handoff(c, &wq);
 		}
-		r = flush_releases(c);
 		pthread_mutex_unlock(&c->lock);
-		want_out = r == -EAGAIN;
-		if (r && r != -EAGAIN) {
-			err = DLSHARE_ECONN;
+		wq.kick_rx = 0; /* we are the receiver thread */
+		wakeq_run(c, &wq);
+		if (r < 0) {
+			err = r;
 			break;
 		}
-		if (!(pfd[0].revents & (POLLIN | POLLHUP | POLLERR)))
-			continue;
-		r = wire_recv(c->fd, buf, c->max_packet, fds, WIRE_FDS_MAX,
-			      &len, &nfds, MSG_DONTWAIT);
-		if (r == -EAGAIN)
-			continue;
-		if (r || (len == 0 && nfds == 0)) {
-			err = r == -EMSGSIZE || r == -EPROTO ? DLSHARE_EPROTO :
-			      DLSHARE_ECONN;
-			break;
-		}
-		if (wire_decode(buf, len, &m) || m->frame->nfds != nfds) {
-			if (m)
-				wire_msg_free(m);
-			wire_close_fds(fds, nfds);
-			err = DLSHARE_EPROTO;
-			break;
-		}
-		if (m->frame->id == 0) {
-			/* An Error with id 0 is the daemon's last word before
-			 * it hangs up: every waiter gets its code. */
-			if (m->frame->body_case == DLSHARE__FRAME__BODY_ERROR) {
-				err = m->frame->error->code < 0 ?
-				      m->frame->error->code : DLSHARE_EPROTO;
-				pthread_mutex_lock(&c->lock);
-				snprintf(c->fatal_msg, sizeof(c->fatal_msg), "%s",
-					 m->frame->error->message ?
-					 m->frame->error->message : "");
-				pthread_mutex_unlock(&c->lock);
-			} else
-				handle_push(c, m->frame);
-			wire_close_fds(fds, nfds);
-			wire_msg_free(m);
-			continue;
-		}
-		pthread_mutex_lock(&c->lock);
-		deliver(c, m, fds, nfds);
-		pthread_mutex_unlock(&c->lock);
 	}
-	free(buf);
 	pthread_mutex_lock(&c->lock);
-	fail_all(c, err == DLSHARE_EIO || err == DLSHARE_ENOMEM ||
-		    err == DLSHARE_EPROTO ? DLSHARE_ECONN : err);
-	c->nrel = 0;
+	if (reader)
+		c->reading = 0;
+	if (!c->dead || c->pending)
+		conn_fail(c, err, &wq);
+	retired = c->retired;
+	c->retired = NULL;
 	pthread_mutex_unlock(&c->lock);
+	wq.kick_rx = 0;
+	wakeq_run(c, &wq);
+	exports_free(retired);
 	client_unref(c);
 	return NULL;
 }
@@ -626,10 +836,46 @@ void reply_free(dlshare_client *c, struct reply *r)
 	r->msg = NULL;
 }
 
+/* A caller that has sent p and found nobody reading, under c->lock: takes
+ * the reader role and reads until p is done (its reply came, or the
+ * connection failed), dispatching whatever comes first: other callers'
+ * replies, pushes. Gives the role up and returns with c->lock held; wq
+ * says whom to wake once it is dropped. */
+static void lead(dlshare_client *c, struct pending *p, struct wakeq *wq)
+{
+	c->reading = 1;
+	pthread_mutex_unlock(&c->lock);
+	for (;;) {
+		int fds[WIRE_FDS_MAX];
+		unsigned nfds = 0;
+		struct wire_msg *m = NULL;
+		int r;
+
+		/* A blocking receive, no poll first: one system call per
+		 * packet, like a bare round trip. It times out (SO_RCVTIMEO)
+		 * so that we see when another thread failed our call. */
+		r = conn_read(c, &m, fds, &nfds, 0);
+		pthread_mutex_lock(&c->lock);
+		if (r == 0)
+			r = dispatch(c, m, fds, nfds, wq);
+		if (r < 0 && !c->dead)
+			conn_fail(c, r, wq);
+		/* p is done when its reply came, or when another thread
+		 * failed every call (the receiver thread, at disconnect). */
+		if (p->done || c->dead)
+			break;
+		pthread_mutex_unlock(&c->lock);
+		wakeq_run(c, wq);
+	}
+	c->reading = 0;
+	handoff(c, wq);
+}
+
 int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 		unsigned nfds, struct export *export, struct reply *out)
 {
-	struct pending p = { .err = 0 };
+	struct wakeq wq = { 0 };
+	struct pending *p;
 	uint8_t *data;
 	size_t len;
 	int err;
@@ -637,25 +883,34 @@ int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 	errmsg_set(NULL);
 	memset(out, 0, sizeof(*out));
 	/* A deleter run by our receiver thread (Retired) must not wait for a
-	 * reply that only this thread could read. */
+	 * reply while the thread that frees exports is blocked. */
 	if (c->rx_started && pthread_equal(pthread_self(), c->rx)) {
 		errmsg_set("dlshare call from a deleter on the library's thread");
 		return DLSHARE_EINVAL;
 	}
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return DLSHARE_ENOMEM;
+	atomic_init(&p->refs, 1);
+	pthread_cond_init(&p->cond, NULL);
+	wq.self = p;
 	req->nfds = nfds;
 	req->has_nfds = nfds > 0;
-	pthread_cond_init(&p.cond, NULL);
 	pthread_mutex_lock(&c->lock);
 	if (c->closed || c->dead) {
 		err = c->closed ? DLSHARE_ECLOSED : DLSHARE_ECONN;
 		errmsg_set(c->fatal_msg);
 		pthread_mutex_unlock(&c->lock);
-		pthread_cond_destroy(&p.cond);
+		pending_unref(p);
 		return err;
 	}
-	p.id = req->id = c->next_id++;
-	p.export = export;
-	HASH_ADD(hh, c->pending, id, sizeof(p.id), &p);
+	p->id = req->id = c->next_id++;
+	p->export = export;
+	HASH_ADD(hh, c->pending, id, sizeof(p->id), p);
+	c->calls++;
+	/* We may read the socket and use c until we return, even if another
+	 * thread disconnects meanwhile. */
+	client_ref(c);
 	pthread_mutex_unlock(&c->lock);
 
 	err = wire_encode(req, c->send_max, &data, &len);
@@ -669,37 +924,44 @@ int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 	pthread_mutex_lock(&c->lock);
 	if (err) {
 		/* Never sent: nobody will answer. */
-		if (!p.done)
-			HASH_DEL(c->pending, &p);
-		p.done = 1;
-		p.err = err == -E2BIG || err == -EMSGSIZE ? DLSHARE_E2BIG :
+		if (!p->done)
+			HASH_DEL(c->pending, p);
+		p->done = 1;
+		p->err = err == -E2BIG || err == -EMSGSIZE ? DLSHARE_E2BIG :
 			client_errno(err);
 	}
-	while (!p.done)
-		pthread_cond_wait(&p.cond, &c->lock);
-	if (p.err && !p.msg)
+	while (!p->done) {
+		if (!c->reading && !c->dead)
+			lead(c, p, &wq);
+		else
+			pthread_cond_wait(&p->cond, &c->lock);
+	}
+	if (p->err && !p->msg)
 		errmsg_set(c->fatal_msg);
+	/* Whoever offered us the role may have found us done: pass it on. */
+	handoff(c, &wq);
 	/* An export the reply did not register stays the caller's. */
 	pthread_mutex_unlock(&c->lock);
-	pthread_cond_destroy(&p.cond);
+	wakeq_run(c, &wq);
 
-	out->msg = p.msg;
-	memcpy(out->fds, p.fds, p.nfds * sizeof(int));
-	out->nfds = p.nfds;
-	memcpy(out->pins, p.pins, p.npins * sizeof(p.pins[0]));
-	out->npins = p.npins;
-	if (!p.err && p.msg && p.msg->frame->body_case ==
-			       DLSHARE__FRAME__BODY_ERROR) {
-		Dlshare__Error *e = p.msg->frame->error;
+	out->msg = p->msg;
+	memcpy(out->fds, p->fds, p->nfds * sizeof(int));
+	out->nfds = p->nfds;
+	memcpy(out->pins, p->pins, p->npins * sizeof(p->pins[0]));
+	out->npins = p->npins;
+	err = p->err;
+	pending_unref(p);
+	if (!err && out->msg && out->msg->frame->body_case ==
+				  DLSHARE__FRAME__BODY_ERROR) {
+		Dlshare__Error *e = out->msg->frame->error;
 
 		errmsg_set(e->message);
-		p.err = e->code < 0 ? e->code : DLSHARE_EPROTO;
+		err = e->code < 0 ? e->code : DLSHARE_EPROTO;
 	}
-	if (p.err) {
+	if (err)
 		reply_free(c, out);
-		return p.err;
-	}
-	return 0;
+	client_unref(c);
+	return err;
 }
 
 /* Sends one Release from the calling thread when nothing is queued and the
@@ -829,6 +1091,18 @@ int dlshare_connect(const char *path, dlshare_client **out)
 		err = client_errno(-errno);
 		goto fail;
 	}
+	/* Callers read with blocking receives; the receiver thread never
+	 * blocks in one. */
+	setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO,
+		   &(struct timeval){ .tv_sec = CLIENT_LEAD_CHECK_MS / 1000,
+				      .tv_usec = CLIENT_LEAD_CHECK_MS % 1000 * 1000 },
+		   sizeof(struct timeval));
+	/* The reader's buffer, whichever thread reads. */
+	c->rbuf = malloc(c->max_packet);
+	if (!c->rbuf) {
+		err = DLSHARE_ENOMEM;
+		goto fail;
+	}
 	if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
 		err = errno == EACCES ? DLSHARE_EPERM : DLSHARE_ECONN;
 		goto fail;
@@ -858,7 +1132,7 @@ fail:
 
 void dlshare_disconnect(dlshare_client *c)
 {
-	struct export *e;
+	struct export *e, *r;
 	uint64_t one = 1;
 
 	if (!c)
@@ -908,18 +1182,18 @@ void dlshare_disconnect(dlshare_client *c)
 	c->dead = 1;
 	e = c->exports;
 	c->exports = NULL;
+	/* Retired but not yet freed by the receiver thread (when it was
+	 * detached above, it frees what comes after). */
+	r = c->retired;
+	c->retired = NULL;
 	/* Mappings no tensor uses go now; the rest with their last tensor. */
 	struct ibuf *b, *tmp;
 	HASH_ITER(hh, c->bufs, b, tmp)
 		if (b->refs == 0)
 			ibuf_drop(c, b);
 	pthread_mutex_unlock(&c->lock);
-	while (e) {
-		struct export *next = e->next;
-
-		export_free(e);
-		e = next;
-	}
+	exports_free(r);
+	exports_free(e);
 	if (atomic_fetch_sub(&live_clients, 1) == 1)
 		cuda_event_pool_drain();
 	client_unref(c);

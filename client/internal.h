@@ -1,13 +1,17 @@
 /* internal — what the modules of libdlshare share behind the public API.
  *
- * A dlshare_client owns one socket and one receiver thread. Callers send
- * under send_lock and sleep on their own pending slot; the receiver thread
- * reads every packet, in order, imports the buffers a reply names into the
- * cache (so a later reply that names a buffer without its fd always finds
- * it), hands replies to their slots and handles pushes (Retired,
- * BufferGone). Deleters never block: they queue lease ids that the receiver
- * thread sends. Everything in struct dlshare_client below `lock` is
- * protected by it.
+ * A dlshare_client owns one socket and one receiver thread. One thread at
+ * a time holds the reader role: it reads every packet, in order, imports
+ * the buffers a reply names into the cache (so a later reply that names a
+ * buffer without its fd always finds it), hands replies to their slots and
+ * handles pushes (Retired, BufferGone). A caller that has sent its request
+ * and finds no reader takes the role and reads its own reply (and whatever
+ * comes before it), then hands the role on to another waiting caller; the
+ * receiver thread takes it only while no call is being made, for the
+ * pushes. Export deleters (Retired) and queued releases always run on the
+ * receiver thread. Deleters never block: they send their Release when the
+ * socket is free, else queue it for the receiver thread. Everything in
+ * struct dlshare_client below `lock` is protected by it.
  */
 #ifndef DLSHARE_CLIENT_INTERNAL_H
 #define DLSHARE_CLIENT_INTERNAL_H
@@ -55,10 +59,14 @@ struct export {
 	struct export *next;
 };
 
-/* A request waiting for its reply. */
+/* A request waiting for its reply. Its owner and whoever completes it or
+ * hands it the reader role hold references, so that a condition variable is
+ * signalled after c->lock is dropped and never after its owner freed it. */
 struct pending {
 	uint64_t id;
+	atomic_int refs;
 	pthread_cond_t cond;
+	struct pending *wnext;   /* a wake list, while referenced for it */
 	int done;
 	int err;                 /* DLSHARE_E* when done without a reply */
 	struct wire_msg *msg;
@@ -79,14 +87,19 @@ struct dlshare_client {
 	uint32_t max_packet;     /* largest packet we can receive */
 	uint32_t send_max;       /* largest the daemon takes (HelloReply) */
 	pthread_mutex_t send_lock;
+	uint8_t *rbuf;           /* max_packet bytes, the reader's */
 
 	pthread_mutex_t lock;
+	int reading;             /* a thread holds the reader role */
+	uint64_t calls;          /* calls begun, to tell the receiver thread
+				  * whether callers are around */
 	int closed;              /* dlshare_disconnect() began */
 	int dead;                /* the connection is gone */
 	uint64_t next_id;
 	struct pending *pending;
 	struct ibuf *bufs;
 	struct export *exports;
+	struct export *retired;  /* retired, for the receiver thread to free */
 	char fatal_msg[256];     /* the daemon's last word, if any */
 	struct lease_ref *deferred; /* released, waiting for their event */
 	uint64_t *rel;           /* lease ids to release */
@@ -118,9 +131,11 @@ struct reply {
 void client_ref(dlshare_client *c);
 void client_unref(dlshare_client *c);
 
-/* Sends req (its id is set here) with fds and waits for the reply. An Error
- * reply becomes its code (and the daemon's message, see errmsg_set). export,
- * when set, is registered by the receiver thread as the reply arrives.
+/* Sends req (its id is set here) with fds and waits for the reply, reading
+ * the socket itself when no other thread does. An Error reply becomes its
+ * code (and the daemon's message, see errmsg_set). export, when set, is
+ * registered by whichever thread reads the reply, as it arrives. Any thread
+ * but the receiver thread (a deleter it runs gets DLSHARE_EINVAL).
  * Returns 0 with *out (free with reply_free), or a DLSHARE_E* code. */
 int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 		unsigned nfds, struct export *export, struct reply *out);

@@ -4,7 +4,10 @@
  * thread is parked in a long get that must not hold up the others and
  * another process keeps publishing new versions (store and export) of the
  * name they read. Every tensor read must match its version's data; at the
- * end no lease is left and every export went back to its deleter once. */
+ * end no lease is left and every export went back to its deleter once.
+ * And a push (Retired) that comes while a parked get is the thread reading
+ * the socket is handled, and the export's deleter may call back into the
+ * client without a deadlock. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -293,10 +296,77 @@ static void many_threads_one_client(void **state)
 	alarm(0);
 }
 
+/* ---- a push while another thread waits in a parked get ---------------------------- */
+
+static struct {
+	dlshare_client *c;
+	void (*orig)(DLManagedTensor *);
+	atomic_int runs;
+} cb;
+
+/* An export's deleter that calls back into its client, as a binding's
+ * deleter may. Where it runs, the call may be refused; it must not hang. */
+static void calling_deleter(DLManagedTensor *t)
+{
+	dlshare_stats st;
+
+	(void)dlshare_stats_get(cb.c, &st);
+	cb.orig(t);
+	atomic_fetch_add(&cb.runs, 1);
+}
+
+static void push_while_parked(void **state)
+{
+	struct fixture *fx = *state;
+	struct shared sh = { .c = harness_connect(&fx->d) };
+	struct parked pk = { .sh = &sh };
+	struct util_want w = UTIL_ANY;
+	dlshare_publish_opts o = { .flags = DLSHARE_PUBLISH_NO_COPY };
+	DLManagedTensor *t;
+	pthread_t pth;
+	uint64_t v;
+	int s2;
+
+	alarm((unsigned)harness_ms(60000) / 1000);
+	cb.c = sh.c;
+	atomic_store(&cb.runs, 0);
+	assert_int_equal(pthread_create(&pth, NULL, parked_main, &pk), 0);
+	w.parked = 1;
+	util_assert_want(sh.c, &w);
+
+	assert_int_equal(dlshare_host_alloc(DT_I32, 1, shape, &t), 0);
+	harness_fill(t->dl_tensor.data, util_nbytes(DT_I32, 1, shape), 1);
+	cb.orig = t->deleter;
+	t->deleter = calling_deleter;
+	assert_int_equal(dlshare_publish(sh.c, "th/push", &t, 1, &o, &v), 0);
+	assert_int_equal(v, 1);
+	assert_int_equal(util_export(sh.c, "th/push", DT_I32, 1, shape, 2, &v,
+				     &s2), 0);
+	assert_int_equal(v, 2);
+	/* Nobody holds version 1: the daemon retires it. No call of ours is
+	 * in flight now but the parked get, so its thread, or the library's,
+	 * must read the Retired and run the deleter. */
+	for (int i = 0; i < harness_ms(5000) && atomic_load(&cb.runs) == 0; i++)
+		util_sleep_ms(1);
+	assert_int_equal(atomic_load(&cb.runs), 1);
+	assert_int_equal(util_deleted(s2), 0);
+	assert_int_equal(pk.returned_at, 0);
+
+	assert_int_equal(util_wait(util_spawn(&fx->d, late_publisher, NULL)), 0);
+	pthread_join(pth, NULL);
+	assert_int_equal(pk.err, 0);
+	assert_int_equal(pk.bad_data, 0);
+	dlshare_disconnect(sh.c);
+	assert_int_equal(util_deleted(s2), 1);
+	assert_int_equal(atomic_load(&cb.runs), 1);
+	alarm(0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(many_threads_one_client, setup, teardown),
+		cmocka_unit_test_setup_teardown(push_while_parked, setup, teardown),
 	};
 
 	return cmocka_run_group_tests_name("threads", tests, NULL, NULL);
