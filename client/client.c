@@ -20,6 +20,8 @@
 
 /* Lease ids sent in one Release packet (8 bytes each at most). */
 #define CLIENT_RELEASE_BATCH 1024
+/* Lease ids a request carries at most (Frame.releases). */
+#define CLIENT_RELEASE_RIDE 64
 
 static _Thread_local char errmsg[256];
 
@@ -726,6 +728,7 @@ static void *rx_main(void *arg)
 			/* Deleters may call into the library: not while
 			 * callers wait for us to read their replies. */
 			c->reading = 0;
+			c->rx_reading = 0;
 			reader = 0;
 			quiet_since = now;
 			handoff(c, &wq);
@@ -737,6 +740,7 @@ static void *rx_main(void *arg)
 		if (!reader && !retired && !c->reading) {
 			if (now - quiet_since >= CLIENT_IDLE_MS) {
 				c->reading = 1;
+				c->rx_reading = 1;
 				reader = 1;
 			} else {
 				timeout = (int)(CLIENT_IDLE_MS - (now - quiet_since));
@@ -796,6 +800,7 @@ static void *rx_main(void *arg)
 			/* A caller is back: leave the socket to the callers
 			 * until they go quiet again. */
 			c->reading = 0;
+			c->rx_reading = 0;
 			reader = 0;
 			quiet_since = now_ms();
 			handoff(c, &wq);
@@ -809,8 +814,10 @@ static void *rx_main(void *arg)
 		}
 	}
 	pthread_mutex_lock(&c->lock);
-	if (reader)
+	if (reader) {
 		c->reading = 0;
+		c->rx_reading = 0;
+	}
 	if (!c->dead || c->pending)
 		conn_fail(c, err, &wq);
 	retired = c->retired;
@@ -875,6 +882,8 @@ int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 		unsigned nfds, struct export *export, struct reply *out)
 {
 	struct wakeq wq = { 0 };
+	uint64_t ride[CLIENT_RELEASE_RIDE];
+	size_t nride = 0;
 	struct pending *p;
 	uint8_t *data;
 	size_t len;
@@ -906,6 +915,15 @@ int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 	}
 	p->id = req->id = c->next_id++;
 	p->export = export;
+	/* Queued releases ride on this request. */
+	if (c->piggyback && c->nrel) {
+		nride = c->nrel < CLIENT_RELEASE_RIDE ? c->nrel :
+			CLIENT_RELEASE_RIDE;
+		memcpy(ride, c->rel + c->nrel - nride, nride * sizeof(*ride));
+		c->nrel -= nride;
+		req->releases = ride;
+		req->n_releases = nride;
+	}
 	HASH_ADD(hh, c->pending, id, sizeof(p->id), p);
 	c->calls++;
 	/* We may read the socket and use c until we return, even if another
@@ -914,6 +932,19 @@ int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 	pthread_mutex_unlock(&c->lock);
 
 	err = wire_encode(req, c->send_max, &data, &len);
+	if (err && nride) {
+		/* Too large with them: they go on their own. */
+		req->releases = NULL;
+		req->n_releases = 0;
+		pthread_mutex_lock(&c->lock);
+		for (size_t i = 0; i < nride; i++)
+			queue_release(c, ride[i]);
+		pthread_mutex_unlock(&c->lock);
+		nride = 0;
+		err = wire_encode(req, c->send_max, &data, &len);
+	}
+	req->releases = NULL;
+	req->n_releases = 0;
 	if (!err) {
 		pthread_mutex_lock(&c->send_lock);
 		err = wire_send(c->fd, data, len, fds, nfds, 0);
@@ -1000,10 +1031,16 @@ void client_release(dlshare_client *c, uint64_t lease)
 
 	if (lease == 0) /* a writer's pin holds no lease */
 		return;
-	if (release_now(c, lease) == 0)
+	if (!c->piggyback && release_now(c, lease) == 0)
 		return;
 	pthread_mutex_lock(&c->lock);
 	wake = queue_release(c, lease);
+	/* With a daemon that takes releases on requests, a lease waits for
+	 * the next call (no packet, no wakeup of its own) while calls come;
+	 * the receiver thread sends what is left within CLIENT_IDLE_MS. Only
+	 * an idle receiver thread, blocked in poll, must be woken. */
+	if (c->piggyback && !c->rx_reading)
+		wake = 0;
 	pthread_mutex_unlock(&c->lock);
 	if (wake && write(c->wake_fd, &one, sizeof(one)) < 0) {
 		/* The counter is full, so the thread is awake anyway. */
@@ -1050,6 +1087,8 @@ static int hello(dlshare_client *c)
 	 * DLSHARE_E2BIG, instead of costing the connection. */
 	else if (r.msg->frame->hello_reply->max_packet < c->send_max)
 		c->send_max = r.msg->frame->hello_reply->max_packet;
+	if (!err)
+		c->piggyback = r.msg->frame->hello_reply->minor >= 1;
 	reply_free(c, &r);
 	return err;
 }

@@ -91,6 +91,8 @@ struct dlshare_client {
 
 	pthread_mutex_t lock;
 	int reading;             /* a thread holds the reader role */
+	int rx_reading;          /* ...and it is the receiver thread */
+	int piggyback;           /* the daemon takes Frame.releases (1.1) */
 	uint64_t calls;          /* calls begun, to tell the receiver thread
 				  * whether callers are around */
 	int closed;              /* dlshare_disconnect() began */

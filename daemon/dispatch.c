@@ -1148,6 +1148,19 @@ void dispatch_frame(struct conn *c, Dlshare__Frame *f, int *fds,
 		conn_fail(c, "unexpected fds");
 		return;
 	}
+	/* Releases riding on a request go first, as if sent before it; an
+	 * unknown one is only logged (the request has its own answer). */
+	if (f->n_releases) {
+		size_t unknown = 0;
+
+		for (size_t i = 0; i < f->n_releases; i++)
+			if (registry_release(&c->srv->reg, &c->owner,
+					     f->releases[i]))
+				unknown++;
+		if (unknown)
+			log_info("conn %llu: release of %zu unknown lease(s)",
+				 (unsigned long long)c->id, unknown);
+	}
 	switch (f->body_case) {
 	case DLSHARE__FRAME__BODY_HELLO:
 		handle_hello(c, f->id, f->hello);

@@ -260,7 +260,10 @@ DLSHARE_API const DLTensor *dlshare_bundle_tensor(const dlshare_bundle *b,
 
 /* Makes a DLManagedTensor of tensor i for a DLPack consumer. It holds the
  * lease on its own (the bundle may be freed first); its deleter releases it
- * and may be called from any thread, also after dlshare_disconnect().
+ * and may be called from any thread, also after dlshare_disconnect(). The
+ * release reaches the daemon with this client's next request, or within
+ * 20 ms when none comes (a device tensor's once the consumer's stream
+ * passed its work).
  * The memory is mapped read-only. Returns 0, DLSHARE_EINVAL, DLSHARE_ENOMEM. */
 DLSHARE_API int dlshare_bundle_export(dlshare_bundle *b, size_t i,
 				      DLManagedTensor **out);

@@ -334,6 +334,22 @@ static size_t f_stats(uint8_t *out, uint64_t id)
 	return pack(&f, out);
 }
 
+/* A Get carrying releases of leases (Frame.releases). */
+static size_t f_get_releasing(uint8_t *out, uint64_t id, const char *name,
+			      const uint64_t *leases, size_t n)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Get m = DLSHARE__GET__INIT;
+
+	m.name = (char *)name;
+	f.id = id;
+	f.n_releases = n;
+	f.releases = (uint64_t *)leases;
+	f.body_case = DLSHARE__FRAME__BODY_GET;
+	f.get = &m;
+	return pack(&f, out);
+}
+
 /* ---- fuzz_packet: one packet each ------------------------------------------ */
 
 static void emit_packet(const char *name, size_t len, const uint8_t *buf)
@@ -608,6 +624,17 @@ static void daemon_seeds(void)
 	s_pkt(&s, 0, b, f_delete(b, 9, "demo/w"), 0, 0);
 	s_pkt(&s, 0, b, f_stats(b, 10), 0, 0);
 	s_emit(&s, "store");
+
+	/* Gets that release the previous get's lease on the way. */
+	s_start(&s, 3 << 2);
+	vd_simple(&d, 0);
+	s_pkt(&s, 0, b, f_create(b, 2, "ride/w", &d, 0), 0, 0);
+	s_pkt(&s, 0, b, f_seal(b, 3, "ride/w", 1, 0), 0, 0);
+	s_pkt(&s, 0, b, f_get_releasing(b, 4, "ride/w", NULL, 0), 0, 0);
+	s_pkt(&s, 0, b, f_get_releasing(b, 5, "ride/w", l1, 1), 0, 0);
+	s_pkt(&s, 0, b, f_get_releasing(b, 6, "ride/w", l12, 2), 0, 0);
+	s_pkt(&s, 0, b, f_stats(b, 7), 0, 0);
+	s_emit(&s, "releases-ride");
 
 	/* Store mode on a GPU: the create goes to the thread pool and comes
 	 * back refused (no driver), while the peer's next requests are

@@ -646,12 +646,64 @@ static void buffer_gone_to_holders(void **state)
 	dlshare_disconnect(c);
 }
 
+/* ---- Releases riding on a request (Frame.releases, protocol 1.1) ------------- */
+
+/* Stats carrying releases; returns the leases the StatsReply counts. */
+static uint64_t raw_stats_releasing(int fd, uint64_t *ids, size_t n)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Stats st = DLSHARE__STATS__INIT;
+	struct wire_msg *m;
+	uint64_t leases;
+
+	f.id = 78;
+	f.n_releases = n;
+	f.releases = ids;
+	f.body_case = DLSHARE__FRAME__BODY_STATS;
+	f.stats = &st;
+	assert_int_equal(raw_call(fd, &f, NULL, 0, &m), 0);
+	assert_int_equal(m->frame->body_case, DLSHARE__FRAME__BODY_STATS_REPLY);
+	leases = m->frame->stats_reply->leases;
+	wire_msg_free(m);
+	return leases;
+}
+
+static void releases_ride_on_requests(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	int64_t shape[1] = { 16 };
+	int fd = raw_connect(fx->d.sock);
+	uint64_t l[3], buf, bogus[2];
+
+	assert_true(fd >= 0);
+	assert_int_equal(raw_hello(fd), 0);
+	assert_int_equal(util_store(c, "ride/x", DT_F32, 1, shape, 1, NULL), 0);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(raw_get_buffer(fd, "ride/x", 20 + i, &l[i],
+						&buf), 0);
+	assert_int_equal(raw_stats_releasing(fd, NULL, 0), 3);
+	/* Released before the request is handled: its answer counts them
+	 * gone. */
+	assert_int_equal(raw_stats_releasing(fd, l, 2), 1);
+	/* Unknown or already released ones do not cost the request. */
+	bogus[0] = l[0];
+	bogus[1] = 999999;
+	assert_int_equal(raw_stats_releasing(fd, bogus, 2), 1);
+	assert_int_equal(raw_stats_releasing(fd, &l[2], 1), 0);
+	assert_int_equal(raw_alive(fd), 0);
+	close(fd);
+	assert_int_equal(harness_wait_stats(c, 0, 1, NULL), 0);
+	dlshare_disconnect(c);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(misbehaving_peers, setup, teardown),
 		cmocka_unit_test_setup_teardown(bad_requests_keep_connection, setup, teardown),
 		cmocka_unit_test_setup_teardown(buffer_gone_to_holders, setup, teardown),
+		cmocka_unit_test_setup_teardown(releases_ride_on_requests, setup, teardown),
 	};
 
 	return cmocka_run_group_tests_name("protocol", tests, NULL, NULL);
