@@ -4,10 +4,12 @@
  * the same machine:
  *
  *   dlshare-floor rt --type seqpacket|stream [--fd] --req B --rep B --iters N
+ *                    [--server-cpu C]
  *       a bare round trip over a Unix socket pair: a client sends B bytes,
  *       a server process answers with B bytes (and one fd attached, with
  *       --fd, which the client closes, as a client that maps it would);
- *       prints the p50, p99 and mean in ns.
+ *       prints the p50, p99 and mean in ns. --server-cpu pins the server
+ *       to CPU C (the client keeps the affinity it was started with).
  *   dlshare-floor server --clients N --req B --rep B --ms T
  *       a bare single-threaded epoll server (non-blocking, level-triggered,
  *       at most 32 packets per peer and wakeup) answering N client
@@ -32,6 +34,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,7 +132,8 @@ static int recv_packet(int sock, char *buf, size_t len, int *got_fd)
 
 /* ---- rt ------------------------------------------------------------------ */
 
-static int floor_rt(int type, int with_fd, size_t req, size_t rep, long iters)
+static int floor_rt(int type, int with_fd, size_t req, size_t rep, long iters,
+		    int server_cpu)
 {
 	char rbuf[FLOOR_PACKET_MAX], sbuf[FLOOR_PACKET_MAX];
 	struct samples s = { 0 };
@@ -151,6 +155,14 @@ static int floor_rt(int type, int with_fd, size_t req, size_t rep, long iters)
 	if (pid == 0) {
 		/* The server: answer each request, until EOF. */
 		close(sv[0]);
+		if (server_cpu >= 0) {
+			cpu_set_t one;
+
+			CPU_ZERO(&one);
+			CPU_SET(server_cpu, &one);
+			if (sched_setaffinity(0, sizeof(one), &one) < 0)
+				_exit(1);
+		}
 		for (;;) {
 			int fd, r = recv_packet(sv[1], rbuf, req, &fd);
 
@@ -471,7 +483,7 @@ static int floor_handoff(uint64_t bytes, long iters, int huge)
 static void usage(void)
 {
 	fprintf(stderr,
-		"usage: dlshare-floor rt --type seqpacket|stream [--fd] --req B --rep B --iters N\n"
+		"usage: dlshare-floor rt --type seqpacket|stream [--fd] --req B --rep B --iters N [--server-cpu C]\n"
 		"       dlshare-floor server --clients N --req B --rep B --ms T\n"
 		"       dlshare-floor storm --clients N\n"
 		"       dlshare-floor handoff --bytes B --iters N [--huge 2M|1G]\n");
@@ -490,9 +502,11 @@ int main(int argc, char **argv)
 		{ "ms", required_argument, NULL, 'm' },
 		{ "bytes", required_argument, NULL, 'b' },
 		{ "huge", required_argument, NULL, 'H' },
+		{ "server-cpu", required_argument, NULL, 's' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int type = SOCK_SEQPACKET, with_fd = 0, clients = 1, huge = 0, o;
+	int server_cpu = -1;
 	long req = 64, rep = 64, iters = 10000, ms = 1000;
 	unsigned long long bytes = 4096;
 	const char *cmd;
@@ -532,6 +546,9 @@ int main(int argc, char **argv)
 		case 'b':
 			bytes = strtoull(optarg, NULL, 0);
 			break;
+		case 's':
+			server_cpu = atoi(optarg);
+			break;
 		case 'H':
 			if (strcmp(optarg, "2M") == 0)
 				huge = 21;
@@ -550,7 +567,8 @@ int main(int argc, char **argv)
 		usage();
 	signal(SIGPIPE, SIG_IGN);
 	if (strcmp(cmd, "rt") == 0)
-		return floor_rt(type, with_fd, (size_t)req, (size_t)rep, iters);
+		return floor_rt(type, with_fd, (size_t)req, (size_t)rep, iters,
+				server_cpu);
 	if (strcmp(cmd, "server") == 0)
 		return floor_server(clients, (size_t)req, (size_t)rep, ms);
 	if (strcmp(cmd, "storm") == 0)
