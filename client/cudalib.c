@@ -11,6 +11,8 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include "cudaload.h"
+
 /* Imported events kept open, so a consumer that gets version after version
  * of a name opens each producer event once. Evicted entries are destroyed. */
 #define CUDA_EVENT_CACHE 256
@@ -161,27 +163,10 @@ void cuda_unexport_alloc(const uint8_t handle[CUDA_IPC_HANDLE_BYTES])
 	own_del(handle);
 }
 
-static void *open_lib(const char *env, const char *const *names)
-{
-	const char *path = getenv(env);
-	void *h = NULL;
-
-	if (path && *path)
-		return dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	for (size_t i = 0; names[i] && !h; i++)
-		h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-	return h;
-}
-
 static void load(void)
 {
-	static const char *const rt_names[] = {
-		"libcudart.so", "libcudart.so.13", "libcudart.so.12", NULL,
-	};
-	static const char *const drv_names[] = { "libcuda.so.1", NULL };
-
-	cu.rt = open_lib("DLSHARE_CUDA_RUNTIME", rt_names);
-	cu.drv = open_lib("DLSHARE_CUDA_DRIVER", drv_names);
+	cu.rt = cudaload_runtime();
+	cu.drv = cudaload_driver();
 	if (!cu.rt || !cu.drv) {
 		cu.why = !cu.rt ? "the CUDA runtime library cannot be loaded" :
 				  "the CUDA driver library cannot be loaded";

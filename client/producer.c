@@ -485,13 +485,15 @@ static void copy_compact(char *dst, const DLTensor *t)
 	}
 }
 
-static int publish_copy(dlshare_client *c, const char *name,
-			DLManagedTensor *const *tensors, size_t n,
-			const dlshare_publish_opts *o, uint64_t *version)
+/* A store version shaped like tensors, compact, on device: the target of
+ * a copy. Returns 0 with *w, or a DLSHARE_E* code. */
+static int create_like(dlshare_client *c, const char *name,
+		       DLManagedTensor *const *tensors, size_t n,
+		       const dlshare_publish_opts *o, DLDevice device,
+		       dlshare_writer **w)
 {
 	dlshare_tensor_spec *specs = calloc(n, sizeof(*specs));
-	dlshare_create_opts co = { .device = { kDLCPU, 0 }, .mode = o->mode };
-	dlshare_writer *w;
+	dlshare_create_opts co = { .device = device, .mode = o->mode };
 	int err;
 
 	if (!specs)
@@ -504,8 +506,19 @@ static int publish_copy(dlshare_client *c, const char *name,
 		specs[i].ndim = t->ndim;
 		specs[i].shape = t->shape;
 	}
-	err = dlshare_create(c, name, specs, n, &co, &w);
+	err = dlshare_create(c, name, specs, n, &co, w);
 	free(specs);
+	return err;
+}
+
+static int publish_copy(dlshare_client *c, const char *name,
+			DLManagedTensor *const *tensors, size_t n,
+			const dlshare_publish_opts *o, uint64_t *version)
+{
+	dlshare_writer *w;
+	int err;
+
+	err = create_like(c, name, tensors, n, o, (DLDevice){ kDLCPU, 0 }, &w);
 	if (err)
 		return err;
 	for (size_t i = 0; i < n; i++)
@@ -546,18 +559,16 @@ static int publish_copy_device(dlshare_client *c, const char *name,
 			       DLManagedTensor *const *tensors, size_t n,
 			       const dlshare_publish_opts *o, uint64_t *version)
 {
-	dlshare_tensor_spec *specs;
-	dlshare_create_opts co = { .mode = o->mode };
+	DLDevice device = tensors[0]->dl_tensor.device;
 	dlshare_writer *w;
 	void *done = NULL;
 	int err;
 
-	co.device = tensors[0]->dl_tensor.device;
 	for (size_t i = 0; i < n; i++) {
 		const DLTensor *t = &tensors[i]->dl_tensor;
 
 		if (t->device.device_type != kDLCUDA ||
-		    t->device.device_id != co.device.device_id) {
+		    t->device.device_id != device.device_id) {
 			errmsg_set("a copy into the daemon takes tensors of one "
 				   "GPU; publish host and device tensors apart");
 			return DLSHARE_ENOTSUP;
@@ -569,19 +580,7 @@ static int publish_copy_device(dlshare_client *c, const char *name,
 			return DLSHARE_ENOTSUP;
 		}
 	}
-	specs = calloc(n, sizeof(*specs));
-	if (!specs)
-		return DLSHARE_ENOMEM;
-	for (size_t i = 0; i < n; i++) {
-		const DLTensor *t = &tensors[i]->dl_tensor;
-
-		specs[i].key = o->keys ? o->keys[i] : NULL;
-		specs[i].dtype = t->dtype;
-		specs[i].ndim = t->ndim;
-		specs[i].shape = t->shape;
-	}
-	err = dlshare_create(c, name, specs, n, &co, &w);
-	free(specs);
+	err = create_like(c, name, tensors, n, o, device, &w);
 	if (err)
 		return err;
 	for (size_t i = 0; i < n && !err; i++) {
@@ -602,7 +601,7 @@ static int publish_copy_device(dlshare_client *c, const char *name,
 	err = dlshare_seal(w, o->stream, version);
 	if (err)
 		return err;
-	if (cuda_event_mark(o->stream, co.device.device_id, &done) == 0) {
+	if (cuda_event_mark(o->stream, device.device_id, &done) == 0) {
 		cuda_event_wait(done);
 		cuda_event_drop(done);
 	}

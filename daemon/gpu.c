@@ -16,6 +16,8 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include "cudaload.h"
+
 /* Devices the daemon keeps UUIDs of; more are not looked at. */
 #define GPU_DEVICES_MAX 64
 
@@ -57,24 +59,11 @@ static struct {
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_once_t rt_once = PTHREAD_ONCE_INIT;
 
-static void *open_lib(const char *env, const char *const *names)
-{
-	const char *path = getenv(env);
-	void *h = NULL;
-
-	if (path && *path)
-		return dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	for (size_t i = 0; names[i] && !h; i++)
-		h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-	return h;
-}
-
 static void load(void)
 {
-	static const char *const names[] = { "libcuda.so.1", NULL };
 	int n;
 
-	drv.lib = open_lib("DLSHARE_CUDA_DRIVER", names);
+	drv.lib = cudaload_driver();
 	if (!drv.lib) {
 		drv.why = "the CUDA driver (libcuda.so.1) cannot be loaded";
 		return;
@@ -120,11 +109,7 @@ static void load(void)
 /* The runtime, for the legacy-IPC fallback only: it makes a context. */
 static void load_rt(void)
 {
-	static const char *const names[] = {
-		"libcudart.so", "libcudart.so.13", "libcudart.so.12", NULL,
-	};
-
-	drv.rt = open_lib("DLSHARE_CUDA_RUNTIME", names);
+	drv.rt = cudaload_runtime();
 	if (!drv.rt) {
 		drv.rt_why = "the driver cannot export VMM memory as an fd, and "
 			     "the CUDA runtime (libcudart) cannot be loaded";
