@@ -749,6 +749,20 @@ struct two_chans {
 	const char *name;
 };
 
+/* Runs a producer and a consumer child on a, which gets its channels here,
+ * and checks both exit 0 (the consumer first). */
+static void run_pair(struct two_chans *a, child_fn producer, child_fn consumer)
+{
+	pid_t p, q;
+
+	a->to_p = chan_new();
+	a->to_c = chan_new();
+	p = spawn(producer, a);
+	q = spawn(consumer, a);
+	assert_int_equal(reap(q), 0);
+	assert_int_equal(reap(p), 0);
+}
+
 static int cache_producer(void *arg)
 {
 	struct two_chans *a = arg;
@@ -859,15 +873,9 @@ static int cache_consumer(void *arg)
 static void import_cache_reuse(void **state)
 {
 	struct two_chans a = { .name = "gpu/cache" };
-	pid_t p, q;
 
 	(void)state;
-	a.to_p = chan_new();
-	a.to_c = chan_new();
-	p = spawn(cache_producer, &a);
-	q = spawn(cache_consumer, &a);
-	assert_int_equal(reap(q), 0);
-	assert_int_equal(reap(p), 0);
+	run_pair(&a, cache_producer, cache_consumer);
 }
 
 /* ======================================================================== */
@@ -1079,15 +1087,9 @@ static int retire_consumer(void *arg)
 static void deleter_after_newer_and_release(void **state)
 {
 	struct two_chans a = { .name = "gpu/retire" };
-	pid_t p, q;
 
 	(void)state;
-	a.to_p = chan_new();
-	a.to_c = chan_new();
-	p = spawn(retire_producer, &a);
-	q = spawn(retire_consumer, &a);
-	assert_int_equal(reap(q), 0);
-	assert_int_equal(reap(p), 0);
+	run_pair(&a, retire_producer, retire_consumer);
 }
 
 /* ---- 6b. The release is stream-ordered (DESIGN.md) ------------------------
@@ -1177,17 +1179,11 @@ static int ordered_consumer(void *arg)
 static void release_is_stream_ordered(void **state)
 {
 	struct two_chans a = { .name = "gpu/ordered" };
-	pid_t p, q;
 
 	(void)state;
 	if (!FAKE)
 		skip(); /* a GPU copy of 64 KiB is done before the release */
-	a.to_p = chan_new();
-	a.to_c = chan_new();
-	p = spawn(ordered_producer, &a);
-	q = spawn(ordered_consumer, &a);
-	assert_int_equal(reap(q), 0);
-	assert_int_equal(reap(p), 0);
+	run_pair(&a, ordered_producer, ordered_consumer);
 }
 
 /* ======================================================================== */
@@ -1718,15 +1714,9 @@ static int pool_ev_consumer(void *arg)
 static void events_pooled(void **state)
 {
 	struct two_chans a = { .name = "gpu/pooled" };
-	pid_t p, q;
 
 	(void)state;
-	a.to_p = chan_new();
-	a.to_c = chan_new();
-	p = spawn(pool_ev_producer, &a);
-	q = spawn(pool_ev_consumer, &a);
-	assert_int_equal(reap(q), 0);
-	assert_int_equal(reap(p), 0);
+	run_pair(&a, pool_ev_producer, pool_ev_consumer);
 }
 
 /* Where the driver cannot export VMM memory as an fd (FAKECUDA_VMM_FD=0
@@ -1809,19 +1799,13 @@ static int ipc_store_consumer(void *arg)
 static void store_on_device_legacy_ipc(void **state)
 {
 	struct two_chans a = { .name = "gpu/ipcstore" };
-	pid_t p, q;
 
 	(void)state;
 	assert_int_equal(harness_daemon_stop(&g_d), 0);
 	setenv("FAKECUDA_VMM_FD", "0", 1);
 	assert_int_equal(harness_daemon_start(&g_d, NULL), 0);
 	unsetenv("FAKECUDA_VMM_FD");
-	a.to_p = chan_new();
-	a.to_c = chan_new();
-	p = spawn(ipc_store_producer, &a);
-	q = spawn(ipc_store_consumer, &a);
-	assert_int_equal(reap(q), 0);
-	assert_int_equal(reap(p), 0);
+	run_pair(&a, ipc_store_producer, ipc_store_consumer);
 }
 
 /* What a create of device memory gets when it cannot be had. */
@@ -1950,15 +1934,9 @@ static int cuda_host_consumer(void *arg)
 static void cuda_host_buffers(void **state)
 {
 	struct two_chans a = { .name = "gpu/cudahost" };
-	pid_t p, q;
 
 	(void)state;
-	a.to_p = chan_new();
-	a.to_c = chan_new();
-	p = spawn(cuda_host_producer, &a);
-	q = spawn(cuda_host_consumer, &a);
-	assert_int_equal(reap(q), 0);
-	assert_int_equal(reap(p), 0);
+	run_pair(&a, cuda_host_producer, cuda_host_consumer);
 }
 
 /* ======================================================================== */
