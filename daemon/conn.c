@@ -18,6 +18,9 @@
 /* At most this many packets read or written per wakeup, so one busy peer
  * cannot starve the others. */
 #define CONN_BATCH 32
+/* Replies up to this size, with nothing queued before them, are packed on
+ * the stack and sent at once (conn_send). */
+#define CONN_DIRECT_MAX 1024
 
 struct conn *conn_of_owner(struct registry_owner *o)
 {
@@ -176,6 +179,24 @@ int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
 		return -EPIPE;
 	f->nfds = nfds;
 	f->has_nfds = nfds > 0;
+	/* Nothing queued and a small packet (every reply to a get of a
+	 * cached buffer): straight to the socket from the stack, with the
+	 * caller's fds (the kernel takes its own references), and no queue
+	 * entry when it goes at once. */
+	len = dlshare__frame__get_packed_size(f);
+	if (!c->out_head && len <= CONN_DIRECT_MAX &&
+	    len <= s->cfg.limits.max_packet) {
+		uint8_t buf[CONN_DIRECT_MAX];
+
+		dlshare__frame__pack(f, buf);
+		err = wire_send(c->fd, buf, len, fds, nfds, MSG_DONTWAIT);
+		if (err == 0)
+			return 0;
+		if (err != -EAGAIN) {
+			conn_fail(c, "send failed");
+			return err;
+		}
+	}
 	err = wire_encode(f, s->cfg.limits.max_packet, &data, &len);
 	if (err) {
 		log_warn("conn %llu: reply does not fit a packet (%d)",

@@ -149,6 +149,10 @@ static void reply_err(struct conn *c, uint64_t id, int err, const char *what,
 
 /* ---- encoding the model ------------------------------------------------ */
 
+/* Versions of at most this many tensors are described without a malloc
+ * (the common get of a tensor or a small bundle). */
+#define WIRE_VERSION_SMALL 4
+
 /* The wire form of some tensors and buffers; lives for one reply. */
 struct wire_version {
 	Dlshare__Tensor *t;
@@ -157,18 +161,23 @@ struct wire_version {
 	Dlshare__Buffer *b;
 	Dlshare__Buffer **bp;
 	Dlshare__Device *dev;
+	void *block;              /* t .. dev when they did not fit below */
 	int fds[REGISTRY_BUFFERS_HARD_MAX];
 	unsigned nfds;
+	struct {
+		Dlshare__Tensor t[WIRE_VERSION_SMALL];
+		Dlshare__Tensor *tp[WIRE_VERSION_SMALL];
+		Dlshare__DataType dt[WIRE_VERSION_SMALL];
+		Dlshare__Buffer b[WIRE_VERSION_SMALL];
+		Dlshare__Buffer *bp[WIRE_VERSION_SMALL];
+		Dlshare__Device dev[WIRE_VERSION_SMALL];
+	} small;
 };
 
 static void wire_version_free(struct wire_version *w)
 {
-	free(w->t);
-	free(w->tp);
-	free(w->dt);
-	free(w->b);
-	free(w->bp);
-	free(w->dev);
+	free(w->block);
+	w->block = NULL;
 }
 
 /* Fills w from v. Buffers get fd_attached (and their fd in w->fds) when
@@ -176,16 +185,39 @@ static void wire_version_free(struct wire_version *w)
 static int wire_version_fill(struct wire_version *w, const struct version *v,
 			     const int *attach)
 {
-	memset(w, 0, sizeof(*w));
-	w->t = calloc(v->ntensors, sizeof(*w->t));
-	w->tp = calloc(v->ntensors, sizeof(*w->tp));
-	w->dt = calloc(v->ntensors, sizeof(*w->dt));
-	w->b = calloc(v->nbuffers, sizeof(*w->b));
-	w->bp = calloc(v->nbuffers, sizeof(*w->bp));
-	w->dev = calloc(v->nbuffers, sizeof(*w->dev));
-	if (!w->t || !w->tp || !w->dt || !w->b || !w->bp || !w->dev) {
-		wire_version_free(w);
-		return -ENOMEM;
+	size_t nt = v->ntensors, nb = v->nbuffers;
+
+	w->block = NULL;
+	w->nfds = 0;
+	if (nt <= WIRE_VERSION_SMALL && nb <= WIRE_VERSION_SMALL) {
+		w->t = w->small.t;
+		w->tp = w->small.tp;
+		w->dt = w->small.dt;
+		w->b = w->small.b;
+		w->bp = w->small.bp;
+		w->dev = w->small.dev;
+	} else {
+		/* One block, each part aligned as its type wants: pointers
+		 * and the protobuf-c structs are all pointer-aligned. */
+		char *p = calloc(1, nt * (sizeof(*w->t) + sizeof(*w->tp) +
+					  sizeof(*w->dt)) +
+				    nb * (sizeof(*w->b) + sizeof(*w->bp) +
+					  sizeof(*w->dev)));
+
+		if (!p)
+			return -ENOMEM;
+		w->block = p;
+		w->t = (Dlshare__Tensor *)p;
+		p += nt * sizeof(*w->t);
+		w->tp = (Dlshare__Tensor **)p;
+		p += nt * sizeof(*w->tp);
+		w->dt = (Dlshare__DataType *)p;
+		p += nt * sizeof(*w->dt);
+		w->b = (Dlshare__Buffer *)p;
+		p += nb * sizeof(*w->b);
+		w->bp = (Dlshare__Buffer **)p;
+		p += nb * sizeof(*w->bp);
+		w->dev = (Dlshare__Device *)p;
 	}
 	for (size_t i = 0; i < v->ntensors; i++) {
 		const struct rtensor *rt = &v->tensors[i];
