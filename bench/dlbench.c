@@ -15,7 +15,6 @@
 #include <getopt.h>
 #include <sched.h>
 #include <math.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1063,13 +1062,6 @@ static int write_json(const char *path, const struct plan *pl,
 
 /* ---- main ------------------------------------------------------------------------ */
 
-static void on_signal(int sig)
-{
-	daemon_stop_all();
-	signal(sig, SIG_DFL);
-	raise(sig);
-}
-
 static void usage(FILE *o)
 {
 	fprintf(o,
@@ -1210,13 +1202,7 @@ int main(int argc, char **argv)
 	       util_meminfo_bytes("MemAvailable") < 4 * pl.big)
 		pl.big >>= 1;
 
-	signal(SIGINT, on_signal);
-	signal(SIGTERM, on_signal);
-	signal(SIGHUP, on_signal);
-	signal(SIGPIPE, SIG_IGN);
-	/* Bounded, whatever happens: the children die with us. */
-	signal(SIGALRM, on_signal);
-	alarm(pl.quick ? 900 : 5400);
+	daemon_stop_on_signals(pl.quick ? 900 : 5400);
 
 	/* A memfd per name and a socket per connection, in the daemon and
 	 * here; fs.nr_open is the ceiling. */

@@ -534,13 +534,6 @@ static int write_json(const char *path, double secs, int failed)
 
 /* ---- main --------------------------------------------------------------------- */
 
-static void on_signal(int sig)
-{
-	daemon_stop_all();
-	signal(sig, SIG_DFL);
-	raise(sig);
-}
-
 static void usage(FILE *o)
 {
 	fprintf(o,
@@ -678,13 +671,7 @@ int main(int argc, char **argv)
 	}
 	self_exe[n] = '\0';
 
-	signal(SIGINT, on_signal);
-	signal(SIGTERM, on_signal);
-	signal(SIGHUP, on_signal);
-	signal(SIGPIPE, SIG_IGN);
-	/* Bounded, whatever happens: the children die with us. */
-	signal(SIGALRM, on_signal);
-	alarm((unsigned)pl.timeout_s * 8 + 60);
+	daemon_stop_on_signals((unsigned)pl.timeout_s * 8 + 60);
 	t_start = util_now_ns();
 
 #ifdef GPUBENCH_FAKE
