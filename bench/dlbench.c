@@ -15,7 +15,6 @@
 #include <getopt.h>
 #include <sched.h>
 #include <math.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,129 +23,10 @@
 #include <unistd.h>
 
 #include "figures.h"
+#include "report.h"
 #include "util.h"
 
-/* ---- figures and their repeats ------------------------------------------ */
-
-enum goal_kind { GOAL_NONE, GOAL_LE, GOAL_GE, GOAL_LT };
-
-struct fig {
-	const char *key;
-	char label[96];
-	const char *unit;        /* how the values are shown */
-	const char *section;
-	struct samples reps;
-	enum goal_kind goal;
-	double goal_v;
-	char note[160];
-	int is_null;             /* not measured (quick mode, limits) */
-};
-
-#define FIGS_MAX 160
-
-static struct fig figs[FIGS_MAX];
-static int nfigs;
-static const char *cur_section = "";
 static uint64_t t_start;
-
-static struct fig *fig_find(const char *key)
-{
-	for (int i = 0; i < nfigs; i++)
-		if (strcmp(figs[i].key, key) == 0)
-			return &figs[i];
-	return NULL;
-}
-
-/* Declares a figure (once; later calls return it). key must be static. */
-static struct fig *fig_decl(const char *key, const char *unit,
-			    const char *fmt, ...)
-{
-	struct fig *f = fig_find(key);
-	va_list ap;
-
-	if (f)
-		return f;
-	if (nfigs == FIGS_MAX) {
-		fprintf(stderr, "bench: too many figures\n");
-		exit(1);
-	}
-	f = &figs[nfigs++];
-	memset(f, 0, sizeof(*f));
-	f->key = key;
-	f->unit = unit;
-	f->section = cur_section;
-	va_start(ap, fmt);
-	vsnprintf(f->label, sizeof(f->label), fmt, ap);
-	va_end(ap);
-	return f;
-}
-
-static void fig_add(struct fig *f, double v)
-{
-	samples_add(&f->reps, v);
-}
-
-static void fig_goal(struct fig *f, enum goal_kind g, double v)
-{
-	f->goal = g;
-	f->goal_v = v;
-}
-
-static void fig_note(struct fig *f, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(f->note, sizeof(f->note), fmt, ap);
-	va_end(ap);
-}
-
-/* Median, min and max over the repeats; a copy is sorted, not the
- * repeats themselves (they are written in order to the JSON). */
-static void fig_summary(const struct fig *f, double *med, double *lo,
-			double *hi)
-{
-	struct samples s = { 0 };
-
-	for (size_t i = 0; i < f->reps.n; i++)
-		samples_add(&s, f->reps.v[i]);
-	/* The true median: the mean of the middle two for an even count. */
-	samples_quantile(&s, 0.5);
-	if (s.n == 0)
-		*med = NAN;
-	else if (s.n % 2)
-		*med = s.v[s.n / 2];
-	else
-		*med = (s.v[s.n / 2 - 1] + s.v[s.n / 2]) / 2;
-	*lo = samples_min(&s);
-	*hi = samples_max(&s);
-	samples_free(&s);
-}
-
-static int fig_has(const struct fig *f)
-{
-	return f && !f->is_null && f->reps.n > 0;
-}
-
-/* 1 met, 0 missed, -1 no goal or no value. */
-static int fig_met(const struct fig *f)
-{
-	double med, lo, hi;
-
-	if (f->goal == GOAL_NONE || !fig_has(f))
-		return -1;
-	fig_summary(f, &med, &lo, &hi);
-	switch (f->goal) {
-	case GOAL_LE:
-		return med <= f->goal_v;
-	case GOAL_GE:
-		return med >= f->goal_v;
-	case GOAL_LT:
-		return med < f->goal_v;
-	default:
-		return -1;
-	}
-}
 
 /* ---- plan ------------------------------------------------------------------ */
 
@@ -326,50 +206,50 @@ static int section_latency(const struct plan *pl, const struct fig_packets *pk)
 	struct daemon_proc d;
 	int rc = -1;
 
-	cur_section = "latency";
-	struct fig *fs50 = fig_decl("floor_rt_seqpacket_p50_us", "us",
+	report_section("latency");
+	struct fig *fs50 = report_decl("floor_rt_seqpacket_p50_us", "us",
 		"floor: SEQPACKET round trip %zu/%zu B, p50", pk->get, pk->reply);
-	struct fig *fs99 = fig_decl("floor_rt_seqpacket_p99_us", "us",
+	struct fig *fs99 = report_decl("floor_rt_seqpacket_p99_us", "us",
 		"floor: SEQPACKET round trip, p99");
-	struct fig *ft50 = fig_decl("floor_rt_stream_p50_us", "us",
+	struct fig *ft50 = report_decl("floor_rt_stream_p50_us", "us",
 		"floor: STREAM round trip %zu/%zu B, p50", pk->get, pk->reply);
-	struct fig *ft99 = fig_decl("floor_rt_stream_p99_us", "us",
+	struct fig *ft99 = report_decl("floor_rt_stream_p99_us", "us",
 		"floor: STREAM round trip, p99");
-	struct fig *fsf50 = fig_decl("floor_rt_seqpacket_fd_p50_us", "us",
+	struct fig *fsf50 = report_decl("floor_rt_seqpacket_fd_p50_us", "us",
 		"floor: SEQPACKET round trip + 1 fd (%zu B), p50", pk->reply_fd);
-	struct fig *ftf50 = fig_decl("floor_rt_stream_fd_p50_us", "us",
+	struct fig *ftf50 = report_decl("floor_rt_stream_fd_p50_us", "us",
 		"floor: STREAM round trip + 1 fd, p50");
-	struct fig *g50 = fig_decl("get_p50_us", "us",
+	struct fig *g50 = report_decl("get_p50_us", "us",
 		"get+release, buffer already mapped, p50");
-	struct fig *g99 = fig_decl("get_p99_us", "us",
+	struct fig *g99 = report_decl("get_p99_us", "us",
 		"get+release, buffer already mapped, p99");
-	struct fig *r50 = fig_decl("get_p50_over_floor_unpinned", "x",
+	struct fig *r50 = report_decl("get_p50_over_floor_unpinned", "x",
 		"get p50 / SEQPACKET floor p50");
-	struct fig *r99 = fig_decl("get_p99_over_floor", "x",
+	struct fig *r99 = report_decl("get_p99_over_floor", "x",
 		"get p99 / SEQPACKET floor p99");
-	struct fig *w50 = fig_decl("wire_get_p50_us", "us",
+	struct fig *w50 = report_decl("wire_get_p50_us", "us",
 		"Get+Release at the wire level (no libdlshare), p50");
-	struct fig *wr = fig_decl("wire_get_p50_over_floor", "x",
+	struct fig *wr = report_decl("wire_get_p50_over_floor", "x",
 		"wire-level get p50 / SEQPACKET floor p50");
-	struct fig *p_fl = fig_decl("floor_rt_seqpacket_p50_1cpu_us", "us",
+	struct fig *p_fl = report_decl("floor_rt_seqpacket_p50_1cpu_us", "us",
 		"floor: SEQPACKET round trip, all on one CPU, p50");
-	struct fig *p_dl = fig_decl("get_p50_1cpu_us", "us",
+	struct fig *p_dl = report_decl("get_p50_1cpu_us", "us",
 		"get+release, all on one CPU, p50");
-	struct fig *p_r = fig_decl("get_p50_over_floor_1cpu", "x",
+	struct fig *p_r = report_decl("get_p50_over_floor_1cpu", "x",
 		"get p50 / floor p50, all on one CPU");
-	struct fig *a_fl = fig_decl("floor_rt_seqpacket_p50_apart_us", "us",
+	struct fig *a_fl = report_decl("floor_rt_seqpacket_p50_apart_us", "us",
 		"floor: SEQPACKET round trip, client CPU 0, server CPU 1, p50");
-	struct fig *a_dl = fig_decl("get_p50_apart_us", "us",
+	struct fig *a_dl = report_decl("get_p50_apart_us", "us",
 		"get+release, client CPU 0, daemon CPU 1, p50");
-	struct fig *a_r = fig_decl("get_p50_over_floor", "x",
+	struct fig *a_r = report_decl("get_p50_over_floor", "x",
 		"get p50 / floor p50, client and server on CPUs 0 and 1");
-	struct fig *f50 = fig_decl("first_get_p50_us", "us",
+	struct fig *f50 = report_decl("first_get_p50_us", "us",
 		"first get of a new 4 KiB buffer (fd + mmap), p50");
-	struct fig *f99 = fig_decl("first_get_p99_us", "us",
+	struct fig *f99 = report_decl("first_get_p99_us", "us",
 		"first get of a new buffer, p99");
-	struct fig *rf = fig_decl("first_get_p50_over_floor_fd", "x",
+	struct fig *rf = report_decl("first_get_p50_over_floor_fd", "x",
 		"first get p50 / SEQPACKET+fd floor p50");
-	fig_goal(a_r, GOAL_LE, 1.3);
+	report_goal(a_r, REPORT_GOAL_LE, 1.3);
 
 	if (daemon_start(&d, default_opts) ||
 	    fig_publish(&d, FIG_NAME, FIG_TENSOR_BYTES))
@@ -406,21 +286,21 @@ static int section_latency(const struct plan *pl, const struct fig_packets *pk)
 				y99 /= 1e3;
 			}
 		}
-		fig_add(fs50, a50);
-		fig_add(fs99, a99);
-		fig_add(ft50, b50);
-		fig_add(ft99, b99);
-		fig_add(fsf50, c50);
-		fig_add(ftf50, e50);
-		fig_add(g50, x50);
-		fig_add(g99, x99);
-		fig_add(r50, x50 / a50);
-		fig_add(r99, x99 / a99);
-		fig_add(f50, y50);
-		fig_add(f99, y99);
-		fig_add(rf, y50 / c50);
-		fig_add(w50, z50);
-		fig_add(wr, z50 / a50);
+		report_add(fs50, a50);
+		report_add(fs99, a99);
+		report_add(ft50, b50);
+		report_add(ft99, b99);
+		report_add(fsf50, c50);
+		report_add(ftf50, e50);
+		report_add(g50, x50);
+		report_add(g99, x99);
+		report_add(r50, x50 / a50);
+		report_add(r99, x99 / a99);
+		report_add(f50, y50);
+		report_add(f99, y99);
+		report_add(rf, y50 / c50);
+		report_add(w50, z50);
+		report_add(wr, z50 / a50);
 
 		/* The same on one CPU: no cross-CPU wakeups (on a VM those
 		 * cost tens of microseconds and come and go with the
@@ -442,9 +322,9 @@ static int section_latency(const struct plan *pl, const struct fig_packets *pk)
 			}
 		}
 		pin(d.pid, -1);
-		fig_add(p_fl, a50);
-		fig_add(p_dl, x50 / 1e3);
-		fig_add(p_r, x50 / 1e3 / a50);
+		report_add(p_fl, a50);
+		report_add(p_dl, x50 / 1e3);
+		report_add(p_r, x50 / 1e3 / a50);
 
 		/* Apart, but always in the same places: unpinned, whether a
 		 * pair shares a CPU changes from run to run, and with it the
@@ -467,9 +347,9 @@ static int section_latency(const struct plan *pl, const struct fig_packets *pk)
 			}
 		}
 		pin(d.pid, -1);
-		fig_add(a_fl, a50);
-		fig_add(a_dl, x50 / 1e3);
-		fig_add(a_r, x50 / 1e3 / a50);
+		report_add(a_fl, a50);
+		report_add(a_dl, x50 / 1e3);
+		report_add(a_r, x50 / 1e3 / a50);
 	}
 	rc = 0;
 out:
@@ -494,16 +374,16 @@ static int section_throughput(const struct plan *pl,
 	struct daemon_proc d;
 	int rc = -1;
 
-	cur_section = "throughput";
+	report_section("throughput");
 	for (int i = 0; i < 4; i++) {
-		ff[i] = fig_decl(kf[i], "ops/s",
+		ff[i] = report_decl(kf[i], "ops/s",
 			"floor: epoll server, %d client processes", ns[i]);
-		fd[i] = fig_decl(kd[i], "ops/s",
+		fd[i] = report_decl(kd[i], "ops/s",
 			"get+release, %d client processes", ns[i]);
-		fr[i] = fig_decl(kr[i], "x",
+		fr[i] = report_decl(kr[i], "x",
 			"throughput / floor, %d clients", ns[i]);
 	}
-	fig_goal(fr[2], GOAL_GE, 0.8);
+	report_goal(fr[2], REPORT_GOAL_GE, 0.8);
 	if (daemon_start(&d, default_opts) ||
 	    fig_publish(&d, FIG_NAME, FIG_TENSOR_BYTES))
 		goto out;
@@ -528,9 +408,9 @@ static int section_throughput(const struct plan *pl,
 					goto out;
 				}
 			}
-			fig_add(ff[i], fl);
-			fig_add(fd[i], dl);
-			fig_add(fr[i], dl / fl);
+			report_add(ff[i], fl);
+			report_add(fd[i], dl);
+			report_add(fr[i], dl / fl);
 		}
 	}
 	rc = 0;
@@ -600,50 +480,51 @@ static int section_handoff(const struct plan *pl)
 	int rc = -1, is_gib = pl->big == (UINT64_C(1) << 30);
 	int huge2 = huge_free(21, pl->big), huge1 = huge_free(30, pl->big);
 
-	cur_section = "handoff";
+	report_section("handoff");
 	size_name(pl->big, big, sizeof(big));
-	struct fig *fs = fig_decl("floor_handoff_4KiB_us", "us",
+	struct fig *fs = report_decl("floor_handoff_4KiB_us", "us",
 		"floor: munmap+seal+send fd+mmap, 4 KiB");
-	struct fig *fb = fig_decl("floor_handoff_big_ms", "ms",
+	struct fig *fb = report_decl("floor_handoff_big_ms", "ms",
 		"floor: munmap+seal+send fd+mmap, %s", big);
-	struct fig *fbu = fig_decl("floor_handoff_big_munmap_ms", "ms",
+	struct fig *fbu = report_decl("floor_handoff_big_munmap_ms", "ms",
 		"floor: of which munmap of the written %s", big);
-	struct fig *fbs = fig_decl("floor_handoff_big_seal_ms", "ms",
+	struct fig *fbs = report_decl("floor_handoff_big_seal_ms", "ms",
 		"floor: of which F_SEAL_WRITE on %s", big);
-	struct fig *fr = fig_decl("floor_handoff_big_over_4KiB", "x",
+	struct fig *fr = report_decl("floor_handoff_big_over_4KiB", "x",
 		"floor: %s / 4 KiB", big);
-	struct fig *fh2 = fig_decl("floor_handoff_big_2MiB_pages_ms", "ms",
+	struct fig *fh2 = report_decl("floor_handoff_big_2MiB_pages_ms", "ms",
 		"floor: %s in 2 MiB huge pages", big);
-	struct fig *fh1 = fig_decl("floor_handoff_big_1GiB_pages_ms", "ms",
+	struct fig *fh1 = report_decl("floor_handoff_big_1GiB_pages_ms", "ms",
 		"floor: %s in 1 GiB huge pages", big);
-	struct fig *ds = fig_decl("handoff_4KiB_us", "us",
+	struct fig *ds = report_decl("handoff_4KiB_us", "us",
 		"store: seal to consumer holding it, 4 KiB");
-	struct fig *db = fig_decl("handoff_big_ms", "ms",
+	struct fig *db = report_decl("handoff_big_ms", "ms",
 		"store: seal to consumer holding it, %s", big);
 	/* At 1 GiB the key below is this figure. */
-	struct fig *dr = is_gib ? NULL : fig_decl("handoff_big_over_4KiB", "x",
-		"store: handoff %s / 4 KiB", big);
-	struct fig *key = fig_decl("handoff_1GiB_over_4KiB", "x",
+	struct fig *dr = is_gib ? NULL :
+		report_decl("handoff_big_over_4KiB", "x",
+			    "store: handoff %s / 4 KiB", big);
+	struct fig *key = report_decl("handoff_1GiB_over_4KiB", "x",
 		"store: handoff 1 GiB / 4 KiB");
-	struct fig *es = fig_decl("export_handoff_4KiB_us", "us",
+	struct fig *es = report_decl("export_handoff_4KiB_us", "us",
 		"export: publish to consumer holding it, 4 KiB");
-	struct fig *eb = fig_decl("export_handoff_big_ms", "ms",
+	struct fig *eb = report_decl("export_handoff_big_ms", "ms",
 		"export: publish to consumer holding it, %s", big);
-	struct fig *er = fig_decl("export_handoff_big_over_4KiB", "x",
+	struct fig *er = report_decl("export_handoff_big_over_4KiB", "x",
 		"export: handoff %s / 4 KiB", big);
-	fig_goal(key, GOAL_LE, 1.2);
+	report_goal(key, REPORT_GOAL_LE, 1.2);
 	if (!is_gib) {
 		key->is_null = 1;
-		fig_note(key, "not measured: %s used instead (not enough "
-			 "free memory)", big);
+		report_note(key, "not measured: %s used instead (not enough "
+			    "free memory)", big);
 	}
 	if (!huge2) {
 		fh2->is_null = 1;
-		fig_note(fh2, "not measured: no free 2 MiB pages (vm.nr_hugepages)");
+		report_note(fh2, "not measured: no free 2 MiB pages (vm.nr_hugepages)");
 	}
 	if (!huge1) {
 		fh1->is_null = 1;
-		fig_note(fh1, "not measured: no free 1 GiB page (hugepages-1048576kB)");
+		report_note(fh1, "not measured: no free 1 GiB page (hugepages-1048576kB)");
 	}
 	num(bb, sizeof(bb), (double)pl->big);
 	num(it, sizeof(it), (double)pl->small_iters);
@@ -666,18 +547,20 @@ static int section_handoff(const struct plan *pl)
 					      (const char *)NULL))
 					goto out;
 				b_fl = kv(out, "total_ns") / 1e6;
-				fig_add(fbu, kv(out, "munmap_ns") / 1e6);
-				fig_add(fbs, kv(out, "seal_ns") / 1e6);
+				report_add(fbu, kv(out, "munmap_ns") / 1e6);
+				report_add(fbs, kv(out, "seal_ns") / 1e6);
 				if (huge2 && floor_run(out, sizeof(out), "handoff",
 						       "--bytes", bb, "--iters", "1",
 						       "--huge", "2M",
 						       (const char *)NULL) == 0)
-					fig_add(fh2, kv(out, "total_ns") / 1e6);
+					report_add(fh2,
+						   kv(out, "total_ns") / 1e6);
 				if (huge1 && floor_run(out, sizeof(out), "handoff",
 						       "--bytes", bb, "--iters", "1",
 						       "--huge", "1G",
 						       (const char *)NULL) == 0)
-					fig_add(fh1, kv(out, "total_ns") / 1e6);
+					report_add(fh1,
+						   kv(out, "total_ns") / 1e6);
 			} else {
 				double one;
 
@@ -695,18 +578,18 @@ static int section_handoff(const struct plan *pl)
 				b_ex = one / 1e6;
 			}
 		}
-		fig_add(fs, s_fl);
-		fig_add(fb, b_fl);
-		fig_add(fr, b_fl * 1e3 / s_fl);
-		fig_add(ds, s_dl);
-		fig_add(db, b_dl);
+		report_add(fs, s_fl);
+		report_add(fb, b_fl);
+		report_add(fr, b_fl * 1e3 / s_fl);
+		report_add(ds, s_dl);
+		report_add(db, b_dl);
 		if (dr)
-			fig_add(dr, b_dl * 1e3 / s_dl);
+			report_add(dr, b_dl * 1e3 / s_dl);
 		if (is_gib)
-			fig_add(key, b_dl * 1e3 / s_dl);
-		fig_add(es, s_ex);
-		fig_add(eb, b_ex);
-		fig_add(er, b_ex * 1e3 / s_ex);
+			report_add(key, b_dl * 1e3 / s_dl);
+		report_add(es, s_ex);
+		report_add(eb, b_ex);
+		report_add(er, b_ex * 1e3 / s_ex);
 	}
 	rc = 0;
 out:
@@ -755,14 +638,14 @@ static int scale_fill(struct scale_point *sp, const char *const *opts)
 	util_sleep_ms(50);
 	rss1 = util_proc_status_bytes(sp->d.pid, "VmRSS");
 	k1 = util_meminfo_bytes("Slab") + util_meminfo_bytes("Shmem");
-	fig_add(sp->mem, ((double)rss1 - (double)rss0) / (double)sp->n);
+	report_add(sp->mem, ((double)rss1 - (double)rss0) / (double)sp->n);
 	/* /proc/meminfo moves in steps too coarse for 100 names, and other
 	 * processes move it too: an estimate at 10^4 and up. */
 	if (sp->kern && sp->n >= 10000)
-		fig_add(sp->kern, ((double)k1 - (double)k0) / (double)sp->n);
+		report_add(sp->kern, ((double)k1 - (double)k0) / (double)sp->n);
 	else if (sp->kern)
-		fig_note(sp->kern, "too few names to see in /proc/meminfo");
-	fig_add(sp->rate, (double)sp->n / secs);
+		report_note(sp->kern, "too few names to see in /proc/meminfo");
+	report_add(sp->rate, (double)sp->n / secs);
 	return 0;
 }
 
@@ -789,7 +672,7 @@ static int section_scale(const struct plan *pl)
 	int rc = -1, top = -1;
 	char uidn[32];
 
-	cur_section = "scale";
+	report_section("scale");
 	memset(sp, 0, sizeof(sp));
 	snprintf(uidn, sizeof(uidn), "%ld", pl->scale_max * 2 + 1000);
 	const char *const opts[] = {
@@ -797,46 +680,46 @@ static int section_scale(const struct plan *pl)
 		"--uid-names", uidn,
 		NULL, NULL,
 	};
-	struct fig *fmem = fig_decl("mem_per_tensor_bytes", "B",
+	struct fig *fmem = report_decl("mem_per_tensor_bytes", "B",
 		"daemon memory per registered tensor (largest N)");
-	fig_goal(fmem, GOAL_LT, 512);
+	report_goal(fmem, REPORT_GOAL_LT, 512);
 	for (int i = 0; i < 3; i++) {
 		struct scale_point *h = &sp[i], *w = &sp[3 + i];
 
 		h->n = w->n = sizes[i];
 		w->raw = 1;
-		h->mem = fig_decl(kmem[i], "B",
+		h->mem = report_decl(kmem[i], "B",
 			"host names: daemon RSS per tensor, %s", lbl[i]);
-		h->kern = fig_decl(kslab[i], "B",
+		h->kern = report_decl(kslab[i], "B",
 			"host names: kernel (Slab+Shmem) per tensor, %s", lbl[i]);
-		h->rate = fig_decl(krate[i], "/s",
+		h->rate = report_decl(krate[i], "/s",
 			"host names: registered a second (create+seal), %s",
 			lbl[i]);
-		h->get = fig_decl(kget[i], "us",
+		h->get = report_decl(kget[i], "us",
 			"host names: get+release p50 among %s", lbl[i]);
 	}
-	struct fig *r4 = fig_decl("get_p50_10k_over_100", "x",
+	struct fig *r4 = report_decl("get_p50_10k_over_100", "x",
 		"host names: get p50 at 10^4 / at 10^2");
-	struct fig *r6h = fig_decl("host_get_p50_1M_over_100", "x",
+	struct fig *r6h = report_decl("host_get_p50_1M_over_100", "x",
 		"host names: get p50 at 10^6 / at 10^2");
 	for (int i = 0; i < 3; i++) {
 		struct scale_point *w = &sp[3 + i];
 
-		w->mem = fig_decl(rmem[i], "B",
+		w->mem = report_decl(rmem[i], "B",
 			"fd-less names: daemon RSS per tensor, %s", lbl[i]);
-		w->rate = fig_decl(rrate[i], "/s",
+		w->rate = report_decl(rrate[i], "/s",
 			"fd-less names: registered a second (wire), %s", lbl[i]);
-		w->get = fig_decl(rget[i], "us",
+		w->get = report_decl(rget[i], "us",
 			"fd-less names: Get+Release p50 (wire) among %s",
 			lbl[i]);
 	}
-	struct fig *w4 = fig_decl("registry_get_p50_10k_over_100", "x",
+	struct fig *w4 = report_decl("registry_get_p50_10k_over_100", "x",
 		"fd-less names: Get p50 at 10^4 / at 10^2");
-	struct fig *w6 = fig_decl("registry_get_p50_1M_over_100", "x",
+	struct fig *w6 = report_decl("registry_get_p50_1M_over_100", "x",
 		"fd-less names: Get p50 at 10^6 / at 10^2");
-	struct fig *key = fig_decl("get_p50_1M_over_100", "x",
+	struct fig *key = report_decl("get_p50_1M_over_100", "x",
 		"get p50 at 10^6 names / at 10^2");
-	fig_goal(key, GOAL_LE, 1.2);
+	report_goal(key, REPORT_GOAL_LE, 1.2);
 
 	for (int j = 0; j < 6; j++) {
 		struct scale_point *p = &sp[j];
@@ -846,16 +729,16 @@ static int section_scale(const struct plan *pl)
 			p->mem->is_null = p->rate->is_null = p->get->is_null = 1;
 			if (p->kern)
 				p->kern->is_null = 1;
-			fig_note(p->get, "not measured (%s)",
-				 pl->quick ? "--quick" : "--scale-max");
+			report_note(p->get, "not measured (%s)",
+				    pl->quick ? "--quick" : "--scale-max");
 			continue;
 		}
 		if (!p->raw && (uint64_t)p->n + 4096 > nofile_limit) {
 			p->mem->is_null = p->rate->is_null = p->get->is_null = 1;
 			p->kern->is_null = 1;
-			fig_note(p->get, "not measured: RLIMIT_NOFILE %llu < names "
-				 "(a memfd per name in the daemon)",
-				 (unsigned long long)nofile_limit);
+			report_note(p->get, "not measured: RLIMIT_NOFILE %llu < names "
+				    "(a memfd per name in the daemon)",
+				    (unsigned long long)nofile_limit);
 			continue;
 		}
 		if (scale_fill(p, opts))
@@ -864,9 +747,9 @@ static int section_scale(const struct plan *pl)
 			top = i;
 	}
 	if (top >= 0) {
-		fig_add(fmem, sp[top].mem->reps.v[0]);
-		fig_note(fmem, "host names, at %s; one float32[1] tensor each",
-			 lbl[top]);
+		report_add(fmem, sp[top].mem->reps.v[0]);
+		report_note(fmem, "host names, at %s; one float32[1] tensor "
+			    "each", lbl[top]);
 	}
 	for (int r = 0; r < pl->reps; r++) {
 		double p[6] = { NAN, NAN, NAN, NAN, NAN, NAN };
@@ -886,38 +769,38 @@ static int section_scale(const struct plan *pl)
 					     &p[j]);
 			if (err)
 				goto out;
-			fig_add(s->get, p[j] / 1e3);
+			report_add(s->get, p[j] / 1e3);
 		}
 		if (sp[1].up)
-			fig_add(r4, p[1] / p[0]);
+			report_add(r4, p[1] / p[0]);
 		if (sp[2].up)
-			fig_add(r6h, p[2] / p[0]);
+			report_add(r6h, p[2] / p[0]);
 		if (sp[4].up)
-			fig_add(w4, p[4] / p[3]);
+			report_add(w4, p[4] / p[3]);
 		if (sp[5].up)
-			fig_add(w6, p[5] / p[3]);
+			report_add(w6, p[5] / p[3]);
 		/* The goal's figure: host names where this machine allows a
 		 * memfd each, else the registry alone. */
 		if (sp[2].up)
-			fig_add(key, p[2] / p[0]);
+			report_add(key, p[2] / p[0]);
 		else if (sp[5].up)
-			fig_add(key, p[5] / p[3]);
+			report_add(key, p[5] / p[3]);
 	}
 	if (!sp[2].up && sp[5].up)
-		fig_note(key, "fd-less names (host names need RLIMIT_NOFILE > "
-			 "10^6)");
+		report_note(key, "fd-less names (host names need "
+			    "RLIMIT_NOFILE > 10^6)");
 	if (!sp[2].up && !sp[5].up) {
 		key->is_null = 1;
-		fig_note(key, "not measured (%s); see get_p50_10k_over_100",
-			 pl->quick ? "--quick" : "limits");
+		report_note(key, "not measured (%s); see get_p50_10k_over_100",
+			    pl->quick ? "--quick" : "limits");
 	}
 	if (!sp[2].up) {
 		r6h->is_null = 1;
-		fig_note(r6h, "not measured");
+		report_note(r6h, "not measured");
 	}
 	if (!sp[5].up) {
 		w6->is_null = 1;
-		fig_note(w6, "not measured");
+		report_note(w6, "not measured");
 	}
 	rc = 0;
 out:
@@ -939,7 +822,7 @@ static int section_idle(const struct plan *pl)
 	int rc = -1, a_up = 0, b_up = 0;
 	uint64_t rss0, rss1, t0;
 
-	cur_section = "idle";
+	report_section("idle");
 	snprintf(maxc, sizeof(maxc), "%d", pl->idle_n + 100);
 	const char *const opts[] = {
 		"--log-rate-limit", "0",
@@ -947,21 +830,21 @@ static int section_idle(const struct plan *pl)
 		"--uid-connections", maxc,
 		NULL, NULL,
 	};
-	struct fig *fa = fig_decl("idle_get_p50_alone_us", "us",
+	struct fig *fa = report_decl("idle_get_p50_alone_us", "us",
 		"get+release p50, daemon with no other connection");
-	struct fig *fb = fig_decl("idle_get_p50_beside_us", "us",
+	struct fig *fb = report_decl("idle_get_p50_beside_us", "us",
 		"get+release p50 beside %d idle connections", pl->idle_n);
-	struct fig *fr = fig_decl("idle_get_p50_over_alone", "x",
+	struct fig *fr = report_decl("idle_get_p50_over_alone", "x",
 		"p50 beside %d idle / alone", pl->idle_n);
-	struct fig *fm = fig_decl("idle_mem_per_conn_bytes", "B",
+	struct fig *fm = report_decl("idle_mem_per_conn_bytes", "B",
 		"daemon RSS per idle connection");
-	struct fig *fc = fig_decl("idle_connect_per_s", "/s",
+	struct fig *fc = report_decl("idle_connect_per_s", "/s",
 		"connections + Hello a second (one process)");
 
 	if ((uint64_t)pl->idle_n + 4096 > nofile_limit) {
 		fr->is_null = 1;
-		fig_note(fr, "not measured: RLIMIT_NOFILE %llu",
-			 (unsigned long long)nofile_limit);
+		report_note(fr, "not measured: RLIMIT_NOFILE %llu",
+			    (unsigned long long)nofile_limit);
 		return 0;
 	}
 	if (daemon_start(&a, opts))
@@ -980,10 +863,10 @@ static int section_idle(const struct plan *pl)
 	holder = fig_idle_start(&b, pl->idle_n);
 	if (holder < 0)
 		goto out;
-	fig_add(fc, pl->idle_n / ((double)(util_now_ns() - t0) / 1e9));
+	report_add(fc, pl->idle_n / ((double)(util_now_ns() - t0) / 1e9));
 	util_sleep_ms(50);
 	rss1 = util_proc_status_bytes(b.pid, "VmRSS");
-	fig_add(fm, ((double)rss1 - (double)rss0) / pl->idle_n);
+	report_add(fm, ((double)rss1 - (double)rss0) / pl->idle_n);
 	for (int r = 0; r < pl->reps; r++) {
 		double pa = NAN, pb = NAN, x;
 
@@ -998,9 +881,9 @@ static int section_idle(const struct plan *pl)
 				goto out;
 			}
 		}
-		fig_add(fa, pa / 1e3);
-		fig_add(fb, pb / 1e3);
-		fig_add(fr, pb / pa);
+		report_add(fa, pa / 1e3);
+		report_add(fb, pb / 1e3);
+		report_add(fr, pb / pa);
 	}
 	rc = 0;
 out:
@@ -1020,7 +903,7 @@ static int section_storm(const struct plan *pl)
 	char maxc[32], leases[32], n[16], out[256];
 	int rc = -1;
 
-	cur_section = "storm";
+	report_section("storm");
 	snprintf(maxc, sizeof(maxc), "%d", pl->storm_n + 100);
 	snprintf(leases, sizeof(leases), "%d",
 		 pl->storm_n * pl->storm_leases * 2 + 1000);
@@ -1031,20 +914,20 @@ static int section_storm(const struct plan *pl)
 		"--uid-leases", leases,
 		NULL, NULL,
 	};
-	struct fig *fl = fig_decl("storm_reclaim_ms", "ms",
+	struct fig *fl = report_decl("storm_reclaim_ms", "ms",
 		"kill storm: %d clients x %d leases, until leases = 0",
 		pl->storm_n, pl->storm_leases);
-	struct fig *fc = fig_decl("storm_conns_ms", "ms",
+	struct fig *fc = report_decl("storm_conns_ms", "ms",
 		"kill storm: until the daemon has closed every connection");
-	struct fig *ff = fig_decl("floor_storm_ms", "ms",
+	struct fig *ff = report_decl("floor_storm_ms", "ms",
 		"floor: epoll server, %d clients killed, all hang-ups seen",
 		pl->storm_n);
-	struct fig *fr = fig_decl("storm_over_floor", "x",
+	struct fig *fr = report_decl("storm_over_floor", "x",
 		"kill storm reclaim / floor");
 
 	if ((uint64_t)pl->storm_n * 3 + 4096 > nofile_limit) {
 		fl->is_null = 1;
-		fig_note(fl, "not measured: RLIMIT_NOFILE");
+		report_note(fl, "not measured: RLIMIT_NOFILE");
 		return 0;
 	}
 	if (daemon_start(&d, opts) ||
@@ -1068,10 +951,10 @@ static int section_storm(const struct plan *pl)
 				goto out;
 			}
 		}
-		fig_add(fl, lms);
-		fig_add(fc, cms);
-		fig_add(ff, fms);
-		fig_add(fr, lms / fms);
+		report_add(fl, lms);
+		report_add(fc, cms);
+		report_add(ff, fms);
+		report_add(fr, lms / fms);
 	}
 	rc = 0;
 out:
@@ -1096,68 +979,11 @@ static void fmt_val(char *buf, size_t cap, double v, const char *unit)
 		snprintf(buf, cap, "%.1f", v);
 }
 
-static void print_table(FILE *o)
-{
-	const char *section = NULL;
-
-	fprintf(o, "\n%-58s %12s %-23s %s\n", "figure", "median",
-		"spread (min..max)", "unit  goal");
-	for (int i = 0; i < nfigs; i++) {
-		const struct fig *f = &figs[i];
-		char med[32], lo[32], hi[32], spread[96], goal[48] = "";
-		double m, l, h;
-		int met = fig_met(f);
-
-		if (!section || strcmp(section, f->section) != 0) {
-			section = f->section;
-			fprintf(o, "-- %s\n", section);
-		}
-		if (!fig_has(f)) {
-			fprintf(o, "%-58s %12s %-23s %-5s %s\n", f->label, "-", "",
-				f->unit, f->note[0] ? f->note : "not measured");
-			continue;
-		}
-		fig_summary(f, &m, &l, &h);
-		fmt_val(med, sizeof(med), m, f->unit);
-		fmt_val(lo, sizeof(lo), l, f->unit);
-		fmt_val(hi, sizeof(hi), h, f->unit);
-		if (f->reps.n > 1)
-			snprintf(spread, sizeof(spread), "%s..%s (n=%zu)", lo, hi,
-				 f->reps.n);
-		else
-			snprintf(spread, sizeof(spread), "(n=1)");
-		if (f->goal != GOAL_NONE)
-			snprintf(goal, sizeof(goal), "%s %g %s",
-				 f->goal == GOAL_LE ? "<=" : f->goal == GOAL_GE ?
-				 ">=" : "<", f->goal_v,
-				 met ? "MET" : "MISSED");
-		fprintf(o, "%-58s %12s %-23s %-5s %s%s%s\n", f->label, med,
-			spread, f->unit, goal, f->note[0] && goal[0] ? "; " : "",
-			f->note);
-	}
-}
-
-static void json_str(FILE *o, const char *s)
-{
-	fputc('"', o);
-	for (; *s; s++) {
-		if (*s == '"' || *s == '\\')
-			fprintf(o, "\\%c", *s);
-		else if ((unsigned char)*s < 0x20)
-			fprintf(o, "\\u%04x", *s);
-		else
-			fputc(*s, o);
-	}
-	fputc('"', o);
-}
-
-static void json_num(FILE *o, double v)
-{
-	if (isnan(v) || isinf(v))
-		fprintf(o, "null");
-	else
-		fprintf(o, "%.6g", v);
-}
+/* dlbench's table: its column widths and how values are written. */
+static const struct report_style table_style = {
+	.label_w = 58, .median_w = 12, .spread_w = 23, .unit_w = 5,
+	.unit_head = "unit  goal", .fmt = fmt_val,
+};
 
 struct machine {
 	char cpu[128];
@@ -1209,9 +1035,9 @@ static int write_json(const char *path, const struct plan *pl,
 		pl->quick ? "quick" : "full", pl->reps);
 	fprintf(o, "  \"seconds\": %.1f,\n", secs);
 	fprintf(o, "  \"machine\": {\"cpu\": ");
-	json_str(o, m->cpu);
+	report_json_str(o, m->cpu);
 	fprintf(o, ", \"cores\": %ld, \"kernel\": ", m->cores);
-	json_str(o, m->kernel);
+	report_json_str(o, m->kernel);
 	fprintf(o, ", \"mem_bytes\": %llu},\n", (unsigned long long)m->mem);
 	fprintf(o, "  \"packets\": {\"get\": %zu, \"get_reply\": %zu, "
 		"\"get_reply_fd\": %zu, \"release\": %zu},\n",
@@ -1220,67 +1046,21 @@ static int write_json(const char *path, const struct plan *pl,
 		(unsigned long long)pl->big);
 	/* The goal keys at the top, each the median (null: not measured). */
 	for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++) {
-		const struct fig *f = fig_find(keys[k]);
+		const struct fig *f = report_find(keys[k]);
 		double med = NAN, lo, hi;
 
-		if (fig_has(f))
-			fig_summary(f, &med, &lo, &hi);
+		if (report_has(f))
+			report_summary(f, &med, &lo, &hi);
 		fprintf(o, "  \"%s\": ", keys[k]);
-		json_num(o, med);
+		report_json_num(o, med);
 		fprintf(o, ",\n");
 	}
-	fprintf(o, "  \"figures\": {\n");
-	for (int i = 0; i < nfigs; i++) {
-		const struct fig *f = &figs[i];
-		double med = NAN, lo = NAN, hi = NAN;
-		int met = fig_met(f);
-
-		if (fig_has(f))
-			fig_summary(f, &med, &lo, &hi);
-		fprintf(o, "    ");
-		json_str(o, f->key);
-		fprintf(o, ": {\"section\": ");
-		json_str(o, f->section);
-		fprintf(o, ", \"label\": ");
-		json_str(o, f->label);
-		fprintf(o, ", \"unit\": ");
-		json_str(o, f->unit);
-		fprintf(o, ", \"median\": ");
-		json_num(o, med);
-		fprintf(o, ", \"min\": ");
-		json_num(o, lo);
-		fprintf(o, ", \"max\": ");
-		json_num(o, hi);
-		fprintf(o, ", \"repeats\": [");
-		for (size_t r = 0; fig_has(f) && r < f->reps.n; r++) {
-			fprintf(o, r ? ", " : "");
-			json_num(o, f->reps.v[r]);
-		}
-		fprintf(o, "]");
-		if (f->goal != GOAL_NONE) {
-			fprintf(o, ", \"goal\": \"%s %g\", \"met\": %s",
-				f->goal == GOAL_LE ? "<=" : f->goal == GOAL_GE ?
-				">=" : "<", f->goal_v,
-				met < 0 ? "null" : met ? "true" : "false");
-		}
-		if (f->note[0]) {
-			fprintf(o, ", \"note\": ");
-			json_str(o, f->note);
-		}
-		fprintf(o, "}%s\n", i + 1 < nfigs ? "," : "");
-	}
-	fprintf(o, "  }\n}\n");
+	report_json_figures(o);
+	fprintf(o, "}\n");
 	return fclose(o) == 0 ? 0 : -1;
 }
 
 /* ---- main ------------------------------------------------------------------------ */
-
-static void on_signal(int sig)
-{
-	daemon_stop_all();
-	signal(sig, SIG_DFL);
-	raise(sig);
-}
 
 static void usage(FILE *o)
 {
@@ -1422,13 +1202,7 @@ int main(int argc, char **argv)
 	       util_meminfo_bytes("MemAvailable") < 4 * pl.big)
 		pl.big >>= 1;
 
-	signal(SIGINT, on_signal);
-	signal(SIGTERM, on_signal);
-	signal(SIGHUP, on_signal);
-	signal(SIGPIPE, SIG_IGN);
-	/* Bounded, whatever happens: the children die with us. */
-	signal(SIGALRM, on_signal);
-	alarm(pl.quick ? 900 : 5400);
+	daemon_stop_on_signals(pl.quick ? 900 : 5400);
 
 	/* A memfd per name and a socket per connection, in the daemon and
 	 * here; fs.nr_open is the ceiling. */
@@ -1476,7 +1250,7 @@ int main(int argc, char **argv)
 	printf("dlshare benchmarks (%s, %d repeats, %.0f s): %s, %ld cores, %s\n",
 	       pl.quick ? "--quick" : "full", pl.reps, secs, m.cpu, m.cores,
 	       m.kernel);
-	print_table(stdout);
+	report_print_table(stdout, &table_style);
 	if (failed)
 		printf("\nSOME BENCHMARKS FAILED (see the messages above)\n");
 	if (json && write_json(json, &pl, &m, &pk, secs))

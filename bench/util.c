@@ -469,3 +469,20 @@ void daemon_stop_all(void)
 		live[i] = NULL;
 	}
 }
+
+static void on_fatal_signal(int sig)
+{
+	daemon_stop_all();
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
+void daemon_stop_on_signals(unsigned alarm_s)
+{
+	signal(SIGINT, on_fatal_signal);
+	signal(SIGTERM, on_fatal_signal);
+	signal(SIGHUP, on_fatal_signal);
+	signal(SIGPIPE, SIG_IGN);
+	signal(SIGALRM, on_fatal_signal);
+	alarm(alarm_s);
+}

@@ -83,5 +83,10 @@ int daemon_connect_raw(const struct daemon_proc *d);
 /* Kills every daemon started and not yet stopped (from an atexit handler
  * or a signal). */
 void daemon_stop_all(void);
+/* For a benchmark program's main: SIGINT, SIGTERM, SIGHUP and SIGALRM
+ * kill every daemon started (daemon_stop_all) and then end the program
+ * with that signal; SIGPIPE is ignored; alarm(alarm_s) bounds the whole
+ * run, whatever happens (the children die with us). */
+void daemon_stop_on_signals(unsigned alarm_s);
 
 #endif

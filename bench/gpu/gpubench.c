@@ -27,6 +27,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "report.h"
 #include "roles.h"
 #include "util.h"
 
@@ -36,67 +37,12 @@
 #define VARIANT "gpu"
 #endif
 
-/* ---- figures ------------------------------------------------------------------- */
+/* ---- notes and ratios ------------------------------------------------------- */
 
-struct fig {
-	char key[64];
-	char label[96];
-	const char *unit;
-	const char *section;
-	struct samples reps;     /* in repeat order */
-	char note[160];
-};
-
-#define FIGS_MAX 64
 #define NOTES_MAX 32
 
-static struct fig figs[FIGS_MAX];
-static int nfigs;
-static const char *cur_section = "";
 static char *notes[NOTES_MAX];
 static int nnotes;
-
-static struct fig *fig_find(const char *key)
-{
-	for (int i = 0; i < nfigs; i++)
-		if (strcmp(figs[i].key, key) == 0)
-			return &figs[i];
-	return NULL;
-}
-
-__attribute__((format(printf, 3, 4)))
-static struct fig *fig_decl(const char *key, const char *unit,
-			    const char *fmt, ...)
-{
-	struct fig *f = fig_find(key);
-	va_list ap;
-
-	if (f)
-		return f;
-	if (nfigs == FIGS_MAX) {
-		fprintf(stderr, "gpubench: too many figures\n");
-		exit(1);
-	}
-	f = &figs[nfigs++];
-	memset(f, 0, sizeof(*f));
-	snprintf(f->key, sizeof(f->key), "%s", key);
-	f->unit = unit;
-	f->section = cur_section;
-	va_start(ap, fmt);
-	vsnprintf(f->label, sizeof(f->label), fmt, ap);
-	va_end(ap);
-	return f;
-}
-
-__attribute__((format(printf, 2, 3)))
-static void fig_note(struct fig *f, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(f->note, sizeof(f->note), fmt, ap);
-	va_end(ap);
-}
 
 __attribute__((format(printf, 1, 2)))
 static void note(const char *fmt, ...)
@@ -112,38 +58,18 @@ static void note(const char *fmt, ...)
 		notes[nnotes++] = strdup(buf);
 }
 
-/* The median (the mean of the middle two for an even count), min, max. */
-static void fig_summary(const struct fig *f, double *med, double *lo,
-			double *hi)
-{
-	struct samples s = { 0 };
-
-	for (size_t i = 0; i < f->reps.n; i++)
-		samples_add(&s, f->reps.v[i]);
-	samples_quantile(&s, 0.5); /* sorts */
-	if (s.n == 0)
-		*med = NAN;
-	else if (s.n % 2)
-		*med = s.v[s.n / 2];
-	else
-		*med = (s.v[s.n / 2 - 1] + s.v[s.n / 2]) / 2;
-	*lo = s.n ? samples_min(&s) : NAN;
-	*hi = s.n ? samples_max(&s) : NAN;
-	samples_free(&s);
-}
-
 /* A figure of ratios a[r] / b[r], repeat by repeat. */
 static void fig_ratio(const char *key, const char *label, const char *a,
 		      const char *b)
 {
-	struct fig *fa = fig_find(a), *fb = fig_find(b);
-	struct fig *f = fig_decl(key, "x", "%s", label);
+	struct fig *fa = report_find(a), *fb = report_find(b);
+	struct fig *f = report_decl(key, "x", "%s", label);
 
 	if (!fa || !fb || fa->reps.n != fb->reps.n || !fa->reps.n)
 		return;
 	for (size_t r = 0; r < fa->reps.n; r++)
 		if (fb->reps.v[r] > 0)
-			samples_add(&f->reps, fa->reps.v[r] / fb->reps.v[r]);
+			report_add(f, fa->reps.v[r] / fb->reps.v[r]);
 }
 
 /* ---- running roles ------------------------------------------------------------- */
@@ -211,13 +137,13 @@ static void handle_line(char *line, const char *who)
 		if (!v)
 			return;
 		*v++ = '\0';
-		f = fig_find(sp);
+		f = report_find(sp);
 		if (!f) {
 			fprintf(stderr, "gpubench: %s: unexpected figure %s\n",
 				who, sp);
 			return;
 		}
-		samples_add(&f->reps, strtod(v, NULL));
+		report_add(f, strtod(v, NULL));
 	} else if (strcmp(line, "info") == 0) {
 		note("%s: %s", who, sp);
 	} else if (strcmp(line, "device") == 0 || strcmp(line, "nogpu") == 0) {
@@ -411,13 +337,13 @@ static int section_import(uint64_t bytes)
 	char tag[32], k[64];
 
 	size_name(bytes, tag, sizeof(tag));
-	cur_section = "import";
+	report_section("import");
 	snprintf(k, sizeof(k), "import_cold_%s", tag);
-	fig_decl(k, "us", "cold import, %s: first get of a new allocation", tag);
+	report_decl(k, "us", "cold import, %s: first get of a new allocation", tag);
 	snprintf(k, sizeof(k), "import_warm_%s", tag);
-	fig_decl(k, "us", "warm import, %s: new version, allocation open", tag);
+	report_decl(k, "us", "warm import, %s: new version, allocation open", tag);
 	snprintf(k, sizeof(k), "import_cached_%s", tag);
-	fig_decl(k, "us", "cached get, %s: the same version again", tag);
+	report_decl(k, "us", "cached get, %s: the same version again", tag);
 	fprintf(stderr, "gpubench: import, %s\n", tag);
 	return run_role("pair", "import", bytes, 0, tag);
 }
@@ -428,13 +354,13 @@ static int section_spin(void)
 	int rc;
 
 	size_name(pl.import_small, tag, sizeof(tag));
-	cur_section = "stream-ordered get";
-	fig_decl("spin_alone", "ms", "producer: spin kernel alone (launch + sync)");
-	fig_decl("spin_publish", "us", "producer: publish behind %d ms of queued work",
-		 pl.spin_ms);
-	fig_decl("spin_get", "us", "consumer: get returns after (%s, cold)", tag);
-	fig_decl("spin_sync", "ms", "consumer: cudaStreamSynchronize after get");
-	fig_decl("spin_done", "ms", "consumer's stream done, from producer's queue");
+	report_section("stream-ordered get");
+	report_decl("spin_alone", "ms", "producer: spin kernel alone (launch + sync)");
+	report_decl("spin_publish", "us", "producer: publish behind %d ms of queued work",
+		    pl.spin_ms);
+	report_decl("spin_get", "us", "consumer: get returns after (%s, cold)", tag);
+	report_decl("spin_sync", "ms", "consumer: cudaStreamSynchronize after get");
+	report_decl("spin_done", "ms", "consumer's stream done, from producer's queue");
 	fprintf(stderr, "gpubench: stream-ordered get, %d ms spin\n", pl.spin_ms);
 	rc = run_role("pair", "spin", pl.import_small, 0, "");
 	return rc;
@@ -446,14 +372,14 @@ static int section_handoff(void)
 	int rc = 0;
 
 	size_name(pl.bytes, tag, sizeof(tag));
-	cur_section = "handoff";
-	fig_decl("floor", "ms", "floor: write + read %s in one process", tag);
-	fig_decl("handoff_cold", "ms", "handoff %s, consumer maps it each time", tag);
-	fig_decl("handoff_warm", "ms", "handoff %s, allocation kept mapped", tag);
-	fig_decl("handoff_cold_get", "us", "  consumer's get returned (cold), from t0");
-	fig_decl("handoff_warm_get", "us", "  consumer's get returned (warm), from t0");
-	fig_decl("handoff_cold_publish", "us", "  producer's publish call (cold)");
-	fig_decl("handoff_warm_publish", "us", "  producer's publish call (warm)");
+	report_section("handoff");
+	report_decl("floor", "ms", "floor: write + read %s in one process", tag);
+	report_decl("handoff_cold", "ms", "handoff %s, consumer maps it each time", tag);
+	report_decl("handoff_warm", "ms", "handoff %s, allocation kept mapped", tag);
+	report_decl("handoff_cold_get", "us", "  consumer's get returned (cold), from t0");
+	report_decl("handoff_warm_get", "us", "  consumer's get returned (warm), from t0");
+	report_decl("handoff_cold_publish", "us", "  producer's publish call (cold)");
+	report_decl("handoff_warm_publish", "us", "  producer's publish call (warm)");
 	fprintf(stderr, "gpubench: handoff floor, %s\n", tag);
 	if (run_role("floor", "floor", pl.bytes, 0, ""))
 		rc = -1;
@@ -480,23 +406,23 @@ static int section_torch(void)
 	pid_t pid;
 
 	size_name(pl.bytes, tag, sizeof(tag));
-	cur_section = "torch.multiprocessing";
-	ff = fig_decl("torch_floor", "ms", "torch floor: fill_ + aminmax of %s, one "
-		      "process", tag);
-	fh = fig_decl("torch_handoff", "ms", "torch.mp Queue handoff %s (fill_ .. "
-		      "aminmax)", tag);
+	report_section("torch.multiprocessing");
+	ff = report_decl("torch_floor", "ms", "torch floor: fill_ + aminmax of %s, one "
+			 "process", tag);
+	fh = report_decl("torch_handoff", "ms", "torch.mp Queue handoff %s (fill_ .. "
+			 "aminmax)", tag);
 #ifdef GPUBENCH_FAKE
 	/* Only the peer's plumbing can be tried here, on CPU tensors. */
 	if (strcmp(pl.torch_device, "cpu") != 0) {
-		fig_note(ff, "skipped: fake CUDA");
-		fig_note(fh, "skipped: fake CUDA");
+		report_note(ff, "skipped: fake CUDA");
+		report_note(fh, "skipped: fake CUDA");
 		return 0;
 	}
 #endif
 	if (!pl.python || access(pl.torch_script, R_OK) < 0) {
-		fig_note(fh, "skipped: %s", !pl.python ? "no --python" :
-			 "torch_peer.py not found");
-		fig_note(ff, "%s", fh->note);
+		report_note(fh, "skipped: %s", !pl.python ? "no --python" :
+			    "torch_peer.py not found");
+		report_note(ff, "%s", fh->note);
 		note("torch.multiprocessing: %s", fh->note);
 		return 0;
 	}
@@ -528,8 +454,8 @@ static int section_torch(void)
 	st = util_wait(pid);
 	if (skip_line[0] && !fh->reps.n && st == 0) {
 		/* "skip <why>": no torch, or no CUDA in it. */
-		fig_note(fh, "skipped: %.140s", skip_line);
-		fig_note(ff, "%s", fh->note);
+		report_note(fh, "skipped: %.140s", skip_line);
+		report_note(ff, "%s", fh->note);
 		note("torch.multiprocessing: skipped: %s", skip_line);
 		return 0;
 	}
@@ -565,62 +491,18 @@ static void fmt_val(char *buf, size_t cap, double v, const char *unit)
 		snprintf(buf, cap, "%.0f", v);
 }
 
+/* gpubench's table: its column widths and how values are written. */
+static const struct report_style table_style = {
+	.label_w = 56, .median_w = 10, .spread_w = 24, .unit_w = 4,
+	.unit_head = "unit", .fmt = fmt_val,
+};
+
+/* The figures, then the notes the roles sent. */
 static void print_table(FILE *o)
 {
-	const char *section = NULL;
-
-	fprintf(o, "\n%-56s %10s %-24s %s\n", "figure", "median",
-		"spread (min..max)", "unit");
-	for (int i = 0; i < nfigs; i++) {
-		const struct fig *f = &figs[i];
-		char med[32], lo[32], hi[32], spread[96];
-		double m, l, h;
-
-		if (!section || strcmp(section, f->section) != 0) {
-			section = f->section;
-			fprintf(o, "-- %s\n", section);
-		}
-		if (!f->reps.n) {
-			fprintf(o, "%-56s %10s %-24s %-4s %s\n", f->label, "-", "",
-				f->unit, f->note[0] ? f->note : "not measured");
-			continue;
-		}
-		fig_summary(f, &m, &l, &h);
-		fmt_val(med, sizeof(med), m, f->unit);
-		fmt_val(lo, sizeof(lo), l, f->unit);
-		fmt_val(hi, sizeof(hi), h, f->unit);
-		if (f->reps.n > 1)
-			snprintf(spread, sizeof(spread), "%s..%s (n=%zu)", lo, hi,
-				 f->reps.n);
-		else
-			snprintf(spread, sizeof(spread), "(n=1)");
-		fprintf(o, "%-56s %10s %-24s %-4s %s\n", f->label, med, spread,
-			f->unit, f->note);
-	}
+	report_print_table(o, &table_style);
 	for (int i = 0; i < nnotes; i++)
 		fprintf(o, "%s %s\n", i ? "     " : "notes:", notes[i]);
-}
-
-static void json_str(FILE *o, const char *s)
-{
-	fputc('"', o);
-	for (; *s; s++) {
-		if (*s == '"' || *s == '\\')
-			fprintf(o, "\\%c", *s);
-		else if ((unsigned char)*s < 0x20)
-			fprintf(o, "\\u%04x", *s);
-		else
-			fputc(*s, o);
-	}
-	fputc('"', o);
-}
-
-static void json_num(FILE *o, double v)
-{
-	if (isnan(v) || isinf(v))
-		fprintf(o, "null");
-	else
-		fprintf(o, "%.6g", v);
 }
 
 static int write_json(const char *path, double secs, int failed)
@@ -634,7 +516,7 @@ static int write_json(const char *path, double secs, int failed)
 	fprintf(o, "{\n  \"variant\": \"%s\",\n  \"meaningful\": %s,\n",
 		VARIANT, strcmp(VARIANT, "gpu") == 0 ? "true" : "false");
 	fprintf(o, "  \"device\": ");
-	json_str(o, device_line);
+	report_json_str(o, device_line);
 	fprintf(o, ",\n  \"bytes\": %llu,\n  \"repeats\": %d,\n  \"spin_ms\": "
 		"%d,\n  \"seconds\": %.1f,\n  \"failed\": %s,\n  "
 		"\"wrong_data\": %s,\n  \"notes\": [",
@@ -642,53 +524,15 @@ static int write_json(const char *path, double secs, int failed)
 		failed ? "true" : "false", wrong_data ? "true" : "false");
 	for (int i = 0; i < nnotes; i++) {
 		fprintf(o, i ? ", " : "");
-		json_str(o, notes[i]);
+		report_json_str(o, notes[i]);
 	}
-	fprintf(o, "],\n  \"figures\": {\n");
-	for (int i = 0; i < nfigs; i++) {
-		const struct fig *f = &figs[i];
-		double med = NAN, lo = NAN, hi = NAN;
-
-		if (f->reps.n)
-			fig_summary(f, &med, &lo, &hi);
-		fprintf(o, "    ");
-		json_str(o, f->key);
-		fprintf(o, ": {\"section\": ");
-		json_str(o, f->section);
-		fprintf(o, ", \"label\": ");
-		json_str(o, f->label);
-		fprintf(o, ", \"unit\": ");
-		json_str(o, f->unit);
-		fprintf(o, ", \"median\": ");
-		json_num(o, med);
-		fprintf(o, ", \"min\": ");
-		json_num(o, lo);
-		fprintf(o, ", \"max\": ");
-		json_num(o, hi);
-		fprintf(o, ", \"repeats\": [");
-		for (size_t r = 0; r < f->reps.n; r++) {
-			fprintf(o, r ? ", " : "");
-			json_num(o, f->reps.v[r]);
-		}
-		fprintf(o, "]");
-		if (f->note[0]) {
-			fprintf(o, ", \"note\": ");
-			json_str(o, f->note);
-		}
-		fprintf(o, "}%s\n", i + 1 < nfigs ? "," : "");
-	}
-	fprintf(o, "  }\n}\n");
+	fprintf(o, "],\n");
+	report_json_figures(o);
+	fprintf(o, "}\n");
 	return fclose(o) == 0 ? 0 : -1;
 }
 
 /* ---- main --------------------------------------------------------------------- */
-
-static void on_signal(int sig)
-{
-	daemon_stop_all();
-	signal(sig, SIG_DFL);
-	raise(sig);
-}
 
 static void usage(FILE *o)
 {
@@ -827,13 +671,7 @@ int main(int argc, char **argv)
 	}
 	self_exe[n] = '\0';
 
-	signal(SIGINT, on_signal);
-	signal(SIGTERM, on_signal);
-	signal(SIGHUP, on_signal);
-	signal(SIGPIPE, SIG_IGN);
-	/* Bounded, whatever happens: the children die with us. */
-	signal(SIGALRM, on_signal);
-	alarm((unsigned)pl.timeout_s * 8 + 60);
+	daemon_stop_on_signals((unsigned)pl.timeout_s * 8 + 60);
 	t_start = util_now_ns();
 
 #ifdef GPUBENCH_FAKE
