@@ -201,6 +201,31 @@ static const char *const default_opts[] = {
 	NULL, NULL,
 };
 
+/* The floor round trip (floor_mode as floor_rt's with_fd: -1 puts its
+ * server on CPU 1) and dlshare's get+release, as placed now, in the order
+ * of repeat r; p50s in us. Returns 0 or -1. */
+static int placed_pair(struct daemon_proc *d, const struct plan *pl,
+		       const struct fig_packets *pk, int r, int floor_mode,
+		       double *floor50, double *get50)
+{
+	double p99;
+
+	for (int side = 0; side < 2; side++) {
+		int err;
+
+		if ((side == 0) == (r % 2 == 0))
+			err = floor_rt("seqpacket", floor_mode, pk->get,
+				       pk->reply, pl->rt_iters, floor50, &p99);
+		else
+			err = fig_get_latency(d, FIG_NAME, pl->rt_iters,
+					      get50, &p99);
+		if (err)
+			return -1;
+	}
+	*get50 /= 1e3;
+	return 0;
+}
+
 static int section_latency(const struct plan *pl, const struct fig_packets *pk)
 {
 	struct daemon_proc d;
@@ -257,6 +282,7 @@ static int section_latency(const struct plan *pl, const struct fig_packets *pk)
 	for (int r = 0; r < pl->reps; r++) {
 		double a50, a99, b50, b99, c50, c99, e50, e99, x50, x99, y50, y99;
 		double z50;
+		int err;
 
 		progress("latency: repeat %d/%d", r + 1, pl->reps);
 		/* Alternate which side goes first, so drift cancels. */
@@ -306,50 +332,26 @@ static int section_latency(const struct plan *pl, const struct fig_packets *pk)
 		 * cost tens of microseconds and come and go with the
 		 * scheduler's placement), only the work itself. */
 		pin(d.pid, 0);
-		for (int side = 0; side < 2; side++) {
-			int err;
-
-			if ((side == 0) == (r % 2 == 0))
-				err = floor_rt("seqpacket", 0, pk->get,
-					       pk->reply, pl->rt_iters, &a50,
-					       &a99);
-			else
-				err = fig_get_latency(&d, FIG_NAME,
-						      pl->rt_iters, &x50, &x99);
-			if (err) {
-				pin(d.pid, -1);
-				goto out;
-			}
-		}
+		err = placed_pair(&d, pl, pk, r, 0, &a50, &x50);
 		pin(d.pid, -1);
+		if (err)
+			goto out;
 		report_add(p_fl, a50);
-		report_add(p_dl, x50 / 1e3);
-		report_add(p_r, x50 / 1e3 / a50);
+		report_add(p_dl, x50);
+		report_add(p_r, x50 / a50);
 
 		/* Apart, but always in the same places: unpinned, whether a
 		 * pair shares a CPU changes from run to run, and with it the
 		 * wakeup cost (the key figure compares like with like). */
 		if (pin_apart(d.pid))
 			continue;
-		for (int side = 0; side < 2; side++) {
-			int err;
-
-			if ((side == 0) == (r % 2 == 0))
-				err = floor_rt("seqpacket", -1, pk->get,
-					       pk->reply, pl->rt_iters, &a50,
-					       &a99);
-			else
-				err = fig_get_latency(&d, FIG_NAME,
-						      pl->rt_iters, &x50, &x99);
-			if (err) {
-				pin(d.pid, -1);
-				goto out;
-			}
-		}
+		err = placed_pair(&d, pl, pk, r, -1, &a50, &x50);
 		pin(d.pid, -1);
+		if (err)
+			goto out;
 		report_add(a_fl, a50);
-		report_add(a_dl, x50 / 1e3);
-		report_add(a_r, x50 / 1e3 / a50);
+		report_add(a_dl, x50);
+		report_add(a_r, x50 / a50);
 	}
 	rc = 0;
 out:
