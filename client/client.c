@@ -706,6 +706,8 @@ static void *rx_main(void *arg)
 	int64_t quiet_since = 0; /* since when no call began, as far as we saw */
 	int want_out = 0, reader = 0, err = 0;
 
+	/* dlshare_connect waits for this: see there. */
+	sem_post(c->rx_up);
 	for (;;) {
 		struct pollfd pfd[2];
 		int fds[WIRE_FDS_MAX];
@@ -1098,6 +1100,7 @@ int dlshare_connect(const char *path, dlshare_client **out)
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	char dflt[sizeof(sa.sun_path)];
 	dlshare_client *c;
+	sem_t up;
 	int err;
 
 	if (!out)
@@ -1149,11 +1152,22 @@ int dlshare_connect(const char *path, dlshare_client **out)
 	/* The receiver thread holds its own reference: it may outlive a
 	 * dlshare_disconnect() made from a deleter running on it. */
 	client_ref(c);
+	sem_init(&up, 0, 0);
+	c->rx_up = &up;
 	if (pthread_create(&c->rx, NULL, rx_main, c)) {
+		sem_destroy(&up);
 		atomic_fetch_sub(&c->refs, 1);
 		err = DLSHARE_ENOMEM;
 		goto fail;
 	}
+	/* The thread is running before we return: a program that forks
+	 * right after connecting must not fork while the new thread is still
+	 * being set up (inside the allocator, with sanitizers), or the child
+	 * inherits a lock nobody will release. */
+	while (sem_wait(&up) < 0 && errno == EINTR)
+		;
+	sem_destroy(&up);
+	c->rx_up = NULL;
 	c->rx_started = 1;
 	atomic_fetch_add(&live_clients, 1); /* dlshare_disconnect drops it */
 	err = hello(c);

@@ -17,6 +17,7 @@
 #define DLSHARE_CLIENT_INTERNAL_H
 
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -84,6 +85,7 @@ struct dlshare_client {
 	int wake_fd;             /* eventfd: wakes the receiver thread */
 	pthread_t rx;
 	int rx_started;
+	sem_t *rx_up;            /* posted once the receiver thread runs */
 	uint32_t max_packet;     /* largest packet we can receive */
 	uint32_t send_max;       /* largest the daemon takes (HelloReply) */
 	pthread_mutex_t send_lock;
