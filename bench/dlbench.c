@@ -201,6 +201,12 @@ static const char *const default_opts[] = {
 	NULL, NULL,
 };
 
+/* A daemon whose large store buffers are 2 MiB huge pages. */
+static const char *const huge_opts[] = {
+	"--log-rate-limit", "0", "--huge-page-min", "2M",
+	NULL,
+};
+
 /* The floor round trip (floor_mode as floor_rt's with_fd: -1 puts its
  * server on CPU 1) and dlshare's get+release, as placed now, in the order
  * of repeat r; p50s in us. Returns 0 or -1. */
@@ -477,7 +483,7 @@ static double median_of(const double *v, long n, double div)
 static int section_handoff(const struct plan *pl)
 {
 	char big[32], bb[32], it[32], out[512];
-	struct daemon_proc d;
+	struct daemon_proc d, dh = { 0 };
 	double *v = calloc((size_t)pl->small_iters, sizeof(*v));
 	int rc = -1, is_gib = pl->big == (UINT64_C(1) << 30);
 	int huge2 = huge_free(21, pl->big), huge1 = huge_free(30, pl->big);
@@ -508,6 +514,11 @@ static int section_handoff(const struct plan *pl)
 			    "store: handoff %s / 4 KiB", big);
 	struct fig *key = report_decl("handoff_1GiB_over_4KiB", "x",
 		"store: handoff 1 GiB / 4 KiB");
+	struct fig *hb = report_decl("handoff_big_huge_ms", "ms",
+		"store, --huge-page-min 2M: seal to consumer holding it, %s",
+		big);
+	struct fig *hr = report_decl("handoff_big_huge_over_4KiB", "x",
+		"store, --huge-page-min 2M: %s / 4 KiB", big);
 	struct fig *es = report_decl("export_handoff_4KiB_us", "us",
 		"export: publish to consumer holding it, 4 KiB");
 	struct fig *eb = report_decl("export_handoff_big_ms", "ms",
@@ -523,6 +534,10 @@ static int section_handoff(const struct plan *pl)
 	if (!huge2) {
 		fh2->is_null = 1;
 		report_note(fh2, "not measured: no free 2 MiB pages (vm.nr_hugepages)");
+		hb->is_null = 1;
+		report_note(hb, "not measured: no free 2 MiB pages (vm.nr_hugepages)");
+		hr->is_null = 1;
+		report_note(hr, "not measured");
 	}
 	if (!huge1) {
 		fh1->is_null = 1;
@@ -530,11 +545,12 @@ static int section_handoff(const struct plan *pl)
 	}
 	num(bb, sizeof(bb), (double)pl->big);
 	num(it, sizeof(it), (double)pl->small_iters);
-	if (!v || daemon_start(&d, default_opts))
+	if (!v || daemon_start(&d, default_opts) ||
+	    (huge2 && daemon_start(&dh, huge_opts)))
 		goto out;
 	for (int r = 0; r < pl->reps; r++) {
 		double s_fl = NAN, b_fl = NAN, s_dl = NAN, b_dl = NAN;
-		double s_ex = NAN, b_ex = NAN;
+		double s_ex = NAN, b_ex = NAN, b_hp = NAN;
 
 		progress("handoff: repeat %d/%d (%s)", r + 1, pl->reps, big);
 		for (int side = 0; side < 2; side++) {
@@ -578,6 +594,11 @@ static int section_handoff(const struct plan *pl)
 				if (fig_handoff(&d, pl->big, 1, 1, &one))
 					goto out;
 				b_ex = one / 1e6;
+				/* The pool was checked to hold the buffer; the
+				 * floor's pages are back by now. */
+				if (huge2 &&
+				    fig_handoff(&dh, pl->big, 1, 0, &one) == 0)
+					b_hp = one / 1e6;
 			}
 		}
 		report_add(fs, s_fl);
@@ -592,11 +613,17 @@ static int section_handoff(const struct plan *pl)
 		report_add(es, s_ex);
 		report_add(eb, b_ex);
 		report_add(er, b_ex * 1e3 / s_ex);
+		if (!isnan(b_hp)) {
+			report_add(hb, b_hp);
+			report_add(hr, b_hp * 1e3 / s_dl);
+		}
 	}
 	rc = 0;
 out:
 	free(v);
 	daemon_stop(&d);
+	if (huge2)
+		daemon_stop(&dh);
 	return rc;
 }
 

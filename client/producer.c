@@ -281,7 +281,17 @@ int dlshare_create(dlshare_client *c, const char *name,
 		w->base = w->dev->base;
 		w->ordinal = w->dev->ordinal;
 	} else if (total) {
-		w->base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED,
+		/* The whole buffer: the daemon may round it up (huge pages,
+		 * which are mapped and unmapped in whole pages). */
+		if (rep->buffers[0]->size < total ||
+		    rep->buffers[0]->size > SIZE_MAX) {
+			reply_free(c, &r);
+			send_abort(c, w->name, w->version);
+			err = DLSHARE_EPROTO;
+			goto fail;
+		}
+		w->size = rep->buffers[0]->size;
+		w->base = mmap(NULL, w->size, PROT_READ | PROT_WRITE, MAP_SHARED,
 			       r.fds[0], 0);
 		if (w->base == MAP_FAILED) {
 			w->base = NULL;

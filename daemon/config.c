@@ -157,6 +157,13 @@ static const struct opt opts[] = {
 	  "daemon-owned host bytes of one uid; 0: as max-bytes",
 	  "A create past it fails with DLSHARE_ELIMIT.",
 	  "0, the same as max-bytes" },
+	{ "huge-page-min", 0, OPT_BYTES, "BYTES", 0, INT64_MAX,
+	  SRV(registry.huge_min), NULL,
+	  "store buffers from this size on use 2 MiB huge pages; 0: never",
+	  "Only while the kernel's pool (vm.nr_hugepages) has free pages; "
+	  "otherwise normal pages. Sealing a large version is then ~500 times "
+	  "cheaper; sizes are rounded up to 2 MiB.",
+	  "0, never" },
 	{ "uid-gpu-bytes", 0, OPT_BYTES, "BYTES", 0, UINT64_MAX,
 	  SRV(registry.uid_gpu_bytes), NULL,
 	  "daemon-owned GPU bytes of one uid; 0: no cap but the devices' memory",

@@ -8,7 +8,44 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-int host_create(const char *name, uint64_t size)
+#ifndef MFD_HUGE_2MB
+#define MFD_HUGE_2MB (21U << 26) /* log2(2 MiB) << MFD_HUGE_SHIFT */
+#endif
+
+/* A memfd of 2 MiB huge pages holding size bytes, rounded up, with its
+ * pages reserved from the kernel's pool; or -1 (the pool is short, or the
+ * kernel says no): the caller then makes a normal one. */
+static int host_create_huge(const char *label, uint64_t size,
+			    uint64_t *actual)
+{
+	uint64_t rounded;
+	void *p;
+	int fd;
+
+	if (size > INT64_MAX - HOST_HUGE_PAGE)
+		return -1;
+	rounded = (size + HOST_HUGE_PAGE - 1) / HOST_HUGE_PAGE * HOST_HUGE_PAGE;
+	fd = memfd_create(label, MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB |
+			  MFD_HUGE_2MB);
+	if (fd < 0)
+		return -1;
+	/* A shared mapping reserves the file's pages from the pool, and the
+	 * reservation stays with the file: a producer's mapping later cannot
+	 * fail for want of pages (SIGBUS on a write). */
+	if (ftruncate(fd, (off_t)rounded) < 0 ||
+	    (p = mmap(NULL, rounded, PROT_READ, MAP_SHARED, fd, 0)) ==
+		    MAP_FAILED ||
+	    munmap(p, rounded) < 0 ||
+	    fcntl(fd, F_ADD_SEALS, HOST_SEALS_BIRTH) < 0) {
+		close(fd);
+		return -1;
+	}
+	*actual = rounded;
+	return fd;
+}
+
+int host_create(const char *name, uint64_t size, uint64_t huge_min,
+		uint64_t *actual)
 {
 	char label[64];
 	int fd, err;
@@ -17,6 +54,10 @@ int host_create(const char *name, uint64_t size)
 		return -EINVAL;
 	/* The label shows in /proc/PID/fd and maps; it need not be unique. */
 	snprintf(label, sizeof(label), "dlshare:%s", name);
+	*actual = size;
+	if (huge_min && size >= huge_min &&
+	    (fd = host_create_huge(label, size, actual)) >= 0)
+		return fd;
 	fd = memfd_create(label, MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
 		return -errno;

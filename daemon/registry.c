@@ -34,6 +34,7 @@ void registry_limits_default(struct registry_limits *l)
 	l->uid_leases = REGISTRY_UID_LEASES_DEFAULT;
 	l->uid_host_bytes = 0; /* 0: the same as max_bytes, whatever it is */
 	l->uid_gpu_bytes = 0;
+	l->huge_min = 0; /* huge pages are the operator's to give */
 	l->uid_fds = REGISTRY_UID_FDS_DEFAULT;
 }
 
@@ -528,7 +529,8 @@ static int version_buffers(struct registry *r, struct registry_owner *o,
 			if (b->usage)
 				b->usage->gpu_bytes += b->size;
 		} else {
-			b->fd = host_create(s->name, in->size);
+			b->fd = host_create(s->name, in->size,
+					    r->limits.huge_min, &b->size);
 			if (b->fd < 0) {
 				int err = b->fd;
 

@@ -187,6 +187,9 @@ struct registry_limits {
 	uint64_t max_buffer_bytes;  /* size of one buffer */
 	uint64_t max_bytes;         /* daemon-owned bytes, all buffers */
 	uint32_t default_mode;      /* mode of a name when the publisher gives 0 */
+	uint64_t huge_min;          /* store host buffers from this size on are
+				     * huge pages when the pool has them; 0:
+				     * never */
 };
 
 #define REGISTRY_MAX_TENSORS_DEFAULT 4096u

@@ -396,6 +396,68 @@ static void store_outlives_producer(void **state)
 	dlshare_disconnect(c);
 }
 
+/* ---- huge pages (--huge-page-min) ------------------------------------------------ */
+
+static const char *const huge_args[] = { "--huge-page-min", "2M", NULL };
+
+static int setup_huge(void **state)
+{
+	return util_setup_fdcheck(state, huge_args);
+}
+
+/* Free 2 MiB pages in the kernel's pool, or -1 when it cannot be read. */
+static long huge_free(void)
+{
+	FILE *f = fopen("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages",
+			"r");
+	long n = -1;
+
+	if (f) {
+		if (fscanf(f, "%ld", &n) != 1)
+			n = -1;
+		fclose(f);
+	}
+	return n;
+}
+
+static uint64_t stored_bytes(dlshare_client *c, const char *name)
+{
+	dlshare_name_info info;
+
+	assert_int_equal(dlshare_stat(c, name, &info, NULL), 0);
+	return info.bytes;
+}
+
+/* From 2 MiB on, a store buffer is made of huge pages (its size rounded
+ * up) when the pool has two free ones, and of normal pages otherwise; the
+ * data is the same either way. The pool is the operator's: the test uses
+ * what it finds (none on most machines, so the fallback). */
+static void huge_pages_when_the_pool_has_them(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	int64_t big[1] = { 3 << 20 }, small[1] = { 1 << 20 };
+	long free_pages = huge_free();
+
+	assert_int_equal(util_store(c, "e2e/huge", DT_U8, 1, big, 91, NULL), 0);
+	if (free_pages >= 2)
+		assert_int_equal(stored_bytes(c, "e2e/huge"), 4 << 20);
+	else
+		assert_int_equal(stored_bytes(c, "e2e/huge"), 3 << 20);
+	fprintf(stderr, "-- %ld free 2 MiB pages: %s\n", free_pages,
+		free_pages >= 2 ? "huge pages" : "the fallback");
+	assert_int_equal(util_get_check(c, "e2e/huge", NULL, DT_U8, 1, big, 91,
+					NULL), 0);
+	/* Below the threshold: normal pages, the exact size. */
+	assert_int_equal(util_store(c, "e2e/small", DT_U8, 1, small, 92, NULL),
+			 0);
+	assert_int_equal(stored_bytes(c, "e2e/small"), 1 << 20);
+	assert_int_equal(util_get_check(c, "e2e/small", NULL, DT_U8, 1, small,
+					92, NULL), 0);
+	assert_int_equal(harness_wait_stats(c, 0, 1, NULL), 0);
+	dlshare_disconnect(c);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -409,6 +471,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(scalar_null_shape, setup, teardown),
 		cmocka_unit_test_setup_teardown(publish_copies, setup, teardown),
 		cmocka_unit_test_setup_teardown(store_outlives_producer, setup, teardown),
+		cmocka_unit_test_setup_teardown(huge_pages_when_the_pool_has_them,
+						setup_huge, teardown),
 	};
 
 	return cmocka_run_group_tests_name("e2e", tests, NULL, NULL);
