@@ -334,7 +334,6 @@ static void handle_hello(struct conn *c, uint64_t id, const Dlshare__Hello *h)
 	reply(c, id, &f);
 }
 
-/* A version description must fit in a reply too. */
 /* Records that c received rb's fd: c hears when rb goes, and is not sent
  * the fd again. Returns 0, or -ENOMEM after which c is failing. */
 static int sent_add(struct conn *c, struct rbuffer *rb)
@@ -355,6 +354,7 @@ static int sent_add(struct conn *c, struct rbuffer *rb)
 	return 0;
 }
 
+/* A version description must fit in a reply too. */
 static int fits_reply(struct conn *c, const Dlshare__Frame *f)
 {
 	return dlshare__frame__get_packed_size(f) + REPLY_OVERHEAD <=
@@ -966,17 +966,27 @@ static void handle_get(struct conn *c, uint64_t id, const Dlshare__Get *m)
 	reply_err(c, id, err, "get", m->name);
 }
 
-static void handle_release(struct conn *c, uint64_t id,
-			   const Dlshare__Release *m)
+/* Drops c's leases ids (a Release, or Frame.releases). Returns how many
+ * were unknown, after logging them. */
+static size_t release_leases(struct conn *c, const uint64_t *ids, size_t n)
 {
 	size_t unknown = 0;
 
-	for (size_t i = 0; i < m->n_leases; i++)
-		if (registry_release(&c->srv->reg, &c->owner, m->leases[i]))
+	for (size_t i = 0; i < n; i++)
+		if (registry_release(&c->srv->reg, &c->owner, ids[i]))
 			unknown++;
-	if (unknown) {
+	if (unknown)
 		log_info("conn %llu: release of %zu unknown lease(s)",
 			 (unsigned long long)c->id, unknown);
+	return unknown;
+}
+
+static void handle_release(struct conn *c, uint64_t id,
+			   const Dlshare__Release *m)
+{
+	size_t unknown = release_leases(c, m->leases, m->n_leases);
+
+	if (unknown) {
 		if (id)
 			conn_send_error(c, id, DLSHARE_EINVAL,
 					"release: %zu unknown lease(s)", unknown);
@@ -1182,17 +1192,7 @@ void dispatch_frame(struct conn *c, Dlshare__Frame *f, int *fds,
 	}
 	/* Releases riding on a request go first, as if sent before it; an
 	 * unknown one is only logged (the request has its own answer). */
-	if (f->n_releases) {
-		size_t unknown = 0;
-
-		for (size_t i = 0; i < f->n_releases; i++)
-			if (registry_release(&c->srv->reg, &c->owner,
-					     f->releases[i]))
-				unknown++;
-		if (unknown)
-			log_info("conn %llu: release of %zu unknown lease(s)",
-				 (unsigned long long)c->id, unknown);
-	}
+	release_leases(c, f->releases, f->n_releases);
 	switch (f->body_case) {
 	case DLSHARE__FRAME__BODY_HELLO:
 		handle_hello(c, f->id, f->hello);
