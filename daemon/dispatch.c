@@ -581,14 +581,9 @@ static void gpu_job_done(uv_work_t *req, int status)
 				dispatch_code(j->err), "create %s: %s",
 				m->name, status ? uv_strerror(status) : j->why);
 	} else {
-		ProtobufCBinaryData theirs[REGISTRY_BUFFERS_HARD_MAX];
-		protobuf_c_boolean had[REGISTRY_BUFFERS_HARD_MAX];
-
 		for (size_t i = 0; i < m->n_buffers; i++) {
 			Dlshare__Buffer *b = m->buffers[i];
 
-			theirs[i] = b->ipc_handle;
-			had[i] = b->has_ipc_handle;
 			if (!j->made[i])
 				continue;
 			b->size = j->mem[i].size;
@@ -604,11 +599,13 @@ static void gpu_job_done(uv_work_t *req, int status)
 			b->ipc_offset = 0;
 		}
 		create_finish(c, j->id, m, j);
-		/* The copy frees what it unpacked, not j's handle bytes. */
-		for (size_t i = 0; i < m->n_buffers; i++) {
-			m->buffers[i]->ipc_handle = theirs[i];
-			m->buffers[i]->has_ipc_handle = had[i];
-		}
+		/* The copy frees what it unpacked, not j's handle bytes (a
+		 * GPU buffer of the copy had none: create_gpu). */
+		for (size_t i = 0; i < m->n_buffers; i++)
+			if (m->buffers[i]->ipc_handle.data == j->mem[i].handle) {
+				m->buffers[i]->has_ipc_handle = 0;
+				m->buffers[i]->ipc_handle.data = NULL;
+			}
 	}
 	gpu_job_free(j);
 	server_reap(s);
@@ -630,10 +627,14 @@ static void create_gpu(struct conn *c, uint64_t id, const Dlshare__Create *m)
 	size_t len;
 	int err;
 
+	/* A GPU buffer is the daemon's to describe: whatever handle the
+	 * peer put on it is not kept (nor copied below). */
 	for (size_t i = 0; i < m->n_buffers; i++)
-		if (is_gpu_buffer(m->buffers[i]))
+		if (is_gpu_buffer(m->buffers[i])) {
 			m->buffers[i]->kind =
 				DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM;
+			m->buffers[i]->has_ipc_handle = 0;
+		}
 	err = registry_precheck(&s->reg, &c->owner, &spec, 0);
 	if (err) {
 		reply_err(c, id, err, "create", m->name);
@@ -1251,7 +1252,6 @@ void dispatch_conn_closed(struct conn *c)
 void dispatch_deinit(struct server *s)
 {
 	struct waitq *q, *tmp;
-
 	struct devmem *d, *dtmp;
 
 	/* Conns are all closed, so every park is gone; this is a backstop. */
@@ -1327,7 +1327,8 @@ static void on_buffer_freed(void *ud, struct rbuffer *b)
 	struct server *s = ud;
 	struct devmem *d = NULL;
 
-	HASH_FIND(hh, s->devmem, &b->id, sizeof(b->id), d);
+	if (b->daemon_owned && b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC)
+		HASH_FIND(hh, s->devmem, &b->id, sizeof(b->id), d);
 	if (d) {
 		HASH_DEL(s->devmem, d);
 		devmem_free(s, d->ptr, d->ordinal);
