@@ -563,8 +563,10 @@ static int version_buffers(struct registry *r, struct registry_owner *o,
 	return 0;
 }
 
-int registry_precheck(struct registry *r, struct registry_owner *o,
-		      const struct registry_spec *s, int exported)
+/* registry_precheck, giving the live entry of the name (or NULL). */
+static int add_check(struct registry *r, struct registry_owner *o,
+		     const struct registry_spec *s, int exported,
+		     struct entry **entry)
 {
 	uint64_t sizes[REGISTRY_BUFFERS_HARD_MAX];
 	uint64_t owned, gpu;
@@ -575,10 +577,18 @@ int registry_precheck(struct registry *r, struct registry_owner *o,
 		return -E2BIG;
 	if ((err = spec_check(r, s, exported, sizes, &owned, &gpu)))
 		return err;
-	e = registry_entry(r, s->name);
+	*entry = e = registry_entry(r, s->name);
 	if (e && !registry_may(e, o, 2))
 		return -EPERM;
 	return quota_check(r, o, !e, owned, gpu);
+}
+
+int registry_precheck(struct registry *r, struct registry_owner *o,
+		      const struct registry_spec *s, int exported)
+{
+	struct entry *e;
+
+	return add_check(r, o, s, exported, &e);
 }
 
 int registry_add(struct registry *r, struct registry_owner *o,
@@ -593,9 +603,8 @@ int registry_add(struct registry *r, struct registry_owner *o,
 
 	if (s->precheck)
 		return -EINVAL;
-	if ((err = registry_precheck(r, o, s, exported)))
+	if ((err = add_check(r, o, s, exported, &e)))
 		return err;
-	e = registry_entry(r, s->name);
 	if (!e) {
 		size_t len = strlen(s->name);
 
