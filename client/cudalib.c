@@ -21,8 +21,6 @@
  * destroyed. */
 #define CUDA_EVENT_POOL 64
 
-#define XSTR(x) #x
-#define STR(x) XSTR(x)
 /* One entry per function: the type comes from the header's prototype, the
  * symbol from its (possibly versioned, e.g. _v2) macro name. */
 #define CUDA_FUNCS(X)                                               \
@@ -172,12 +170,8 @@ static void load(void)
 				  "the CUDA driver library cannot be loaded";
 		return;
 	}
-#define LOAD(lib, fn)                                                \
-	cu.fn = (__typeof__(&fn))dlsym(cu.lib, STR(fn));             \
-	if (!cu.fn) {                                                \
-		cu.why = "the CUDA libraries lack " STR(fn);         \
-		return;                                              \
-	}
+#define LOAD(lib, fn) \
+	CUDALOAD_SYM(cu.lib, cu.fn, fn, "the CUDA libraries", cu.why);
 	CUDA_FUNCS(LOAD)
 #undef LOAD
 	if (cu.cuInit(0) != CUDA_SUCCESS ||

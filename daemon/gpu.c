@@ -21,10 +21,8 @@
 /* Devices the daemon keeps UUIDs of; more are not looked at. */
 #define GPU_DEVICES_MAX 64
 
-#define XSTR(x) #x
-#define STR(x) XSTR(x)
 /* The type comes from the header's prototype, the symbol from its
- * (possibly versioned) macro name, as in client/cudalib.c. */
+ * (possibly versioned) macro name (CUDALOAD_SYM), as in client/cudalib.c. */
 #define DRV_FUNCS(X)                                                \
 	X(cuInit)                                                   \
 	X(cuDeviceGetCount)                                         \
@@ -68,12 +66,8 @@ static void load(void)
 		drv.why = "the CUDA driver (libcuda.so.1) cannot be loaded";
 		return;
 	}
-#define LOAD(fn)                                                     \
-	drv.fn = (__typeof__(&fn))dlsym(drv.lib, STR(fn));           \
-	if (!drv.fn) {                                               \
-		drv.why = "the CUDA driver lacks " STR(fn);          \
-		return;                                              \
-	}
+#define LOAD(fn) \
+	CUDALOAD_SYM(drv.lib, drv.fn, fn, "the CUDA driver", drv.why);
 	DRV_FUNCS(LOAD)
 #undef LOAD
 	if (drv.cuInit(0) != CUDA_SUCCESS ||
@@ -115,12 +109,8 @@ static void load_rt(void)
 			     "the CUDA runtime (libcudart) cannot be loaded";
 		return;
 	}
-#define LOAD(fn)                                                     \
-	drv.fn = (__typeof__(&fn))dlsym(drv.rt, STR(fn));            \
-	if (!drv.fn) {                                               \
-		drv.rt_why = "the CUDA runtime lacks " STR(fn);      \
-		return;                                              \
-	}
+#define LOAD(fn) \
+	CUDALOAD_SYM(drv.rt, drv.fn, fn, "the CUDA runtime", drv.rt_why);
 	RT_FUNCS(LOAD)
 #undef LOAD
 }
