@@ -697,6 +697,34 @@ static void releases_ride_on_requests(void **state)
 	dlshare_disconnect(c);
 }
 
+/* libdlshare puts a tensor's release on its next request: a get+release
+ * loop costs the daemon one packet per get, not two. (The receiver thread
+ * sends what waited 20 ms on its own, so a slow machine sends a few.) */
+static void library_releases_ride(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	int64_t shape[1] = { 16 };
+	dlshare_stats before, after;
+	const int n = 50;
+
+	assert_int_equal(util_store(c, "ride/lib", DT_F32, 1, shape, 3, NULL),
+			 0);
+	assert_int_equal(dlshare_stats_get(c, &before), 0);
+	for (int i = 0; i < n; i++) {
+		DLManagedTensor *m;
+
+		assert_int_equal(dlshare_get_tensor(c, "ride/lib", NULL, &m), 0);
+		m->deleter(m);
+	}
+	assert_int_equal(dlshare_stats_get(c, &after), 0);
+	/* n gets and the second Stats; with a Release packet per get it
+	 * would be 2n + 1. */
+	assert_true(after.requests - before.requests <= (uint64_t)(n + n / 2));
+	assert_int_equal(harness_wait_stats(c, 0, 1, NULL), 0);
+	dlshare_disconnect(c);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -704,6 +732,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(bad_requests_keep_connection, setup, teardown),
 		cmocka_unit_test_setup_teardown(buffer_gone_to_holders, setup, teardown),
 		cmocka_unit_test_setup_teardown(releases_ride_on_requests, setup, teardown),
+		cmocka_unit_test_setup_teardown(library_releases_ride, setup, teardown),
 	};
 
 	return cmocka_run_group_tests_name("protocol", tests, NULL, NULL);
