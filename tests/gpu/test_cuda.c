@@ -1523,6 +1523,19 @@ static void pool_memory_copied(void **state)
 /* 10. Store mode on a GPU: daemon-owned cuda-vmm memory.                   */
 /* ======================================================================== */
 
+/* A pending float32[CA_ROWS][CA_COLS] version of name in daemon-owned
+ * memory on this process's GPU 0. Returns as dlshare_create. */
+static int create_matrix(dlshare_client *c, const char *name,
+			 dlshare_writer **w)
+{
+	int64_t shape[2] = { CA_ROWS, CA_COLS };
+	dlshare_tensor_spec spec = { .dtype = { kDLFloat, 32, 1 }, .ndim = 2,
+				     .shape = shape };
+	dlshare_create_opts co = { .device = { kDLCUDA, 0 } };
+
+	return dlshare_create(c, name, &spec, 1, &co, w);
+}
+
 #define ST_NAME "gpu/store"
 
 /* Writes a version into daemon-owned device memory while its stream lags,
@@ -1531,17 +1544,13 @@ static int store_producer(void *arg)
 {
 	struct two_chans *a = arg;
 	dlshare_client *c = child_connect();
-	int64_t shape[2] = { CA_ROWS, CA_COLS };
-	dlshare_tensor_spec spec = { .dtype = { kDLFloat, 32, 1 }, .ndim = 2,
-				     .shape = shape };
-	dlshare_create_opts co = { .device = { kDLCUDA, 0 } };
 	dlshare_writer *w;
 	DLTensor *t;
 	cudaStream_t s;
 	uint64_t v = 0;
 
 	CU(cudaStreamCreate(&s));
-	DL_OK(dlshare_create(c, ST_NAME, &spec, 1, &co, &w));
+	DL_OK(create_matrix(c, ST_NAME, &w));
 	t = dlshare_writer_tensor(w, 0);
 	CHECK(t && t->device.device_type == kDLCUDA && t->device.device_id == 0);
 	CHECK(t->data != NULL);
@@ -1628,10 +1637,6 @@ static int pool_ev_producer(void *arg)
 {
 	struct two_chans *a = arg;
 	dlshare_client *c = child_connect();
-	int64_t shape[2] = { CA_ROWS, CA_COLS };
-	dlshare_tensor_spec spec = { .dtype = { kDLFloat, 32, 1 }, .ndim = 2,
-				     .shape = shape };
-	dlshare_create_opts co = { .device = { kDLCUDA, 0 } };
 	dlshare_writer *w;
 	cudaStream_t s;
 
@@ -1642,7 +1647,7 @@ static int pool_ev_producer(void *arg)
 			RECV(a->to_p, 'r');  /* version 1 is no longer leased */
 		if (v == 3)
 			set_delay_ms(100);
-		DL_OK(dlshare_create(c, "gpu/pooled", &spec, 1, &co, &w));
+		DL_OK(create_matrix(c, "gpu/pooled", &w));
 		put_pattern(dlshare_writer_tensor(w, 0)->data, CA_BYTES,
 			    500 + v, s);
 		DL_OK(dlshare_seal(w, s, NULL));
@@ -1729,10 +1734,6 @@ static int ipc_store_producer(void *arg)
 {
 	struct two_chans *a = arg;
 	dlshare_client *c = child_connect();
-	int64_t shape[2] = { CA_ROWS, CA_COLS };
-	dlshare_tensor_spec spec = { .dtype = { kDLFloat, 32, 1 }, .ndim = 2,
-				     .shape = shape };
-	dlshare_create_opts co = { .device = { kDLCUDA, 0 } };
 	dlshare_name_info info;
 	dlshare_writer *w;
 	cudaStream_t s;
@@ -1740,7 +1741,7 @@ static int ipc_store_producer(void *arg)
 
 	CU(cudaStreamCreate(&s));
 	set_delay_ms(1);
-	DL_OK(dlshare_create(c, "gpu/ipcstore", &spec, 1, &co, &w));
+	DL_OK(create_matrix(c, "gpu/ipcstore", &w));
 	put_pattern(dlshare_writer_tensor(w, 0)->data, CA_BYTES, 601, s);
 	DL_OK(dlshare_seal(w, s, NULL));
 	DL_OK(dlshare_stat(c, "gpu/ipcstore", &info, NULL));
@@ -1749,7 +1750,7 @@ static int ipc_store_producer(void *arg)
 	RECV(a->to_p, 'r');
 	/* A second version, deleted at once while the stream lags: the
 	 * daemon may free it only after this process closed its mapping. */
-	DL_OK(dlshare_create(c, "gpu/ipcstore", &spec, 1, &co, &w));
+	DL_OK(create_matrix(c, "gpu/ipcstore", &w));
 	set_delay_ms(100);
 	put_pattern(dlshare_writer_tensor(w, 0)->data, CA_BYTES, 602, s);
 	DL_OK(dlshare_seal(w, s, NULL));
