@@ -1724,6 +1724,57 @@ static void events_pooled(void **state)
 	run_pair(&a, pool_ev_producer, pool_ev_consumer);
 }
 
+/* The pool is bounded: 70 versions retired at once leave at most 64 events
+ * (CUDA_EVENT_POOL in client/cudalib.c) alive, and the process's last
+ * disconnect destroys those. */
+#define POOL_NAMES 70
+#define POOL_MAX 64
+
+static int pool_bound_child(void *arg)
+{
+	dlshare_client *c = child_connect();
+	dlshare_publish_opts po = { .flags = DLSHARE_PUBLISH_NO_COPY };
+	char name[32], *p;
+	cudaStream_t s;
+
+	(void)arg;
+	CU(cudaStreamCreate(&s));
+	CU(cudaMalloc((void **)&p, CA_BYTES));
+	set_delay_ms(1);
+	po.stream = s;
+	for (int i = 0; i < POOL_NAMES; i++) {
+		DLManagedTensor *t = owned_new(p, 0, CA_ROWS, CA_COLS, 0, 0);
+
+		snprintf(name, sizeof(name), "gpu/pool%d", i);
+		DL_OK(dlshare_publish(c, name, &t, 1, &po, NULL));
+	}
+#if FAKE
+	CHECK(fstats().live_events == POOL_NAMES);
+#endif
+	for (int i = 0; i < POOL_NAMES; i++) {
+		snprintf(name, sizeof(name), "gpu/pool%d", i);
+		DL_OK(dlshare_delete(c, name));
+	}
+	CHECK(wait_deleted(0, POOL_NAMES, 5000) == POOL_NAMES);
+#if FAKE
+	CHECK(fstats().live_events == POOL_MAX);
+#endif
+	dlshare_disconnect(c);
+#if FAKE
+	CHECK(fstats().live_events == 0);
+#endif
+	CU(cudaStreamSynchronize(s));
+	CU(cudaFree(p));
+	CU(cudaStreamDestroy(s));
+	return 0;
+}
+
+static void event_pool_bounded(void **state)
+{
+	(void)state;
+	assert_int_equal(reap(spawn(pool_bound_child, NULL)), 0);
+}
+
 /* Where the driver cannot export VMM memory as an fd (FAKECUDA_VMM_FD=0
  * for the daemon), daemon-owned device memory is legacy CUDA IPC: cudaMalloc
  * in the daemon. The writer's mapping and every reader's must be closed
@@ -2017,6 +2068,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(store_on_device_outlives_producer_and_daemon,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(events_pooled, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(event_pool_bounded, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(store_on_device_legacy_ipc,
 						setup, teardown),
