@@ -699,13 +699,15 @@ static void releases_ride_on_requests(void **state)
 
 /* libdlshare puts a tensor's release on its next request: a get+release
  * loop costs the daemon one packet per get, not two. (The receiver thread
- * sends what waited 20 ms on its own, so a slow machine sends a few.) */
+ * sends what waited 20 ms on its own, so a slow machine sends a few.)
+ * Releases beyond what one request carries are not lost. */
 static void library_releases_ride(void **state)
 {
 	struct fixture *fx = *state;
 	dlshare_client *c = harness_connect(&fx->d);
 	int64_t shape[1] = { 16 };
 	dlshare_stats before, after;
+	DLManagedTensor *held[100];
 	const int n = 50;
 
 	assert_int_equal(util_store(c, "ride/lib", DT_F32, 1, shape, 3, NULL),
@@ -721,6 +723,15 @@ static void library_releases_ride(void **state)
 	/* n gets and the second Stats; with a Release packet per get it
 	 * would be 2n + 1. */
 	assert_true(after.requests - before.requests <= (uint64_t)(n + n / 2));
+
+	/* More than a request carries (CLIENT_RELEASE_RIDE, 64): the rest
+	 * follow, and none is lost. */
+	for (int i = 0; i < 100; i++)
+		assert_int_equal(dlshare_get_tensor(c, "ride/lib", NULL,
+						    &held[i]), 0);
+	for (int i = 0; i < 100; i++)
+		held[i]->deleter(held[i]);
+	util_stats(c);
 	assert_int_equal(harness_wait_stats(c, 0, 1, NULL), 0);
 	dlshare_disconnect(c);
 }
