@@ -611,7 +611,7 @@ static void floor_run(struct dev *d)
 	for (int r = -1; r < g_a->repeats; r++) {
 		uint64_t t0 = util_now_ns(), t1;
 
-		CU(kern_fill(a, g_a->bytes, seed_written(r), d->s));
+		CU(kern_fill(a, g_a->bytes, seed_of(r), d->s));
 		check_queue(d, a, g_a->bytes, seed_of(r));
 		CU(cudaStreamSynchronize(d->s));
 		t1 = util_now_ns();
