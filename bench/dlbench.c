@@ -49,18 +49,6 @@ struct plan {
 static const char *floor_bin;
 static const char *only;
 
-static int want(const char *section)
-{
-	char buf[256], *tok, *save;
-
-	if (!only)
-		return 1;
-	snprintf(buf, sizeof(buf), "%s", only);
-	for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
-		if (strcmp(tok, section) == 0)
-			return 1;
-	return 0;
-}
 
 static void progress(const char *fmt, ...)
 {
@@ -1261,17 +1249,17 @@ int main(int argc, char **argv)
 	progress("packets: Get %zu B, GetReply %zu B (%zu B with its fd), "
 		 "Release %zu B", pk.get, pk.reply, pk.reply_fd, pk.release);
 
-	if (want("latency") && section_latency(&pl, &pk))
+	if (util_list_has(only, "latency") && section_latency(&pl, &pk))
 		failed = 1;
-	if (want("throughput") && section_throughput(&pl, &pk))
+	if (util_list_has(only, "throughput") && section_throughput(&pl, &pk))
 		failed = 1;
-	if (want("handoff") && section_handoff(&pl))
+	if (util_list_has(only, "handoff") && section_handoff(&pl))
 		failed = 1;
-	if (want("scale") && section_scale(&pl))
+	if (util_list_has(only, "scale") && section_scale(&pl))
 		failed = 1;
-	if (want("idle") && section_idle(&pl))
+	if (util_list_has(only, "idle") && section_idle(&pl))
 		failed = 1;
-	if (want("storm") && section_storm(&pl))
+	if (util_list_has(only, "storm") && section_storm(&pl))
 		failed = 1;
 	daemon_stop_all();
 

@@ -470,6 +470,21 @@ void daemon_stop_all(void)
 	}
 }
 
+int util_list_has(const char *list, const char *item)
+{
+	size_t n = strlen(item);
+	const char *p = list;
+
+	if (!list)
+		return 1;
+	while ((p = strstr(p, item))) {
+		if ((p == list || p[-1] == ',') && (p[n] == ',' || !p[n]))
+			return 1;
+		p += n;
+	}
+	return 0;
+}
+
 static void on_fatal_signal(int sig)
 {
 	daemon_stop_all();

@@ -95,21 +95,6 @@ static int wrong_data;            /* a role saw wrong data */
 static char device_line[512];
 static char skip_line[256];       /* the torch peer's "skip" reason */
 
-static int want(const char *section)
-{
-	const char *p = pl.only;
-	size_t n = strlen(section);
-
-	if (!p)
-		return 1;
-	while ((p = strstr(p, section))) {
-		if ((p == pl.only || p[-1] == ',') && (p[n] == ',' || !p[n]))
-			return 1;
-		p += n;
-	}
-	return 0;
-}
-
 static void size_name(uint64_t b, char *buf, size_t cap)
 {
 	if (b >= (UINT64_C(1) << 30) && b % (UINT64_C(1) << 30) == 0)
@@ -699,17 +684,17 @@ int main(int argc, char **argv)
 	if (daemon_setup(daemon_bin) || daemon_start(&g_d, NULL))
 		return 1;
 
-	if (want("import")) {
+	if (util_list_has(pl.only, "import")) {
 		if (section_import(pl.import_small))
 			failed = 1;
 		if (pl.bytes != pl.import_small && section_import(pl.bytes))
 			failed = 1;
 	}
-	if (want("spin") && section_spin())
+	if (util_list_has(pl.only, "spin") && section_spin())
 		failed = 1;
-	if (want("handoff") && section_handoff())
+	if (util_list_has(pl.only, "handoff") && section_handoff())
 		failed = 1;
-	if (want("torch") && section_torch())
+	if (util_list_has(pl.only, "torch") && section_torch())
 		failed = 1;
 	if (daemon_stop(&g_d) != 0) {
 		fprintf(stderr, "gpubench: dlshared did not exit cleanly\n");
