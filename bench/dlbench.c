@@ -417,17 +417,6 @@ out:
 
 /* ---- handoff --------------------------------------------------------------------- */
 
-static const char *size_name(uint64_t b, char *buf, size_t cap)
-{
-	if (b >= (1u << 30) && b % (1u << 30) == 0)
-		snprintf(buf, cap, "%llu GiB", (unsigned long long)(b >> 30));
-	else if (b >= (1u << 20) && b % (1u << 20) == 0)
-		snprintf(buf, cap, "%llu MiB", (unsigned long long)(b >> 20));
-	else
-		snprintf(buf, cap, "%llu KiB", (unsigned long long)(b >> 10));
-	return buf;
-}
-
 /* A number from a sysfs file, or -1. */
 static long read_long(const char *path)
 {
@@ -477,7 +466,7 @@ static int section_handoff(const struct plan *pl)
 	int huge2 = huge_free(21, pl->big), huge1 = huge_free(30, pl->big);
 
 	report_section("handoff");
-	size_name(pl->big, big, sizeof(big));
+	util_size_name(pl->big, " ", big, sizeof(big));
 	struct fig *fs = report_decl("floor_handoff_4KiB_us", "us",
 		"floor: munmap+seal+send fd+mmap, 4 KiB");
 	struct fig *fb = report_decl("floor_handoff_big_ms", "ms",
@@ -1241,7 +1230,7 @@ int main(int argc, char **argv)
 		return loop(loop_n, loop_ms, pinned);
 	machine_read(&m);
 	fig_packet_sizes(&pk);
-	size_name(pl.big, big, sizeof(big));
+	util_size_name(pl.big, " ", big, sizeof(big));
 	progress("dlbench %s: %s, %ld cores, %s; %d repeats; handoff %s%s",
 		 pl.quick ? "--quick" : "full run", m.cpu, m.cores, m.kernel,
 		 pl.reps, big, pl.big == (UINT64_C(1) << 30) ? "" :

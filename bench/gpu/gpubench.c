@@ -95,18 +95,6 @@ static int wrong_data;            /* a role saw wrong data */
 static char device_line[512];
 static char skip_line[256];       /* the torch peer's "skip" reason */
 
-static void size_name(uint64_t b, char *buf, size_t cap)
-{
-	if (b >= (UINT64_C(1) << 30) && b % (UINT64_C(1) << 30) == 0)
-		snprintf(buf, cap, "%lluGiB", (unsigned long long)(b >> 30));
-	else if (b >= (UINT64_C(1) << 20) && b % (UINT64_C(1) << 20) == 0)
-		snprintf(buf, cap, "%lluMiB", (unsigned long long)(b >> 20));
-	else if (b >= 1024 && b % 1024 == 0)
-		snprintf(buf, cap, "%lluKiB", (unsigned long long)(b >> 10));
-	else
-		snprintf(buf, cap, "%lluB", (unsigned long long)b);
-}
-
 /* One line of a role's (or the torch peer's) output. */
 static void handle_line(char *line, const char *who)
 {
@@ -324,7 +312,7 @@ static int section_import(uint64_t bytes)
 {
 	char tag[32], k[64];
 
-	size_name(bytes, tag, sizeof(tag));
+	util_size_name(bytes, "", tag, sizeof(tag));
 	report_section("import");
 	snprintf(k, sizeof(k), "import_cold_%s", tag);
 	report_decl(k, "us", "cold import, %s: first get of a new allocation", tag);
@@ -341,7 +329,7 @@ static int section_spin(void)
 	char tag[32];
 	int rc;
 
-	size_name(pl.import_small, tag, sizeof(tag));
+	util_size_name(pl.import_small, "", tag, sizeof(tag));
 	report_section("stream-ordered get");
 	report_decl("spin_alone", "ms", "producer: spin kernel alone (launch + sync)");
 	report_decl("spin_publish", "us", "producer: publish behind %d ms of queued work",
@@ -359,7 +347,7 @@ static int section_handoff(void)
 	char tag[32];
 	int rc = 0;
 
-	size_name(pl.bytes, tag, sizeof(tag));
+	util_size_name(pl.bytes, "", tag, sizeof(tag));
 	report_section("handoff");
 	report_decl("floor", "ms", "floor: write + read %s in one process", tag);
 	report_decl("handoff_cold", "ms", "handoff %s, consumer maps it each time", tag);
@@ -393,7 +381,7 @@ static int section_torch(void)
 	int p[2], st, timed_out;
 	pid_t pid;
 
-	size_name(pl.bytes, tag, sizeof(tag));
+	util_size_name(pl.bytes, "", tag, sizeof(tag));
 	report_section("torch.multiprocessing");
 	ff = report_decl("torch_floor", "ms", "torch floor: fill_ + aminmax of %s, one "
 			 "process", tag);
@@ -704,7 +692,7 @@ int main(int argc, char **argv)
 	double secs = (double)(util_now_ns() - t_start) / 1e9;
 	char size[32];
 
-	size_name(pl.bytes, size, sizeof(size));
+	util_size_name(pl.bytes, "", size, sizeof(size));
 	printf("dlshare GPU benchmarks (%s%s, %d repeat%s, %s, %d ms spin, "
 	       "%.0f s)\n%s\n", VARIANT, pl.smoke ? ", --smoke" : "",
 	       pl.repeats, pl.repeats == 1 ? "" : "s", size, pl.spin_ms, secs,
