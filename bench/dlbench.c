@@ -460,7 +460,8 @@ static double median_of(const double *v, long n, double div)
 static int section_handoff(const struct plan *pl)
 {
 	char big[32], bb[32], it[32], out[512];
-	struct daemon_proc d, dh = { 0 };
+	/* Zeroed: daemon_stop() of one never started does nothing. */
+	struct daemon_proc d = { 0 }, dh = { 0 };
 	double *v = calloc((size_t)pl->small_iters, sizeof(*v));
 	int rc = -1, is_gib = pl->big == (UINT64_C(1) << 30);
 	int huge2 = huge_free(21, pl->big), huge1 = huge_free(30, pl->big);
@@ -599,8 +600,7 @@ static int section_handoff(const struct plan *pl)
 out:
 	free(v);
 	daemon_stop(&d);
-	if (huge2)
-		daemon_stop(&dh);
+	daemon_stop(&dh);
 	return rc;
 }
 
