@@ -24,7 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "report.h"
@@ -327,7 +326,6 @@ static int section_import(uint64_t bytes)
 static int section_spin(void)
 {
 	char tag[32];
-	int rc;
 
 	util_size_name(pl.import_small, "", tag, sizeof(tag));
 	report_section("stream-ordered get");
@@ -338,8 +336,7 @@ static int section_spin(void)
 	report_decl("spin_sync", "ms", "consumer: cudaStreamSynchronize after get");
 	report_decl("spin_done", "ms", "consumer's stream done, from producer's queue");
 	fprintf(stderr, "gpubench: stream-ordered get, %d ms spin\n", pl.spin_ms);
-	rc = run_role("pair", "spin", pl.import_small, 0, "");
-	return rc;
+	return run_role("pair", "spin", pl.import_small, 0, "");
 }
 
 static int section_handoff(void)
