@@ -49,18 +49,6 @@ struct plan {
 static const char *floor_bin;
 static const char *only;
 
-static int want(const char *section)
-{
-	char buf[256], *tok, *save;
-
-	if (!only)
-		return 1;
-	snprintf(buf, sizeof(buf), "%s", only);
-	for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
-		if (strcmp(tok, section) == 0)
-			return 1;
-	return 0;
-}
 
 static void progress(const char *fmt, ...)
 {
@@ -79,13 +67,13 @@ static cpu_set_t all_cpus;
 
 /* Pins this process (so the children it forks from now on) to CPU 0 and
  * the daemon to CPU 1: client and server apart, in the same places for
- * every run. Returns 0, or -1 with fewer than two CPUs (nothing pinned). */
+ * every run. Returns 0, or -1 unless CPUs 0 and 1 are both ours (nothing
+ * pinned). */
 static int pin_apart(pid_t daemon)
 {
 	cpu_set_t a, b;
 
-	if (CPU_COUNT(&all_cpus) < 2 || !CPU_ISSET(0, &all_cpus) ||
-	    !CPU_ISSET(1, &all_cpus))
+	if (!CPU_ISSET(0, &all_cpus) || !CPU_ISSET(1, &all_cpus))
 		return -1;
 	CPU_ZERO(&a);
 	CPU_SET(0, &a);
@@ -429,17 +417,6 @@ out:
 
 /* ---- handoff --------------------------------------------------------------------- */
 
-static const char *size_name(uint64_t b, char *buf, size_t cap)
-{
-	if (b >= (1u << 30) && b % (1u << 30) == 0)
-		snprintf(buf, cap, "%llu GiB", (unsigned long long)(b >> 30));
-	else if (b >= (1u << 20) && b % (1u << 20) == 0)
-		snprintf(buf, cap, "%llu MiB", (unsigned long long)(b >> 20));
-	else
-		snprintf(buf, cap, "%llu KiB", (unsigned long long)(b >> 10));
-	return buf;
-}
-
 /* A number from a sysfs file, or -1. */
 static long read_long(const char *path)
 {
@@ -483,13 +460,14 @@ static double median_of(const double *v, long n, double div)
 static int section_handoff(const struct plan *pl)
 {
 	char big[32], bb[32], it[32], out[512];
-	struct daemon_proc d, dh = { 0 };
+	/* Zeroed: daemon_stop() of one never started does nothing. */
+	struct daemon_proc d = { 0 }, dh = { 0 };
 	double *v = calloc((size_t)pl->small_iters, sizeof(*v));
 	int rc = -1, is_gib = pl->big == (UINT64_C(1) << 30);
 	int huge2 = huge_free(21, pl->big), huge1 = huge_free(30, pl->big);
 
 	report_section("handoff");
-	size_name(pl->big, big, sizeof(big));
+	util_size_name(pl->big, " ", big, sizeof(big));
 	struct fig *fs = report_decl("floor_handoff_4KiB_us", "us",
 		"floor: munmap+seal+send fd+mmap, 4 KiB");
 	struct fig *fb = report_decl("floor_handoff_big_ms", "ms",
@@ -622,8 +600,7 @@ static int section_handoff(const struct plan *pl)
 out:
 	free(v);
 	daemon_stop(&d);
-	if (huge2)
-		daemon_stop(&dh);
+	daemon_stop(&dh);
 	return rc;
 }
 
@@ -1253,7 +1230,7 @@ int main(int argc, char **argv)
 		return loop(loop_n, loop_ms, pinned);
 	machine_read(&m);
 	fig_packet_sizes(&pk);
-	size_name(pl.big, big, sizeof(big));
+	util_size_name(pl.big, " ", big, sizeof(big));
 	progress("dlbench %s: %s, %ld cores, %s; %d repeats; handoff %s%s",
 		 pl.quick ? "--quick" : "full run", m.cpu, m.cores, m.kernel,
 		 pl.reps, big, pl.big == (UINT64_C(1) << 30) ? "" :
@@ -1261,17 +1238,17 @@ int main(int argc, char **argv)
 	progress("packets: Get %zu B, GetReply %zu B (%zu B with its fd), "
 		 "Release %zu B", pk.get, pk.reply, pk.reply_fd, pk.release);
 
-	if (want("latency") && section_latency(&pl, &pk))
+	if (util_list_has(only, "latency") && section_latency(&pl, &pk))
 		failed = 1;
-	if (want("throughput") && section_throughput(&pl, &pk))
+	if (util_list_has(only, "throughput") && section_throughput(&pl, &pk))
 		failed = 1;
-	if (want("handoff") && section_handoff(&pl))
+	if (util_list_has(only, "handoff") && section_handoff(&pl))
 		failed = 1;
-	if (want("scale") && section_scale(&pl))
+	if (util_list_has(only, "scale") && section_scale(&pl))
 		failed = 1;
-	if (want("idle") && section_idle(&pl))
+	if (util_list_has(only, "idle") && section_idle(&pl))
 		failed = 1;
-	if (want("storm") && section_storm(&pl))
+	if (util_list_has(only, "storm") && section_storm(&pl))
 		failed = 1;
 	daemon_stop_all();
 

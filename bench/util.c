@@ -470,6 +470,40 @@ void daemon_stop_all(void)
 	}
 }
 
+const char *util_size_name(uint64_t b, const char *sep, char *buf,
+			   size_t cap)
+{
+	const char *unit = "B";
+
+	if (b && b % (UINT64_C(1) << 30) == 0) {
+		b >>= 30;
+		unit = "GiB";
+	} else if (b && b % (UINT64_C(1) << 20) == 0) {
+		b >>= 20;
+		unit = "MiB";
+	} else if (b && b % 1024 == 0) {
+		b >>= 10;
+		unit = "KiB";
+	}
+	snprintf(buf, cap, "%llu%s%s", (unsigned long long)b, sep, unit);
+	return buf;
+}
+
+int util_list_has(const char *list, const char *item)
+{
+	size_t n = strlen(item);
+	const char *p = list;
+
+	if (!list)
+		return 1;
+	while ((p = strstr(p, item))) {
+		if ((p == list || p[-1] == ',') && (p[n] == ',' || !p[n]))
+			return 1;
+		p += n;
+	}
+	return 0;
+}
+
 static void on_fatal_signal(int sig)
 {
 	daemon_stop_all();

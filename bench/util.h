@@ -41,6 +41,16 @@ int util_wait(pid_t pid);
  * Returns the soft limit in effect afterwards. */
 uint64_t util_raise_nofile(uint64_t want);
 
+/* b in the largest binary unit that divides it ("1" sep "GiB", "MiB",
+ * "KiB", else "B"), in buf; returns buf. sep: "" for keys, " " for
+ * labels. */
+const char *util_size_name(uint64_t b, const char *sep, char *buf,
+			   size_t cap);
+
+/* 1 when the comma-separated list has item as one of its entries (a NULL
+ * list has every item): a benchmark's --only. */
+int util_list_has(const char *list, const char *item);
+
 /* Reads "Key:   N kB" from /proc/PID/status (pid 0: self) in bytes, or 0. */
 uint64_t util_proc_status_bytes(pid_t pid, const char *key);
 /* Reads "Key:   N kB" from /proc/meminfo in bytes, or 0. */

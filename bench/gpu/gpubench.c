@@ -24,7 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "report.h"
@@ -94,33 +93,6 @@ static char self_exe[4096];
 static int wrong_data;            /* a role saw wrong data */
 static char device_line[512];
 static char skip_line[256];       /* the torch peer's "skip" reason */
-
-static int want(const char *section)
-{
-	const char *p = pl.only;
-	size_t n = strlen(section);
-
-	if (!p)
-		return 1;
-	while ((p = strstr(p, section))) {
-		if ((p == pl.only || p[-1] == ',') && (p[n] == ',' || !p[n]))
-			return 1;
-		p += n;
-	}
-	return 0;
-}
-
-static void size_name(uint64_t b, char *buf, size_t cap)
-{
-	if (b >= (UINT64_C(1) << 30) && b % (UINT64_C(1) << 30) == 0)
-		snprintf(buf, cap, "%lluGiB", (unsigned long long)(b >> 30));
-	else if (b >= (UINT64_C(1) << 20) && b % (UINT64_C(1) << 20) == 0)
-		snprintf(buf, cap, "%lluMiB", (unsigned long long)(b >> 20));
-	else if (b >= 1024 && b % 1024 == 0)
-		snprintf(buf, cap, "%lluKiB", (unsigned long long)(b >> 10));
-	else
-		snprintf(buf, cap, "%lluB", (unsigned long long)b);
-}
 
 /* One line of a role's (or the torch peer's) output. */
 static void handle_line(char *line, const char *who)
@@ -234,7 +206,10 @@ static pid_t spawn_role(const char *role, const char *figure, int res_w,
 	argv[argc++] = tag;
 	if (warm)
 		argv[argc++] = "--warm";
-	if (pl.corrupt && strcmp(role, "consumer") != 0)
+	/* Only the producer: the floor checks its own writes in one
+	 * process, and a wrong seed there would fail the run even when the
+	 * consumer's check of what crossed over were broken. */
+	if (pl.corrupt && strcmp(role, "producer") == 0)
 		argv[argc++] = "--corrupt";
 	argv[argc] = NULL;
 
@@ -336,7 +311,7 @@ static int section_import(uint64_t bytes)
 {
 	char tag[32], k[64];
 
-	size_name(bytes, tag, sizeof(tag));
+	util_size_name(bytes, "", tag, sizeof(tag));
 	report_section("import");
 	snprintf(k, sizeof(k), "import_cold_%s", tag);
 	report_decl(k, "us", "cold import, %s: first get of a new allocation", tag);
@@ -351,9 +326,8 @@ static int section_import(uint64_t bytes)
 static int section_spin(void)
 {
 	char tag[32];
-	int rc;
 
-	size_name(pl.import_small, tag, sizeof(tag));
+	util_size_name(pl.import_small, "", tag, sizeof(tag));
 	report_section("stream-ordered get");
 	report_decl("spin_alone", "ms", "producer: spin kernel alone (launch + sync)");
 	report_decl("spin_publish", "us", "producer: publish behind %d ms of queued work",
@@ -362,8 +336,7 @@ static int section_spin(void)
 	report_decl("spin_sync", "ms", "consumer: cudaStreamSynchronize after get");
 	report_decl("spin_done", "ms", "consumer's stream done, from producer's queue");
 	fprintf(stderr, "gpubench: stream-ordered get, %d ms spin\n", pl.spin_ms);
-	rc = run_role("pair", "spin", pl.import_small, 0, "");
-	return rc;
+	return run_role("pair", "spin", pl.import_small, 0, "");
 }
 
 static int section_handoff(void)
@@ -371,7 +344,7 @@ static int section_handoff(void)
 	char tag[32];
 	int rc = 0;
 
-	size_name(pl.bytes, tag, sizeof(tag));
+	util_size_name(pl.bytes, "", tag, sizeof(tag));
 	report_section("handoff");
 	report_decl("floor", "ms", "floor: write + read %s in one process", tag);
 	report_decl("handoff_cold", "ms", "handoff %s, consumer maps it each time", tag);
@@ -405,7 +378,7 @@ static int section_torch(void)
 	int p[2], st, timed_out;
 	pid_t pid;
 
-	size_name(pl.bytes, tag, sizeof(tag));
+	util_size_name(pl.bytes, "", tag, sizeof(tag));
 	report_section("torch.multiprocessing");
 	ff = report_decl("torch_floor", "ms", "torch floor: fill_ + aminmax of %s, one "
 			 "process", tag);
@@ -696,17 +669,17 @@ int main(int argc, char **argv)
 	if (daemon_setup(daemon_bin) || daemon_start(&g_d, NULL))
 		return 1;
 
-	if (want("import")) {
+	if (util_list_has(pl.only, "import")) {
 		if (section_import(pl.import_small))
 			failed = 1;
 		if (pl.bytes != pl.import_small && section_import(pl.bytes))
 			failed = 1;
 	}
-	if (want("spin") && section_spin())
+	if (util_list_has(pl.only, "spin") && section_spin())
 		failed = 1;
-	if (want("handoff") && section_handoff())
+	if (util_list_has(pl.only, "handoff") && section_handoff())
 		failed = 1;
-	if (want("torch") && section_torch())
+	if (util_list_has(pl.only, "torch") && section_torch())
 		failed = 1;
 	if (daemon_stop(&g_d) != 0) {
 		fprintf(stderr, "gpubench: dlshared did not exit cleanly\n");
@@ -716,7 +689,7 @@ int main(int argc, char **argv)
 	double secs = (double)(util_now_ns() - t_start) / 1e9;
 	char size[32];
 
-	size_name(pl.bytes, size, sizeof(size));
+	util_size_name(pl.bytes, "", size, sizeof(size));
 	printf("dlshare GPU benchmarks (%s%s, %d repeat%s, %s, %d ms spin, "
 	       "%.0f s)\n%s\n", VARIANT, pl.smoke ? ", --smoke" : "",
 	       pl.repeats, pl.repeats == 1 ? "" : "s", size, pl.spin_ms, secs,
