@@ -119,8 +119,11 @@ static int floor_run(char *out, size_t cap, ...)
 	if (pipe2(p, O_CLOEXEC) < 0)
 		return -1;
 	pid = util_fork();
-	if (pid < 0)
+	if (pid < 0) {
+		close(p[0]);
+		close(p[1]);
 		return -1;
+	}
 	if (pid == 0) {
 		dup2(p[1], 1);
 		execv(floor_bin, (char *const *)argv);
