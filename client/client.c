@@ -1089,10 +1089,46 @@ static int hello(dlshare_client *c)
 	 * DLSHARE_E2BIG, instead of costing the connection. */
 	else if (r.msg->frame->hello_reply->max_packet < c->send_max)
 		c->send_max = r.msg->frame->hello_reply->max_packet;
-	if (!err)
+	if (!err) {
 		c->piggyback = r.msg->frame->hello_reply->minor >= 1;
+		c->goodbye = r.msg->frame->hello_reply->minor >= 2;
+	}
 	reply_free(c, &r);
 	return err;
+}
+
+/* Device versions sealed here outlive us, but their events do not. Their
+ * writes must be done, and the daemon must have forgotten the events, before
+ * this process may exit: a reader handed the event of an exited process
+ * waits on nothing (the daemon, seeing only the socket close, may answer a
+ * get before it notices). So the library waits for its seal events and then
+ * says Goodbye, a round trip after which the daemon hands out none of them.
+ * From a deleter on the receiver thread no call can wait: there the
+ * daemon forgets the events when it sees the close. */
+static void goodbye(dlshare_client *c)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Goodbye g = DLSHARE__GOODBYE__INIT;
+	struct export *e;
+	struct reply r;
+	int sealed = 0;
+
+	pthread_mutex_lock(&c->lock);
+	for (e = c->exports; e; e = e->next)
+		if (e->n == 0 && e->event) {
+			cuda_event_wait(e->event);
+			sealed = 1;
+		}
+	pthread_mutex_unlock(&c->lock);
+	if (!sealed || !c->goodbye ||
+	    (c->rx_started && pthread_equal(pthread_self(), c->rx)))
+		return;
+	f.body_case = DLSHARE__FRAME__BODY_GOODBYE;
+	f.goodbye = &g;
+	/* A failure means the connection is gone, and the daemon forgets
+	 * the events as it sees it go. */
+	if (client_call(c, &f, NULL, 0, NULL, &r) == 0)
+		reply_free(c, &r);
 }
 
 int dlshare_connect(const char *path, dlshare_client **out)
@@ -1190,6 +1226,7 @@ void dlshare_disconnect(dlshare_client *c)
 
 	if (!c)
 		return;
+	goodbye(c);
 	pthread_mutex_lock(&c->lock);
 	c->closed = 1;
 	pthread_mutex_unlock(&c->lock);
@@ -1220,14 +1257,6 @@ void dlshare_disconnect(dlshare_client *c)
 		free(lr);
 		lr = next;
 	}
-	/* Device versions sealed here outlive us, but their events do not
-	 * (the daemon forgets them when we go): their writes must be done
-	 * before it does. */
-	pthread_mutex_lock(&c->lock);
-	for (e = c->exports; e; e = e->next)
-		if (e->n == 0 && e->event)
-			cuda_event_wait(e->event);
-	pthread_mutex_unlock(&c->lock);
 	/* The daemon drops our leases and withdraws our exports when the
 	 * socket closes; close it now, not when the last tensor goes. */
 	shutdown(c->fd, SHUT_RDWR);

@@ -1228,6 +1228,10 @@ void dispatch_frame(struct conn *c, Dlshare__Frame *f, int *fds,
 	case DLSHARE__FRAME__BODY_STATS:
 		handle_stats(c, f->id);
 		break;
+	case DLSHARE__FRAME__BODY_GOODBYE:
+		registry_owner_forget_events(&c->srv->reg, &c->owner);
+		reply_ok(c, f->id);
+		break;
 	default:
 		conn_send_error(c, f->id, DLSHARE_EINVAL,
 				"unknown request (body %d)", (int)f->body_case);

@@ -884,12 +884,34 @@ int registry_delete(struct registry *r, struct registry_owner *o,
 	return 0;
 }
 
+void registry_owner_forget_events(struct registry *r,
+				  struct registry_owner *o)
+{
+	struct version *v, *tmp;
+
+	(void)r;
+	DL_FOREACH_SAFE2(o->versions, v, tmp, onext) {
+		if (v->state != VERSION_SEALED || v->exported)
+			continue;
+		/* A store version outlives its producer, but not the
+		 * producer's event: later readers get none (the library
+		 * waits for its seal events before it says goodbye or
+		 * disconnects). */
+		DL_DELETE2(o->versions, v, oprev, onext);
+		v->producer = NULL;
+		free(v->event_handle);
+		v->event_handle = NULL;
+		v->event_len = 0;
+	}
+}
+
 void registry_owner_drop(struct registry *r, struct registry_owner *o)
 {
 	struct lease *l, *ltmp;
 
 	HASH_ITER(hh, o->leases, l, ltmp)
 		lease_drop(r, o, l);
+	registry_owner_forget_events(r, o);
 	while (o->versions) {
 		struct version *v = o->versions;
 
@@ -899,16 +921,6 @@ void registry_owner_drop(struct registry *r, struct registry_owner *o)
 		}
 		DL_DELETE2(o->versions, v, oprev, onext);
 		v->producer = NULL;
-		if (!v->exported) {
-			/* A store version outlives its producer, but not
-			 * the producer's event: later readers get none (the
-			 * library waits for its seal events before it
-			 * disconnects). */
-			free(v->event_handle);
-			v->event_handle = NULL;
-			v->event_len = 0;
-			continue;
-		}
 		/* An export ends with its producer: withdraw it; leases keep
 		 * their mappings, and the producer hears nothing more. */
 		if (v->entry->latest == v)

@@ -233,6 +233,11 @@ void registry_owner_init(struct registry_owner *o, uid_t uid, gid_t gid,
  * has uid_connections owners already) or -ENOMEM. Undone by
  * registry_owner_drop. */
 int registry_owner_attach(struct registry *r, struct registry_owner *o);
+/* Forgets the CUDA events of the store versions o sealed and detaches o
+ * from them (they live on without a producer, and o hears no Retired for
+ * them): o's process may exit, and no reader must be handed its events. */
+void registry_owner_forget_events(struct registry *r,
+				  struct registry_owner *o);
 /* Drops every lease of o, every pending version and every exported version
  * it produced. Versions that lose their last reachability die here. */
 void registry_owner_drop(struct registry *r, struct registry_owner *o);

@@ -736,6 +736,87 @@ static void library_releases_ride(void **state)
 	dlshare_disconnect(c);
 }
 
+/* ---- Goodbye: a producer's events are forgotten before it goes (1.2) ----------- */
+
+/* Seals version 1 of name, created on sock, with a (made-up) event handle. */
+static void raw_create_seal_event(int sock, const char *name)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Seal se = DLSHARE__SEAL__INIT;
+	const int64_t shape[1] = { 16 };
+	struct rtensor t;
+	uint8_t ev[64];
+	struct wire_msg *m;
+
+	assert_int_equal(raw_version(sock, name,
+				     rtensor(&t, kDLFloat, 32, 1, shape, NULL, 0),
+				     64, -1), 0);
+	memset(ev, 0xe7, sizeof(ev));
+	se.name = (char *)name;
+	se.version = 1;
+	se.has_event_handle = 1;
+	se.event_handle.data = ev;
+	se.event_handle.len = sizeof(ev);
+	f.id = next_id++;
+	f.body_case = DLSHARE__FRAME__BODY_SEAL;
+	f.seal = &se;
+	assert_int_equal(raw_call(sock, &f, NULL, 0, &m), 0);
+	assert_int_equal(m->frame->body_case, DLSHARE__FRAME__BODY_SEAL_REPLY);
+	wire_msg_free(m);
+}
+
+/* A Get of name's newest version on sock: whether it carried an event. */
+static int raw_get_has_event(int sock, const char *name)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Get g = DLSHARE__GET__INIT;
+	struct wire_msg *m;
+	int has;
+
+	g.name = (char *)name;
+	f.id = next_id++;
+	f.body_case = DLSHARE__FRAME__BODY_GET;
+	f.get = &g;
+	assert_int_equal(raw_call(sock, &f, NULL, 0, &m), 0);
+	assert_int_equal(m->frame->body_case, DLSHARE__FRAME__BODY_GET_REPLY);
+	has = m->frame->get_reply->has_event_handle;
+	wire_msg_free(m);
+	return has;
+}
+
+/* The library says Goodbye once its seal events are done, before its
+ * process may exit: when the answer comes, no reader is handed the events
+ * of that process any more, whether or not the daemon has yet seen the
+ * socket close. The connection stays usable, and the version lives on. */
+static void goodbye_forgets_events(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	int prod = raw_connect(fx->d.sock), reader = raw_connect(fx->d.sock);
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Goodbye gb = DLSHARE__GOODBYE__INIT;
+	struct wire_msg *m;
+
+	assert_true(prod >= 0 && reader >= 0);
+	assert_int_equal(raw_hello(prod), 0);
+	assert_int_equal(raw_hello(reader), 0);
+	raw_create_seal_event(prod, "bye/x");
+	assert_true(raw_get_has_event(reader, "bye/x"));
+	f.id = next_id++;
+	f.body_case = DLSHARE__FRAME__BODY_GOODBYE;
+	f.goodbye = &gb;
+	assert_int_equal(raw_call(prod, &f, NULL, 0, &m), 0);
+	assert_int_equal(m->frame->body_case, DLSHARE__FRAME__BODY_OK);
+	wire_msg_free(m);
+	assert_false(raw_get_has_event(reader, "bye/x"));
+	assert_int_equal(raw_alive(prod), 0);
+	close(prod);
+	assert_false(raw_get_has_event(reader, "bye/x"));
+	close(reader);
+	assert_int_equal(harness_wait_stats(c, 0, 1, NULL), 0);
+	dlshare_disconnect(c);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -744,6 +825,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(buffer_gone_to_holders, setup, teardown),
 		cmocka_unit_test_setup_teardown(releases_ride_on_requests, setup, teardown),
 		cmocka_unit_test_setup_teardown(library_releases_ride, setup, teardown),
+		cmocka_unit_test_setup_teardown(goodbye_forgets_events, setup, teardown),
 	};
 
 	return cmocka_run_group_tests_name("protocol", tests, NULL, NULL);

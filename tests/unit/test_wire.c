@@ -579,6 +579,7 @@ struct bodies {
 	Dlshare__Error error;
 	Dlshare__Ok ok;
 	Dlshare__Abort abort_;
+	Dlshare__Goodbye goodbye;
 };
 
 static void bodies_init(struct bodies *b)
@@ -611,6 +612,7 @@ static void bodies_init(struct bodies *b)
 	static const Dlshare__Error error = DLSHARE__ERROR__INIT;
 	static const Dlshare__Ok ok = DLSHARE__OK__INIT;
 	static const Dlshare__Abort abort_ = DLSHARE__ABORT__INIT;
+	static const Dlshare__Goodbye goodbye = DLSHARE__GOODBYE__INIT;
 
 	for (size_t i = 0; i < sizeof(b->handle); i++)
 		b->handle[i] = (uint8_t)(i * 7 + 1);
@@ -782,6 +784,7 @@ static void bodies_init(struct bodies *b)
 	b->abort_ = abort_;
 	b->abort_.name = "x/abort";
 	b->abort_.version = 12;
+	b->goodbye = goodbye;
 }
 
 /* Points f's body at the message of body case c in b. */
@@ -813,6 +816,7 @@ static void frame_set_body(Dlshare__Frame *f, struct bodies *b,
 	case DLSHARE__FRAME__BODY_ERROR: f->error = &b->error; break;
 	case DLSHARE__FRAME__BODY_OK: f->ok = &b->ok; break;
 	case DLSHARE__FRAME__BODY_ABORT: f->abort = &b->abort_; break;
+	case DLSHARE__FRAME__BODY_GOODBYE: f->goodbye = &b->goodbye; break;
 	default: fail_msg("no body case %d", (int)c);
 	}
 }
@@ -960,6 +964,9 @@ static void check_body(const Dlshare__Frame *f, Dlshare__Frame__BodyCase c)
 		assert_string_equal(f->abort->name, "x/abort");
 		assert_int_equal(f->abort->version, 12);
 		break;
+	case DLSHARE__FRAME__BODY_GOODBYE:
+		assert_non_null(f->goodbye);
+		break;
 	default:
 		fail_msg("no body case %d", (int)c);
 	}
@@ -975,7 +982,7 @@ static void test_roundtrip_every_body(void **state)
 	assert_non_null(b);
 	bodies_init(b);
 	seqpacket_pair(sv);
-	for (int c = DLSHARE__FRAME__BODY_HELLO; c <= DLSHARE__FRAME__BODY_ABORT;
+	for (int c = DLSHARE__FRAME__BODY_HELLO; c <= DLSHARE__FRAME__BODY_GOODBYE;
 	     c++) {
 		Dlshare__Frame f = DLSHARE__FRAME__INIT;
 		struct wire_msg *m;
@@ -1008,7 +1015,7 @@ static void test_roundtrip_every_body(void **state)
 		free(pkt);
 		seen++;
 	}
-	assert_int_equal(seen, 23);
+	assert_int_equal(seen, 24);
 	close_pair(sv);
 	free(b);
 }
