@@ -1085,9 +1085,10 @@ static int hello(dlshare_client *c)
 	}
 	if (r.msg->frame->hello_reply->major != WIRE_PROTO_MAJOR)
 		err = DLSHARE_EVERSION;
-	/* A request larger than the daemon takes fails here, with
-	 * DLSHARE_E2BIG, instead of costing the connection. */
-	else if (r.msg->frame->hello_reply->max_packet < c->send_max)
+	/* From here on, requests may be as large as the daemon takes; a
+	 * larger one fails here, with DLSHARE_E2BIG, instead of costing the
+	 * connection. */
+	else
 		c->send_max = r.msg->frame->hello_reply->max_packet;
 	if (!err) {
 		c->piggyback = r.msg->frame->hello_reply->minor >= 1;

@@ -6,6 +6,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -458,6 +459,108 @@ static void huge_pages_when_the_pool_has_them(void **state)
 	dlshare_disconnect(c);
 }
 
+/* ---- a state dict: many tensors, long keys, in one version ------------- */
+
+#define SD_N 1000
+
+/* Key i: 60 bytes, as a real model's are ("model.layers.17.mlp..."). */
+static void sd_key(char *k, size_t i)
+{
+	char full[128];
+
+	snprintf(full, sizeof(full),
+		 "model.layers.%03zu.mlp.down_proj.weight.scale.of.the.quantized.block",
+		 i);
+	assert_true(strlen(full) >= 60);
+	memcpy(k, full, 60);
+	k[60] = '\0';
+}
+
+/* Tensor i holds four floats, i * 4 + j. */
+static void sd_check(dlshare_client *c, const char *name, uint64_t version)
+{
+	dlshare_bundle *b;
+	char key[61];
+
+	assert_int_equal(dlshare_get(c, name, NULL, &b), 0);
+	assert_int_equal(dlshare_bundle_version(b), version);
+	assert_int_equal(dlshare_bundle_count(b), SD_N);
+	for (size_t i = 0; i < SD_N; i++) {
+		const DLTensor *t;
+		int k;
+
+		sd_key(key, i);
+		k = dlshare_bundle_find(b, key);
+		assert_true(k >= 0);
+		assert_string_equal(dlshare_bundle_key(b, (size_t)k), key);
+		t = dlshare_bundle_tensor(b, (size_t)k);
+		assert_non_null(t);
+		assert_int_equal(t->ndim, 1);
+		assert_int_equal(t->shape[0], 4);
+		for (int j = 0; j < 4; j++)
+			assert_true(((const float *)((const char *)t->data +
+						     t->byte_offset))[j] ==
+				    (float)(i * 4 + (size_t)j));
+	}
+	dlshare_bundle_free(b);
+}
+
+/* A state dict of 1000 tensors with 60-byte keys is one request well past
+ * the 512 bytes of a Hello: created and sealed, then published from plain
+ * memory (copied), and read back by key. */
+static void state_dict_one_version(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	static char keys[SD_N][61];
+	static dlshare_tensor_spec specs[SD_N];
+	static DLManagedTensor *ts[SD_N];
+	static const char *kp[SD_N];
+	int64_t shape[1] = { 4 };
+	dlshare_publish_opts po = { .keys = kp };
+	dlshare_writer *w;
+	uint64_t v;
+
+	for (size_t i = 0; i < SD_N; i++) {
+		sd_key(keys[i], i);
+		kp[i] = keys[i];
+		specs[i] = (dlshare_tensor_spec){ .key = keys[i], .dtype = DT_F32,
+						  .ndim = 1, .shape = shape };
+	}
+	assert_int_equal(dlshare_create(c, "e2e/sd", specs, SD_N, NULL, &w), 0);
+	assert_int_equal(dlshare_writer_count(w), SD_N);
+	for (size_t i = 0; i < SD_N; i++)
+		for (int j = 0; j < 4; j++)
+			((float *)dlshare_writer_tensor(w, i)->data)[j] =
+				(float)(i * 4 + (size_t)j);
+	assert_int_equal(dlshare_seal(w, NULL, &v), 0);
+	assert_int_equal(v, 1);
+	sd_check(c, "e2e/sd", 1);
+
+	for (size_t i = 0; i < SD_N; i++) {
+		DLManagedTensor *m = calloc(1, sizeof(*m));
+		float *data = malloc(4 * sizeof(float));
+
+		assert_true(m && data);
+		for (int j = 0; j < 4; j++)
+			data[j] = (float)(i * 4 + (size_t)j);
+		m->dl_tensor.data = data;
+		m->dl_tensor.shape = calloc(1, sizeof(int64_t));
+		assert_non_null(m->dl_tensor.shape);
+		m->dl_tensor.shape[0] = 4;
+		m->dl_tensor.ndim = 1;
+		m->dl_tensor.dtype = DT_F32;
+		m->dl_tensor.device.device_type = kDLCPU;
+		m->deleter = plain_deleter;
+		ts[i] = m;
+	}
+	assert_int_equal(dlshare_publish(c, "e2e/sd", ts, SD_N, &po, &v), 0);
+	assert_int_equal(v, 2);
+	sd_check(c, "e2e/sd", 2);
+	assert_int_equal(harness_wait_stats(c, 0, 1, NULL), 0);
+	dlshare_disconnect(c);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -471,6 +574,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(scalar_null_shape, setup, teardown),
 		cmocka_unit_test_setup_teardown(publish_copies, setup, teardown),
 		cmocka_unit_test_setup_teardown(store_outlives_producer, setup, teardown),
+		cmocka_unit_test_setup_teardown(state_dict_one_version, setup, teardown),
 		cmocka_unit_test_setup_teardown(huge_pages_when_the_pool_has_them,
 						setup_huge, teardown),
 	};
