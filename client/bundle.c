@@ -43,6 +43,15 @@ static void lease_ref_unref(struct lease_ref *lr)
 	if (atomic_fetch_sub(&lr->refs, 1) != 1)
 		return;
 	c = lr->c;
+	if (client_forked(c)) {
+		/* A tensor this process inherited from the one that got it:
+		 * the lease is the parent's, and so is the socket a Release
+		 * would go to. Our copy of the mapping stays until we exit
+		 * (its cache is behind the client's lock, which a parent
+		 * thread may have held at the fork). */
+		free(lr);
+		return;
+	}
 	/* Release is stream-ordered: the producer may reuse device memory
 	 * only after the kernels this consumer queued on it have run. */
 	if (lr->ordinal >= 0 && lr->stream != DLSHARE_STREAM_NONE &&
@@ -262,6 +271,8 @@ int dlshare_bundle_wait(dlshare_bundle *b, void *stream)
 
 	if (!b)
 		return DLSHARE_EINVAL;
+	if (client_forked(b->lr->c))
+		return fork_refuse();
 	if (b->cuda_ordinal < 0 || stream == DLSHARE_STREAM_NONE)
 		return 0;
 	if (b->has_event &&
@@ -324,6 +335,9 @@ int dlshare_bundle_export(dlshare_bundle *b, size_t i, DLManagedTensor **out)
 
 	if (!out || !b || i >= b->n)
 		return DLSHARE_EINVAL;
+	/* A new holder of a lease that is not this process's. */
+	if (client_forked(b->lr->c))
+		return fork_refuse();
 	if (!(m = managed_new(b, i, &t)))
 		return DLSHARE_ENOMEM;
 	m->m.plain.dl_tensor = t;
@@ -341,6 +355,8 @@ int dlshare_bundle_export_versioned(dlshare_bundle *b, size_t i,
 
 	if (!out || !b || i >= b->n)
 		return DLSHARE_EINVAL;
+	if (client_forked(b->lr->c))
+		return fork_refuse();
 	if (!(m = managed_new(b, i, &t)))
 		return DLSHARE_ENOMEM;
 	m->m.versioned.version.major = DLPACK_MAJOR_VERSION;

@@ -101,10 +101,12 @@ static void client_free(dlshare_client *c)
 		ibuf_unmap(b);
 		free(b);
 	}
-	if (c->fd >= 0)
-		close(c->fd);
-	if (c->wake_fd >= 0)
-		close(c->wake_fd);
+	/* Closed with the fork lock held: a child closes the copies of the
+	 * fds it finds listed, and never an fd number we gave up. */
+	fork_hold();
+	fork_del(c);
+	fork_close_fds(c);
+	fork_unhold();
 	free(c->rel);
 	free(c->rbuf);
 	pthread_mutex_destroy(&c->lock);
@@ -893,6 +895,9 @@ int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 
 	errmsg_set(NULL);
 	memset(out, 0, sizeof(*out));
+	/* Not one byte of a child's goes to its parent's connection. */
+	if (client_forked(c))
+		return fork_refuse();
 	/* A deleter run by our receiver thread (Retired) must not wait for a
 	 * reply while the thread that frees exports is blocked. */
 	if (c->rx_started && pthread_equal(pthread_self(), c->rx)) {
@@ -1138,7 +1143,7 @@ int dlshare_connect(const char *path, dlshare_client **out)
 	char dflt[sizeof(sa.sun_path)];
 	dlshare_client *c;
 	sem_t up;
-	int err;
+	int err, e;
 
 	if (!out)
 		return DLSHARE_EINVAL;
@@ -1164,10 +1169,17 @@ int dlshare_connect(const char *path, dlshare_client **out)
 	c->send_max = 512;
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_mutex_init(&c->send_lock, NULL);
+	/* Made with the fork lock held, so that a child closes its copies
+	 * of them at once (fork.c). */
+	fork_hold();
 	c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	c->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-	if (c->fd < 0 || c->wake_fd < 0) {
-		err = client_errno(-errno);
+	c->fd = c->wake_fd < 0 ? -1 :
+		socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	e = errno;
+	fork_add(c);
+	fork_unhold();
+	if (c->fd < 0) {
+		err = client_errno(-e);
 		goto fail;
 	}
 	/* Callers read with blocking receives; the receiver thread never
@@ -1227,6 +1239,17 @@ void dlshare_disconnect(dlshare_client *c)
 
 	if (!c)
 		return;
+	if (client_forked(c)) {
+		/* Inherited: this process is a fork of the one that
+		 * connected c, whose connection must not notice. No
+		 * Goodbye, no shutdown, no join (the receiver thread does
+		 * not exist here), no lock (a parent thread may have held
+		 * one at the fork): only our copies of its fds go, where a
+		 * fork without handlers left them open. Its memory stays,
+		 * for the same reason, until this process exits. */
+		fork_close_fds(c);
+		return;
+	}
 	goodbye(c);
 	pthread_mutex_lock(&c->lock);
 	c->closed = 1;

@@ -31,6 +31,9 @@ const char *dlshare_strerror(int err)
 	case DLSHARE_ESTATE: return "the version is not in the required state";
 	case DLSHARE_E2BIG: return "the request does not fit in one packet";
 	case DLSHARE_ECLOSED: return "the client was disconnected";
+	case DLSHARE_EFORK:
+		return "the client was created in another process; make a "
+		       "new one in the child";
 	default: return "unknown error";
 	}
 }

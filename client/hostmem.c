@@ -20,7 +20,31 @@ struct halloc {
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
 static struct halloc *allocs;
+
+/* A child inherits the allocations (they are ordinary memory to it, shared
+ * with the parent like any MAP_SHARED mapping) and may free them: the list
+ * must be whole and its lock free there, whichever thread held it. */
+static void on_prepare(void)
+{
+	pthread_mutex_lock(&lock);
+}
+
+static void on_parent(void)
+{
+	pthread_mutex_unlock(&lock);
+}
+
+static void on_child(void)
+{
+	pthread_mutex_init(&lock, NULL);
+}
+
+static void hostmem_once(void)
+{
+	pthread_atfork(on_prepare, on_parent, on_child);
+}
 
 static void halloc_delete(DLManagedTensor *mt)
 {
@@ -49,6 +73,7 @@ int dlshare_host_alloc(DLDataType dtype, int32_t ndim, const int64_t *shape,
 	    (ndim > 0 && !shape))
 		return DLSHARE_EINVAL;
 	*out = NULL;
+	pthread_once(&once, hostmem_once);
 	elem = check_dtype_size(dtype.code, dtype.bits, dtype.lanes);
 	if (!elem || check_compact_bytes(shape, (size_t)ndim, elem, &bytes))
 		return DLSHARE_EINVAL;

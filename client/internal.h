@@ -20,6 +20,7 @@
 #include <semaphore.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <uthash.h>
 
@@ -109,6 +110,13 @@ struct dlshare_client {
 	struct lease_ref *deferred; /* released, waiting for their event */
 	uint64_t *rel;           /* lease ids to release */
 	size_t nrel, caprel;
+
+	/* fork.c's, under its lock: the process that connected, and the
+	 * list of its clients whose fds a child closes. */
+	pid_t pid;
+	unsigned long fork_gen;
+	int fork_listed;
+	struct dlshare_client *fork_prev, *fork_next;
 };
 
 /* A lease, shared by a bundle and the tensors exported from it. */
@@ -173,6 +181,26 @@ void errmsg_set(const char *msg);
 
 /* Maps a -errno from a system call to a DLSHARE_E* code. */
 int client_errno(int err);
+
+/* fork: a client belongs to the process that connected it (see fork.c).
+ * fork_hold/fork_unhold: a fork() waits while held; fork_add/fork_del,
+ * called with it held, list a client whose fds a child closes at once
+ * (fork_add also records this process as the client's). */
+void fork_hold(void);
+void fork_unhold(void);
+void fork_add(dlshare_client *c);
+void fork_del(dlshare_client *c);
+/* Closes c's socket and eventfd in this process (a child's copies). */
+void fork_close_fds(dlshare_client *c);
+/* 1 when c was connected by another process (this one is a fork of it):
+ * nothing of c may then be used but its memory. */
+int client_forked(const dlshare_client *c);
+/* Sets this thread's message and returns DLSHARE_EFORK. */
+int fork_refuse(void);
+/* Maps fd read-write and shared, never inherited by a child
+ * (MADV_DONTFORK, made and marked before any fork can split the two).
+ * Returns the mapping, or MAP_FAILED with errno. */
+void *fork_mmap_writable(size_t size, int fd);
 
 /* hostmem: memory from dlshare_host_alloc(). Finds the allocation holding
  * [p, p+len): its base, its size and a dup of its memfd (the caller closes

@@ -138,6 +138,16 @@ static void writer_free(dlshare_writer *w)
 	free(w);
 }
 
+/* Frees a writer this process inherited from the one that created it
+ * (this one is a fork of it): the version and the client are the
+ * parent's, and the mapping was never ours (MADV_DONTFORK), so an munmap
+ * could only hit a mapping of our own made at that address since. */
+static void writer_forget(dlshare_writer *w)
+{
+	free(w->ts);
+	free(w);
+}
+
 /* ---- store mode ---------------------------------------------------------- */
 
 int dlshare_create(dlshare_client *c, const char *name,
@@ -164,6 +174,8 @@ int dlshare_create(dlshare_client *c, const char *name,
 	*out = NULL;
 	if (!c || check_name(name) || !specs || n == 0)
 		return DLSHARE_EINVAL;
+	if (client_forked(c))
+		return fork_refuse();
 	if (opts && opts->device.device_type != kDLCPU &&
 	    opts->device.device_type != kDLCUDAHost &&
 	    opts->device.device_type != kDLCUDA)
@@ -291,8 +303,10 @@ int dlshare_create(dlshare_client *c, const char *name,
 			goto fail;
 		}
 		w->size = rep->buffers[0]->size;
-		w->base = mmap(NULL, w->size, PROT_READ | PROT_WRITE, MAP_SHARED,
-			       r.fds[0], 0);
+		/* A child must not inherit it: the daemon can write-seal
+		 * the buffer only once no writable mapping of it is left,
+		 * and a child's would outlive ours. */
+		w->base = fork_mmap_writable(w->size, r.fds[0]);
 		if (w->base == MAP_FAILED) {
 			w->base = NULL;
 			reply_free(c, &r);
@@ -336,7 +350,10 @@ size_t dlshare_writer_count(const dlshare_writer *w)
 
 DLTensor *dlshare_writer_tensor(dlshare_writer *w, size_t i)
 {
-	return w && i < w->n ? &w->ts[i].t : NULL;
+	/* A child does not have the memory (see fork_mmap_writable). */
+	if (!w || i >= w->n || client_forked(w->c))
+		return NULL;
+	return &w->ts[i].t;
 }
 
 uint64_t dlshare_writer_version(const dlshare_writer *w)
@@ -419,6 +436,10 @@ int dlshare_seal(dlshare_writer *w, void *stream, uint64_t *version)
 
 	if (!w)
 		return DLSHARE_EINVAL;
+	if (client_forked(w->c)) {
+		writer_forget(w);
+		return fork_refuse();
+	}
 	s.name = w->name;
 	s.version = w->version;
 	if (w->dev) {
@@ -459,6 +480,10 @@ void dlshare_writer_abort(dlshare_writer *w)
 {
 	if (!w)
 		return;
+	if (client_forked(w->c)) {
+		writer_forget(w);
+		return;
+	}
 	writer_unmap(w);
 	send_abort(w->c, w->name, w->version);
 	writer_free(w);
@@ -832,6 +857,8 @@ int dlshare_publish(dlshare_client *c, const char *name,
 	if (!c || check_name(name) || !tensors || n == 0 ||
 	    (o->mode & ~CHECK_MODE_MASK))
 		return DLSHARE_EINVAL;
+	if (client_forked(c))
+		return fork_refuse();
 	for (size_t i = 0; i < n; i++) {
 		const DLTensor *t;
 		uint64_t bytes;

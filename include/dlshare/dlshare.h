@@ -4,6 +4,16 @@
  * sends into DLPack tensors. Every function may be called from any thread; one
  * dlshare_client may be shared by many threads. Errors are negative
  * DLSHARE_E* codes (see dlshare_strerror()); nothing here aborts or exits.
+ *
+ * fork(): a client belongs to the process that connected it. A child never
+ * harms its parent's connection: the child's copies of the client's fds are
+ * closed as it starts, every call on an inherited client (and on writers and
+ * bundles made from it) fails with DLSHARE_EFORK, dlshare_disconnect() of it
+ * returns at once, and the deleters of inherited tensors send nothing (the
+ * leases stay the parent's). A child that needs the daemon connects a client
+ * of its own (a data-loader worker: in its init function, not before the
+ * fork). Tensors the parent got stay readable in the child; the writable
+ * mappings of writers are not inherited (see dlshare_create()).
  */
 #ifndef DLSHARE_DLSHARE_H
 #define DLSHARE_DLSHARE_H
@@ -70,6 +80,8 @@ enum {
 	DLSHARE_ESTATE = -15,   /* the version is not in the state this needs */
 	DLSHARE_E2BIG = -16,    /* the request does not fit in one packet */
 	DLSHARE_ECLOSED = -17,  /* the client was disconnected */
+	DLSHARE_EFORK = -18,    /* the client was created in another process
+				 * (this one is a fork of it) */
 };
 
 /* The message for an error code; never NULL, also for unknown codes. */
@@ -111,7 +123,10 @@ DLSHARE_API int dlshare_connect(const char *path, dlshare_client **out);
  * Tensors obtained from this client stay valid: their deleters may run later
  * (their leases went with the connection). Exported tensors whose versions
  * were still published are handed back to their deleters here. NULL is a
- * no-op. Must not be called while another thread is still inside a call on c. */
+ * no-op. Must not be called while another thread is still inside a call on c.
+ * In a child that inherited c (see fork() above) it only closes the child's
+ * copies of c's fds, if still open, and returns at once: the parent's
+ * connection, its threads and its exports are untouched. */
 DLSHARE_API void dlshare_disconnect(dlshare_client *c);
 
 /* ---- publishing, store mode: the daemon owns the memory ---------------- */
@@ -151,7 +166,10 @@ DLSHARE_API int dlshare_create(dlshare_client *c, const char *name,
 
 /* The number of tensors of a writer, and tensor i (writable; the writer owns
  * it and it dies with the writer). Its data is compact row-major (strides
- * NULL) and byte_offset is 0. NULL when i is out of range. */
+ * NULL) and byte_offset is 0. NULL when i is out of range, and in a child
+ * that inherited w: a host writer's memory is mapped with MADV_DONTFORK, so
+ * that no child can keep it writable and make the seal fail (DLSHARE_EBUSY);
+ * there the child's pointers into it fault. */
 DLSHARE_API size_t dlshare_writer_count(const dlshare_writer *w);
 DLSHARE_API DLTensor *dlshare_writer_tensor(dlshare_writer *w, size_t i);
 
@@ -166,7 +184,8 @@ DLSHARE_API uint64_t dlshare_writer_version(const dlshare_writer *w);
  * the seal). Always consumes w.
  * Returns 0 and the version in *version (may be NULL), or DLSHARE_EBUSY (a
  * writable mapping of the buffer is still alive somewhere), DLSHARE_ECONN,
- * DLSHARE_ESTATE. */
+ * DLSHARE_ESTATE, DLSHARE_EFORK (w was inherited: only this process's copy
+ * is consumed, the parent's version is untouched). */
 DLSHARE_API int dlshare_seal(dlshare_writer *w, void *stream,
 			     uint64_t *version);
 
@@ -179,7 +198,9 @@ DLSHARE_API void dlshare_writer_abort(dlshare_writer *w);
 
 /* Allocates a compact host tensor in shareable memory (a sealed memfd), so
  * dlshare_publish() can hand it out without a copy. The caller owns *out and
- * frees it with its deleter. Returns 0, DLSHARE_EINVAL or DLSHARE_ENOMEM. */
+ * frees it with its deleter. A child of fork() sees and shares it like any
+ * MAP_SHARED memory (it is never write-sealed, so that harms no seal).
+ * Returns 0, DLSHARE_EINVAL or DLSHARE_ENOMEM. */
 DLSHARE_API int dlshare_host_alloc(DLDataType dtype, int32_t ndim,
 				   const int64_t *shape,
 				   DLManagedTensor **out);

@@ -36,7 +36,8 @@ from ._errors import (Error, InvalidArgument, NotFound, Timeout,
                       PermissionDenied, OutOfMemory, LimitExceeded,
                       ProtocolError, ConnectionFailed, VersionMismatch,
                       NotSupported, SystemCallFailed, Busy, CopyForbidden,
-                      DeviceUnavailable, InvalidState, TooBig, Closed)
+                      DeviceUnavailable, InvalidState, TooBig, Closed,
+                      ForkedClient)
 
 __version__ = _dlshare.version()
 
@@ -48,6 +49,7 @@ __all__ = [
     "OutOfMemory", "LimitExceeded", "ProtocolError", "ConnectionFailed",
     "VersionMismatch", "NotSupported", "SystemCallFailed", "Busy",
     "CopyForbidden", "DeviceUnavailable", "InvalidState", "TooBig", "Closed",
+    "ForkedClient",
 ]
 
 #: Pass as ``timeout`` to wait for a version without limit.
@@ -662,6 +664,11 @@ class Client:
     caller.
 
     Tensors and bundles got from a client stay valid after it is closed.
+
+    A Client belongs to the process that made it: in a forked child (a
+    data-loader worker) every call on an inherited one raises ForkedClient,
+    and closing or dropping it there leaves the parent's connection alone.
+    Make the child's own Client in the child (worker_init_fn).
     """
 
     def __init__(self, socket=None):

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define NDIM_MAX 32
 #define DL_BOOL 6 /* kDLBool; Debian's dlpack 0.6 header lacks it */
@@ -187,7 +188,13 @@ static PyObject *raise_code(int code)
 /* A client and who is inside it. dlshare_disconnect() must not run while
  * another thread is inside a call on the client, so close waits for them,
  * and later calls fail with DLSHARE_ECLOSED. Refcounted: the Python Client
- * and every writer hold one; freed by the last, after close. */
+ * and every writer hold one; freed by the last, after close.
+ *
+ * In a forked child (os.fork, a data-loader worker) the guard is a copy:
+ * its lock may have been held, and its busy count raised, by parent
+ * threads that the child does not have. There it is neither locked nor
+ * waited for nor freed; the library refuses every call on the inherited
+ * client (DLSHARE_EFORK), and closing it returns at once. */
 enum { G_OPEN, G_CLOSING, G_CLOSED };
 
 struct cguard {
@@ -196,6 +203,7 @@ struct cguard {
 	long refs;
 	long busy;
 	int state;
+	pid_t pid;               /* the process that made it */
 	dlshare_client *c;
 };
 
@@ -208,12 +216,21 @@ static struct cguard *guard_new(dlshare_client *c)
 	pthread_mutex_init(&g->lock, NULL);
 	pthread_cond_init(&g->cond, NULL);
 	g->refs = 1;
+	g->pid = getpid();
 	g->c = c;
 	return g;
 }
 
+/* Whether g was inherited from the process that made it. */
+static int guard_foreign(const struct cguard *g)
+{
+	return g->pid != getpid();
+}
+
 static void guard_ref(struct cguard *g)
 {
+	if (guard_foreign(g))
+		return;
 	pthread_mutex_lock(&g->lock);
 	g->refs++;
 	pthread_mutex_unlock(&g->lock);
@@ -224,6 +241,12 @@ static void guard_close(struct cguard *g)
 {
 	dlshare_client *c;
 
+	if (guard_foreign(g)) {
+		/* Closes only this process's copies of its fds. */
+		if (g->state == G_OPEN && g->c)
+			dlshare_disconnect(g->c);
+		return;
+	}
 	pthread_mutex_lock(&g->lock);
 	if (g->state != G_OPEN) {
 		while (g->state == G_CLOSING)
@@ -248,7 +271,7 @@ static void guard_unref(struct cguard *g)
 {
 	long left;
 
-	if (!g)
+	if (!g || guard_foreign(g))
 		return;
 	pthread_mutex_lock(&g->lock);
 	left = --g->refs;
@@ -268,6 +291,9 @@ static dlshare_client *guard_enter(struct cguard *g, int wait)
 {
 	dlshare_client *c = NULL;
 
+	/* The library answers DLSHARE_EFORK without touching c's locks. */
+	if (guard_foreign(g))
+		return g->state == G_OPEN ? g->c : NULL;
 	pthread_mutex_lock(&g->lock);
 	while (wait && g->state == G_CLOSING)
 		pthread_cond_wait(&g->cond, &g->lock);
@@ -281,6 +307,8 @@ static dlshare_client *guard_enter(struct cguard *g, int wait)
 
 static void guard_leave(struct cguard *g)
 {
+	if (guard_foreign(g))
+		return;
 	pthread_mutex_lock(&g->lock);
 	if (--g->busy == 0)
 		pthread_cond_broadcast(&g->cond);
@@ -792,6 +820,13 @@ static int array_usable(ArrayObject *a)
 				"is no longer mapped writable");
 		return 0;
 	}
+	if (a->ws && guard_foreign(a->ws->g)) {
+		PyErr_SetString(PyExc_BufferError,
+				"this Array is the memory of a writer created "
+				"in another process (this one is a fork of it), "
+				"which is not mapped here");
+		return 0;
+	}
 	return 1;
 }
 
@@ -994,7 +1029,8 @@ static PyObject *Array_copy_from(ArrayObject *a, PyObject *cap)
 
 static PyObject *Array_usable(ArrayObject *a, PyObject *unused)
 {
-	return PyBool_FromLong(a->o && !(a->ws && a->ws->done));
+	return PyBool_FromLong(a->o && !(a->ws && (a->ws->done ||
+						  guard_foreign(a->ws->g))));
 }
 
 static PyMethodDef Array_methods[] = {
@@ -1229,6 +1265,20 @@ static int writer_live(WriterObject *s)
 	return 1;
 }
 
+/* writer_live, and the writer's memory is mapped in this process. */
+static int writer_mapped(WriterObject *s)
+{
+	if (!writer_live(s))
+		return 0;
+	if (guard_foreign(s->ws->g)) {
+		raise_msg(DLSHARE_EFORK, "the writer was created in another "
+			  "process (this one is a fork of it): its memory is "
+			  "not mapped here");
+		return 0;
+	}
+	return 1;
+}
+
 static PyObject *Writer_version(WriterObject *s, PyObject *unused)
 {
 	return PyLong_FromUnsignedLongLong(s->ws->version);
@@ -1241,7 +1291,7 @@ static PyObject *Writer_array(WriterObject *s, PyObject *args)
 	Py_ssize_t i;
 	DLTensor *t;
 
-	if (!PyArg_ParseTuple(args, "On", &cls, &i) || !writer_live(s))
+	if (!PyArg_ParseTuple(args, "On", &cls, &i) || !writer_mapped(s))
 		return NULL;
 	if (i < 0 || (size_t)i >= dlshare_writer_count(s->ws->w)) {
 		PyErr_SetString(PyExc_IndexError, "tensor index out of range");
@@ -1285,7 +1335,8 @@ static PyObject *Writer_seal(WriterObject *s, PyObject *args)
 
 	if (!PyArg_ParseTuple(args, "K", &stream))
 		return NULL;
-	if (!(w = writer_take(s, 1)))
+	/* A child's copy of the parent's writer stays as it is. */
+	if (!writer_mapped(s) || !(w = writer_take(s, 1)))
 		return NULL;
 	Py_BEGIN_ALLOW_THREADS
 	if (guard_enter(s->ws->g, 1)) {
@@ -1427,6 +1478,8 @@ static PyObject *Client_closed(ClientObject *s, PyObject *unused)
 {
 	int closed;
 
+	if (guard_foreign(s->g))
+		return PyBool_FromLong(s->g->state != G_OPEN);
 	pthread_mutex_lock(&s->g->lock);
 	closed = s->g->state != G_OPEN;
 	pthread_mutex_unlock(&s->g->lock);

@@ -100,10 +100,18 @@ class Closed(Error):
     code = -17
 
 
+class ForkedClient(Error):
+    """The client was created in another process: this one is a fork of it
+    (os.fork, a multiprocessing or data-loader worker). The connection is
+    the parent's; make a new Client in the child (in a DataLoader, in
+    worker_init_fn)."""
+    code = -18
+
+
 ERRORS = (InvalidArgument, NotFound, Timeout, PermissionDenied, OutOfMemory,
           LimitExceeded, ProtocolError, ConnectionFailed, VersionMismatch,
           NotSupported, SystemCallFailed, Busy, CopyForbidden,
-          DeviceUnavailable, InvalidState, TooBig, Closed)
+          DeviceUnavailable, InvalidState, TooBig, Closed, ForkedClient)
 
 for _cls in (Error,) + ERRORS:
     _cls.__module__ = "dlshare"

@@ -153,8 +153,12 @@ static int sealing_producer(const struct daemon_proc *d, void *arg)
 	CHILD_CHECK(writable_maps("dlshare:imm/sealed") == 0);
 
 	/* A writable mapping that lives on in another process (here a fork
-	 * that inherited it) makes the seal fail, and nothing is published. */
+	 * that inherited it) makes the seal fail, and nothing is published.
+	 * The library keeps its mappings from children (MADV_DONTFORK,
+	 * test_fork): undone here, so that this one is inherited. */
 	CHILD_OK(dlshare_create(c, "imm/busy", &spec, 1, NULL, &w));
+	CHILD_CHECK(madvise(dlshare_writer_tensor(w, 0)->data,
+			    util_nbytes(DT_U8, 2, shape), MADV_DOFORK) == 0);
 	keeper = harness_fork();
 	CHILD_CHECK(keeper >= 0);
 	if (keeper == 0) {

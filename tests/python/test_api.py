@@ -7,8 +7,11 @@ interpreter."""
 import array
 import gc
 import os
+import signal
+import sys
 import threading
 import time
+import traceback
 import unittest
 
 import dlshare
@@ -562,6 +565,201 @@ class ClientTest(DaemonTest):
         self.assertEqual(r.stdout.strip(), "exiting")
         self.assertEqual(r.stderr, "")
         self.assertLeasesBecome(0)
+
+
+def fork_run(fn):
+    """Forks; the child runs fn() and leaves with os._exit: 0, or 1 after
+    printing what went wrong. Returns the child's pid."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            harness._die_with_parent()
+            fn()
+            code = 0
+        except BaseException:  # noqa: BLE001 -- the child must not unwind
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    return pid
+
+
+def fork_wait(pid, seconds=5):
+    """The child's exit status, or None after killing it when it hung."""
+    deadline = time.monotonic() + timeout(seconds)
+    while True:
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(st)
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return None
+        time.sleep(0.01)
+
+
+class ForkTest(DaemonTest):
+    """A forked child (os.fork, a data-loader worker) never harms its
+    parent's connection, and gets ForkedClient for every call on a Client
+    it inherited."""
+
+    def test_child_exits_normally(self):
+        # The child's interpreter exits normally: its finalizers close the
+        # inherited Client (and drop an inherited Tensor), and the parent
+        # goes on using its connection.
+        n = self.name()
+        self.client.publish(n, host([1.0]))
+        r = self.run_py(f"""
+            import os, sys, dlshare
+            c = dlshare.Client()
+            t = c.get({n!r})
+            pid = os.fork()
+            if pid == 0:
+                sys.exit(0)   # finalizers: c and t go here
+            _, st = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(st) == 0, st
+            c.publish({n!r}, dlshare.empty((3,), "int8"))
+            # t's lease is still the parent's: the child sent nothing.
+            print(c.get({n!r}).shape, c.stats().leases)
+            t.release()
+        """, seconds=20)
+        self.assertEqual(r.stdout.strip(), "(3,) 1")
+        self.assertEqual(r.stderr, "")
+
+    def test_child_close_and_drop(self):
+        n = self.name()
+        self.client.publish(n, host([1.0, 2.0]))
+        t = self.client.get(n)
+        c = self.client
+
+        def child():
+            # Dropping an inherited tensor sends nothing (the parent's
+            # lease stays); closing the client returns at once.
+            t.release()
+            t0 = time.monotonic()
+            c.close()
+            assert time.monotonic() - t0 < 0.5, "close took too long"
+
+        base = self.leases()
+        self.assertEqual(fork_wait(fork_run(child)), 0)
+        self.assertEqual(self.leases(), base)
+        self.assertEqual(read_back(self.client.get(n)), [1.0, 2.0])
+        self.client.publish(n, host([3.0]))
+        self.assertEqual(read_back(self.client.get(n)), [3.0])
+        t.release()
+
+    def test_child_calls_fail_clearly(self):
+        n = self.name()
+        self.client.publish(n, host([1.0]))
+        w = self.client.create(n + "/w", ("float32", (4,)))
+        stop = threading.Event()
+        errors = []
+
+        def parent_calls():
+            try:
+                while not stop.is_set():
+                    self.assertEqual(read_back(self.client.get(n)), [1.0])
+            except Exception as e:  # noqa: BLE001 -- reported below
+                errors.append(e)
+
+        def child():
+            for call in (lambda: self.client.get(n),
+                         lambda: self.client.stats(),
+                         lambda: self.client.publish(n, host([2.0])),
+                         lambda: self.client.create(n + "/c", ("int8", 1)),
+                         lambda: self.client.list(),
+                         lambda: w[0],
+                         lambda: w.seal()):
+                for _ in range(20):
+                    try:
+                        call()
+                    except dlshare.ForkedClient as e:
+                        assert "another process" in str(e), str(e)
+                        assert e.code == -18
+                    else:
+                        raise AssertionError("no ForkedClient")
+            # Its own client works.
+            with dlshare.Client(self.daemon.socket) as own:
+                assert read_back(own.get(n)) == [1.0]
+
+        th = threading.Thread(target=parent_calls)
+        th.start()
+        try:
+            self.assertEqual(fork_wait(fork_run(child), 20), 0)
+        finally:
+            stop.set()
+            th.join()
+        self.assertEqual(errors, [])
+        self.assertTrue(issubclass(dlshare.ForkedClient, dlshare.Error))
+        self.assertEqual(dlshare.ForkedClient("x").strerror,
+                         "the client was created in another process; "
+                         "make a new one in the child")
+        # The parent's writer was not touched: it seals.
+        w[0].copy_from(host([1.0, 2.0, 3.0, 4.0]))
+        self.assertEqual(w.seal(), 1)
+        self.assertEqual(read_back(self.client.get(n + "/w")),
+                         [1.0, 2.0, 3.0, 4.0])
+
+    def test_fork_while_a_get_waits(self):
+        # A parent thread waits in a get when the fork comes: the child's
+        # close returns at once, and the parent's get still completes.
+        n = self.name()
+        got = []
+
+        def waiter():
+            try:
+                got.append(read_back(self.client.get(n, timeout=20)))
+            except Exception as e:  # noqa: BLE001 -- reported below
+                got.append(e)
+
+        th = threading.Thread(target=waiter)
+        th.start()
+        other = dlshare.Client(self.daemon.socket)
+        try:
+            self.assertTrue(harness.wait_until(
+                lambda: other.stats().parked == 1))
+
+            def child():
+                t0 = time.monotonic()
+                self.client.close()
+                assert time.monotonic() - t0 < 0.5, "close took too long"
+
+            self.assertEqual(fork_wait(fork_run(child)), 0)
+            other.publish(n, host([5.0]))
+            th.join(timeout(10))
+            self.assertFalse(th.is_alive())
+            self.assertEqual(got, [[5.0]])
+        finally:
+            other.close()
+
+    def test_fork_while_writer_mapped(self):
+        # The writer's memory is not the child's: the parent's seal does
+        # not fail with Busy while the child lives.
+        n = self.name()
+        w = self.client.create(n, ("float32", (1 << 16,)))
+        w[0].copy_from(host([1.5] * (1 << 16)))
+        r, wr = os.pipe()
+
+        def child():
+            os.read(r, 1)
+            try:
+                memoryview(w[0])   # an Array made before the fork
+            except BufferError as e:
+                assert "another process" in str(e), str(e)
+            else:
+                raise AssertionError("the writer's memory in the child")
+
+        pid = fork_run(child)
+        try:
+            self.assertEqual(w.seal(), 1)
+        finally:
+            os.write(wr, b"x")
+            self.assertEqual(fork_wait(pid), 0)
+            os.close(r)
+            os.close(wr)
+        self.assertEqual(read_back(self.client.get(n))[:2], [1.5, 1.5])
 
 
 if __name__ == "__main__":
