@@ -5,6 +5,7 @@
 #include "cudalib.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -101,12 +102,18 @@ static void send_abort(dlshare_client *c, const char *name, uint64_t version)
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Abort a = DLSHARE__ABORT__INIT;
 
+	char msg[256];
+
 	a.name = (char *)name;
 	a.version = version;
 	f.body_case = DLSHARE__FRAME__BODY_ABORT;
 	f.abort = &a;
+	/* The caller reports why it aborts (a failed seal: the daemon's
+	 * words), not how the abort went. */
+	snprintf(msg, sizeof(msg), "%s", dlshare_last_error());
 	/* Failure leaves a pending version that dies with the connection. */
 	simple_call(c, &f, DLSHARE__FRAME__BODY_OK);
+	errmsg_set(msg);
 }
 
 /* Drops the writable mapping (and its CUDA registration). A device

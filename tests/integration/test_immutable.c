@@ -166,6 +166,8 @@ static int sealing_producer(const struct daemon_proc *d, void *arg)
 		_exit(0);
 	}
 	CHILD_ERR(dlshare_seal(w, NULL, NULL), DLSHARE_EBUSY);
+	/* The daemon's reason, not the abort's that followed. */
+	CHILD_CHECK(strstr(dlshare_last_error(), "seal imm/busy"));
 	kill(keeper, SIGKILL);
 	CHILD_CHECK(harness_wait(keeper) == 128 + SIGKILL);
 	CHILD_ERR(dlshare_stat(c, "imm/busy", &info, NULL), DLSHARE_ENOENT);
