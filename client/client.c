@@ -1088,8 +1088,12 @@ static int hello(dlshare_client *c)
 		reply_free(c, &r);
 		return DLSHARE_EPROTO;
 	}
-	if (r.msg->frame->hello_reply->major != WIRE_PROTO_MAJOR)
+	if (r.msg->frame->hello_reply->major != WIRE_PROTO_MAJOR) {
+		snprintf(errmsg, sizeof(errmsg), "the daemon speaks protocol "
+			 "%u, this library %u", r.msg->frame->hello_reply->major,
+			 (unsigned)WIRE_PROTO_MAJOR);
 		err = DLSHARE_EVERSION;
+	}
 	/* From here on, requests may be as large as the daemon takes; a
 	 * larger one fails here, with DLSHARE_E2BIG, instead of costing the
 	 * connection. */
@@ -1137,6 +1141,13 @@ static void goodbye(dlshare_client *c)
 		reply_free(c, &r);
 }
 
+/* Says why connecting to path failed: the reader sees neither the path
+ * (it may be the default one) nor the system's reason otherwise. */
+static void connect_msg(const char *path, const char *why)
+{
+	snprintf(errmsg, sizeof(errmsg), "connect %s: %s", path, why);
+}
+
 int dlshare_connect(const char *path, dlshare_client **out)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -1145,16 +1156,24 @@ int dlshare_connect(const char *path, dlshare_client **out)
 	sem_t up;
 	int err, e;
 
+	errmsg_set(NULL);
 	if (!out)
 		return DLSHARE_EINVAL;
 	*out = NULL;
 	if (!path) {
-		if (paths_default_socket(dflt, sizeof(dflt)))
+		if (paths_default_socket(dflt, sizeof(dflt))) {
+			errmsg_set("connect: the default socket path is longer "
+				   "than a Unix socket path may be");
 			return DLSHARE_E2BIG;
+		}
 		path = dflt;
 	}
-	if (strlen(path) >= sizeof(sa.sun_path))
+	if (strlen(path) >= sizeof(sa.sun_path)) {
+		snprintf(errmsg, sizeof(errmsg),
+			 "connect %.160s...: longer than the %zu bytes a Unix "
+			 "socket path may have", path, sizeof(sa.sun_path) - 1);
 		return DLSHARE_E2BIG;
+	}
 	memcpy(sa.sun_path, path, strlen(path) + 1);
 
 	c = calloc(1, sizeof(*c));
@@ -1179,6 +1198,7 @@ int dlshare_connect(const char *path, dlshare_client **out)
 	fork_add(c);
 	fork_unhold();
 	if (c->fd < 0) {
+		connect_msg(path, strerror(e));
 		err = client_errno(-e);
 		goto fail;
 	}
@@ -1195,7 +1215,9 @@ int dlshare_connect(const char *path, dlshare_client **out)
 		goto fail;
 	}
 	if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		err = errno == EACCES ? DLSHARE_EPERM : DLSHARE_ECONN;
+		e = errno;
+		connect_msg(path, strerror(e));
+		err = e == EACCES ? DLSHARE_EPERM : DLSHARE_ECONN;
 		goto fail;
 	}
 	/* The receiver thread holds its own reference: it may outlive a
@@ -1221,7 +1243,13 @@ int dlshare_connect(const char *path, dlshare_client **out)
 	atomic_fetch_add(&live_clients, 1); /* dlshare_disconnect drops it */
 	err = hello(c);
 	if (err) {
+		char why[160];
+
+		/* The daemon's own words when it gave some. */
+		snprintf(why, sizeof(why), "%.*s", (int)sizeof(why) - 1,
+			 *errmsg ? errmsg : dlshare_strerror(err));
 		dlshare_disconnect(c);
+		connect_msg(path, why);
 		return err;
 	}
 	*out = c;

@@ -127,6 +127,8 @@ static void reply_ok(struct conn *c, uint64_t id)
 static void reply_err(struct conn *c, uint64_t id, int err, const char *what,
 		      const char *name)
 {
+	struct entry *e;
+
 	/* Id 0 wants no reply (Release); an Error with id 0 would read as
 	 * the notice the daemon sends before it hangs up. */
 	if (id == 0)
@@ -141,6 +143,19 @@ static void reply_err(struct conn *c, uint64_t id, int err, const char *what,
 				"%s%s%s: limit reached: %s (uid %u)", what,
 				name ? " " : "", name ? name : "",
 				c->srv->reg.why, (unsigned)c->owner.uid);
+	/* For a refusal, whose name it is and what its mode lets whom:
+	 * the caller sees neither. get and stat read; the rest write. */
+	else if (err == -EPERM && name &&
+		 (e = registry_entry(&c->srv->reg, name)))
+		conn_send_error(c, id, dispatch_code(err),
+				"%s %s: permission denied: owned by uid %u "
+				"(gid %u) with mode %04o, which does not let "
+				"uid %u (gid %u) %s it", what, name,
+				(unsigned)e->owner_uid, (unsigned)e->owner_gid,
+				(unsigned)e->mode, (unsigned)c->owner.uid,
+				(unsigned)c->owner.gid,
+				strncmp(what, "get", 3) && strcmp(what, "stat") ?
+				"write" : "read");
 	else
 		conn_send_error(c, id, dispatch_code(err), "%s%s%s: %s", what,
 				name ? " " : "", name ? name : "",

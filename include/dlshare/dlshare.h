@@ -115,8 +115,10 @@ typedef struct dlshare_client dlshare_client;
 
 /* Connects to the daemon at path (NULL: dlshare_socket_path()) and says Hello.
  * On success *out is a client the caller frees with dlshare_disconnect().
- * Returns 0, DLSHARE_ECONN (nobody listening), DLSHARE_EVERSION, DLSHARE_ENOMEM
- * or DLSHARE_EIO. */
+ * Returns 0, DLSHARE_ECONN (nobody listening), DLSHARE_EPERM (no access to
+ * the socket), DLSHARE_E2BIG (path too long), DLSHARE_EVERSION,
+ * DLSHARE_ENOMEM or DLSHARE_EIO; dlshare_last_error() then names the path
+ * and the reason ("connect /run/x.sock: No such file or directory"). */
 DLSHARE_API int dlshare_connect(const char *path, dlshare_client **out);
 
 /* Closes the connection. Calls in other threads fail with DLSHARE_ECLOSED.

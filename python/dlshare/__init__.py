@@ -221,11 +221,33 @@ def _capsule_of(obj, stream):
         return _buffer_fallback(obj, e)
 
 
+# The dtypes DLPack gives a code to and dlshare takes (client/dtype.c).
+_DTYPES = ("bool, int8, int16, int32, int64, uint8, uint16, uint32, uint64, "
+           "float16, bfloat16, float32, float64, complex64, complex128")
+
+
 def _buffer_fallback(obj, err):
     try:
         return _dlshare.buffer_capsule(obj)
-    except (TypeError, BufferError):
-        raise err from None
+    except (TypeError, BufferError, ValueError):
+        # NumPy says BufferError (DLPack) or ValueError (buffer protocol)
+        # and names no dtype: name it.
+        dtype = getattr(obj, "dtype", None)
+        if dtype is None:
+            raise err from None
+        what = f"{type(obj).__module__}.{type(obj).__qualname__}"
+        try:
+            _dtype_name(dtype)
+        except (ValueError, TypeError):
+            raise InvalidArgument(
+                f"cannot publish a {what} of dtype {dtype}: DLPack has no "
+                f"such dtype (dlshare takes {_DTYPES})") from None
+        # A dtype DLPack has, which this exporter will not hand out
+        # (NumPy and ml_dtypes' bfloat16; torch and JAX export theirs).
+        raise InvalidArgument(
+            f"cannot publish a {what} of dtype {dtype}: "
+            f"{type(obj).__module__.split('.')[0]} exports it neither "
+            f"through DLPack nor through the buffer protocol ({err})") from None
 
 
 # ---- DLPack export, shared by Tensor and Array ----------------------------

@@ -657,10 +657,17 @@ static PyObject *mod_buffer_capsule(PyObject *mod, PyObject *obj)
 	t = &b->mt.dl_tensor;
 	if (b->view.ndim > NDIM_MAX || b->view.suboffsets ||
 	    format_dtype(b->view.format, b->view.itemsize, &t->dtype)) {
+		if (b->view.ndim > NDIM_MAX || b->view.suboffsets)
+			PyErr_Format(PyExc_BufferError, "a buffer of %d "
+				     "dimensions, or with suboffsets, is no "
+				     "DLPack tensor", b->view.ndim);
+		else
+			PyErr_Format(PyExc_BufferError, "the buffer's format "
+				     "'%.40s' (%zd bytes per item) has no DLPack "
+				     "dtype", b->view.format ? b->view.format : "B",
+				     b->view.itemsize);
 		PyBuffer_Release(&b->view);
 		free(b);
-		PyErr_SetString(PyExc_BufferError,
-				"the buffer's format has no DLPack dtype");
 		return NULL;
 	}
 	for (int k = 0; k < b->view.ndim; k++) {

@@ -5,6 +5,7 @@
  * with DLSHARE_E2BIG and leaves the connection usable; the daemon's own
  * refusals come with a message. Valid names at the edges of the rules work
  * from one process to another. */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -258,6 +259,35 @@ static void bad_tensors(void **state)
 
 /* ---- the daemon's refusals ------------------------------------------------------------ */
 
+/* Stores a 1-element tensor under name with mode. */
+static int perm_store(dlshare_client *c, const char *name, uint32_t mode)
+{
+	static const int64_t one[1] = { 1 };
+	dlshare_tensor_spec spec = { .dtype = DT_F32, .ndim = 1, .shape = one };
+	dlshare_create_opts o = { .device = { kDLCPU, 0 }, .mode = mode };
+	dlshare_writer *w;
+	int err = dlshare_create(c, name, &spec, 1, &o, &w);
+
+	return err ? err : dlshare_seal(w, NULL, NULL);
+}
+
+/* Whether this thread's last error is the daemon's refusal of what (an
+ * operation and a name) by a name of ours with mode, to us, for access. */
+static int perm_said(const char *what, uint32_t mode, const char *access)
+{
+	const char *m = dlshare_last_error();
+	char want[256];
+
+	snprintf(want, sizeof(want), "%s: permission denied: owned by uid %u "
+		 "(gid %u) with mode %04o, which does not let uid %u (gid %u) "
+		 "%s it", what, (unsigned)getuid(), (unsigned)getgid(),
+		 (unsigned)mode, (unsigned)getuid(), (unsigned)getgid(), access);
+	if (strcmp(m, want) == 0)
+		return 1;
+	fprintf(stderr, "message: %s\nwanted:  %s\n", m, want);
+	return 0;
+}
+
 static int refused_reader(const struct daemon_proc *d, void *arg)
 {
 	dlshare_client *c = util_child_connect(d);
@@ -267,6 +297,16 @@ static int refused_reader(const struct daemon_proc *d, void *arg)
 	/* The daemon said why, naming the name. */
 	CHILD_CHECK(strstr(dlshare_last_error(), "e/missing") != NULL);
 	CHILD_ERR(dlshare_delete(c, "e/missing"), DLSHARE_ENOENT);
+	/* A refusal by mode names the name's owner, its mode, and who was
+	 * refused what (the owner too: 0444 lets nobody write). */
+	CHILD_OK(perm_store(c, "e/ro", 0444));
+	CHILD_ERR(perm_store(c, "e/ro", 0), DLSHARE_EPERM);
+	CHILD_CHECK(perm_said("create e/ro", 0444, "write"));
+	CHILD_ERR(dlshare_delete(c, "e/ro"), DLSHARE_EPERM);
+	CHILD_CHECK(perm_said("delete e/ro", 0444, "write"));
+	CHILD_OK(perm_store(c, "e/wo", 0200));
+	CHILD_ERR(dlshare_get(c, "e/wo", NULL, &b), DLSHARE_EPERM);
+	CHILD_CHECK(perm_said("get e/wo", 0200, "read"));
 	CHILD_OK(dlshare_stats_get(c, &(dlshare_stats){ 0 }));
 	/* A successful call clears it. */
 	CHILD_CHECK(dlshare_last_error()[0] == '\0');
@@ -284,16 +324,29 @@ static void daemon_refusals(void **state)
 static void connect_errors(void **state)
 {
 	struct fixture *fx = *state;
-	char path[200], toolong[300];
+	char path[200], toolong[300], want[512];
 	dlshare_client *c = (dlshare_client *)&path; /* must be reset */
 
 	snprintf(path, sizeof(path), "%s/nobody.sock", fx->d.dir);
 	assert_int_equal(dlshare_connect(path, &c), DLSHARE_ECONN);
 	assert_null(c);
+	/* The message names the path and the system's reason. */
+	snprintf(want, sizeof(want), "connect %s: %s", path, strerror(ENOENT));
+	assert_string_equal(dlshare_last_error(), want);
+	/* Not a socket: refused by the system, and said so. */
+	snprintf(want, sizeof(want), "connect %s: %s", fx->d.log,
+		 strerror(ECONNREFUSED));
+	assert_int_equal(dlshare_connect(fx->d.log, &c), DLSHARE_ECONN);
+	assert_string_equal(dlshare_last_error(), want);
 	memset(toolong, 'x', sizeof(toolong) - 1);
 	toolong[0] = '/';
 	toolong[sizeof(toolong) - 1] = '\0';
 	assert_int_equal(dlshare_connect(toolong, &c), DLSHARE_E2BIG);
+	assert_non_null(strstr(dlshare_last_error(), "longer than the 107 bytes"));
+	/* A success clears it. */
+	assert_int_equal(dlshare_connect(fx->d.sock, &c), 0);
+	assert_string_equal(dlshare_last_error(), "");
+	dlshare_disconnect(c);
 	assert_int_equal(dlshare_connect(fx->d.sock, NULL), DLSHARE_EINVAL);
 	dlshare_disconnect(NULL);
 	/* Every code has words, also unknown ones. */

@@ -518,6 +518,7 @@ static int acl_stranger(const struct daemon_proc *d, void *arg)
 	dlshare_bundle *b = NULL;
 	DLManagedTensor *m = NULL;
 	int64_t bytes[1] = { 64 };
+	char said[256];
 	unsigned nfds;
 	int fds0, sock, keep;
 	uint64_t v;
@@ -551,6 +552,12 @@ static int acl_stranger(const struct daemon_proc *d, void *arg)
 	CHILD_OK(util_get_check(c, "acl/pub", NULL, DT_F32, 1, shape16, 2, NULL));
 	CHILD_ERR(dlshare_delete(c, "acl/pub"), DLSHARE_EPERM);
 	CHILD_ERR(store_mode(c, "acl/pub", 0, 20, NULL), DLSHARE_EPERM);
+	/* Whose it is, its mode, and who was refused (test_errors has the
+	 * whole message). */
+	snprintf(said, sizeof(said), "owned by uid 0 (gid 0) with mode 0644, "
+		 "which does not let uid %u (gid %u) write it", UID_A, GID_G);
+	if (!strstr(dlshare_last_error(), said))
+		CHILD_FAIL("refusal said \"%s\"", dlshare_last_error());
 	CHILD_ERR(store_mode(c, "acl/pub", 0666, 20, NULL), DLSHARE_EPERM);
 	CHILD_ERR(export_mode(c, "acl/pub", 0, 21), DLSHARE_EPERM);
 	CHILD_ERR(copy_publish(c, "acl/pub", bytes, 0), DLSHARE_EPERM);

@@ -5,6 +5,7 @@ threads, and interpreter shutdown. Data is read back through dlshare.Array
 interpreter."""
 
 import array
+import errno
 import gc
 import os
 import signal
@@ -55,7 +56,9 @@ class ModuleTest(unittest.TestCase):
         self.assertIsInstance(e, dlshare.Error)
         self.assertIsInstance(e, ConnectionError)
         self.assertEqual(e.code, -8)
-        self.assertTrue(str(e))
+        # The path and the system's reason, as the C library says them.
+        self.assertEqual(str(e), "connect /nonexistent/dlshare.sock: "
+                         + os.strerror(errno.ENOENT))
         self.assertEqual(type(e).__module__, "dlshare")
 
     def test_error_hierarchy(self):

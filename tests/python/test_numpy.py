@@ -291,6 +291,41 @@ class NumpyTest(DaemonTest):
         np.testing.assert_array_equal(np.from_dlpack(self.client.get(n)),
                                       np.arange(6, dtype=np.int16))
 
+    def test_dtype_without_dlpack_code(self):
+        # NumPy refuses these over DLPack (BufferError) and, some of them,
+        # over the buffer protocol (ValueError), naming no dtype: publish
+        # says which dtype, as a dlshare error, and sends nothing.
+        n = self.name()
+        arrays = {
+            "datetime64[s]": np.array(["2020-01-01"], "datetime64[s]"),
+            "timedelta64[ms]": np.array([5], "timedelta64[ms]"),
+            "object": np.array([1, "a"], dtype=object),
+            "[('a', '<i4'), ('b', '<f4')]":
+                np.zeros(3, dtype=[("a", "<i4"), ("b", "<f4")]),
+            "<U2": np.array(["ab"]),
+        }
+        if np.dtype(np.longdouble).itemsize > 8:
+            arrays["float128"] = np.zeros(2, np.longdouble)
+        try:
+            import ml_dtypes
+        except ImportError:
+            pass
+        else:
+            arrays["bfloat16"] = np.zeros(4, ml_dtypes.bfloat16)
+        before = self.client.stats().requests
+        for name, a in arrays.items():
+            with self.subTest(dtype=name):
+                with self.assertRaises(dlshare.InvalidArgument) as cm:
+                    self.client.publish(n, a)
+                msg = str(cm.exception)
+                self.assertIn(f"numpy.ndarray of dtype {name}:", msg)
+                self.assertIsInstance(cm.exception, ValueError)
+                with self.assertRaises(dlshare.InvalidArgument):
+                    self.client.publish(n, {"ok": np.zeros(2), "bad": a})
+        self.assertEqual(self.client.stats().requests, before + 1)
+        with self.assertRaises(dlshare.NotFound):
+            self.client.stat(n)
+
 
 if __name__ == "__main__":
     unittest.main()
