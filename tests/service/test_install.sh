@@ -41,6 +41,16 @@ done
 for f in libdlshare.so libdlshare.so.0 cmake/dlshare/dlshareConfig.cmake; do
 	[ -e "$libdir/$f" ] || fail "$libdir/$f not installed"
 done
+# Installed programs run from the prefix alone: no LD_LIBRARY_PATH.
+env -u LD_LIBRARY_PATH "$prefix/bin/dlsharectl" --help >"$tmp/help" 2>&1 ||
+	{ cat "$tmp/help"; fail "installed dlsharectl --help (without LD_LIBRARY_PATH)"; }
+if command -v readelf >/dev/null 2>&1; then
+	case $(readelf -d "$prefix/bin/dlsharectl") in
+	*'[$ORIGIN/'*) ;;
+	*) readelf -d "$prefix/bin/dlsharectl"
+	   fail "dlsharectl has no \$ORIGIN-relative RPATH" ;;
+	esac
+fi
 # Nothing of the build's test doubles or generators goes out.
 if find "$prefix" -name '*fakecuda*' -o -name 'dlshared_manopts' | grep -q .; then
 	fail "test or build-only files installed"
@@ -92,7 +102,13 @@ for c in "$tmp/consumer-pc" "$tmp/cmake/consumer"; do
 		{ ldd "$c"; fail "$c does not load $libdir/libdlshare.so.0"; }
 	"$c" "$sock" "install/$(basename "$c")" || fail "$c"
 done
-LD_LIBRARY_PATH=$libdir "$prefix/bin/dlsharectl" --socket "$sock" ls >"$tmp/ls" ||
+# The installed dlsharectl finds the installed library by its relative
+# RPATH ($ORIGIN/../lib), with no LD_LIBRARY_PATH.
+loaded=$(env -u LD_LIBRARY_PATH ldd "$prefix/bin/dlsharectl" |
+	sed -n 's/^[[:space:]]*libdlshare\.so\.0 => \(.*\) (0x.*/\1/p')
+[ -n "$loaded" ] && [ "$(readlink -f "$loaded")" = "$(readlink -f "$libdir/libdlshare.so.0")" ] ||
+	{ ldd "$prefix/bin/dlsharectl"; fail "installed dlsharectl does not load $libdir/libdlshare.so.0"; }
+env -u LD_LIBRARY_PATH "$prefix/bin/dlsharectl" --socket "$sock" ls >"$tmp/ls" ||
 	fail "installed dlsharectl"
 grep -q "install/consumer-pc" "$tmp/ls" && grep -q "install/consumer " "$tmp/ls" ||
 	{ cat "$tmp/ls"; fail "dlsharectl ls does not show what the consumers stored"; }
