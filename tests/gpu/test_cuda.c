@@ -6,7 +6,8 @@
  *   test_cuda_fake  against tests/fakecuda (DLSHARE_TEST_FAKECUDA defined):
  *                   slow asynchronous streams, counters, several devices;
  *   test_cuda_gpu   against the real CUDA runtime; prints "SKIP: no CUDA
- *                   device (...)" and exits 0 where there is none.
+ *                   device (...)" and exits 77 (ctest: Skipped) where
+ *                   there is none.
  *
  * The fork rule: a process that used CUDA must not fork children that use
  * CUDA (the fake refuses, as real CUDA does). So the test process itself never
@@ -44,6 +45,7 @@
 #include <dlshare/dlshare.h>
 
 #include "harness.h"
+#include "skip.h"
 
 #ifdef DLSHARE_TEST_FAKECUDA
 #include "fakecuda_ctl.h"
@@ -677,7 +679,7 @@ static void no_wait_reads_stale_data(void **state)
 
 	(void)state;
 	if (!FAKE)
-		skip(); /* a GPU gives no control over when its copy runs */
+		test_skip("a GPU gives no control over when its copy runs");
 	run_round_trip(&a);
 }
 
@@ -980,7 +982,7 @@ static void device_by_uuid(void **state)
 
 	(void)state;
 	if (!FAKE && g_ndev < 2)
-		skip(); /* needs two GPUs */
+		test_skip("needs two GPUs");
 	/* Environment only: the parent still never touches CUDA. */
 	setenv("FAKECUDA_DEVICES", "2", 1);
 	a.to_p = chan_new();
@@ -1182,7 +1184,7 @@ static void release_is_stream_ordered(void **state)
 
 	(void)state;
 	if (!FAKE)
-		skip(); /* a GPU copy of 64 KiB is done before the release */
+		test_skip("a GPU copy of 64 KiB is done before the release");
 	run_pair(&a, ordered_producer, ordered_consumer);
 }
 
@@ -2095,8 +2097,8 @@ int main(void)
 			return 1;
 		}
 		printf("SKIP: no CUDA device (%s)\n", why);
-		return 0;
+		return TEST_SKIPPED;
 	}
-	return cmocka_run_group_tests_name(FAKE ? "test_cuda_fake" :
-					   "test_cuda_gpu", tests, NULL, NULL);
+	return test_run_group(FAKE ? "test_cuda_fake" : "test_cuda_gpu", tests,
+			      NULL, NULL);
 }

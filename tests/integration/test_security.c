@@ -32,6 +32,7 @@
 
 #include <cmocka.h>
 
+#include "skip.h"
 #include "util.h"
 
 /* Users and groups the children become; nobody needs to exist in
@@ -102,10 +103,8 @@ static int can_switch_uids(void)
 
 #define NEED_ROOT()                                                           \
 	do {                                                                  \
-		if (!can_switch_uids()) {                                     \
-			fprintf(stderr, "SKIP: needs root to switch uids\n"); \
-			skip();                                               \
-		}                                                             \
+		if (!can_switch_uids())                                       \
+			test_skip("needs root to switch uids");               \
 	} while (0)
 
 struct as_user {
@@ -2132,7 +2131,8 @@ static void accept_emfile(void **state)
 	 * its limits are valgrind's. */
 	if (w && *w) {
 		dlshare_disconnect(c);
-		skip();
+		test_skip("the daemon runs under %s, whose fds and limits "
+			  "are not the daemon's", w);
 	}
 	assert_int_equal(harness_wait_stats(c, 0, 1, NULL), 0);
 	assert_int_equal(prlimit(fx->d.pid, RLIMIT_NOFILE, NULL, &old), 0);
@@ -2175,11 +2175,16 @@ static void accept_emfile(void **state)
 	dlshare_disconnect(c);
 }
 
-int main(void)
+/* test_security acl: the tests that need root to run peers as other uids,
+ * a ctest of their own (test_security_acl) so that it reads "Skipped"
+ * without root; test_security: the rest. */
+int main(int argc, char **argv)
 {
-	const struct CMUnitTest tests[] = {
+	const struct CMUnitTest acl[] = {
 		cmocka_unit_test_setup_teardown(acl_modes, setup_acl, teardown),
 		cmocka_unit_test_setup_teardown(acl_group, setup_acl, teardown),
+	};
+	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(quota_connections, setup_uid_conns, teardown),
 		cmocka_unit_test_setup_teardown(quota_leases, setup_uid_leases, teardown),
 		cmocka_unit_test_setup_teardown(quota_names, setup_uid_names, teardown),
@@ -2192,5 +2197,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(accept_emfile, setup_storm, teardown),
 	};
 
-	return cmocka_run_group_tests_name("security", tests, NULL, NULL);
+	if (argc > 1 && strcmp(argv[1], "acl") == 0)
+		return test_run_group("security_acl", acl, NULL, NULL);
+	return test_run_group("security", tests, NULL, NULL);
 }

@@ -23,6 +23,7 @@
 
 #include <cmocka.h>
 
+#include "skip.h"
 #include "util.h"
 
 #ifndef DLSHARECTL_PATH
@@ -295,12 +296,10 @@ static void socket_activate(void **state)
 
 	(void)state;
 #ifndef DLSHARE_HAVE_SYSTEMD
-	skip();
+	test_skip("built without libsystemd");
 #endif
 	if (access(argv[0], X_OK) != 0) {
-		print_message("skipped: %s is missing (Debian: systemd)\n",
-			      argv[0]);
-		skip();
+		test_skip("%s is missing (Debian: systemd)", argv[0]);
 	}
 	proc_init(&p);
 	notify_bind(&p);
@@ -366,7 +365,7 @@ static void inherited_socket(void **state)
 
 	(void)state;
 #ifndef DLSHARE_HAVE_SYSTEMD
-	skip();
+	test_skip("built without libsystemd");
 #endif
 	proc_init(&p);
 	notify_bind(&p);
@@ -405,7 +404,7 @@ static void inherited_socket_checked(void **state)
 
 	(void)state;
 #ifndef DLSHARE_HAVE_SYSTEMD
-	skip();
+	test_skip("built without libsystemd");
 #endif
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		struct proc p;
@@ -777,12 +776,12 @@ int main(void)
 	int fds_before = harness_fd_count(getpid()), fails;
 
 	signal(SIGPIPE, SIG_IGN);
-	fails = cmocka_run_group_tests(tests, NULL, NULL);
+	fails = test_run_group("service", tests, NULL, NULL);
 	/* Each test closes what it opened. */
 	if (harness_fd_count(getpid()) != fds_before) {
 		fprintf(stderr, "fds: %d before, %d after\n", fds_before,
 			harness_fd_count(getpid()));
-		fails++;
+		fails = fails == TEST_SKIPPED ? 1 : fails + 1;
 	}
 	return fails;
 }

@@ -19,6 +19,7 @@
 
 #include "check.h"
 #include "paths.h"
+#include "skip.h"
 
 /* ---- names ------------------------------------------------------------ */
 
@@ -531,7 +532,8 @@ static void test_paths_xdg_and_tmp(void **state)
 		unsetenv("DLSHARE_SOCKET");
 		assert_int_equal(paths_default_socket(buf, sizeof(buf)), 0);
 		assert_string_equal(buf, PATHS_SYSTEM_SOCKET);
-		skip();
+		test_skip("%s exists, and wins over the other rules",
+			  PATHS_SYSTEM_SOCKET);
 	}
 	/* An empty DLSHARE_SOCKET counts as unset. */
 	setenv("DLSHARE_SOCKET", "", 1);
@@ -619,5 +621,5 @@ int main(void)
 						env_setup, env_teardown),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return test_run_group("check", tests, NULL, NULL);
 }
