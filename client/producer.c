@@ -576,6 +576,15 @@ static int publish_copy(dlshare_client *c, const char *name,
 	return 0;
 }
 
+/* Whether a stride of t is negative (on a dimension of extent > 1). */
+static int has_negative_stride(const DLTensor *t)
+{
+	for (int32_t k = 0; t->strides && k < t->ndim; k++)
+		if (t->strides[k] < 0 && t->shape[k] > 1)
+			return 1;
+	return 0;
+}
+
 /* Whether t's elements lie row-major and without gaps (dims of extent 1
  * may have any stride). */
 static int is_compact(const DLTensor *t)
@@ -616,7 +625,12 @@ static int publish_copy_device(dlshare_client *c, const char *name,
 			return DLSHARE_ENOTSUP;
 		}
 		if (!is_compact(t)) {
-			errmsg_set("a strided device tensor that CUDA IPC "
+			errmsg_set(has_negative_stride(t) ?
+				   "a device tensor with a negative stride is "
+				   "never shared (torch cannot take one), and "
+				   "a strided one can not be copied yet; make "
+				   "it contiguous first" :
+				   "a strided device tensor that CUDA IPC "
 				   "cannot share can not be copied yet; make "
 				   "it contiguous first");
 			return DLSHARE_ENOTSUP;
@@ -723,6 +737,7 @@ static int publish_export(dlshare_client *c, const char *name,
 	unsigned nb = 0, nfds = 0, ncuda = 0;
 	void *event = NULL;
 	struct reply r;
+	char msg[160];
 	int err;
 
 	if ((err = wire_tensors_alloc(&wt, n)))
@@ -735,6 +750,17 @@ static int publish_export(dlshare_client *c, const char *name,
 
 		if (key && strlen(key) > CHECK_KEY_MAX) {
 			err = DLSHARE_EINVAL;
+			goto out;
+		}
+		/* A consumer of a negative stride may die of it: torch 1.13
+		 * aborts the process (JAX refuses it). A copy is compact. */
+		if (has_negative_stride(t)) {
+			snprintf(msg, sizeof(msg), "tensor %zu has a negative "
+				 "stride, which is never shared without a copy "
+				 "(torch 1.13 aborts the consuming process)", i);
+			errmsg_set(msg);
+			err = t->device.device_type == kDLCUDA ? DLSHARE_ECOPY :
+				DLSHARE_ENOENT;
 			goto out;
 		}
 		if ((err = xbuf_find(t, &x)))

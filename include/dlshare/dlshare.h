@@ -229,6 +229,10 @@ typedef struct dlshare_publish_opts {
  * (pool, VMM, managed) on opts->stream into GPU memory of the daemon on the
  * same device, after which this waits for that stream. On success the library owns all n
  * tensors; on failure the caller still does. opts may be NULL.
+ * Shared tensors keep their strides, but one with a negative stride is never
+ * shared (torch 1.13 aborts a consuming process on one, JAX refuses it): a
+ * host tensor is copied compact (DLSHARE_ECOPY under NO_COPY), a device one
+ * fails with DLSHARE_ENOTSUP. What consumers get has byte_offset 0.
  * Returns 0 and the version in *version (may be NULL), or DLSHARE_EINVAL,
  * DLSHARE_ECOPY, DLSHARE_ENOTSUP, DLSHARE_ELIMIT, DLSHARE_E2BIG, DLSHARE_EPERM,
  * DLSHARE_ECONN. */

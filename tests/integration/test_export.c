@@ -218,12 +218,108 @@ static void deleter_runs_at_disconnect(void **state)
 	dlshare_disconnect(c);
 }
 
+/* ---- negative strides are never shared ---------------------------------------- */
+
+struct view {
+	DLManagedTensor mt;
+	int64_t shape[2], strides[2];
+	int *deleted;
+};
+
+static void view_delete(DLManagedTensor *self)
+{
+	struct view *v = self->manager_ctx;
+
+	(*v->deleted)++;
+	free(v);
+}
+
+/* A view of the 4x6 int32 matrix m with vshape, strides (elements) and
+ * byte_offset; its deleter counts into *deleted. */
+static DLManagedTensor *view_of(DLManagedTensor *m, const int64_t *vshape,
+				const int64_t *strides, uint64_t offset,
+				int *deleted)
+{
+	struct view *v = calloc(1, sizeof(*v));
+
+	assert_non_null(v);
+	v->mt.dl_tensor = m->dl_tensor;
+	memcpy(v->shape, vshape, sizeof(v->shape));
+	memcpy(v->strides, strides, sizeof(v->strides));
+	v->mt.dl_tensor.shape = v->shape;
+	v->mt.dl_tensor.strides = v->strides;
+	v->mt.dl_tensor.byte_offset = offset;
+	v->mt.manager_ctx = v;
+	v->mt.deleter = view_delete;
+	v->deleted = deleted;
+	return &v->mt;
+}
+
+/* A view with a negative stride of shareable memory is copied compact (a
+ * torch 1.13 consumer aborts on a negative stride); with copies forbidden
+ * it fails and says why. A positive-strided view of the same memory is
+ * still shared as it is. */
+static void negative_strides_copied(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	static const int64_t mshape[2] = { 4, 6 };
+	int64_t rshape[2] = { 4, 6 }, rstrides[2] = { -6, 1 };
+	int64_t cshape[2] = { 4, 3 }, cstrides[2] = { 6, 2 };
+	dlshare_publish_opts nocopy = { .flags = DLSHARE_PUBLISH_NO_COPY };
+	int32_t a[4][6], want[4][6];
+	DLManagedTensor *m, *v;
+	dlshare_name_info info;
+	const DLTensor *t;
+	dlshare_bundle *b;
+	int deleted = 0;
+
+	assert_int_equal(dlshare_host_alloc(DT_I32, 2, mshape, &m), 0);
+	harness_fill(m->dl_tensor.data, sizeof(a), 31);
+	memcpy(a, m->dl_tensor.data, sizeof(a));
+	/* Rows reversed: data + byte_offset is the last row. */
+	v = view_of(m, rshape, rstrides, 3 * 6 * sizeof(int32_t), &deleted);
+	assert_int_equal(dlshare_publish(c, "x/neg", &v, 1, &nocopy, NULL),
+			 DLSHARE_ECOPY);
+	assert_non_null(strstr(dlshare_last_error(), "negative stride"));
+	assert_int_equal(dlshare_publish(c, "x/neg", &v, 1, NULL, NULL), 0);
+	assert_int_equal(deleted, 1); /* copied: given back at once */
+	assert_int_equal(dlshare_stat(c, "x/neg", &info, NULL), 0);
+	assert_int_equal(info.exported, 0);
+	assert_int_equal(dlshare_get(c, "x/neg", NULL, &b), 0);
+	t = dlshare_bundle_tensor(b, 0);
+	assert_null(t->strides);
+	assert_int_equal(t->byte_offset, 0);
+	for (int i = 0; i < 4; i++)
+		memcpy(want[i], a[3 - i], sizeof(want[i]));
+	assert_memory_equal(t->data, want, sizeof(want));
+	dlshare_bundle_free(b);
+
+	/* Every other column: shared, strides and all. */
+	v = view_of(m, cshape, cstrides, sizeof(int32_t), &deleted);
+	assert_int_equal(dlshare_publish(c, "x/cols", &v, 1, &nocopy, NULL), 0);
+	assert_int_equal(dlshare_stat(c, "x/cols", &info, NULL), 0);
+	assert_int_equal(info.exported, 1);
+	assert_int_equal(dlshare_get(c, "x/cols", NULL, &b), 0);
+	t = dlshare_bundle_tensor(b, 0);
+	assert_non_null(t->strides);
+	assert_int_equal(t->strides[0], 6);
+	assert_int_equal(t->strides[1], 2);
+	assert_int_equal(t->byte_offset, 0);
+	assert_int_equal(((const int32_t *)t->data)[0], a[0][1]);
+	dlshare_bundle_free(b);
+	dlshare_disconnect(c); /* gives the shared view back */
+	assert_int_equal(deleted, 2);
+	m->deleter(m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(deleter_runs_at_retire, setup, teardown),
 		cmocka_unit_test_setup_teardown(deleter_waits_for_leases, setup, teardown),
 		cmocka_unit_test_setup_teardown(deleter_runs_at_disconnect, setup, teardown),
+		cmocka_unit_test_setup_teardown(negative_strides_copied, setup, teardown),
 	};
 
 	return cmocka_run_group_tests_name("export", tests, NULL, NULL);
