@@ -242,8 +242,10 @@ static void guard_close(struct cguard *g)
 	dlshare_client *c;
 
 	if (guard_foreign(g)) {
-		/* Closes only this process's copies of its fds. */
-		if (g->state == G_OPEN && g->c)
+		/* Closes only this process's copies of its fds; from now on
+		 * it reads as closed here. No lock: see above. */
+		if (__atomic_exchange_n(&g->state, G_CLOSED,
+					__ATOMIC_RELAXED) == G_OPEN && g->c)
 			dlshare_disconnect(g->c);
 		return;
 	}
@@ -293,7 +295,8 @@ static dlshare_client *guard_enter(struct cguard *g, int wait)
 
 	/* The library answers DLSHARE_EFORK without touching c's locks. */
 	if (guard_foreign(g))
-		return g->state == G_OPEN ? g->c : NULL;
+		return __atomic_load_n(&g->state, __ATOMIC_RELAXED) == G_OPEN ?
+		       g->c : NULL;
 	pthread_mutex_lock(&g->lock);
 	while (wait && g->state == G_CLOSING)
 		pthread_cond_wait(&g->cond, &g->lock);
@@ -1486,7 +1489,8 @@ static PyObject *Client_closed(ClientObject *s, PyObject *unused)
 	int closed;
 
 	if (guard_foreign(s->g))
-		return PyBool_FromLong(s->g->state != G_OPEN);
+		return PyBool_FromLong(__atomic_load_n(&s->g->state,
+						       __ATOMIC_RELAXED) != G_OPEN);
 	pthread_mutex_lock(&s->g->lock);
 	closed = s->g->state != G_OPEN;
 	pthread_mutex_unlock(&s->g->lock);

@@ -644,6 +644,13 @@ class ForkTest(DaemonTest):
             t0 = time.monotonic()
             c.close()
             assert time.monotonic() - t0 < 0.5, "close took too long"
+            assert c.closed
+            try:
+                c.get(n)
+            except dlshare.Closed:
+                pass
+            else:
+                raise AssertionError("a closed client answered")
 
         base = self.leases()
         self.assertEqual(fork_wait(fork_run(child)), 0)
