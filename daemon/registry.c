@@ -186,8 +186,10 @@ static int version_reachable(const struct version *v)
 {
 	/* Alive while its publication is being announced, whatever the
 	 * callback does with leases. */
-	if (v->state == VERSION_PENDING || v->publishing)
+	if (v->publishing)
 		return 1;
+	if (v->state == VERSION_PENDING)
+		return !v->withdrawn;
 	return !v->entry->detached && v->entry->latest == v;
 }
 
@@ -697,7 +699,8 @@ int registry_seal(struct registry *r, struct registry_owner *o,
 	uint8_t *ev = NULL;
 	int err;
 
-	if (!v || (v->state == VERSION_PENDING && v->producer != o))
+	if (!v || (v->state == VERSION_PENDING &&
+		   (v->producer != o || v->withdrawn)))
 		return -ENOENT;
 	if (v->state != VERSION_PENDING)
 		return -EALREADY;
@@ -739,7 +742,8 @@ int registry_abort(struct registry *r, struct registry_owner *o,
 	struct entry *e = registry_entry(r, name);
 	struct version *v = e ? entry_version(e, number) : NULL;
 
-	if (!v || v->state != VERSION_PENDING || v->producer != o)
+	if (!v || v->state != VERSION_PENDING || v->producer != o ||
+	    v->withdrawn)
 		return -ENOENT;
 	/* A writer lease (daemon-owned cuda-ipc memory) goes with it. */
 	while (v->lease_list)
@@ -874,12 +878,15 @@ int registry_delete(struct registry *r, struct registry_owner *o,
 		e->usage = NULL;
 	}
 	e->latest = NULL;
-	/* The last version to die frees e; do not touch e after the loop. */
+	/* Pending versions are withdrawn: their writers' Seals find nothing.
+	 * One that a writer lease holds (daemon-owned cuda-ipc memory, which
+	 * its writer still maps) dies when that lease goes, like a sealed
+	 * version under a reader's lease. The last version to die frees e;
+	 * do not touch e after the loop. */
 	DL_FOREACH_SAFE(e->versions, v, tmp) {
 		if (v->state == VERSION_PENDING)
-			version_destroy(r, v);
-		else
-			version_check(r, v);
+			v->withdrawn = 1;
+		version_check(r, v);
 	}
 	return 0;
 }

@@ -107,6 +107,9 @@ struct version {
 	uint8_t state;           /* enum version_state */
 	uint8_t exported;        /* producer memory: retired back to it */
 	uint8_t publishing;      /* in ops->published */
+	uint8_t withdrawn;       /* pending, but its name was deleted: no Seal
+				  * or Abort reaches it, and it lives only
+				  * while a writer lease holds it */
 	struct rtensor tensors[];
 };
 

@@ -670,6 +670,43 @@ static void test_abort(void **state)
 	assert_int_equal(fd_count(), f->fd_base + 1);
 }
 
+/* A Delete withdraws a pending version: no Seal reaches it, but a writer
+ * lease (daemon-owned cuda-ipc memory its writer still maps) keeps it, and
+ * its buffers, until the writer lets go. */
+static void test_delete_pending_leased(void **state)
+{
+	struct fix *f = *state;
+	struct version *v;
+	struct tspec ts;
+	struct lease *l;
+	uint64_t lid;
+
+	v = add_ok(f, &f->prod, spec(&ts, "g", 0, 1, 1, PAGE), 0);
+	assert_int_equal(registry_lease(&f->r, &f->prod, v, &l), 0);
+	lid = l->id;
+	assert_int_equal(registry_delete(&f->r, &f->cons, "g"), 0);
+	assert_null(registry_entry(&f->r, "g"));
+	assert_counts(f, 0, 1, 1, PAGE, 1);
+	assert_int_equal(f->rec.nfreed, 0);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "g", 1, NULL, 0),
+			 -ENOENT);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "g", 1), -ENOENT);
+	/* A new "g" numbers after it. */
+	assert_int_equal(publish(f, &f->prod, "g", 0)->number, 2);
+	assert_int_equal(registry_release(&f->r, &f->prod, lid), 0);
+	assert_int_equal(f->rec.nfreed, 1);
+	assert_counts(f, 1, 1, 1, PAGE, 0);
+	assert_int_equal(f->rec.npublished, 1);
+
+	/* Withdrawn and leased when its owner goes: the lease goes first,
+	 * and the version with it. */
+	v = add_ok(f, &f->prod, spec(&ts, "h", 0, 1, 1, PAGE), 0);
+	assert_int_equal(registry_lease(&f->r, &f->prod, v, &l), 0);
+	assert_int_equal(registry_delete(&f->r, &f->prod, "h"), 0);
+	registry_owner_drop(&f->r, &f->prod);
+	assert_counts(f, 1, 1, 1, PAGE, 0);
+}
+
 /* ---- delete and owners ------------------------------------------------------ */
 
 static void test_delete(void **state)
@@ -1470,6 +1507,7 @@ int main(void)
 		T(test_find_select),
 		T(test_born_superseded),
 		T(test_abort),
+		T(test_delete_pending_leased),
 		T(test_delete),
 		T(test_owner_drop),
 		T(test_export_retired),
