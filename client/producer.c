@@ -5,6 +5,7 @@
 #include "cudalib.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -23,6 +24,9 @@ struct dlshare_writer {
 	dlshare_client *c;
 	char name[CHECK_NAME_MAX + 1];
 	uint64_t version;
+	uint64_t writer;         /* CreateReply.writer: what Seal and Abort
+				  * name the version by (0: a daemon before
+				  * 1.3, which goes by name and version) */
 	void *base;
 	int cuda_host;           /* base is registered with CUDA */
 	struct ibuf *dev;        /* device buffer: the library's mapping */
@@ -96,17 +100,24 @@ static int simple_call(dlshare_client *c, Dlshare__Frame *f,
 	return err;
 }
 
-static void send_abort(dlshare_client *c, const char *name, uint64_t version)
+/* Drops w's pending version. A clean-up after a failure: the failure is
+ * what the caller reports, so its message (dlshare_last_error) stays. */
+static void send_abort(dlshare_writer *w)
 {
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Abort a = DLSHARE__ABORT__INIT;
+	char why[256];
 
-	a.name = (char *)name;
-	a.version = version;
+	snprintf(why, sizeof(why), "%s", dlshare_last_error());
+	a.name = w->name;
+	a.version = w->version;
+	a.has_writer = w->writer != 0;
+	a.writer = w->writer;
 	f.body_case = DLSHARE__FRAME__BODY_ABORT;
 	f.abort = &a;
 	/* Failure leaves a pending version that dies with the connection. */
-	simple_call(c, &f, DLSHARE__FRAME__BODY_OK);
+	simple_call(w->c, &f, DLSHARE__FRAME__BODY_OK);
+	errmsg_set(why);
 }
 
 /* Drops the writable mapping (and its CUDA registration). A device
@@ -254,6 +265,7 @@ int dlshare_create(dlshare_client *c, const char *name,
 	}
 	rep = r.msg->frame->create_reply;
 	w->version = rep->version;
+	w->writer = rep->has_writer ? rep->writer : 0;
 	w->size = total;
 	if (dev.type == kDLCUDA) {
 		Dlshare__Buffer *wb = rep->buffers[0];
@@ -274,7 +286,7 @@ int dlshare_create(dlshare_client *c, const char *name,
 						&w->dev);
 		reply_free(c, &r);
 		if (err) {
-			send_abort(c, w->name, w->version);
+			send_abort(w);
 			w->lease = 0; /* the abort took it */
 			goto fail;
 		}
@@ -286,7 +298,7 @@ int dlshare_create(dlshare_client *c, const char *name,
 		if (rep->buffers[0]->size < total ||
 		    rep->buffers[0]->size > SIZE_MAX) {
 			reply_free(c, &r);
-			send_abort(c, w->name, w->version);
+			send_abort(w);
 			err = DLSHARE_EPROTO;
 			goto fail;
 		}
@@ -296,7 +308,7 @@ int dlshare_create(dlshare_client *c, const char *name,
 		if (w->base == MAP_FAILED) {
 			w->base = NULL;
 			reply_free(c, &r);
-			send_abort(c, w->name, w->version);
+			send_abort(w);
 			err = DLSHARE_ENOMEM;
 			goto fail;
 		}
@@ -306,7 +318,7 @@ int dlshare_create(dlshare_client *c, const char *name,
 		err = cuda_host_register(w->base, w->size, 0);
 		if (err) {
 			writer_unmap(w);
-			send_abort(c, w->name, w->version);
+			send_abort(w);
 			goto fail;
 		}
 		w->cuda_host = 1;
@@ -421,6 +433,8 @@ int dlshare_seal(dlshare_writer *w, void *stream, uint64_t *version)
 		return DLSHARE_EINVAL;
 	s.name = w->name;
 	s.version = w->version;
+	s.has_writer = w->writer != 0;
+	s.writer = w->writer;
 	if (w->dev) {
 		/* Consumers' streams will wait for what the producer's
 		 * stream has queued so far: the host does not. */
@@ -443,8 +457,12 @@ int dlshare_seal(dlshare_writer *w, void *stream, uint64_t *version)
 	f.body_case = DLSHARE__FRAME__BODY_SEAL;
 	f.seal = &s;
 	err = simple_call(w->c, &f, DLSHARE__FRAME__BODY_SEAL_REPLY);
-	if (err && err != DLSHARE_ECONN && err != DLSHARE_ECLOSED)
-		send_abort(w->c, w->name, w->version);
+	/* A version that stayed pending (EBUSY, no memory for the event) is
+	 * dropped; one the daemon did not find (deleted, or sealed) is no
+	 * longer ours to drop. */
+	if (err && err != DLSHARE_ENOENT && err != DLSHARE_ESTATE &&
+	    err != DLSHARE_ECONN && err != DLSHARE_ECLOSED)
+		send_abort(w);
 	if (err && kept)
 		seal_event_drop(w->c, kept);
 	if (!err && version)
@@ -460,7 +478,7 @@ void dlshare_writer_abort(dlshare_writer *w)
 	if (!w)
 		return;
 	writer_unmap(w);
-	send_abort(w->c, w->name, w->version);
+	send_abort(w);
 	writer_free(w);
 }
 

@@ -464,7 +464,8 @@ static void create_finish(struct conn *c, uint64_t id,
 			continue;
 		d = calloc(1, sizeof(*d));
 		if (!d) {
-			registry_abort(&s->reg, &c->owner, m->name, v->number);
+			registry_abort(&s->reg, &c->owner, m->name, v->number,
+				       v->writer);
 			reply_err(c, id, -ENOMEM, "create", m->name);
 			return;
 		}
@@ -481,11 +482,14 @@ static void create_finish(struct conn *c, uint64_t id,
 	if (!err && wire_version_fill(&w, v, attach))
 		err = -ENOMEM;
 	if (err) {
-		registry_abort(&s->reg, &c->owner, m->name, v->number);
+		registry_abort(&s->reg, &c->owner, m->name, v->number,
+			       v->writer);
 		reply_err(c, id, err, "create", m->name);
 		return;
 	}
 	r.version = v->number;
+	r.has_writer = 1;
+	r.writer = v->writer;
 	r.n_buffers = v->nbuffers;
 	r.buffers = w.bp;
 	if (ipc) {
@@ -699,15 +703,38 @@ static void handle_create(struct conn *c, const Dlshare__Frame *f,
 	create_finish(c, f->id, m, NULL);
 }
 
+/* The answer to a Seal or Abort that found no pending version: which one
+ * it looked for, and the ways it can have gone. */
+static void reply_no_pending(struct conn *c, uint64_t id, const char *what,
+			     const char *name, uint64_t number,
+			     uint64_t writer)
+{
+	if (writer)
+		conn_send_error(c, id, DLSHARE_ENOENT,
+				"%s %s version %llu: writer %llu has no pending version on this connection (sealed, aborted, or its name was deleted)",
+				what, name, (unsigned long long)number,
+				(unsigned long long)writer);
+	else
+		conn_send_error(c, id, DLSHARE_ENOENT,
+				"%s %s version %llu: no pending version of this connection",
+				what, name, (unsigned long long)number);
+}
+
 static void handle_seal(struct conn *c, uint64_t id, const Dlshare__Seal *m)
 {
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__SealReply r = DLSHARE__SEAL_REPLY__INIT;
+	uint64_t writer = m->has_writer ? m->writer : 0;
 	int err;
 
 	err = registry_seal(&c->srv->reg, &c->owner, m->name, m->version,
+			    writer,
 			    m->has_event_handle ? m->event_handle.data : NULL,
 			    m->has_event_handle ? m->event_handle.len : 0);
+	if (err == -ENOENT) {
+		reply_no_pending(c, id, "seal", m->name, m->version, writer);
+		return;
+	}
 	if (err) {
 		reply_err(c, id, err, "seal", m->name);
 		return;
@@ -720,9 +747,13 @@ static void handle_seal(struct conn *c, uint64_t id, const Dlshare__Seal *m)
 
 static void handle_abort(struct conn *c, uint64_t id, const Dlshare__Abort *m)
 {
-	int err = registry_abort(&c->srv->reg, &c->owner, m->name, m->version);
+	uint64_t writer = m->has_writer ? m->writer : 0;
+	int err = registry_abort(&c->srv->reg, &c->owner, m->name, m->version,
+				 writer);
 
-	if (err)
+	if (err == -ENOENT)
+		reply_no_pending(c, id, "abort", m->name, m->version, writer);
+	else if (err)
 		reply_err(c, id, err, "abort", m->name);
 	else
 		reply_ok(c, id);
