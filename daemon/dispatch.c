@@ -1196,9 +1196,30 @@ static void handle_stats(struct conn *c, uint64_t id)
 	reply(c, id, &f);
 }
 
-void dispatch_frame(struct conn *c, Dlshare__Frame *f, int *fds,
+/* Refuses a request with a NUL inside one of its strings: the daemon reads
+ * strings up to their first NUL, and "ok\0../x" must not pass as "ok". */
+static int refuse_nul(struct conn *c, const struct wire_msg *m)
+{
+	const Dlshare__Frame *f = m->frame;
+	const ProtobufCFieldDescriptor *body;
+
+	if (!m->nul_field)
+		return 0;
+	body = protobuf_c_message_descriptor_get_field(
+		&dlshare__frame__descriptor, (unsigned)f->body_case);
+	if (f->id)
+		conn_send_error(c, f->id, DLSHARE_EINVAL,
+				"%s: the string %s.%s holds a NUL byte",
+				body ? body->name : "request",
+				m->nul_in->short_name, m->nul_field->name);
+	return 1;
+}
+
+void dispatch_frame(struct conn *c, const struct wire_msg *m, int *fds,
 		    unsigned nfds)
 {
+	Dlshare__Frame *f = m->frame;
+
 	if (!c->hello && f->body_case != DLSHARE__FRAME__BODY_HELLO) {
 		wire_close_fds(fds, nfds);
 		conn_send_error(c, f->id, DLSHARE_EPROTO,
@@ -1225,6 +1246,10 @@ void dispatch_frame(struct conn *c, Dlshare__Frame *f, int *fds,
 	/* Releases riding on a request go first, as if sent before it; an
 	 * unknown one is only logged (the request has its own answer). */
 	release_leases(c, f->releases, f->n_releases);
+	if (refuse_nul(c, m)) {
+		wire_close_fds(fds, nfds);
+		return;
+	}
 	switch (f->body_case) {
 	case DLSHARE__FRAME__BODY_HELLO:
 		handle_hello(c, f->id, f->hello);
