@@ -86,6 +86,24 @@ static void wire_tensor_set(Dlshare__Tensor *wt, const char *key,
 	wt->offset = offset;
 }
 
+/* The daemon's answer to tensors that share a key, given before asking
+ * it. Returns 0, DLSHARE_EINVAL (with the message) or DLSHARE_ENOMEM. */
+static int keys_unique(Dlshare__Tensor *const *t, size_t n)
+{
+	char msg[320];
+	size_t a, b;
+	int err = check_keys(t, n, &a, &b);
+
+	if (err == -EINVAL) {
+		snprintf(msg, sizeof(msg),
+			 "tensors %zu and %zu have the same key \"%s\"", a, b,
+			 t[a]->key);
+		errmsg_set(msg);
+		return DLSHARE_EINVAL;
+	}
+	return err ? DLSHARE_ENOMEM : 0;
+}
+
 static int simple_call(dlshare_client *c, Dlshare__Frame *f,
 		       Dlshare__Frame__BodyCase want)
 {
@@ -226,6 +244,8 @@ int dlshare_create(dlshare_client *c, const char *name,
 		wire_tensor_set(&wt.t[i], s->key, s->dtype, s->ndim, t->shape,
 				NULL, 0, t->t.byte_offset);
 	}
+	if ((err = keys_unique(wt.tp, n)))
+		goto fail;
 	/* kDLCUDAHost: host memory that both sides register with CUDA. */
 	dev.type = opts ? (uint32_t)opts->device.device_type : kDLCPU;
 	buf.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
@@ -767,6 +787,8 @@ static int publish_export(dlshare_client *c, const char *name,
 				(uint64_t)((char *)t->data + t->byte_offset -
 					   (char *)xs[b].base));
 	}
+	if ((err = keys_unique(wt.tp, n)))
+		goto out;
 	/* Consumers' streams will wait for what the producer's stream has
 	 * queued so far: the data is ready when their kernels run. */
 	if (ncuda) {

@@ -684,6 +684,31 @@ static void create_gpu(struct conn *c, uint64_t id, const Dlshare__Create *m)
 	c->nparked++;
 }
 
+/* Refuses a version two of whose tensors share a key: the second would be
+ * reachable only by its index. Over max_tensors the registry refuses it
+ * anyway, and nothing is allocated for it here. Returns 1 when it
+ * answered. */
+static int refuse_same_keys(struct conn *c, uint64_t id, const char *what,
+			    const char *name, Dlshare__Tensor *const *t,
+			    size_t n)
+{
+	size_t a, b;
+	int err;
+
+	if (n > c->srv->reg.limits.max_tensors)
+		return 0;
+	err = check_keys(t, n, &a, &b);
+	if (!err)
+		return 0;
+	if (err == -EINVAL)
+		conn_send_error(c, id, DLSHARE_EINVAL,
+				"%s %s: tensors %zu and %zu have the same key \"%s\"",
+				what, name, a, b, t[a]->key);
+	else
+		reply_err(c, id, err, what, name);
+	return 1;
+}
+
 static void handle_create(struct conn *c, const Dlshare__Frame *f,
 			  const Dlshare__Create *m)
 {
@@ -695,6 +720,9 @@ static void handle_create(struct conn *c, const Dlshare__Frame *f,
 		reply_err(c, f->id, -E2BIG, "create", m->name);
 		return;
 	}
+	if (refuse_same_keys(c, f->id, "create", m->name, m->tensors,
+			     m->n_tensors))
+		return;
 	for (size_t i = 0; i < m->n_buffers; i++)
 		if (is_gpu_buffer(m->buffers[i])) {
 			create_gpu(c, f->id, m);
@@ -777,7 +805,13 @@ static void handle_publish(struct conn *c, const Dlshare__Frame *f,
 	int err;
 
 	if (m->n_buffers > REGISTRY_BUFFERS_HARD_MAX) {
+		wire_close_fds(fds, nfds);
 		reply_err(c, f->id, -E2BIG, "publish", m->name);
+		return;
+	}
+	if (refuse_same_keys(c, f->id, "publish", m->name, m->tensors,
+			     m->n_tensors)) {
+		wire_close_fds(fds, nfds);
 		return;
 	}
 	/* The packet's fds belong to the buffers that say fd_attached, in
