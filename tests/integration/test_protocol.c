@@ -829,14 +829,16 @@ static void goodbye_forgets_events(void **state)
 static int send_nul(int sock, Dlshare__Frame *f, const int *fds,
 		    unsigned nfds, char *msg, size_t msglen)
 {
-	size_t len = dlshare__frame__get_packed_size(f), marks = 0;
-	uint8_t *buf = malloc(len);
+	size_t len, marks = 0;
 	struct wire_msg *m;
+	uint8_t *buf;
 	int ret = 0;
 
-	assert_non_null(buf);
 	f->nfds = nfds;
 	f->has_nfds = nfds > 0;
+	len = dlshare__frame__get_packed_size(f);
+	buf = malloc(len);
+	assert_non_null(buf);
 	len = dlshare__frame__pack(f, buf);
 	for (size_t i = 0; i + 5 <= len; i++)
 		if (memcmp(buf + i, NUL_MARK, 5) == 0) {
