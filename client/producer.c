@@ -24,6 +24,9 @@ struct dlshare_writer {
 	dlshare_client *c;
 	char name[CHECK_NAME_MAX + 1];
 	uint64_t version;
+	uint64_t writer;         /* CreateReply.writer: what Seal and Abort
+				  * name the version by (0: a daemon before
+				  * 1.3, which goes by name and version) */
 	void *base;
 	int cuda_host;           /* base is registered with CUDA */
 	struct ibuf *dev;        /* device buffer: the library's mapping */
@@ -83,6 +86,24 @@ static void wire_tensor_set(Dlshare__Tensor *wt, const char *key,
 	wt->offset = offset;
 }
 
+/* The daemon's answer to tensors that share a key, given before asking
+ * it. Returns 0, DLSHARE_EINVAL (with the message) or DLSHARE_ENOMEM. */
+static int keys_unique(Dlshare__Tensor *const *t, size_t n)
+{
+	char msg[320];
+	size_t a, b;
+	int err = check_keys(t, n, &a, &b);
+
+	if (err == -EINVAL) {
+		snprintf(msg, sizeof(msg),
+			 "tensors %zu and %zu have the same key \"%s\"", a, b,
+			 t[a]->key);
+		errmsg_set(msg);
+		return DLSHARE_EINVAL;
+	}
+	return err ? DLSHARE_ENOMEM : 0;
+}
+
 static int simple_call(dlshare_client *c, Dlshare__Frame *f,
 		       Dlshare__Frame__BodyCase want)
 {
@@ -97,23 +118,24 @@ static int simple_call(dlshare_client *c, Dlshare__Frame *f,
 	return err;
 }
 
-static void send_abort(dlshare_client *c, const char *name, uint64_t version)
+/* Drops w's pending version. A clean-up after a failure: the failure is
+ * what the caller reports, so its message (dlshare_last_error) stays. */
+static void send_abort(dlshare_writer *w)
 {
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Abort a = DLSHARE__ABORT__INIT;
+	char why[256];
 
-	char msg[256];
-
-	a.name = (char *)name;
-	a.version = version;
+	snprintf(why, sizeof(why), "%s", dlshare_last_error());
+	a.name = w->name;
+	a.version = w->version;
+	a.has_writer = w->writer != 0;
+	a.writer = w->writer;
 	f.body_case = DLSHARE__FRAME__BODY_ABORT;
 	f.abort = &a;
-	/* The caller reports why it aborts (a failed seal: the daemon's
-	 * words), not how the abort went. */
-	snprintf(msg, sizeof(msg), "%s", dlshare_last_error());
 	/* Failure leaves a pending version that dies with the connection. */
-	simple_call(c, &f, DLSHARE__FRAME__BODY_OK);
-	errmsg_set(msg);
+	simple_call(w->c, &f, DLSHARE__FRAME__BODY_OK);
+	errmsg_set(why);
 }
 
 /* Drops the writable mapping (and its CUDA registration). A device
@@ -234,6 +256,8 @@ int dlshare_create(dlshare_client *c, const char *name,
 		wire_tensor_set(&wt.t[i], s->key, s->dtype, s->ndim, t->shape,
 				NULL, 0, t->t.byte_offset);
 	}
+	if ((err = keys_unique(wt.tp, n)))
+		goto fail;
 	/* kDLCUDAHost: host memory that both sides register with CUDA. */
 	dev.type = opts ? (uint32_t)opts->device.device_type : kDLCPU;
 	buf.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
@@ -273,6 +297,7 @@ int dlshare_create(dlshare_client *c, const char *name,
 	}
 	rep = r.msg->frame->create_reply;
 	w->version = rep->version;
+	w->writer = rep->has_writer ? rep->writer : 0;
 	w->size = total;
 	if (dev.type == kDLCUDA) {
 		Dlshare__Buffer *wb = rep->buffers[0];
@@ -293,7 +318,7 @@ int dlshare_create(dlshare_client *c, const char *name,
 						&w->dev);
 		reply_free(c, &r);
 		if (err) {
-			send_abort(c, w->name, w->version);
+			send_abort(w);
 			w->lease = 0; /* the abort took it */
 			goto fail;
 		}
@@ -305,7 +330,7 @@ int dlshare_create(dlshare_client *c, const char *name,
 		if (rep->buffers[0]->size < total ||
 		    rep->buffers[0]->size > SIZE_MAX) {
 			reply_free(c, &r);
-			send_abort(c, w->name, w->version);
+			send_abort(w);
 			err = DLSHARE_EPROTO;
 			goto fail;
 		}
@@ -317,7 +342,7 @@ int dlshare_create(dlshare_client *c, const char *name,
 		if (w->base == MAP_FAILED) {
 			w->base = NULL;
 			reply_free(c, &r);
-			send_abort(c, w->name, w->version);
+			send_abort(w);
 			err = DLSHARE_ENOMEM;
 			goto fail;
 		}
@@ -327,7 +352,7 @@ int dlshare_create(dlshare_client *c, const char *name,
 		err = cuda_host_register(w->base, w->size, 0);
 		if (err) {
 			writer_unmap(w);
-			send_abort(c, w->name, w->version);
+			send_abort(w);
 			goto fail;
 		}
 		w->cuda_host = 1;
@@ -449,6 +474,8 @@ int dlshare_seal(dlshare_writer *w, void *stream, uint64_t *version)
 	}
 	s.name = w->name;
 	s.version = w->version;
+	s.has_writer = w->writer != 0;
+	s.writer = w->writer;
 	if (w->dev) {
 		/* Consumers' streams will wait for what the producer's
 		 * stream has queued so far: the host does not. */
@@ -471,8 +498,12 @@ int dlshare_seal(dlshare_writer *w, void *stream, uint64_t *version)
 	f.body_case = DLSHARE__FRAME__BODY_SEAL;
 	f.seal = &s;
 	err = simple_call(w->c, &f, DLSHARE__FRAME__BODY_SEAL_REPLY);
-	if (err && err != DLSHARE_ECONN && err != DLSHARE_ECLOSED)
-		send_abort(w->c, w->name, w->version);
+	/* A version that stayed pending (EBUSY, no memory for the event) is
+	 * dropped; one the daemon did not find (deleted, or sealed) is no
+	 * longer ours to drop. */
+	if (err && err != DLSHARE_ENOENT && err != DLSHARE_ESTATE &&
+	    err != DLSHARE_ECONN && err != DLSHARE_ECLOSED)
+		send_abort(w);
 	if (err && kept)
 		seal_event_drop(w->c, kept);
 	if (!err && version)
@@ -492,7 +523,7 @@ void dlshare_writer_abort(dlshare_writer *w)
 		return;
 	}
 	writer_unmap(w);
-	send_abort(w->c, w->name, w->version);
+	send_abort(w);
 	writer_free(w);
 }
 
@@ -807,6 +838,8 @@ static int publish_export(dlshare_client *c, const char *name,
 				(uint64_t)((char *)t->data + t->byte_offset -
 					   (char *)xs[b].base));
 	}
+	if ((err = keys_unique(wt.tp, n)))
+		goto out;
 	/* Consumers' streams will wait for what the producer's stream has
 	 * queued so far: the data is ready when their kernels run. */
 	if (ncuda) {

@@ -335,7 +335,7 @@ static void conn_read(struct conn *c)
 			return;
 		}
 		s->requests++;
-		dispatch_frame(c, m->frame, fds, nfds);
+		dispatch_frame(c, m, fds, nfds);
 		wire_msg_free(m);
 	}
 }

@@ -479,7 +479,8 @@ static void create_finish(struct conn *c, uint64_t id,
 			continue;
 		d = calloc(1, sizeof(*d));
 		if (!d) {
-			registry_abort(&s->reg, &c->owner, m->name, v->number);
+			registry_abort(&s->reg, &c->owner, m->name, v->number,
+				       v->writer);
 			reply_err(c, id, -ENOMEM, "create", m->name);
 			return;
 		}
@@ -496,11 +497,14 @@ static void create_finish(struct conn *c, uint64_t id,
 	if (!err && wire_version_fill(&w, v, attach))
 		err = -ENOMEM;
 	if (err) {
-		registry_abort(&s->reg, &c->owner, m->name, v->number);
+		registry_abort(&s->reg, &c->owner, m->name, v->number,
+			       v->writer);
 		reply_err(c, id, err, "create", m->name);
 		return;
 	}
 	r.version = v->number;
+	r.has_writer = 1;
+	r.writer = v->writer;
 	r.n_buffers = v->nbuffers;
 	r.buffers = w.bp;
 	if (ipc) {
@@ -695,6 +699,31 @@ static void create_gpu(struct conn *c, uint64_t id, const Dlshare__Create *m)
 	c->nparked++;
 }
 
+/* Refuses a version two of whose tensors share a key: the second would be
+ * reachable only by its index. Over max_tensors the registry refuses it
+ * anyway, and nothing is allocated for it here. Returns 1 when it
+ * answered. */
+static int refuse_same_keys(struct conn *c, uint64_t id, const char *what,
+			    const char *name, Dlshare__Tensor *const *t,
+			    size_t n)
+{
+	size_t a, b;
+	int err;
+
+	if (n > c->srv->reg.limits.max_tensors)
+		return 0;
+	err = check_keys(t, n, &a, &b);
+	if (!err)
+		return 0;
+	if (err == -EINVAL)
+		conn_send_error(c, id, DLSHARE_EINVAL,
+				"%s %s: tensors %zu and %zu have the same key \"%s\"",
+				what, name, a, b, t[a]->key);
+	else
+		reply_err(c, id, err, what, name);
+	return 1;
+}
+
 static void handle_create(struct conn *c, const Dlshare__Frame *f,
 			  const Dlshare__Create *m)
 {
@@ -706,6 +735,9 @@ static void handle_create(struct conn *c, const Dlshare__Frame *f,
 		reply_err(c, f->id, -E2BIG, "create", m->name);
 		return;
 	}
+	if (refuse_same_keys(c, f->id, "create", m->name, m->tensors,
+			     m->n_tensors))
+		return;
 	for (size_t i = 0; i < m->n_buffers; i++)
 		if (is_gpu_buffer(m->buffers[i])) {
 			create_gpu(c, f->id, m);
@@ -714,15 +746,38 @@ static void handle_create(struct conn *c, const Dlshare__Frame *f,
 	create_finish(c, f->id, m, NULL);
 }
 
+/* The answer to a Seal or Abort that found no pending version: which one
+ * it looked for, and the ways it can have gone. */
+static void reply_no_pending(struct conn *c, uint64_t id, const char *what,
+			     const char *name, uint64_t number,
+			     uint64_t writer)
+{
+	if (writer)
+		conn_send_error(c, id, DLSHARE_ENOENT,
+				"%s %s version %llu: writer %llu has no pending version on this connection (sealed, aborted, or its name was deleted)",
+				what, name, (unsigned long long)number,
+				(unsigned long long)writer);
+	else
+		conn_send_error(c, id, DLSHARE_ENOENT,
+				"%s %s version %llu: no pending version of this connection",
+				what, name, (unsigned long long)number);
+}
+
 static void handle_seal(struct conn *c, uint64_t id, const Dlshare__Seal *m)
 {
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__SealReply r = DLSHARE__SEAL_REPLY__INIT;
+	uint64_t writer = m->has_writer ? m->writer : 0;
 	int err;
 
 	err = registry_seal(&c->srv->reg, &c->owner, m->name, m->version,
+			    writer,
 			    m->has_event_handle ? m->event_handle.data : NULL,
 			    m->has_event_handle ? m->event_handle.len : 0);
+	if (err == -ENOENT) {
+		reply_no_pending(c, id, "seal", m->name, m->version, writer);
+		return;
+	}
 	if (err) {
 		reply_err(c, id, err, "seal", m->name);
 		return;
@@ -735,9 +790,13 @@ static void handle_seal(struct conn *c, uint64_t id, const Dlshare__Seal *m)
 
 static void handle_abort(struct conn *c, uint64_t id, const Dlshare__Abort *m)
 {
-	int err = registry_abort(&c->srv->reg, &c->owner, m->name, m->version);
+	uint64_t writer = m->has_writer ? m->writer : 0;
+	int err = registry_abort(&c->srv->reg, &c->owner, m->name, m->version,
+				 writer);
 
-	if (err)
+	if (err == -ENOENT)
+		reply_no_pending(c, id, "abort", m->name, m->version, writer);
+	else if (err)
 		reply_err(c, id, err, "abort", m->name);
 	else
 		reply_ok(c, id);
@@ -761,7 +820,13 @@ static void handle_publish(struct conn *c, const Dlshare__Frame *f,
 	int err;
 
 	if (m->n_buffers > REGISTRY_BUFFERS_HARD_MAX) {
+		wire_close_fds(fds, nfds);
 		reply_err(c, f->id, -E2BIG, "publish", m->name);
+		return;
+	}
+	if (refuse_same_keys(c, f->id, "publish", m->name, m->tensors,
+			     m->n_tensors)) {
+		wire_close_fds(fds, nfds);
 		return;
 	}
 	/* The packet's fds belong to the buffers that say fd_attached, in
@@ -1180,9 +1245,30 @@ static void handle_stats(struct conn *c, uint64_t id)
 	reply(c, id, &f);
 }
 
-void dispatch_frame(struct conn *c, Dlshare__Frame *f, int *fds,
+/* Refuses a request with a NUL inside one of its strings: the daemon reads
+ * strings up to their first NUL, and "ok\0../x" must not pass as "ok". */
+static int refuse_nul(struct conn *c, const struct wire_msg *m)
+{
+	const Dlshare__Frame *f = m->frame;
+	const ProtobufCFieldDescriptor *body;
+
+	if (!m->nul_field)
+		return 0;
+	body = protobuf_c_message_descriptor_get_field(
+		&dlshare__frame__descriptor, (unsigned)f->body_case);
+	if (f->id)
+		conn_send_error(c, f->id, DLSHARE_EINVAL,
+				"%s: the string %s.%s holds a NUL byte",
+				body ? body->name : "request",
+				m->nul_in->short_name, m->nul_field->name);
+	return 1;
+}
+
+void dispatch_frame(struct conn *c, const struct wire_msg *m, int *fds,
 		    unsigned nfds)
 {
+	Dlshare__Frame *f = m->frame;
+
 	if (!c->hello && f->body_case != DLSHARE__FRAME__BODY_HELLO) {
 		wire_close_fds(fds, nfds);
 		conn_send_error(c, f->id, DLSHARE_EPROTO,
@@ -1209,6 +1295,10 @@ void dispatch_frame(struct conn *c, Dlshare__Frame *f, int *fds,
 	/* Releases riding on a request go first, as if sent before it; an
 	 * unknown one is only logged (the request has its own answer). */
 	release_leases(c, f->releases, f->n_releases);
+	if (refuse_nul(c, m)) {
+		wire_close_fds(fds, nfds);
+		return;
+	}
 	switch (f->body_case) {
 	case DLSHARE__FRAME__BODY_HELLO:
 		handle_hello(c, f->id, f->hello);

@@ -8,9 +8,10 @@
 #include "conn.h"
 #include "registry.h"
 
-/* Handles one decoded frame of c. Takes over fds (closed or kept). c may be
- * closing on return. */
-void dispatch_frame(struct conn *c, Dlshare__Frame *f, int *fds,
+/* Handles one decoded frame of c (a request with a NUL inside a string is
+ * refused, see wire_msg.nul_field). Takes over fds (closed or kept). c may
+ * be closing on return. */
+void dispatch_frame(struct conn *c, const struct wire_msg *m, int *fds,
 		    unsigned nfds);
 
 /* Cancels the parked gets of a closing conn. */

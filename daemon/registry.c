@@ -77,6 +77,7 @@ void registry_init(struct registry *r, const struct registry_limits *l,
 	r->limits = *l;
 	r->ops = ops;
 	r->ud = ud;
+	r->next_writer_id = 1;
 	r->next_buffer_id = 1;
 	r->next_lease_id = 1;
 }
@@ -166,6 +167,8 @@ static void version_destroy(struct registry *r, struct version *v)
 
 	if (producer)
 		DL_DELETE2(producer->versions, v, oprev, onext);
+	if (v->writer)
+		HASH_DELETE(wh, r->writers, v);
 	DL_DELETE(e->versions, v);
 	e->nversions--;
 	r->nversions--;
@@ -186,8 +189,10 @@ static int version_reachable(const struct version *v)
 {
 	/* Alive while its publication is being announced, whatever the
 	 * callback does with leases. */
-	if (v->state == VERSION_PENDING || v->publishing)
+	if (v->publishing)
 		return 1;
+	if (v->state == VERSION_PENDING)
+		return !v->withdrawn;
 	return !v->entry->detached && v->entry->latest == v;
 }
 
@@ -649,6 +654,12 @@ int registry_add(struct registry *r, struct registry_owner *o,
 	v->producer = o;
 	v->exported = exported;
 	v->state = exported ? VERSION_SEALED : VERSION_PENDING;
+	/* Version numbers restart after a Delete: a pending version is
+	 * named by an id that never does. */
+	if (!exported) {
+		v->writer = r->next_writer_id++;
+		HASH_ADD(wh, r->writers, writer, sizeof(v->writer), v);
+	}
 	DL_APPEND(e->versions, v);
 	DL_APPEND2(o->versions, v, oprev, onext);
 	e->nversions++;
@@ -688,19 +699,52 @@ static struct version *entry_version(struct entry *e, uint64_t number)
 	return NULL;
 }
 
-int registry_seal(struct registry *r, struct registry_owner *o,
-		  const char *name, uint64_t number, const uint8_t *event,
-		  size_t event_len)
+struct version *registry_pending(struct registry *r, struct registry_owner *o,
+				 const char *name, uint64_t number,
+				 uint64_t writer, int *err)
 {
-	struct entry *e = registry_entry(r, name);
-	struct version *v = e ? entry_version(e, number) : NULL;
+	struct entry *e;
+	struct version *v = NULL;
+
+	*err = -ENOENT;
+	if (writer) {
+		/* Another connection's writer id finds nothing: the same
+		 * answer as one never handed out. */
+		HASH_FIND(wh, r->writers, &writer, sizeof(writer), v);
+		if (!v || v->state != VERSION_PENDING || v->withdrawn ||
+		    v->producer != o || v->number != number ||
+		    strcmp(v->entry->name, name) != 0)
+			return NULL;
+		*err = 0;
+		return v;
+	}
+	e = registry_entry(r, name);
+	v = e ? entry_version(e, number) : NULL;
+	if (!v)
+		return NULL;
+	if (v->state == VERSION_PENDING) {
+		if (v->producer != o || v->withdrawn)
+			return NULL;
+		*err = 0;
+		return v;
+	}
+	/* Sealed: that much a reader could learn anyway; to anyone else
+	 * the version does not exist. */
+	if (registry_may(e, o, 4))
+		*err = -EALREADY;
+	return NULL;
+}
+
+int registry_seal(struct registry *r, struct registry_owner *o,
+		  const char *name, uint64_t number, uint64_t writer,
+		  const uint8_t *event, size_t event_len)
+{
 	uint8_t *ev = NULL;
+	struct version *v;
 	int err;
 
-	if (!v || (v->state == VERSION_PENDING && v->producer != o))
-		return -ENOENT;
-	if (v->state != VERSION_PENDING)
-		return -EALREADY;
+	if (!(v = registry_pending(r, o, name, number, writer, &err)))
+		return err;
 	if (event_len > REGISTRY_HANDLE_MAX)
 		return -EINVAL;
 	/* Host buffers are usually sealed with no event: it costs memory only
@@ -734,13 +778,13 @@ static void lease_drop(struct registry *r, struct registry_owner *o,
 		       struct lease *l);
 
 int registry_abort(struct registry *r, struct registry_owner *o,
-		   const char *name, uint64_t number)
+		   const char *name, uint64_t number, uint64_t writer)
 {
-	struct entry *e = registry_entry(r, name);
-	struct version *v = e ? entry_version(e, number) : NULL;
+	struct version *v;
+	int err;
 
-	if (!v || v->state != VERSION_PENDING || v->producer != o)
-		return -ENOENT;
+	if (!(v = registry_pending(r, o, name, number, writer, &err)))
+		return err;
 	/* A writer lease (daemon-owned cuda-ipc memory) goes with it. */
 	while (v->lease_list)
 		lease_drop(r, v->lease_list->owner, v->lease_list);
@@ -874,12 +918,15 @@ int registry_delete(struct registry *r, struct registry_owner *o,
 		e->usage = NULL;
 	}
 	e->latest = NULL;
-	/* The last version to die frees e; do not touch e after the loop. */
+	/* Pending versions are withdrawn: their writers' Seals find nothing.
+	 * One that a writer lease holds (daemon-owned cuda-ipc memory, which
+	 * its writer still maps) dies when that lease goes, like a sealed
+	 * version under a reader's lease. The last version to die frees e;
+	 * do not touch e after the loop. */
 	DL_FOREACH_SAFE(e->versions, v, tmp) {
 		if (v->state == VERSION_PENDING)
-			version_destroy(r, v);
-		else
-			version_check(r, v);
+			v->withdrawn = 1;
+		version_check(r, v);
 	}
 	return 0;
 }

@@ -90,6 +90,10 @@ struct entry;
 struct version {
 	struct entry *entry;
 	uint64_t number;
+	uint64_t writer;         /* store mode: the identity of the pending
+				  * version (registry_pending), daemon-wide,
+				  * never reused; 0 for an export */
+	UT_hash_handle wh;       /* registry->writers, when writer is set */
 	struct registry_owner *producer; /* pending, exported, or sealed with
 					  * its CUDA event; else NULL */
 	uint64_t bytes;
@@ -107,6 +111,9 @@ struct version {
 	uint8_t state;           /* enum version_state */
 	uint8_t exported;        /* producer memory: retired back to it */
 	uint8_t publishing;      /* in ops->published */
+	uint8_t withdrawn;       /* pending, but its name was deleted: no Seal
+				  * or Abort reaches it, and it lives only
+				  * while a writer lease holds it */
 	struct rtensor tensors[];
 };
 
@@ -208,6 +215,8 @@ struct registry {
 	const char *why;          /* which limit the last -EDQUOT/-ENOSPC hit */
 	struct entry *names;
 	struct entry *detached;   /* deleted names whose versions live on */
+	struct version *writers;  /* store versions by writer id */
+	uint64_t next_writer_id;
 	uint64_t next_buffer_id;
 	uint64_t next_lease_id;
 	uint64_t nnames, nversions, nleases, nbuffers, bytes, owned_bytes;
@@ -281,19 +290,31 @@ int registry_add(struct registry *r, struct registry_owner *o,
 		 const struct registry_spec *spec, int exported,
 		 struct version **out);
 
-/* Seals pending version number of name, created by o: host buffers get
- * F_SEAL_WRITE, and the version becomes visible (the newest one if nothing
- * newer was sealed meanwhile). Returns 0, -ENOENT (no such pending version
- * of o), -EALREADY (already sealed), -EINVAL (event_len over
- * REGISTRY_HANDLE_MAX), -EBUSY (a writable mapping of a buffer is still
- * alive; the version stays pending), -ENOMEM (no room for the event). */
-int registry_seal(struct registry *r, struct registry_owner *o,
-		  const char *name, uint64_t number, const uint8_t *event,
-		  size_t event_len);
+/* Finds the pending version o created that a Seal or Abort names: by
+ * writer, the id registry_add gave it (name and number must match too), or,
+ * when writer is 0 (a client before protocol 1.3), by name and number,
+ * which a Delete and a Create of the same name make ambiguous. Returns it,
+ * or NULL with *err -ENOENT (no such pending version of o), or -EALREADY
+ * (found by name and number, sealed, and o may read it: to a peer that
+ * may not, a sealed version does not exist). */
+struct version *registry_pending(struct registry *r, struct registry_owner *o,
+				 const char *name, uint64_t number,
+				 uint64_t writer, int *err);
 
-/* Drops a pending version of o. Returns 0 or -ENOENT. */
+/* Seals the pending version registry_pending finds: host buffers get
+ * F_SEAL_WRITE, and the version becomes visible (the newest one if nothing
+ * newer was sealed meanwhile). Returns 0, the errors of registry_pending,
+ * -EINVAL (event_len over REGISTRY_HANDLE_MAX), -EBUSY (a writable mapping
+ * of a buffer is still alive; the version stays pending), -ENOMEM (no room
+ * for the event). */
+int registry_seal(struct registry *r, struct registry_owner *o,
+		  const char *name, uint64_t number, uint64_t writer,
+		  const uint8_t *event, size_t event_len);
+
+/* Drops the pending version registry_pending finds. Returns 0 or its
+ * errors. */
 int registry_abort(struct registry *r, struct registry_owner *o,
-		   const char *name, uint64_t number);
+		   const char *name, uint64_t number, uint64_t writer);
 
 enum registry_select { REG_LATEST, REG_EXACT, REG_NEWER_THAN };
 

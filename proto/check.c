@@ -2,9 +2,16 @@
 #include "check.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <dlpack/dlpack.h>
+
+/* check_keys runs in the daemon and in the library: out of memory is an
+ * answer (its oom is set), never an exit. */
+#define HASH_NONFATAL_OOM 1
+#define uthash_nonfatal_oom(e) (oom = 1)
+#include <uthash.h>
 
 static int name_char_ok(char c)
 {
@@ -161,4 +168,47 @@ int check_tensor(const Dlshare__Tensor *t, const uint64_t *sizes,
 	if (first < 0 || (uint64_t)end > size)
 		return -EINVAL;
 	return 0;
+}
+
+/* One named tensor in check_keys' set. */
+struct key_seen {
+	size_t index;
+	UT_hash_handle hh;
+};
+
+int check_keys(Dlshare__Tensor *const *t, size_t n, size_t *first,
+	       size_t *second)
+{
+	struct key_seen *seen, *set = NULL, *found;
+	int oom = 0, err = 0;
+
+	if (n < 2)
+		return 0;
+	seen = calloc(n, sizeof(*seen));
+	if (!seen)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		const char *k = t[i]->key;
+		size_t len;
+
+		if (!k || !*k)
+			continue;
+		len = strlen(k);
+		HASH_FIND(hh, set, k, len, found);
+		if (found) {
+			*first = found->index;
+			*second = i;
+			err = -EINVAL;
+			break;
+		}
+		seen[i].index = i;
+		HASH_ADD_KEYPTR(hh, set, k, len, &seen[i]);
+		if (oom) {
+			err = -ENOMEM;
+			break;
+		}
+	}
+	HASH_CLEAR(hh, set);
+	free(seen);
+	return err;
 }

@@ -39,4 +39,11 @@ int check_compact_bytes(const int64_t *shape, size_t ndim, uint64_t elem,
 int check_tensor(const Dlshare__Tensor *t, const uint64_t *sizes,
 		 size_t nbuffers);
 
+/* Whether the keys of n tensors are unique (empty and absent keys, the
+ * unnamed tensors, may repeat), in O(n). Returns 0; -EINVAL when two
+ * tensors share a key, *first and *second their indices (the key is
+ * t[*first]->key); -ENOMEM. */
+int check_keys(Dlshare__Tensor *const *t, size_t n, size_t *first,
+	       size_t *second);
+
 #endif

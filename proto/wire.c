@@ -169,6 +169,76 @@ static void capped_free(void *opaque, void *p)
 	free(b);
 }
 
+/* Reads a varint at p[*i..len) and moves *i past it. Returns 0, or -1
+ * when it does not end in time. */
+static int scan_varint(const uint8_t *p, size_t len, size_t *i, uint64_t *v)
+{
+	*v = 0;
+	for (unsigned shift = 0; *i < len && shift < 64; shift += 7) {
+		uint8_t b = p[(*i)++];
+
+		*v |= (uint64_t)(b & 0x7f) << shift;
+		if (!(b & 0x80))
+			return 0;
+	}
+	return -1;
+}
+
+/* Finds the first string field of the message d in p[0..len) whose bytes
+ * hold a NUL, looking into its submessages (the schema has no recursion,
+ * so the depth is the schema's). Sets *in to the message that has it.
+ * Only run on bytes that decoded, so any oddity just ends the scan.
+ * Returns the field, or NULL. */
+static const ProtobufCFieldDescriptor *
+string_with_nul(const ProtobufCMessageDescriptor *d, const uint8_t *p,
+		size_t len, const ProtobufCMessageDescriptor **in)
+{
+	size_t i = 0;
+
+	while (i < len) {
+		const ProtobufCFieldDescriptor *f, *sub;
+		uint64_t key, n;
+
+		if (scan_varint(p, len, &i, &key))
+			return NULL;
+		switch (key & 7) {
+		case PROTOBUF_C_WIRE_TYPE_VARINT:
+			if (scan_varint(p, len, &i, &n))
+				return NULL;
+			break;
+		case PROTOBUF_C_WIRE_TYPE_64BIT:
+			if (len - i < 8)
+				return NULL;
+			i += 8;
+			break;
+		case PROTOBUF_C_WIRE_TYPE_32BIT:
+			if (len - i < 4)
+				return NULL;
+			i += 4;
+			break;
+		case PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED:
+			if (scan_varint(p, len, &i, &n) || n > len - i ||
+			    (key >> 3) > UINT32_MAX)
+				return NULL;
+			f = protobuf_c_message_descriptor_get_field(
+				d, (unsigned)(key >> 3));
+			if (f && f->type == PROTOBUF_C_TYPE_STRING &&
+			    memchr(p + i, 0, n)) {
+				*in = d;
+				return f;
+			}
+			if (f && f->type == PROTOBUF_C_TYPE_MESSAGE &&
+			    (sub = string_with_nul(f->descriptor, p + i, n, in)))
+				return sub;
+			i += n;
+			break;
+		default:
+			return NULL;
+		}
+	}
+	return NULL;
+}
+
 int wire_decode(const uint8_t *data, size_t len, struct wire_msg **out)
 {
 	struct wire_msg *m = calloc(1, sizeof(*m));
@@ -184,6 +254,8 @@ int wire_decode(const uint8_t *data, size_t len, struct wire_msg **out)
 		free(m);
 		return -EPROTO;
 	}
+	m->nul_field = string_with_nul(&dlshare__frame__descriptor, data, len,
+				       &m->nul_in);
 	*out = m;
 	return 0;
 }

@@ -14,7 +14,7 @@
 #include "dlshare.pb-c.h"
 
 #define WIRE_PROTO_MAJOR 1
-#define WIRE_PROTO_MINOR 2 /* 1: Frame.releases; 2: Goodbye */
+#define WIRE_PROTO_MINOR 3 /* 1: Frame.releases; 2: Goodbye; 3: writer ids */
 
 /* Largest packet either side sends. AF_UNIX refuses a datagram larger than
  * the socket's send buffer (wmem_default, 208 KiB on stock kernels), so the
@@ -52,6 +52,12 @@ int wire_encode(const Dlshare__Frame *f, size_t max, uint8_t **out,
 /* A decoded frame and the allocator that owns its memory. */
 struct wire_msg {
 	Dlshare__Frame *frame;
+	/* The first string field whose bytes hold a NUL, and the message it
+	 * is in; NULL when none does. protobuf-c hands strings over as C
+	 * strings, where "ok\0../x" reads as "ok": such a frame must not be
+	 * taken at its word. */
+	const ProtobufCFieldDescriptor *nul_field;
+	const ProtobufCMessageDescriptor *nul_in;
 	ProtobufCAllocator alloc;
 	size_t used;
 	size_t cap;
@@ -59,8 +65,8 @@ struct wire_msg {
 
 /* Decodes a packet. The decoder may allocate at most
  * len * WIRE_DECODE_FACTOR + WIRE_DECODE_SLACK bytes. Returns 0 with *out
- * (free with wire_msg_free), -EPROTO for a malformed packet or one that costs
- * more than that, -ENOMEM. */
+ * (free with wire_msg_free; see nul_field), -EPROTO for a malformed packet
+ * or one that costs more than that, -ENOMEM. */
 int wire_decode(const uint8_t *data, size_t len, struct wire_msg **out);
 void wire_msg_free(struct wire_msg *m);
 

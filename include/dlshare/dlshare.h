@@ -184,10 +184,13 @@ DLSHARE_API uint64_t dlshare_writer_version(const dlshare_writer *w);
  * on it orders the consumers' streams after the writes queued so far, and
  * the host does not wait (the writer's mapping goes once the stream passed
  * the seal). Always consumes w.
- * Returns 0 and the version in *version (may be NULL), or DLSHARE_EBUSY (a
- * writable mapping of the buffer is still alive somewhere), DLSHARE_ECONN,
- * DLSHARE_ESTATE, DLSHARE_EFORK (w was inherited: only this process's copy
- * is consumed, the parent's version is untouched). */
+ * Returns 0 and the version in *version (may be NULL), or DLSHARE_ENOENT
+ * (the name was deleted while the version was pending: nothing was
+ * published), DLSHARE_EBUSY (a writable mapping of the buffer is still
+ * alive somewhere), DLSHARE_ECONN, DLSHARE_ESTATE (a daemon before protocol
+ * 1.3 found the version sealed already), DLSHARE_EFORK (w was inherited:
+ * only this process's copy is consumed, the parent's version is untouched).
+ * dlshare_last_error() then says why the seal failed. */
 DLSHARE_API int dlshare_seal(dlshare_writer *w, void *stream,
 			     uint64_t *version);
 

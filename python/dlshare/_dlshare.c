@@ -327,6 +327,23 @@ static size_t elem_size(DLDataType d)
 	return (size_t)d.bits / 8 * d.lanes;
 }
 
+/* The UTF-8 of a str that goes to the daemon as a C string: one with a
+ * NUL inside raises ValueError instead of being cut at it (Python before
+ * 3.13 gives such a str from PyUnicode_AsUTF8 as is). what names it in
+ * the message. Returns the bytes (the str keeps them) or NULL. */
+static const char *str_arg(PyObject *o, const char *what)
+{
+	Py_ssize_t len;
+	const char *s = PyUnicode_AsUTF8AndSize(o, &len);
+
+	if (s && strlen(s) != (size_t)len) {
+		PyErr_Format(PyExc_ValueError, "embedded null character in %s",
+			     what);
+		return NULL;
+	}
+	return s;
+}
+
 /* Elements of t, or -1 when they overflow. */
 static int64_t numel(const DLTensor *t)
 {
@@ -1625,7 +1642,7 @@ static PyObject *Client_publish(ClientObject *s, PyObject *args)
 	}
 	for (Py_ssize_t i = 0; keys != Py_None && i < n; i++) {
 		/* The tuple keeps the str, and so its UTF-8, alive. */
-		ckeys[i] = PyUnicode_AsUTF8(PyTuple_GET_ITEM(keys, i));
+		ckeys[i] = str_arg(PyTuple_GET_ITEM(keys, i), "a key");
 		if (!ckeys[i])
 			goto out;
 	}
@@ -1708,7 +1725,7 @@ static PyObject *Client_create(ClientObject *s, PyObject *args)
 		if (!PyArg_ParseTuple(PyTuple_GET_ITEM(specs, i), "OsO", &key,
 				      &dtype, &shape))
 			goto out;
-		if (key != Py_None && !(sp[i].key = PyUnicode_AsUTF8(key)))
+		if (key != Py_None && !(sp[i].key = str_arg(key, "a key")))
 			goto out;
 		if (dtype_parse(dtype, &sp[i].dtype))
 			goto out;
@@ -2063,7 +2080,7 @@ static PyObject *mod_set_errors(PyObject *mod, PyObject *arg)
 
 static PyObject *mod_dtype_check(PyObject *mod, PyObject *arg)
 {
-	const char *s = PyUnicode_AsUTF8(arg);
+	const char *s = str_arg(arg, "a dtype");
 	DLDataType d;
 
 	if (!s || dtype_parse(s, &d))

@@ -1782,7 +1782,8 @@ static void event_pool_bounded(void **state)
  * in the daemon. The writer's mapping and every reader's must be closed
  * before the daemon frees it (the fake traps a cudaFree of memory another
  * process maps), and the writer closes only once its stream passed the
- * seal: here the version is deleted while that stream still writes. */
+ * seal: here a version is deleted while that stream still writes, sealed
+ * and while still pending. */
 static int ipc_store_producer(void *arg)
 {
 	struct two_chans *a = arg;
@@ -1808,6 +1809,13 @@ static int ipc_store_producer(void *arg)
 	put_pattern(dlshare_writer_tensor(w, 0)->data, CA_BYTES, 602, s);
 	DL_OK(dlshare_seal(w, s, NULL));
 	DL_OK(dlshare_delete(c, "gpu/ipcstore"));
+	/* A third, deleted while still pending and being written: its Seal
+	 * finds nothing, and the daemon frees the memory only once this
+	 * process closed its mapping (and so released its writer lease). */
+	DL_OK(create_matrix(c, "gpu/ipcstore", &w));
+	put_pattern(dlshare_writer_tensor(w, 0)->data, CA_BYTES, 603, s);
+	DL_OK(dlshare_delete(c, "gpu/ipcstore"));
+	DL_ERR(dlshare_seal(w, s, NULL), DLSHARE_ENOENT);
 	CU(cudaStreamSynchronize(s));
 	/* Everything goes once the writer let go. */
 	for (int i = 0; i < 500; i++) {

@@ -817,6 +817,249 @@ static void goodbye_forgets_events(void **state)
 	dlshare_disconnect(c);
 }
 
+/* ---- strings with a NUL inside, and keys given twice ---------------------------------- */
+
+/* In the frames below, "@NUL@" stands for a NUL byte and four more bytes:
+ * protobuf-c packs a C string, so the NUL goes in after packing. */
+#define NUL_MARK "@NUL@"
+
+/* Packs f, puts a NUL where NUL_MARK is (at least once), sends it with
+ * fds, and returns the answer to f's id: the Error's code, 0 for any
+ * other reply; *msg gets the Error's message (or ""). */
+static int send_nul(int sock, Dlshare__Frame *f, const int *fds,
+		    unsigned nfds, char *msg, size_t msglen)
+{
+	size_t len, marks = 0;
+	struct wire_msg *m;
+	uint8_t *buf;
+	int ret = 0;
+
+	f->nfds = nfds;
+	f->has_nfds = nfds > 0;
+	len = dlshare__frame__get_packed_size(f);
+	buf = malloc(len);
+	assert_non_null(buf);
+	len = dlshare__frame__pack(f, buf);
+	for (size_t i = 0; i + 5 <= len; i++)
+		if (memcmp(buf + i, NUL_MARK, 5) == 0) {
+			buf[i] = 0;
+			marks++;
+		}
+	assert_true(marks > 0);
+	assert_int_equal(raw_send_bytes(sock, buf, len, fds, nfds), 0);
+	free(buf);
+	msg[0] = 0;
+	for (;;) {
+		assert_int_equal(raw_recv(sock, harness_ms(5000), &m), 0);
+		if (m->frame->id == f->id)
+			break;
+		wire_msg_free(m);
+	}
+	if (m->frame->body_case == DLSHARE__FRAME__BODY_ERROR) {
+		ret = m->frame->error->code;
+		snprintf(msg, msglen, "%s", m->frame->error->message ?
+			 m->frame->error->message : "");
+	}
+	wire_msg_free(m);
+	return ret;
+}
+
+/* A Create (fd < 0) or Publish (with fd) of n float32[4] tensors in one
+ * 64-byte buffer, tensor i with keys[i] (NULL: none). */
+struct kversion {
+	Dlshare__Frame f;
+	Dlshare__Create cr;
+	Dlshare__Publish pu;
+	struct rtensor t[4];
+	Dlshare__Tensor *tp[4];
+	struct rbuf b;
+};
+
+static Dlshare__Frame *kversion(struct kversion *k, const char *name,
+				const char *const *keys, size_t n, int fd)
+{
+	int64_t sh[1] = { 4 };
+
+	memset(k, 0, sizeof(*k));
+	dlshare__frame__init(&k->f);
+	for (size_t i = 0; i < n; i++) {
+		k->tp[i] = rtensor(&k->t[i], kDLFloat, 32, 1, sh, NULL, 0);
+		k->t[i].t.key = (char *)keys[i];
+	}
+	k->f.id = next_id++;
+	if (fd < 0) {
+		dlshare__create__init(&k->cr);
+		k->cr.name = (char *)name;
+		k->cr.n_tensors = n;
+		k->cr.tensors = k->tp;
+		k->cr.n_buffers = 1;
+		k->cr.buffers = rbuf(&k->b, 64, 0);
+		k->f.body_case = DLSHARE__FRAME__BODY_CREATE;
+		k->f.create = &k->cr;
+	} else {
+		dlshare__publish__init(&k->pu);
+		k->pu.name = (char *)name;
+		k->pu.n_tensors = n;
+		k->pu.tensors = k->tp;
+		k->pu.n_buffers = 1;
+		k->pu.buffers = rbuf(&k->b, 64, 1);
+		k->f.body_case = DLSHARE__FRAME__BODY_PUBLISH;
+		k->f.publish = &k->pu;
+	}
+	return &k->f;
+}
+
+/* Expects EINVAL for f (sent with fd when >= 0) with a message that
+ * contains want, and a connection that still works. */
+static void expect_refused(int sock, Dlshare__Frame *f, int fd,
+			   const char *want, int nul)
+{
+	char msg[256];
+	int code;
+
+	if (nul) {
+		code = send_nul(sock, f, fd >= 0 ? &fd : NULL, fd >= 0, msg,
+				sizeof(msg));
+	} else {
+		struct wire_msg *m;
+
+		assert_int_equal(raw_call(sock, f, fd >= 0 ? &fd : NULL,
+					  fd >= 0, &m), 0);
+		code = m->frame->body_case == DLSHARE__FRAME__BODY_ERROR ?
+		       m->frame->error->code : 0;
+		snprintf(msg, sizeof(msg), "%s",
+			 code && m->frame->error->message ?
+			 m->frame->error->message : "");
+		wire_msg_free(m);
+	}
+	if (code != DLSHARE_EINVAL || !strstr(msg, want))
+		fail_msg("body %d: answer %d \"%s\", want EINVAL with \"%s\"",
+			 (int)f->body_case, code, msg, want);
+	assert_int_equal(raw_alive(sock), 0);
+}
+
+static void strings_and_keys(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	int dfds = harness_fd_count(fx->d.pid), fd;
+	int sock = raw_connect(fx->d.sock);
+	const char *none[2] = { NULL, NULL };
+	const char *nulkey[2] = { "k" NUL_MARK "x", NULL };
+	const char *twice[3] = { "a", "b", "a" };
+	const char *empty[3] = { "", NULL, "" };
+	struct util_want clean = UTIL_ANY;
+	dlshare_name_info info;
+	struct kversion k;
+
+	assert_true(sock >= 0);
+	assert_int_equal(raw_hello(sock), 0);
+	clean.names = 0;
+	clean.versions = 0;
+
+	/* "ok\0../../x" is not "ok", in any request that names something. */
+	expect_refused(sock, kversion(&k, "ok" NUL_MARK "../../x", none, 1, -1),
+		       -1, "Create.name holds a NUL", 1);
+	expect_refused(sock, kversion(&k, "ok", nulkey, 2, -1), -1,
+		       "Tensor.key holds a NUL", 1);
+	fd = raw_memfd(64, F_SEAL_SHRINK | F_SEAL_GROW);
+	expect_refused(sock, kversion(&k, "ok" NUL_MARK "x", none, 1, fd), fd,
+		       "Publish.name", 1);
+	expect_refused(sock, kversion(&k, "ok", nulkey, 1, fd), fd,
+		       "Tensor.key", 1);
+	close(fd);
+	{
+		Dlshare__Frame f = DLSHARE__FRAME__INIT;
+		Dlshare__Get g = DLSHARE__GET__INIT;
+		Dlshare__Stat st = DLSHARE__STAT__INIT;
+		Dlshare__Delete del = DLSHARE__DELETE__INIT;
+		Dlshare__Seal se = DLSHARE__SEAL__INIT;
+		Dlshare__Abort ab = DLSHARE__ABORT__INIT;
+		Dlshare__List li = DLSHARE__LIST__INIT;
+		char *bad = "ok" NUL_MARK "x";
+
+		g.name = st.name = del.name = se.name = ab.name = bad;
+		f.id = next_id++;
+		f.body_case = DLSHARE__FRAME__BODY_GET;
+		f.get = &g;
+		expect_refused(sock, &f, -1, "get: the string Get.name", 1);
+		f.id = next_id++;
+		f.body_case = DLSHARE__FRAME__BODY_STAT;
+		f.stat = &st;
+		expect_refused(sock, &f, -1, "Stat.name", 1);
+		f.id = next_id++;
+		f.body_case = DLSHARE__FRAME__BODY_DELETE;
+		f.delete_ = &del;
+		expect_refused(sock, &f, -1, "Delete.name", 1);
+		f.id = next_id++;
+		f.body_case = DLSHARE__FRAME__BODY_SEAL;
+		f.seal = &se;
+		expect_refused(sock, &f, -1, "Seal.name", 1);
+		f.id = next_id++;
+		f.body_case = DLSHARE__FRAME__BODY_ABORT;
+		f.abort = &ab;
+		expect_refused(sock, &f, -1, "Abort.name", 1);
+		f.id = next_id++;
+		f.body_case = DLSHARE__FRAME__BODY_LIST;
+		f.list = &li;
+		li.prefix = bad;
+		expect_refused(sock, &f, -1, "List.prefix", 1);
+		f.id = next_id++;
+		li.prefix = NULL;
+		li.after = bad;
+		expect_refused(sock, &f, -1, "List.after", 1);
+	}
+	/* None of it made "ok". */
+	assert_int_equal(dlshare_stat(c, "ok", &info, NULL), DLSHARE_ENOENT);
+	util_assert_want(c, &clean);
+
+	/* A key given twice: the second tensor could only be found by its
+	 * index. Unnamed tensors may be many. */
+	expect_refused(sock, kversion(&k, "kk", twice, 3, -1), -1,
+		       "tensors 0 and 2 have the same key \"a\"", 0);
+	fd = raw_memfd(64, F_SEAL_SHRINK | F_SEAL_GROW);
+	expect_refused(sock, kversion(&k, "kk", twice, 3, fd), fd,
+		       "the same key \"a\"", 0);
+	util_assert_want(c, &clean);
+	{
+		struct wire_msg *m;
+
+		kversion(&k, "kk", empty, 3, fd);
+		assert_int_equal(raw_call(sock, &k.f, &fd, 1, &m), 0);
+		assert_int_equal(m->frame->body_case,
+				 DLSHARE__FRAME__BODY_PUBLISH_REPLY);
+		wire_msg_free(m);
+	}
+	close(fd);
+
+	/* A Publish over the daemon's hard limit of buffers (64): its fd is
+	 * closed too. */
+	{
+		struct rbuf bufs[65];
+		Dlshare__Buffer *bp[65];
+		struct wire_msg *m;
+
+		kversion(&k, "many", none, 1, 0);
+		for (size_t i = 0; i < 65; i++)
+			bp[i] = *rbuf(&bufs[i], 64, i == 0);
+		k.pu.n_buffers = 65;
+		k.pu.buffers = bp;
+		fd = raw_memfd(64, F_SEAL_SHRINK | F_SEAL_GROW);
+		assert_int_equal(raw_call(sock, &k.f, &fd, 1, &m), 0);
+		assert_int_equal(m->frame->body_case,
+				 DLSHARE__FRAME__BODY_ERROR);
+		assert_int_equal(m->frame->error->code, DLSHARE_ELIMIT);
+		wire_msg_free(m);
+		close(fd);
+	}
+	close(sock);
+	/* The export went with its connection; every fd of a refused
+	 * request was closed. */
+	util_assert_want(c, &clean);
+	assert_int_equal(harness_wait_fds(fx->d.pid, dfds), dfds);
+	dlshare_disconnect(c);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -826,6 +1069,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(releases_ride_on_requests, setup, teardown),
 		cmocka_unit_test_setup_teardown(library_releases_ride, setup, teardown),
 		cmocka_unit_test_setup_teardown(goodbye_forgets_events, setup, teardown),
+		cmocka_unit_test_setup_teardown(strings_and_keys, setup, teardown),
 	};
 
 	return cmocka_run_group_tests_name("protocol", tests, NULL, NULL);

@@ -399,6 +399,32 @@ static int raw_get(int sock, uint64_t id, const char *name, unsigned *nfds,
 	return raw_answer(sock, id, nfds, keep);
 }
 
+/* Seal (abort 0) or Abort (abort 1) of version 1 of name, by name and
+ * number. Returns as raw_answer. */
+static int raw_end(int sock, uint64_t id, int abort, const char *name)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Seal s = DLSHARE__SEAL__INIT;
+	Dlshare__Abort a = DLSHARE__ABORT__INIT;
+	unsigned nfds;
+
+	f.id = id;
+	if (abort) {
+		a.name = (char *)name;
+		a.version = 1;
+		f.body_case = DLSHARE__FRAME__BODY_ABORT;
+		f.abort = &a;
+	} else {
+		s.name = (char *)name;
+		s.version = 1;
+		f.body_case = DLSHARE__FRAME__BODY_SEAL;
+		f.seal = &s;
+	}
+	if (raw_send(sock, &f, NULL, 0, 0))
+		return RAW_FAILED;
+	return raw_answer(sock, id, &nfds, NULL);
+}
+
 static int raw_stats_ok(int sock, uint64_t id)
 {
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
@@ -540,6 +566,12 @@ static int acl_stranger(const struct daemon_proc *d, void *arg)
 	CHILD_CHECK(raw_get(sock, 11, "acl/pub", &nfds, &keep) == 0);
 	CHILD_CHECK(nfds == 1 && keep >= 0);
 	close(keep);
+	/* A Seal or Abort of a sealed version says so only to a reader: to
+	 * anyone else it is a version that does not exist. */
+	CHILD_CHECK(raw_end(sock, 12, 0, "acl/priv") == DLSHARE_ENOENT);
+	CHILD_CHECK(raw_end(sock, 13, 1, "acl/priv") == DLSHARE_ENOENT);
+	CHILD_CHECK(raw_end(sock, 14, 0, "acl/pub") == DLSHARE_ESTATE);
+	CHILD_CHECK(raw_end(sock, 15, 1, "acl/pub") == DLSHARE_ESTATE);
 	close(sock);
 
 	/* ls shows what it may read, and only that. */

@@ -215,6 +215,40 @@ class ClientTest(DaemonTest):
         with self.assertRaises(TypeError):
             self.client.get(b"bytes")
 
+    def test_strings_with_nul(self):
+        # A NUL would cut the string short in C: never "ok" for "ok\0x".
+        n = self.name()
+        for bad in ("ok\0../../x", n + "\0x"):
+            with self.assertRaises(ValueError, msg=repr(bad)):
+                self.client.publish(bad, host([1.0]))
+            with self.assertRaises(ValueError, msg=repr(bad)):
+                self.client.create(bad, ("float32", (2,)))
+            with self.assertRaises(ValueError, msg=repr(bad)):
+                self.client.get(bad)
+        with self.assertRaises(ValueError):
+            self.client.publish(n, host([1.0]), host([2.0]),
+                                keys=["a\0b", "a\0c"])
+        with self.assertRaises(ValueError):
+            self.client.create(n, ("k\0x", "float32", (2,)))
+        for name in ("ok", n):
+            with self.assertRaises(dlshare.NotFound, msg=name):
+                self.client.get(name)
+
+    def test_same_key_twice(self):
+        n = self.name()
+        with self.assertRaises(dlshare.InvalidArgument) as cm:
+            self.client.publish(n, host([1.0]), host([2.0]),
+                                keys=["a", "a"])
+        self.assertIn('"a"', str(cm.exception))
+        with self.assertRaises(dlshare.InvalidArgument) as cm:
+            self.client.create(n, ("k", "float32", 2), ("k", "int32", 1))
+        self.assertIn('"k"', str(cm.exception))
+        with self.assertRaises(dlshare.NotFound):
+            self.client.get(n)
+        # Unnamed tensors may be many.
+        self.client.publish(n, host([1.0]), host([2.0]))
+        self.assertEqual(len(self.client.get(n)), 2)
+
     def test_publish_get_roundtrip(self):
         n = self.name()
         v = self.client.publish(n, host([1.5, 2.5, -3.0]))

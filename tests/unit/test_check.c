@@ -448,6 +448,49 @@ static int check_in_child(const Dlshare__Tensor *t, uint64_t size)
 	return -WEXITSTATUS(status);
 }
 
+/* Keys of one version are unique; unnamed tensors may be many. */
+static void test_keys(void **state)
+{
+	enum { N = 100000 };
+	Dlshare__Tensor *t = calloc(N, sizeof(*t)), **tp = calloc(N, sizeof(*tp));
+	char (*keys)[24] = calloc(N, sizeof(*keys));
+	size_t a = 99, b = 99;
+
+	(void)state;
+	assert_non_null(t);
+	assert_non_null(tp);
+	assert_non_null(keys);
+	for (size_t i = 0; i < N; i++) {
+		dlshare__tensor__init(&t[i]);
+		snprintf(keys[i], sizeof(keys[i]), "layer.%zu.weight", i);
+		t[i].key = keys[i];
+		tp[i] = &t[i];
+	}
+	assert_int_equal(check_keys(tp, 0, &a, &b), 0);
+	assert_int_equal(check_keys(tp, 1, &a, &b), 0);
+	assert_int_equal(check_keys(tp, N, &a, &b), 0);
+	assert_int_equal(a, 99);
+	/* The last one repeats one far before it. */
+	t[N - 1].key = keys[17];
+	assert_int_equal(check_keys(tp, N, &a, &b), -EINVAL);
+	assert_int_equal(a, 17);
+	assert_int_equal(b, N - 1);
+	/* Empty and absent keys repeat freely. */
+	t[0].key = "";
+	t[1].key = "";
+	t[2].key = NULL;
+	t[3].key = NULL;
+	t[N - 1].key = "";
+	assert_int_equal(check_keys(tp, N, &a, &b), 0);
+	t[3].key = "layer.5.weight";
+	assert_int_equal(check_keys(tp, N, &a, &b), -EINVAL);
+	assert_int_equal(a, 3);
+	assert_int_equal(b, 5);
+	free(keys);
+	free(tp);
+	free(t);
+}
+
 static void test_tensor_reach_int64_max(void **state)
 {
 	struct tdesc d;
@@ -613,6 +656,7 @@ int main(void)
 		cmocka_unit_test(test_tensor_zero_size),
 		cmocka_unit_test(test_tensor_overflow),
 		cmocka_unit_test(test_tensor_reach_int64_max),
+		cmocka_unit_test(test_keys),
 		cmocka_unit_test_setup_teardown(test_paths_env_socket,
 						env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_paths_xdg_and_tmp,

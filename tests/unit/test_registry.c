@@ -250,7 +250,7 @@ static struct version *publish(struct fix *f, struct registry_owner *o,
 	struct tspec ts;
 	struct version *v = add_ok(f, o, spec(&ts, name, mode, 1, 1, PAGE), 0);
 
-	assert_int_equal(registry_seal(&f->r, o, name, v->number, NULL, 0), 0);
+	assert_int_equal(registry_seal(&f->r, o, name, v->number, 0, NULL, 0), 0);
 	return v;
 }
 
@@ -357,7 +357,7 @@ static void test_store_pending_then_seal(void **state)
 	assert_null(registry_entry(&f->r, "a/b")->latest);
 	assert_int_equal(f->rec.npublished, 0);
 
-	assert_int_equal(registry_seal(&f->r, &f->prod, "a/b", 1,
+	assert_int_equal(registry_seal(&f->r, &f->prod, "a/b", 1, 0,
 				       (const uint8_t *)"ev", 2), 0);
 	assert_int_equal(v->state, VERSION_SEALED);
 	/* Sealed with a CUDA event: the producer stays attached, to hear
@@ -395,10 +395,10 @@ static void test_store_event_retired(void **state)
 	struct tspec ts;
 
 	add_ok(f, &f->prod, spec(&ts, "ev", 0, 1, 1, PAGE), 0);
-	assert_int_equal(registry_seal(&f->r, &f->prod, "ev", 1,
+	assert_int_equal(registry_seal(&f->r, &f->prod, "ev", 1, 0,
 				       (const uint8_t *)"e1", 2), 0);
 	add_ok(f, &f->prod, spec(&ts, "ev", 0, 1, 1, PAGE), 0);
-	assert_int_equal(registry_seal(&f->r, &f->prod, "ev", 2, NULL, 0), 0);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "ev", 2, 0, NULL, 0), 0);
 	/* Version 1 was superseded and nobody held it. */
 	assert_int_equal(f->rec.nretired, 1);
 	assert_ptr_equal(f->rec.ret_producer[0], &f->prod);
@@ -418,27 +418,27 @@ static void test_seal_errors(void **state)
 	v = add_ok(f, &f->prod, spec(&ts, "s", 0, 1, 1, PAGE), 0);
 	/* Someone else's pending version does not exist for cons, even with
 	 * the same uid. */
-	assert_int_equal(registry_seal(&f->r, &f->cons, "s", 1, NULL, 0),
+	assert_int_equal(registry_seal(&f->r, &f->cons, "s", 1, 0, NULL, 0),
 			 -ENOENT);
-	assert_int_equal(registry_seal(&f->r, &f->other, "s", 1, NULL, 0),
+	assert_int_equal(registry_seal(&f->r, &f->other, "s", 1, 0, NULL, 0),
 			 -ENOENT);
-	assert_int_equal(registry_seal(&f->r, &f->prod, "s", 2, NULL, 0),
+	assert_int_equal(registry_seal(&f->r, &f->prod, "s", 2, 0, NULL, 0),
 			 -ENOENT);
-	assert_int_equal(registry_seal(&f->r, &f->prod, "nope", 1, NULL, 0),
+	assert_int_equal(registry_seal(&f->r, &f->prod, "nope", 1, 0, NULL, 0),
 			 -ENOENT);
-	assert_int_equal(registry_seal(&f->r, &f->prod, "s", 1, big,
+	assert_int_equal(registry_seal(&f->r, &f->prod, "s", 1, 0, big,
 				       sizeof(big)), -EINVAL);
 	assert_int_equal(v->state, VERSION_PENDING);
 	assert_int_equal(f->rec.npublished, 0);
-	assert_int_equal(registry_seal(&f->r, &f->prod, "s", 1, big,
+	assert_int_equal(registry_seal(&f->r, &f->prod, "s", 1, 0, big,
 				       REGISTRY_HANDLE_MAX), 0);
 	assert_int_equal(v->event_len, REGISTRY_HANDLE_MAX);
-	assert_int_equal(registry_seal(&f->r, &f->prod, "s", 1, NULL, 0),
+	assert_int_equal(registry_seal(&f->r, &f->prod, "s", 1, 0, NULL, 0),
 			 -EALREADY);
 	assert_int_equal(f->rec.npublished, 1);
 	/* An export is sealed from birth. */
 	export(f, &f->prod, "e", 0);
-	assert_int_equal(registry_seal(&f->r, &f->prod, "e", 1, NULL, 0),
+	assert_int_equal(registry_seal(&f->r, &f->prod, "e", 1, 0, NULL, 0),
 			 -EALREADY);
 }
 
@@ -457,7 +457,7 @@ static void test_seal_busy_while_mapped(void **state)
 	assert_true(p != MAP_FAILED);
 	memset(p, 'A', PAGE);
 
-	assert_int_equal(registry_seal(&f->r, &f->prod, "m", 1, NULL, 0),
+	assert_int_equal(registry_seal(&f->r, &f->prod, "m", 1, 0, NULL, 0),
 			 -EBUSY);
 	assert_int_equal(v->state, VERSION_PENDING);
 	assert_ptr_equal(v->producer, &f->prod);
@@ -466,7 +466,7 @@ static void test_seal_busy_while_mapped(void **state)
 	assert_not_found(f, &f->cons, "m", REG_LATEST, 0, -ENOENT);
 
 	assert_int_equal(munmap(p, PAGE), 0);
-	assert_int_equal(registry_seal(&f->r, &f->prod, "m", 1, NULL, 0), 0);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "m", 1, 0, NULL, 0), 0);
 	assert_found(f, &f->cons, "m", REG_LATEST, 0, v);
 	assert_true(seals_of(fd) & F_SEAL_WRITE);
 
@@ -512,7 +512,7 @@ static void test_versions_supersede(void **state)
 	assert_int_equal(registry_entry(&f->r, "w")->nversions, 2);
 
 	/* Sealed v2 does, and unleased v1 dies at once. */
-	assert_int_equal(registry_seal(&f->r, &f->prod, "w", 2, NULL, 0), 0);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "w", 2, 0, NULL, 0), 0);
 	assert_found(f, &f->cons, "w", REG_LATEST, 0, v2);
 	assert_not_found(f, &f->cons, "w", REG_EXACT, 1, -ENOENT);
 	assert_int_equal(f->rec.nfreed, 1);
@@ -585,7 +585,7 @@ static void test_find_select(void **state)
 	assert_not_found(f, &f->cons, "q", REG_NEWER_THAN, 3, -ENOENT);
 	assert_not_found(f, &f->cons, "q", REG_NEWER_THAN, UINT64_MAX,
 			 -ENOENT);
-	assert_int_equal(registry_seal(&f->r, &f->prod, "q", 3, NULL, 0), 0);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "q", 3, 0, NULL, 0), 0);
 	assert_found(f, &f->cons, "q", REG_NEWER_THAN, 2, v3);
 	assert_found(f, &f->cons, "q", REG_EXACT, 3, v3);
 	assert_not_found(f, &f->cons, "q", REG_EXACT, 2, -ENOENT); /* died */
@@ -604,9 +604,9 @@ static void test_born_superseded(void **state)
 	v2 = add_ok(f, &f->prod, spec(&ts, "b", 0, 1, 1, PAGE), 0);
 	assert_int_equal(v2->number, 2);
 	id1 = v1->buffers[0]->id;
-	assert_int_equal(registry_seal(&f->r, &f->prod, "b", 2, NULL, 0), 0);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "b", 2, 0, NULL, 0), 0);
 	/* v1 sealed after v2: visible for an instant, then gone. */
-	assert_int_equal(registry_seal(&f->r, &f->prod, "b", 1, NULL, 0), 0);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "b", 1, 0, NULL, 0), 0);
 	assert_int_equal(f->rec.npublished, 2);
 	assert_int_equal(f->rec.pub_number[0], 2);
 	assert_int_equal(f->rec.pub_number[1], 1);
@@ -620,9 +620,9 @@ static void test_born_superseded(void **state)
 	v1 = add_ok(f, &f->prod, spec(&ts, "b", 0, 1, 1, PAGE), 0);
 	v2 = add_ok(f, &f->prod, spec(&ts, "b", 0, 1, 1, PAGE), 0);
 	assert_int_equal(v1->number, 3);
-	assert_int_equal(registry_seal(&f->r, &f->prod, "b", 4, NULL, 0), 0);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "b", 4, 0, NULL, 0), 0);
 	f->rec.lease_on_publish = &f->cons;
-	assert_int_equal(registry_seal(&f->r, &f->prod, "b", 3, NULL, 0), 0);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "b", 3, 0, NULL, 0), 0);
 	f->rec.lease_on_publish = NULL;
 	assert_ptr_equal(f->rec.last_lease->version, v1);
 	assert_found(f, &f->cons, "b", REG_EXACT, 3, v1);
@@ -645,29 +645,142 @@ static void test_abort(void **state)
 	v = add_ok(f, &f->prod, spec(&ts, "ab", 0, 1, 2, PAGE), 0);
 	assert_int_equal(v->number, 2);
 	id = v->buffers[1]->id;
-	assert_int_equal(registry_abort(&f->r, &f->cons, "ab", 2), -ENOENT);
-	assert_int_equal(registry_abort(&f->r, &f->prod, "ab", 3), -ENOENT);
-	assert_int_equal(registry_abort(&f->r, &f->prod, "nope", 2), -ENOENT);
-	assert_int_equal(registry_abort(&f->r, &f->prod, "ab", 1), -ENOENT);
-	assert_int_equal(registry_abort(&f->r, &f->prod, "ab", 2), 0);
+	assert_int_equal(registry_abort(&f->r, &f->cons, "ab", 2, 0), -ENOENT);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "ab", 3, 0), -ENOENT);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "nope", 2, 0), -ENOENT);
+	/* Sealed, as Seal says too, to whoever may read it. */
+	assert_int_equal(registry_abort(&f->r, &f->prod, "ab", 1, 0),
+			 -EALREADY);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "ab", 2, 0), 0);
 	assert_int_equal(f->rec.nfreed, 2);
 	assert_int_equal(f->rec.freed[1], id);
 	assert_counts(f, 1, 1, 1, PAGE, 0);
 	assert_int_equal(f->r.owned_bytes, PAGE);
 	assert_null(f->prod.versions);
-	assert_int_equal(registry_abort(&f->r, &f->prod, "ab", 2), -ENOENT);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "ab", 2, 0), -ENOENT);
 	/* Numbers are not reused after an abort. */
 	v = add_ok(f, &f->prod, spec(&ts, "ab", 0, 1, 1, PAGE), 0);
 	assert_int_equal(v->number, 3);
-	assert_int_equal(registry_abort(&f->r, &f->prod, "ab", 3), 0);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "ab", 3, 0), 0);
 	assert_found(f, &f->cons, "ab", REG_LATEST, 0, s1);
 	assert_int_equal(f->rec.npublished, 1);
 	/* A name with nothing but a pending version goes with its abort. */
 	add_ok(f, &f->prod, spec(&ts, "solo", 0, 1, 1, PAGE), 0);
-	assert_int_equal(registry_abort(&f->r, &f->prod, "solo", 1), 0);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "solo", 1, 0), 0);
 	assert_null(registry_entry(&f->r, "solo"));
 	assert_counts(f, 1, 1, 1, PAGE, 0);
 	assert_int_equal(fd_count(), f->fd_base + 1);
+}
+
+/* Seal and Abort name a pending version by its writer id: numbers restart
+ * after a Delete, writer ids never do, and another owner's id finds
+ * nothing. */
+static void test_writer_ids(void **state)
+{
+	struct fix *f = *state;
+	struct version *v1, *v2, *p;
+	struct tspec ts;
+	uint64_t w1, w2;
+	int err;
+
+	v1 = add_ok(f, &f->prod, spec(&ts, "w", 0, 1, 1, PAGE), 0);
+	w1 = v1->writer;
+	assert_true(w1 != 0);
+	assert_ptr_equal(registry_pending(&f->r, &f->prod, "w", 1, w1, &err),
+			 v1);
+	assert_int_equal(err, 0);
+	assert_int_equal(registry_delete(&f->r, &f->cons, "w"), 0);
+	v2 = add_ok(f, &f->prod, spec(&ts, "w", 0, 1, 1, PAGE), 0);
+	w2 = v2->writer;
+	assert_int_equal(v2->number, 1);
+	assert_true(w2 > w1);
+
+	/* The first writer's version is gone: its id finds nothing, and
+	 * harms nothing. */
+	assert_int_equal(registry_seal(&f->r, &f->prod, "w", 1, w1, NULL, 0),
+			 -ENOENT);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "w", 1, w1), -ENOENT);
+	/* Another owner's id, even of the same uid; an id with another
+	 * number or name; an id never handed out. */
+	assert_int_equal(registry_seal(&f->r, &f->cons, "w", 1, w2, NULL, 0),
+			 -ENOENT);
+	assert_int_equal(registry_abort(&f->r, &f->cons, "w", 1, w2), -ENOENT);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "w", 2, w2, NULL, 0),
+			 -ENOENT);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "v", 1, w2, NULL, 0),
+			 -ENOENT);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "w", 1, w2 + 100,
+				       NULL, 0), -ENOENT);
+	assert_null(registry_pending(&f->r, &f->other, "w", 1, w2, &err));
+	assert_int_equal(err, -ENOENT);
+	assert_int_equal(v2->state, VERSION_PENDING);
+	assert_int_equal(f->rec.npublished, 0);
+
+	assert_int_equal(registry_seal(&f->r, &f->prod, "w", 1, w2, NULL, 0),
+			 0);
+	assert_found(f, &f->cons, "w", REG_LATEST, 0, v2);
+	/* A sealed writer is gone; by name and number the version is
+	 * sealed, to whoever may read it. */
+	assert_int_equal(registry_seal(&f->r, &f->prod, "w", 1, w2, NULL, 0),
+			 -ENOENT);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "w", 1, w2), -ENOENT);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "w", 1, 0, NULL, 0),
+			 -EALREADY);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "w", 1, 0),
+			 -EALREADY);
+	assert_int_equal(registry_seal(&f->r, &f->other, "w", 1, 0, NULL, 0),
+			 -EALREADY);
+	/* Who may not read a sealed version learns nothing of it. */
+	p = publish(f, &f->prod, "hidden", 0600);
+	assert_int_equal(registry_seal(&f->r, &f->other, "hidden", 1, 0,
+				       NULL, 0), -ENOENT);
+	assert_int_equal(registry_abort(&f->r, &f->other, "hidden", 1, 0),
+			 -ENOENT);
+	assert_int_equal(registry_seal(&f->r, &f->other, "hidden", 2, 0,
+				       NULL, 0), -ENOENT);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "hidden", 1, 0, NULL,
+				       0), -EALREADY);
+	assert_found(f, &f->prod, "hidden", REG_LATEST, 0, p);
+	/* Exports have no writer. */
+	assert_int_equal(export(f, &f->prod, "e", 0)->writer, 0);
+}
+
+/* A Delete withdraws a pending version: no Seal reaches it, but a writer
+ * lease (daemon-owned cuda-ipc memory its writer still maps) keeps it, and
+ * its buffers, until the writer lets go. */
+static void test_delete_pending_leased(void **state)
+{
+	struct fix *f = *state;
+	struct version *v;
+	struct tspec ts;
+	struct lease *l;
+	uint64_t lid;
+
+	v = add_ok(f, &f->prod, spec(&ts, "g", 0, 1, 1, PAGE), 0);
+	assert_int_equal(registry_lease(&f->r, &f->prod, v, &l), 0);
+	lid = l->id;
+	assert_int_equal(registry_delete(&f->r, &f->cons, "g"), 0);
+	assert_null(registry_entry(&f->r, "g"));
+	assert_counts(f, 0, 1, 1, PAGE, 1);
+	assert_int_equal(f->rec.nfreed, 0);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "g", 1, v->writer,
+				       NULL, 0), -ENOENT);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "g", 1, v->writer),
+			 -ENOENT);
+	/* A new "g" numbers after it. */
+	assert_int_equal(publish(f, &f->prod, "g", 0)->number, 2);
+	assert_int_equal(registry_release(&f->r, &f->prod, lid), 0);
+	assert_int_equal(f->rec.nfreed, 1);
+	assert_counts(f, 1, 1, 1, PAGE, 0);
+	assert_int_equal(f->rec.npublished, 1);
+
+	/* Withdrawn and leased when its owner goes: the lease goes first,
+	 * and the version with it. */
+	v = add_ok(f, &f->prod, spec(&ts, "h", 0, 1, 1, PAGE), 0);
+	assert_int_equal(registry_lease(&f->r, &f->prod, v, &l), 0);
+	assert_int_equal(registry_delete(&f->r, &f->prod, "h"), 0);
+	registry_owner_drop(&f->r, &f->prod);
+	assert_counts(f, 1, 1, 1, PAGE, 0);
 }
 
 /* ---- delete and owners ------------------------------------------------------ */
@@ -700,7 +813,7 @@ static void test_delete(void **state)
 	assert_not_found(f, &f->cons, "d", REG_EXACT, 1, -ENOENT);
 	assert_not_found(f, &f->cons, "d", REG_EXACT, 2, -ENOENT);
 	assert_int_equal(registry_delete(&f->r, &f->prod, "d"), -ENOENT);
-	assert_int_equal(registry_seal(&f->r, &f->prod, "d", 3, NULL, 0),
+	assert_int_equal(registry_seal(&f->r, &f->prod, "d", 3, 0, NULL, 0),
 			 -ENOENT);
 	assert_null(f->prod.versions);
 	/* ...but the leased version lives on; the others died. */
@@ -959,7 +1072,7 @@ static void expect_add(struct fix *f, struct registry_owner *o,
 		assert_non_null(v);
 		if (!exported)
 			assert_int_equal(registry_abort(&f->r, o, s->name,
-							v->number), 0);
+							v->number, 0), 0);
 	}
 	assert_int_equal(ret, want);
 	if (ret)
@@ -1075,15 +1188,15 @@ static void test_limit_bytes(void **state)
 	export(f, &f->prod, "e", 0);
 	assert_int_equal(f->r.owned_bytes, 4 * PAGE);
 	/* Bytes come back when a version dies. */
-	assert_int_equal(registry_abort(&f->r, &f->prod, "l", a->number), 0);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "l", a->number, 0), 0);
 	assert_int_equal(f->r.owned_bytes, 2 * PAGE);
 	expect_add(f, &f->prod, spec(&ts, "l", 0, 1, 1, 2 * PAGE + 4), 0,
 		   -ENOSPC);
 	a = add_ok(f, &f->prod, spec(&ts, "l", 0, 1, 1, 2 * PAGE), 0);
 	/* Sealing b then a: b is superseded, dies, and gives its back. */
-	assert_int_equal(registry_seal(&f->r, &f->prod, "l", b->number, NULL,
+	assert_int_equal(registry_seal(&f->r, &f->prod, "l", b->number, 0, NULL,
 				       0), 0);
-	assert_int_equal(registry_seal(&f->r, &f->prod, "l", a->number, NULL,
+	assert_int_equal(registry_seal(&f->r, &f->prod, "l", a->number, 0, NULL,
 				       0), 0);
 	assert_int_equal(f->r.owned_bytes, 2 * PAGE);
 	expect_add(f, &f->prod, spec(&ts, "l", 0, 1, 1, 2 * PAGE), 0, 0);
@@ -1107,7 +1220,7 @@ static void test_limit_bytes_overflow(void **state)
 	ts.shape[0] = 1;
 	ret = registry_add(&f->r, &f->prod, &ts.s, 0, &v);
 	if (ret == 0)
-		registry_abort(&f->r, &f->prod, "huge", v->number);
+		registry_abort(&f->r, &f->prod, "huge", v->number, 0);
 	assert_int_equal(ret, -ENOSPC);
 }
 
@@ -1470,6 +1583,8 @@ int main(void)
 		T(test_find_select),
 		T(test_born_superseded),
 		T(test_abort),
+		T(test_writer_ids),
+		T(test_delete_pending_leased),
 		T(test_delete),
 		T(test_owner_drop),
 		T(test_export_retired),

@@ -362,6 +362,86 @@ static void expect_decode_fails(const uint8_t *p, size_t len)
 	assert_null(m);
 }
 
+/* Packs f, turns every '#' byte of the packet into a NUL, and decodes. */
+static struct wire_msg *decode_with_nul(Dlshare__Frame *f)
+{
+	uint8_t buf[1024];
+	size_t len = dlshare__frame__get_packed_size(f);
+	struct wire_msg *m;
+
+	assert_true(len <= sizeof(buf));
+	dlshare__frame__pack(f, buf);
+	for (size_t i = 0; i < len; i++)
+		if (buf[i] == '#')
+			buf[i] = 0;
+	assert_int_equal(wire_decode(buf, len, &m), 0);
+	return m;
+}
+
+/* protobuf-c gives "ok\0x" as the C string "ok": the decoder says which
+ * string held a NUL, also inside a submessage, and only then. */
+static void test_decode_string_with_nul(void **state)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Create cr = DLSHARE__CREATE__INIT;
+	Dlshare__Tensor t[2] = { DLSHARE__TENSOR__INIT, DLSHARE__TENSOR__INIT };
+	Dlshare__Tensor *tp[2] = { &t[0], &t[1] };
+	Dlshare__DataType dt = DLSHARE__DATA_TYPE__INIT;
+	Dlshare__Buffer b = DLSHARE__BUFFER__INIT, *bp = &b;
+	Dlshare__Device dev = DLSHARE__DEVICE__INIT;
+	Dlshare__List li = DLSHARE__LIST__INIT;
+	uint8_t uuid[16];
+	struct wire_msg *m;
+
+	(void)state;
+	memset(uuid, '#', sizeof(uuid)); /* bytes, not a string: a NUL is fine */
+	dev.has_uuid = 1;
+	dev.uuid.data = uuid;
+	dev.uuid.len = sizeof(uuid);
+	b.device = &dev;
+	t[0].dtype = t[1].dtype = &dt;
+	t[0].key = "a";
+	t[1].key = "b";
+	cr.name = "ok";
+	cr.n_tensors = 2;
+	cr.tensors = tp;
+	cr.n_buffers = 1;
+	cr.buffers = &bp;
+	f.id = 35; /* '#' */
+	f.body_case = DLSHARE__FRAME__BODY_CREATE;
+	f.create = &cr;
+	/* The id's byte and the UUID's are no strings. */
+	m = decode_with_nul(&f);
+	assert_null(m->nul_field);
+	wire_msg_free(m);
+	f.id = 7;
+	dev.has_uuid = 0;
+
+	cr.name = "ok#../../x";
+	m = decode_with_nul(&f);
+	assert_string_equal(m->frame->create->name, "ok");
+	assert_non_null(m->nul_field);
+	assert_string_equal(m->nul_in->short_name, "Create");
+	assert_string_equal(m->nul_field->name, "name");
+	wire_msg_free(m);
+
+	cr.name = "ok";
+	t[1].key = "b#c";
+	m = decode_with_nul(&f);
+	assert_non_null(m->nul_field);
+	assert_string_equal(m->nul_in->short_name, "Tensor");
+	assert_string_equal(m->nul_field->name, "key");
+	wire_msg_free(m);
+
+	li.after = "x#";
+	f.body_case = DLSHARE__FRAME__BODY_LIST;
+	f.list = &li;
+	m = decode_with_nul(&f);
+	assert_non_null(m->nul_field);
+	assert_string_equal(m->nul_field->name, "after");
+	wire_msg_free(m);
+}
+
 static void test_decode_garbage(void **state)
 {
 	static const uint8_t ff[] = { 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
@@ -1035,6 +1115,7 @@ int main(void)
 		cmocka_unit_test(test_send_peer_closed),
 		cmocka_unit_test(test_encode_too_big),
 		cmocka_unit_test(test_decode_garbage),
+		cmocka_unit_test(test_decode_string_with_nul),
 		cmocka_unit_test(test_decode_missing_required),
 		cmocka_unit_test(test_decode_truncated),
 		cmocka_unit_test(test_decode_cost_over_cap),
