@@ -42,6 +42,7 @@ int dispatch_code(int err)
 	case 0:
 		return DLSHARE_OK;
 	case -EINVAL:
+	case -EBADF:
 		return DLSHARE_EINVAL;
 	case -ENOENT:
 		return DLSHARE_ENOENT;
@@ -95,6 +96,8 @@ static const char *errno_text(int err)
 		return "a writable mapping of the buffer is still alive";
 	case -EALREADY:
 		return "version already sealed";
+	case -EBADF:
+		return "a buffer's fd is refused";
 	case -EPERM:
 		return "permission denied";
 	case -ENOENT:
@@ -141,6 +144,11 @@ static void reply_err(struct conn *c, uint64_t id, int err, const char *what,
 				"%s%s%s: limit reached: %s (uid %u)", what,
 				name ? " " : "", name ? name : "",
 				c->srv->reg.why, (unsigned)c->owner.uid);
+	else if (err == -EBADF && c->srv->reg.why)
+		conn_send_error(c, id, dispatch_code(err),
+				"%s%s%s: a buffer's fd is refused: %s", what,
+				name ? " " : "", name ? name : "",
+				c->srv->reg.why);
 	else
 		conn_send_error(c, id, dispatch_code(err), "%s%s%s: %s", what,
 				name ? " " : "", name ? name : "",

@@ -295,9 +295,12 @@ static int spec_check(struct registry *r, const struct registry_spec *s,
 				if (__builtin_add_overflow(total, b->size,
 							   &total))
 					return -ENOSPC;
-			} else if (s->fds[i] < 0 ||
-				 host_check_fd(s->fds[i], b->size))
+			} else if (s->fds[i] < 0) {
 				return -EINVAL;
+			} else if ((err = host_check_fd(s->fds[i], b->size,
+							&r->why))) {
+				return err;
+			}
 			break;
 		case DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM:
 			/* Daemon-owned device memory: the fd the GPU backend
@@ -471,9 +474,20 @@ static struct version *version_alloc(const struct registry_spec *s,
 	return v;
 }
 
+/* version_buffers failed at buffer n: the caller's fds in the buffers
+ * before it stay the caller's. */
+static void buffers_untake(struct version *v, size_t n, int exported)
+{
+	for (size_t j = 0; j < n; j++)
+		if (exported || v->buffers[j]->kind !=
+		    DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
+			v->buffers[j]->fd = -1;
+}
+
 /* Builds v's buffers in bufs (and their CUDA records in cuda, as
  * version_alloc made room for them): store mode makes memfds, export mode
- * takes the fds. */
+ * takes the fds. Returns 0, -EBADF (an export's seal could not be added),
+ * or host_create's error. */
 static int version_buffers(struct registry *r, struct registry_owner *o,
 			   struct version *v, const struct registry_spec *s,
 			   int exported, struct rbuffer *bufs,
@@ -508,14 +522,18 @@ static int version_buffers(struct registry *r, struct registry_owner *o,
 			b->cuda = c;
 		}
 		if (exported) {
-			b->fd = s->fds[i];
 			/* Readers must not write the producer's memory, even
 			 * through a reopen of /proc/self/fd: no new writable
-			 * mapping of it, ever (the producer's own stays). */
-			/* host_check_fd made sure this can be added; only a
-			 * kernel before 5.1 says no. */
-			if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
-				(void)host_seal_future_write(b->fd);
+			 * mapping of it, ever (the producer's own stays).
+			 * Without that seal the export is refused. */
+			if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST &&
+			    host_seal_future_write(s->fds[i])) {
+				r->why = "the daemon could not add "
+					 "F_SEAL_FUTURE_WRITE to it";
+				buffers_untake(v, i, exported);
+				return -EBADF;
+			}
+			b->fd = s->fds[i];
 		} else if (b->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST) {
 			/* GPU memory the caller made: a cuda-vmm fd, taken
 			 * over below once nothing can fail, or a cuda-ipc
@@ -534,12 +552,7 @@ static int version_buffers(struct registry *r, struct registry_owner *o,
 			if (b->fd < 0) {
 				int err = b->fd;
 
-				/* The caller's fds stay the caller's: untake
-				 * them. */
-				for (size_t j = 0; j < i; j++)
-					if (v->buffers[j]->kind !=
-					    DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
-						v->buffers[j]->fd = -1;
+				buffers_untake(v, i, exported);
 				return err;
 			}
 			b->daemon_owned = 1;
@@ -654,6 +667,8 @@ int registry_add(struct registry *r, struct registry_owner *o,
 	e->nversions++;
 	r->nversions++;
 	if ((err = version_buffers(r, o, v, s, exported, bufs, cuda))) {
+		/* Never visible: no Retired for it. */
+		v->state = VERSION_PENDING;
 		version_destroy(r, v); /* frees the entry too if fresh */
 		return err;
 	}

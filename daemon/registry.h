@@ -205,7 +205,8 @@ struct registry_limits {
 
 struct registry {
 	struct uid_usage *uids;   /* what each uid holds */
-	const char *why;          /* which limit the last -EDQUOT/-ENOSPC hit */
+	const char *why;          /* which limit the last -EDQUOT/-ENOSPC hit,
+				   * or why the last -EBADF fd was refused */
 	struct entry *names;
 	struct entry *detached;   /* deleted names whose versions live on */
 	uint64_t next_buffer_id;
@@ -271,12 +272,14 @@ int registry_precheck(struct registry *r, struct registry_owner *o,
 
 /* Adds a version of spec->name owned by o: pending (store mode: host
  * buffers are made here, cuda-vmm ones come as fds made by the GPU backend)
- * or, with exported, sealed at once (producer memory).
+ * or, with exported, sealed at once (producer memory; each host fd gets
+ * F_SEAL_FUTURE_WRITE).
  * Checks the name, the ACL, every tensor against the buffers and the limits.
  * On success the registry owns spec->fds (they are set to -1) and *out is the
- * new version. Returns 0, -EINVAL, -EPERM, -E2BIG (a limit on tensors or
- * buffers), -ENOSPC (byte limit), -EFBIG (a buffer over max_buffer_bytes),
- * -EOPNOTSUPP (a buffer kind this daemon cannot hold), -ENOMEM. */
+ * new version. Returns 0, -EINVAL, -EBADF (a peer's fd is refused: r->why
+ * says why), -EPERM, -E2BIG (a limit on tensors or buffers), -ENOSPC (byte
+ * limit), -EFBIG (a buffer over max_buffer_bytes), -EOPNOTSUPP (a buffer
+ * kind this daemon cannot hold), -ENOMEM. */
 int registry_add(struct registry *r, struct registry_owner *o,
 		 const struct registry_spec *spec, int exported,
 		 struct version **out);

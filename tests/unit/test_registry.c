@@ -867,7 +867,12 @@ static void refuse_export(struct fix *f, int fd, uint64_t claim)
 
 	spec(&ts, "r", 0, 1, 1, claim);
 	ts.fds[0] = fd;
-	assert_int_equal(registry_add(&f->r, &f->prod, &ts.s, 1, &v), -EINVAL);
+	/* A peer's fd that is no good is -EBADF, with the reason in why. */
+	f->r.why = NULL;
+	assert_int_equal(registry_add(&f->r, &f->prod, &ts.s, 1, &v),
+			 fd < 0 ? -EINVAL : -EBADF);
+	if (fd >= 0)
+		assert_non_null(f->r.why);
 	/* Neither taken nor closed. */
 	assert_int_equal(ts.fds[0], fd);
 	assert_ptr_equal(v, &sentinel);
@@ -882,7 +887,8 @@ static void test_export_fd_refused(void **state)
 {
 	struct fix *f = *state;
 	char tmpl[] = "/tmp/test_registry.XXXXXX";
-	int p[2], sv[2], nos, shrink, small, reg, ok;
+	int p[2], sv[2], nos, shrink, small, reg, ok, ro, wo;
+	char path[64];
 	struct tspec ts;
 
 	nos = make_memfd(PAGE, 0);
@@ -906,8 +912,22 @@ static void test_export_fd_refused(void **state)
 	refuse_export(f, -1, PAGE);
 	refuse_export(f, 1000000, PAGE); /* not an fd at all */
 
-	/* One good and one bad buffer: the good fd is not taken either. */
+	/* Regression test: a read-only (or write-only) reopen of a good memfd
+	 * was taken, and the seal that keeps readers from writing could not
+	 * be added through it: every reader could reopen it read-write. */
 	ok = make_memfd(PAGE, F_SEAL_SHRINK | F_SEAL_GROW);
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", ok);
+	ro = open(path, O_RDONLY | O_CLOEXEC);
+	wo = open(path, O_WRONLY | O_CLOEXEC);
+	assert_true(ro >= 0 && wo >= 0);
+	refuse_export(f, ro, PAGE);
+	assert_true(strstr(f->r.why, "read-write") != NULL);
+	refuse_export(f, wo, PAGE);
+	assert_int_equal(fcntl(ok, F_GET_SEALS), F_SEAL_SHRINK | F_SEAL_GROW);
+	close(ro);
+	close(wo);
+
+	/* One good and one bad buffer: the good fd is not taken either. */
 	{
 		struct version *v = NULL;
 
@@ -915,7 +935,7 @@ static void test_export_fd_refused(void **state)
 		ts.fds[0] = ok;
 		ts.fds[1] = nos;
 		assert_int_equal(registry_add(&f->r, &f->prod, &ts.s, 1, &v),
-				 -EINVAL);
+				 -EBADF);
 		assert_int_equal(ts.fds[0], ok);
 		assert_int_equal(ts.fds[1], nos);
 		assert_true(fd_open(ok) && fd_open(nos));
