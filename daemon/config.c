@@ -94,8 +94,8 @@ static const struct opt opts[] = {
 	  "More is a protocol error and disconnects the peer.", NULL },
 	{ "max-inflight", 0, OPT_U32, "N", 1, 1u << 20,
 	  SRV(limits.max_inflight), NULL,
-	  "waiting gets per connection",
-	  "One more waiting get fails with DLSHARE_ELIMIT.", NULL },
+	  "requests in flight per connection: waiting gets, seals, GPU creates",
+	  "One more fails with DLSHARE_ELIMIT.", NULL },
 	{ "max-connections", 0, OPT_U32, "N", 1, 1u << 20,
 	  SRV(limits.max_connections), NULL,
 	  "connections at once",
@@ -157,6 +157,13 @@ static const struct opt opts[] = {
 	  "daemon-owned host bytes of one uid; 0: as max-bytes",
 	  "A create past it fails with DLSHARE_ELIMIT.",
 	  "0, the same as max-bytes" },
+	{ "uid-seals", 0, OPT_U32, "N", 1, 1024,
+	  SRV(limits.uid_seals), NULL,
+	  "seals of one uid running at once",
+	  "Write-sealing a buffer runs on libuv's thread pool (UV_THREADPOOL_SIZE "
+	  "threads, 4 by default, shared with GPU creates): the kernel makes it "
+	  "wait while pages are pinned. A uid's further seals wait their "
+	  "turn.", NULL },
 	{ "huge-page-min", 0, OPT_BYTES, "BYTES", 0, INT64_MAX,
 	  SRV(registry.huge_min), NULL,
 	  "store buffers from this size on use 2 MiB huge pages; 0: never",

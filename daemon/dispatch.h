@@ -13,7 +13,7 @@
 void dispatch_frame(struct conn *c, Dlshare__Frame *f, int *fds,
 		    unsigned nfds);
 
-/* Cancels the parked gets of a closing conn. */
+/* Cancels the parked gets and waiting seals of a closing conn. */
 void dispatch_conn_closed(struct conn *c);
 
 /* Frees whatever the waiters map still holds at shutdown. */
@@ -24,5 +24,10 @@ extern const struct registry_ops dispatch_registry_ops;
 
 /* The DLSHARE_E* code for a -errno from the registry or a backend. */
 int dispatch_code(int err);
+
+/* Answers request id of c with an Error for err: "WHAT NAME: why", naming
+ * the limit and the uid for a quota (what and name may be NULL). */
+void dispatch_reply_err(struct conn *c, uint64_t id, int err,
+			const char *what, const char *name);
 
 #endif

@@ -28,8 +28,11 @@
 int host_create(const char *name, uint64_t size, uint64_t huge_min,
 		uint64_t *actual);
 
-/* Forbids writes for good (F_SEAL_WRITE). Returns 0, or -EBUSY while some
- * process still has a writable shared mapping of it, or -errno. */
+/* Forbids writes for good (F_SEAL_WRITE). The kernel waits up to ~150 ms
+ * while pages of the file are pinned (vmsplice, O_DIRECT, RDMA), and a
+ * peer can pin them: never on the loop. Returns 0, or -EBUSY while some
+ * process still has a writable shared mapping of it or pinned pages, or
+ * -errno. */
 int host_seal_write(int fd);
 
 /* Forbids new writable mappings and write() (F_SEAL_FUTURE_WRITE), keeping

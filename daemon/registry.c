@@ -219,6 +219,18 @@ static void version_publish(struct registry *r, struct version *v)
 	version_check(r, v);
 }
 
+/* Drops every lease on v (a pending version's writer lease), then v. For
+ * a pending version: no lease drop can kill it first. */
+static void lease_drop(struct registry *r, struct registry_owner *o,
+		       struct lease *l);
+
+static void version_kill(struct registry *r, struct version *v)
+{
+	while (v->lease_list)
+		lease_drop(r, v->lease_list->owner, v->lease_list);
+	version_destroy(r, v);
+}
+
 /* Frees e with every version of it, leases still held included: they are
  * taken out of their owners' tables, so an owner dropped later finds none.
  * An entry has a version as long as it lives; the last one frees it. */
@@ -703,31 +715,43 @@ static struct version *entry_version(struct entry *e, uint64_t number)
 	return NULL;
 }
 
-int registry_seal(struct registry *r, struct registry_owner *o,
-		  const char *name, uint64_t number, const uint8_t *event,
-		  size_t event_len)
+int registry_seal_begin(struct registry *r, struct registry_owner *o,
+			const char *name, uint64_t number,
+			struct version **out)
 {
 	struct entry *e = registry_entry(r, name);
 	struct version *v = e ? entry_version(e, number) : NULL;
-	uint8_t *ev = NULL;
-	int err;
 
 	if (!v || (v->state == VERSION_PENDING && v->producer != o))
 		return -ENOENT;
 	if (v->state != VERSION_PENDING)
 		return -EALREADY;
-	if (event_len > REGISTRY_HANDLE_MAX)
-		return -EINVAL;
+	if (v->sealing)
+		return -EINPROGRESS;
+	v->sealing = 1;
+	*out = v;
+	return 0;
+}
+
+int registry_seal_end(struct registry *r, struct version *v, int err,
+		      const uint8_t *event, size_t event_len)
+{
+	struct registry_owner *o = v->producer;
+	uint8_t *ev = NULL;
+
+	v->sealing = 0;
+	if (v->orphaned) {
+		version_kill(r, v);
+		return -ENOENT;
+	}
+	if (!err && event_len > REGISTRY_HANDLE_MAX)
+		err = -EINVAL;
 	/* Host buffers are usually sealed with no event: it costs memory only
 	 * where there is one. */
-	if (event_len && !(ev = malloc(event_len)))
-		return -ENOMEM;
-	for (size_t i = 0; i < v->nbuffers; i++)
-		if (v->buffers[i]->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST &&
-		    (err = host_seal_write(v->buffers[i]->fd))) {
-			free(ev);
-			return err;
-		}
+	if (!err && event_len && !(ev = malloc(event_len)))
+		err = -ENOMEM;
+	if (err)
+		return err;
 	if (event_len)
 		memcpy(ev, event, event_len);
 	free(v->event_handle);
@@ -745,8 +769,22 @@ int registry_seal(struct registry *r, struct registry_owner *o,
 	return 0;
 }
 
-static void lease_drop(struct registry *r, struct registry_owner *o,
-		       struct lease *l);
+int registry_seal(struct registry *r, struct registry_owner *o,
+		  const char *name, uint64_t number, const uint8_t *event,
+		  size_t event_len)
+{
+	struct version *v;
+	int err = registry_seal_begin(r, o, name, number, &v);
+
+	if (err)
+		return err;
+	if (event_len > REGISTRY_HANDLE_MAX)
+		err = -EINVAL;
+	for (size_t i = 0; i < v->nbuffers && !err; i++)
+		if (v->buffers[i]->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
+			err = host_seal_write(v->buffers[i]->fd);
+	return registry_seal_end(r, v, err, event, event_len);
+}
 
 int registry_abort(struct registry *r, struct registry_owner *o,
 		   const char *name, uint64_t number)
@@ -756,6 +794,8 @@ int registry_abort(struct registry *r, struct registry_owner *o,
 
 	if (!v || v->state != VERSION_PENDING || v->producer != o)
 		return -ENOENT;
+	if (v->sealing)
+		return -EINPROGRESS;
 	/* A writer lease (daemon-owned cuda-ipc memory) goes with it. */
 	while (v->lease_list)
 		lease_drop(r, v->lease_list->owner, v->lease_list);
@@ -889,10 +929,13 @@ int registry_delete(struct registry *r, struct registry_owner *o,
 		e->usage = NULL;
 	}
 	e->latest = NULL;
-	/* The last version to die frees e; do not touch e after the loop. */
+	/* The last version to die frees e; do not touch e after the loop. A
+	 * version being sealed dies when its seal ends. */
 	DL_FOREACH_SAFE(e->versions, v, tmp) {
-		if (v->state == VERSION_PENDING)
-			version_destroy(r, v);
+		if (v->state == VERSION_PENDING && v->sealing)
+			v->orphaned = 1;
+		else if (v->state == VERSION_PENDING)
+			version_kill(r, v); /* a writer lease goes with it */
 		else
 			version_check(r, v);
 	}
@@ -930,12 +973,18 @@ void registry_owner_drop(struct registry *r, struct registry_owner *o)
 	while (o->versions) {
 		struct version *v = o->versions;
 
-		if (v->state == VERSION_PENDING) {
+		if (v->state == VERSION_PENDING && !v->sealing) {
 			version_destroy(r, v);
 			continue;
 		}
 		DL_DELETE2(o->versions, v, oprev, onext);
 		v->producer = NULL;
+		if (v->state == VERSION_PENDING) {
+			/* Its seal is on the thread pool: it dies when that
+			 * ends. */
+			v->orphaned = 1;
+			continue;
+		}
 		/* An export ends with its producer: withdraw it; leases keep
 		 * their mappings, and the producer hears nothing more. */
 		if (v->entry->latest == v)

@@ -76,7 +76,8 @@ struct rtensor {
 };
 
 enum version_state {
-	VERSION_PENDING,         /* created, being written, invisible to get */
+	VERSION_PENDING,         /* created, being written, invisible to get
+				  * (also while sealing: see struct version) */
 	VERSION_SEALED,          /* immutable and visible */
 };
 
@@ -86,7 +87,13 @@ struct entry;
 
 /* One allocation holds a version, its tensors (the flexible array at the
  * end), the buffer pointers, the buffers, their CUDA records and the
- * tensors' dims and keys: a name with one small tensor costs one block. */
+ * tensors' dims and keys: a name with one small tensor costs one block.
+ *
+ * Sealing: a Seal write-seals the buffers off the loop (daemon/seal.c).
+ * Meanwhile the version is still pending but sealing: not visible, not
+ * sealable again, not abortable, and it cannot die. A producer that goes,
+ * or a delete of its name, only marks it orphaned; it dies when the seal
+ * ends (registry_seal_end). */
 struct version {
 	struct entry *entry;
 	uint64_t number;
@@ -107,6 +114,9 @@ struct version {
 	uint8_t state;           /* enum version_state */
 	uint8_t exported;        /* producer memory: retired back to it */
 	uint8_t publishing;      /* in ops->published */
+	uint8_t sealing;         /* between registry_seal_begin and _end */
+	uint8_t orphaned;        /* its producer or name went while sealing:
+				  * it dies at registry_seal_end */
 	struct rtensor tensors[];
 };
 
@@ -284,17 +294,37 @@ int registry_add(struct registry *r, struct registry_owner *o,
 		 const struct registry_spec *spec, int exported,
 		 struct version **out);
 
-/* Seals pending version number of name, created by o: host buffers get
- * F_SEAL_WRITE, and the version becomes visible (the newest one if nothing
- * newer was sealed meanwhile). Returns 0, -ENOENT (no such pending version
- * of o), -EALREADY (already sealed), -EINVAL (event_len over
- * REGISTRY_HANDLE_MAX), -EBUSY (a writable mapping of a buffer is still
- * alive; the version stays pending), -ENOMEM (no room for the event). */
+/* Begins sealing pending version number of name, created by o: it is
+ * sealing from now on (see struct version) and in *out, until
+ * registry_seal_end. The caller write-seals its host buffers in between,
+ * off the loop: the kernel waits there while pages are pinned. Returns 0,
+ * -ENOENT (no such pending version of o), -EALREADY (already sealed) or
+ * -EINPROGRESS (a seal of it is under way). */
+int registry_seal_begin(struct registry *r, struct registry_owner *o,
+			const char *name, uint64_t number,
+			struct version **out);
+
+/* Ends the seal begun on v. With err 0 (every host buffer has
+ * F_SEAL_WRITE) v becomes sealed and visible, the newest version unless a
+ * newer one was sealed meanwhile, with the event handle given (copied).
+ * Otherwise v is pending again. An orphaned v dies here. Returns 0, -ENOENT
+ * (v was orphaned and is gone), err, -EINVAL (event_len over
+ * REGISTRY_HANDLE_MAX) or -ENOMEM (no room for the event); v stays pending
+ * on any error but -ENOENT. */
+int registry_seal_end(struct registry *r, struct version *v, int err,
+		      const uint8_t *event, size_t event_len);
+
+/* registry_seal_begin, F_SEAL_WRITE on each host buffer, registry_seal_end:
+ * in one call, which blocks while a buffer's pages are pinned. Never on the
+ * loop (the daemon uses daemon/seal.c); for tools and tests. Returns as
+ * registry_seal_begin and _end; -EBUSY when a writable mapping or pinned
+ * pages of a buffer still exist (the version stays pending). */
 int registry_seal(struct registry *r, struct registry_owner *o,
 		  const char *name, uint64_t number, const uint8_t *event,
 		  size_t event_len);
 
-/* Drops a pending version of o. Returns 0 or -ENOENT. */
+/* Drops a pending version of o. Returns 0, -ENOENT, or -EINPROGRESS (it
+ * is being sealed). */
 int registry_abort(struct registry *r, struct registry_owner *o,
 		   const char *name, uint64_t number);
 

@@ -46,6 +46,7 @@ void server_config_default(struct server_config *cfg)
 	cfg->limits.list_page = SERVER_LIST_PAGE_DEFAULT;
 	cfg->limits.hello_timeout_ms = SERVER_HELLO_TIMEOUT_DEFAULT;
 	cfg->limits.max_out_fds = SERVER_MAX_OUT_FDS_DEFAULT;
+	cfg->limits.uid_seals = SERVER_UID_SEALS_DEFAULT;
 	registry_limits_default(&cfg->registry);
 }
 

@@ -22,6 +22,7 @@ struct server_limits {
 	uint32_t list_page;       /* names in one List answer */
 	uint32_t hello_timeout_ms; /* a peer must say Hello within this */
 	uint32_t max_out_fds;     /* fds queued to one peer, not yet sent */
+	uint32_t uid_seals;       /* seals of one uid on the thread pool */
 };
 
 #define SERVER_MAX_PACKET_DEFAULT (128u * 1024u)
@@ -32,6 +33,10 @@ struct server_limits {
 #define SERVER_LIST_PAGE_DEFAULT 256u
 #define SERVER_HELLO_TIMEOUT_DEFAULT 10000u
 #define SERVER_MAX_OUT_FDS_DEFAULT 256u
+/* One of the pool's UV_THREADPOOL_SIZE (4) threads per uid: a seal is
+ * usually a few microseconds, and a uid whose seals wait on pinned pages
+ * delays only its own. */
+#define SERVER_UID_SEALS_DEFAULT 1u
 /* Before Hello a peer gets a much smaller packet. */
 #define SERVER_HELLO_PACKET_MAX 512u
 
@@ -45,6 +50,7 @@ struct server_config {
 struct conn;
 struct waitq;
 struct devmem;
+struct seal_uid;
 
 struct server {
 	uv_loop_t *loop;
@@ -62,6 +68,7 @@ struct server {
 	uint64_t next_conn_id;
 	struct waitq *waiters;    /* parked gets by name (dispatch.c) */
 	struct devmem *devmem;    /* daemon-owned cuda-ipc memory (dispatch.c) */
+	struct seal_uid *seal_uids; /* seals by uid (seal.c) */
 	uint64_t nparked;
 	uint64_t requests;
 	uint64_t started_ms;

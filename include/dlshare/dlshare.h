@@ -64,7 +64,8 @@ enum {
 	DLSHARE_EVERSION = -9,  /* the daemon speaks another protocol major */
 	DLSHARE_ENOTSUP = -10,  /* the buffer kind or device is not supported */
 	DLSHARE_EIO = -11,      /* a system call failed */
-	DLSHARE_EBUSY = -12,    /* the buffer is still mapped writable */
+	DLSHARE_EBUSY = -12,    /* the buffer is still mapped writable, or
+				 * has pinned pages (vmsplice, O_DIRECT) */
 	DLSHARE_ECOPY = -13,    /* publishing would copy, and copies were forbidden */
 	DLSHARE_ENODEV = -14,   /* the device is not visible to this process */
 	DLSHARE_ESTATE = -15,   /* the version is not in the state this needs */
@@ -165,8 +166,8 @@ DLSHARE_API uint64_t dlshare_writer_version(const dlshare_writer *w);
  * the host does not wait (the writer's mapping goes once the stream passed
  * the seal). Always consumes w.
  * Returns 0 and the version in *version (may be NULL), or DLSHARE_EBUSY (a
- * writable mapping of the buffer is still alive somewhere), DLSHARE_ECONN,
- * DLSHARE_ESTATE. */
+ * writable mapping or pinned pages (vmsplice, O_DIRECT, RDMA) of the buffer
+ * still exist somewhere), DLSHARE_ECONN, DLSHARE_ESTATE. */
 DLSHARE_API int dlshare_seal(dlshare_writer *w, void *stream,
 			     uint64_t *version);
 

@@ -519,6 +519,7 @@ static void check_peers_gone(struct session *z)
 
 	FUZZ_ASSERT(s->nconns == 0 && !s->conns && !s->doomed,
 		    "%u conns left after every peer hung up", s->nconns);
+	FUZZ_ASSERT(!s->seal_uids, "seals left after every peer hung up");
 	FUZZ_ASSERT(s->nparked == 0 && !s->waiters, "%llu parked gets left",
 		    (unsigned long long)s->nparked);
 	FUZZ_ASSERT(r->nleases == 0, "%llu leases left",
@@ -537,6 +538,10 @@ static void check_peers_gone(struct session *z)
 			    "name %s v%llu: state %d exported %d leases %u",
 			    e->name, (unsigned long long)v->number, v->state,
 			    v->exported, v->leases);
+		FUZZ_ASSERT(!v->sealing && !v->orphaned,
+			    "name %s v%llu: sealing %d orphaned %d", e->name,
+			    (unsigned long long)v->number, v->sealing,
+			    v->orphaned);
 		for (size_t i = 0; i < v->nbuffers; i++) {
 			struct rbuffer *b = v->buffers[i];
 
@@ -655,8 +660,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	/* Everyone hangs up; the daemon must notice and drop their stakes. */
 	for (int i = 0; i < NPEERS; i++)
 		peer_hangup(&z, i);
-	for (int i = 0; i < FZ_CLOSE_ROUNDS && z.s.nconns; i++)
+	/* A seal on the thread pool ends after its conn: wait for it too. */
+	for (int i = 0; i < FZ_CLOSE_ROUNDS && (z.s.nconns || z.s.seal_uids);
+	     i++) {
 		uv_run(&loop, UV_RUN_NOWAIT);
+		if (i >= 64 && z.s.seal_uids)
+			usleep(100);
+	}
 	check_peers_gone(&z);
 	server_teardown(&z);
 	FUZZ_ASSERT(fd_count() == fds0, "fds: %d before, %d after", fds0,

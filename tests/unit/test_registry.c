@@ -1478,6 +1478,71 @@ static void test_numbers_after_delete(void **state)
 				  f->rec.ret_number[0], &err));
 }
 
+/* ---- sealing ------------------------------------------------------------------ */
+
+/* A pending store version (one page) of o, or the error. */
+static int create(struct fix *f, struct registry_owner *o, const char *name,
+		  struct version **v)
+{
+	struct tspec ts;
+
+	*v = NULL;
+	return registry_add(&f->r, o, spec(&ts, name, 0, 1, 1, PAGE), 0, v);
+}
+
+/* A version being sealed is invisible, not sealable or abortable again,
+ * and cannot die: its producer's going or its name's delete orphan it,
+ * and it dies when the seal ends. */
+static void test_sealing(void **state)
+{
+	struct fix *f = *state;
+	struct version *v, *s;
+	uint8_t ev[4] = { 9, 8, 7, 6 };
+	int fd;
+
+	/* Ends with an error: pending again, and sealable after. */
+	assert_int_equal(create(f, &f->prod, "s", &v), 0);
+	assert_int_equal(registry_seal_begin(&f->r, &f->prod, "s", 1, &s), 0);
+	assert_ptr_equal(s, v);
+	assert_int_equal(registry_seal_begin(&f->r, &f->prod, "s", 1, &s),
+			 -EINPROGRESS);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "s", 1, NULL, 0),
+			 -EINPROGRESS);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "s", 1),
+			 -EINPROGRESS);
+	assert_not_found(f, &f->prod, "s", REG_EXACT, 1, -ENOENT);
+	assert_int_equal(registry_seal_end(&f->r, v, -EBUSY, NULL, 0), -EBUSY);
+	assert_int_equal(v->state, VERSION_PENDING);
+	assert_false(v->sealing);
+	assert_int_equal(registry_seal_begin(&f->r, &f->prod, "s", 1, &s), 0);
+	assert_int_equal(registry_seal_end(&f->r, v, 0, ev, sizeof(ev)), 0);
+	assert_int_equal(v->state, VERSION_SEALED);
+	assert_int_equal(v->event_len, sizeof(ev));
+	assert_int_equal(f->rec.npublished, 1);
+
+	/* Its producer goes meanwhile: it dies at the end. */
+	assert_int_equal(create(f, &f->prod, "t", &v), 0);
+	fd = v->buffers[0]->fd;
+	assert_int_equal(registry_seal_begin(&f->r, &f->prod, "t", 1, &s), 0);
+	registry_owner_drop(&f->r, &f->prod);
+	assert_true(v->orphaned);
+	assert_true(fd_open(fd)); /* the worker may still use it */
+	assert_int_equal(registry_seal_end(&f->r, v, 0, NULL, 0), -ENOENT);
+	assert_null(registry_entry(&f->r, "t"));
+	assert_false(fd_open(fd));
+	assert_int_equal(f->rec.npublished, 1);
+
+	/* Its name is deleted meanwhile: the same. */
+	registry_owner_init(&f->prod, 1000, 1000, 10);
+	assert_int_equal(create(f, &f->prod, "u", &v), 0);
+	assert_int_equal(registry_seal_begin(&f->r, &f->prod, "u", 1, &s), 0);
+	assert_int_equal(registry_delete(&f->r, &f->prod, "u"), 0);
+	assert_null(registry_entry(&f->r, "u"));
+	assert_int_equal(f->r.nversions, 2); /* "s" and the dying "u" */
+	assert_int_equal(registry_seal_end(&f->r, v, 0, NULL, 0), -ENOENT);
+	assert_int_equal(f->r.nversions, 1);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fix_setup, fix_teardown)
@@ -1505,6 +1570,7 @@ int main(void)
 		T(test_deinit_frees_everything),
 		T(test_deinit_with_leases),
 		T(test_numbers_after_delete),
+		T(test_sealing),
 	};
 #undef T
 
