@@ -155,8 +155,17 @@ static const struct opt opts[] = {
 	{ "uid-host-bytes", 0, OPT_BYTES, "BYTES", 0, UINT64_MAX,
 	  SRV(registry.uid_host_bytes), NULL,
 	  "daemon-owned host bytes of one uid; 0: as max-bytes",
-	  "A create past it fails with DLSHARE_ELIMIT.",
+	  "Counted while a version is pending or its name's newest; an older "
+	  "version kept only by leases is charged to its leaseholders "
+	  "(uid-leased-bytes). A create past it fails with DLSHARE_ELIMIT.",
 	  "0, the same as max-bytes" },
+	{ "uid-leased-bytes", 0, OPT_BYTES, "BYTES", 0, UINT64_MAX,
+	  SRV(registry.uid_leased_bytes), NULL,
+	  "daemon-owned host bytes of the versions one uid holds leases on; "
+	  "0: as uid-host-bytes",
+	  "A version counts once per uid, however many leases the uid holds on "
+	  "it. A get past it fails with DLSHARE_ELIMIT.",
+	  "0, the same as uid-host-bytes" },
 	{ "uid-seals", 0, OPT_U32, "N", 1, 1024,
 	  SRV(limits.uid_seals), NULL,
 	  "seals of one uid running at once",
@@ -174,8 +183,16 @@ static const struct opt opts[] = {
 	{ "uid-gpu-bytes", 0, OPT_BYTES, "BYTES", 0, UINT64_MAX,
 	  SRV(registry.uid_gpu_bytes), NULL,
 	  "daemon-owned GPU bytes of one uid; 0: no cap but the devices' memory",
-	  "A create of device memory past it fails with DLSHARE_ELIMIT.",
+	  "Counted as uid-host-bytes is. A create of device memory past it "
+	  "fails with DLSHARE_ELIMIT.",
 	  "0, no cap" },
+	{ "uid-leased-gpu-bytes", 0, OPT_BYTES, "BYTES", 0, UINT64_MAX,
+	  SRV(registry.uid_leased_gpu_bytes), NULL,
+	  "daemon-owned GPU bytes of the versions one uid holds leases on; "
+	  "0: as uid-gpu-bytes",
+	  "Counted as uid-leased-bytes is. A get past it fails with "
+	  "DLSHARE_ELIMIT.",
+	  "0, the same as uid-gpu-bytes" },
 };
 
 #define NOPTS ((int)(sizeof(opts) / sizeof(opts[0])))

@@ -5,6 +5,10 @@
  * name that was not deleted) or leased; the moment it is neither, it dies
  * with its buffers (version_check). An entry that was deleted is detached
  * from the name map at once and dies with its last version.
+ *
+ * Charges follow the same rule: a version's cost is its producer's uid's
+ * while it is reachable (version_charge, taken back in version_check), and
+ * each leasing uid's while that uid leases it (registry_lease, lease_drop).
  */
 #include "registry.h"
 
@@ -36,13 +40,42 @@ void registry_limits_default(struct registry_limits *l)
 	l->uid_gpu_bytes = 0;
 	l->huge_min = 0; /* huge pages are the operator's to give */
 	l->uid_fds = REGISTRY_UID_FDS_DEFAULT;
+	l->uid_leased_bytes = 0;     /* as uid_host_bytes */
+	l->uid_leased_gpu_bytes = 0; /* as uid_gpu_bytes */
+}
+
+/* The per-uid byte caps in effect, 0 resolved. */
+static uint64_t host_cap(const struct registry_limits *l)
+{
+	return l->uid_host_bytes ? l->uid_host_bytes : l->max_bytes;
+}
+
+static uint64_t gpu_cap(const struct registry_limits *l)
+{
+	return l->uid_gpu_bytes ? l->uid_gpu_bytes : UINT64_MAX;
+}
+
+static uint64_t leased_host_cap(const struct registry_limits *l)
+{
+	return l->uid_leased_bytes ? l->uid_leased_bytes : host_cap(l);
+}
+
+static uint64_t leased_gpu_cap(const struct registry_limits *l)
+{
+	return l->uid_leased_gpu_bytes ? l->uid_leased_gpu_bytes : gpu_cap(l);
+}
+
+/* Whether bytes more fit under cap beside used. */
+static int fits(uint64_t used, uint64_t bytes, uint64_t cap)
+{
+	return bytes <= cap && used <= cap - bytes;
 }
 
 /* Frees a uid's record once it holds nothing. */
 static void usage_put(struct registry *r, struct uid_usage *u)
 {
 	if (u && !u->owners && !u->names && !u->leases && !u->host_bytes &&
-	    !u->gpu_bytes && !u->fds_queued) {
+	    !u->gpu_bytes && !u->fds_queued && !u->versions && !u->leased) {
 		HASH_DEL(r->uids, u);
 		free(u);
 	}
@@ -112,6 +145,32 @@ struct entry *registry_entry(struct registry *r, const char *name)
 	return e;
 }
 
+/* Charges u, v's producer's uid (NULL: none), for v: v is reachable. */
+static void version_charge(struct version *v, struct uid_usage *u)
+{
+	v->usage = u;
+	if (!u)
+		return;
+	u->versions++;
+	u->host_bytes += v->owned_host;
+	u->gpu_bytes += v->owned_gpu;
+}
+
+/* Takes back what v's producer's uid was charged for v, if anything: v is
+ * no longer reachable, or dies. The uid's record may go. */
+static void version_uncharge(struct registry *r, struct version *v)
+{
+	struct uid_usage *u = v->usage;
+
+	if (!u)
+		return;
+	v->usage = NULL;
+	u->versions--;
+	u->host_bytes -= v->owned_host;
+	u->gpu_bytes -= v->owned_gpu;
+	usage_put(r, u);
+}
+
 /* Lets go of what b holds; its memory is its version's. */
 static void buffer_drop(struct registry *r, struct rbuffer *b)
 {
@@ -127,13 +186,6 @@ static void buffer_drop(struct registry *r, struct rbuffer *b)
 		r->owned_bytes -= b->size;
 	else if (b->daemon_owned)
 		r->gpu_bytes -= b->size;
-	if (b->usage) {
-		if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
-			b->usage->host_bytes -= b->size;
-		else
-			b->usage->gpu_bytes -= b->size;
-		usage_put(r, b->usage);
-	}
 }
 
 static void entry_maybe_free(struct registry *r, struct entry *e)
@@ -164,6 +216,7 @@ static void version_destroy(struct registry *r, struct version *v)
 	int retire = producer && v->state == VERSION_SEALED;
 	uint64_t number = v->number;
 
+	version_uncharge(r, v);
 	if (producer)
 		DL_DELETE2(producer->versions, v, oprev, onext);
 	DL_DELETE(e->versions, v);
@@ -191,10 +244,14 @@ static int version_reachable(const struct version *v)
 	return !v->entry->detached && v->entry->latest == v;
 }
 
-/* Kills v if nothing holds it any more. v may be freed on return. */
+/* Takes back its producer's charge once v is unreachable, and kills v if
+ * nothing holds it any more. v may be freed on return. */
 static void version_check(struct registry *r, struct version *v)
 {
-	if (!version_reachable(v) && v->leases == 0)
+	if (version_reachable(v))
+		return;
+	version_uncharge(r, v);
+	if (v->leases == 0)
 		version_destroy(r, v);
 }
 
@@ -217,6 +274,24 @@ static void version_publish(struct registry *r, struct version *v)
 		v->publishing = 0;
 	}
 	version_check(r, v);
+}
+
+/* Takes back what l's uid was charged for l's version v, once l is its
+ * uid's last lease on v. The uid's record stays: l's owner holds it. */
+static void lease_uncharge(struct version *v, struct lease *l)
+{
+	struct vcharge *vc = l->charge;
+	struct uid_usage *u;
+
+	l->charge = NULL;
+	if (!vc || --vc->leases)
+		return;
+	u = vc->usage;
+	u->leased--;
+	u->leased_host_bytes -= v->owned_host;
+	u->leased_gpu_bytes -= v->owned_gpu;
+	DL_DELETE(v->charges, vc);
+	free(vc);
 }
 
 /* Drops every lease on v (a pending version's writer lease), then v. For
@@ -242,6 +317,7 @@ static void entry_destroy(struct registry *r, struct entry *e)
 		struct lease *l, *tmp;
 
 		DL_FOREACH_SAFE2(v->lease_list, l, tmp, vnext) {
+			lease_uncharge(v, l);
 			DL_DELETE2(v->lease_list, l, vprev, vnext);
 			HASH_DEL(l->owner->leases, l);
 			l->owner->nleases--;
@@ -364,23 +440,20 @@ static int spec_check(struct registry *r, const struct registry_spec *s,
 static int quota_check(struct registry *r, struct registry_owner *o,
 		       int fresh_name, uint64_t bytes, uint64_t gpu)
 {
+	const struct registry_limits *l = &r->limits;
 	struct uid_usage *u = o->usage;
 
 	if (!u)
 		return 0;
-	if (fresh_name && u->names >= r->limits.uid_names) {
+	if (fresh_name && u->names >= l->uid_names) {
 		r->why = "names per uid";
 		return -EDQUOT;
 	}
-	uint64_t cap = r->limits.uid_host_bytes ? r->limits.uid_host_bytes :
-					       r->limits.max_bytes;
-
-	if (bytes > cap || u->host_bytes > cap - bytes) {
+	if (!fits(u->host_bytes, bytes, host_cap(l))) {
 		r->why = "daemon-owned host bytes per uid";
 		return -EDQUOT;
 	}
-	cap = r->limits.uid_gpu_bytes ? r->limits.uid_gpu_bytes : UINT64_MAX;
-	if (gpu > cap || u->gpu_bytes > cap - gpu) {
+	if (!fits(u->gpu_bytes, gpu, gpu_cap(l))) {
 		r->why = "daemon-owned GPU bytes per uid";
 		return -EDQUOT;
 	}
@@ -500,10 +573,9 @@ static void buffers_untake(struct version *v, size_t n, int exported)
  * version_alloc made room for them): store mode makes memfds, export mode
  * takes the fds. Returns 0, -EBADF (an export's seal could not be added),
  * or host_create's error. */
-static int version_buffers(struct registry *r, struct registry_owner *o,
-			   struct version *v, const struct registry_spec *s,
-			   int exported, struct rbuffer *bufs,
-			   struct rbuffer_cuda *cuda)
+static int version_buffers(struct registry *r, struct version *v,
+			   const struct registry_spec *s, int exported,
+			   struct rbuffer *bufs, struct rbuffer_cuda *cuda)
 {
 	for (size_t i = 0; i < s->nbuffers; i++) {
 		const Dlshare__Buffer *in = s->buffers[i];
@@ -555,9 +627,7 @@ static int version_buffers(struct registry *r, struct registry_owner *o,
 				b->fd = s->fds[i];
 			b->daemon_owned = 1;
 			r->gpu_bytes += b->size;
-			b->usage = o->usage;
-			if (b->usage)
-				b->usage->gpu_bytes += b->size;
+			v->owned_gpu += b->size;
 		} else {
 			b->fd = host_create(s->name, in->size,
 					    r->limits.huge_min, &b->size);
@@ -569,9 +639,7 @@ static int version_buffers(struct registry *r, struct registry_owner *o,
 			}
 			b->daemon_owned = 1;
 			r->owned_bytes += b->size;
-			b->usage = o->usage;
-			if (b->usage)
-				b->usage->host_bytes += b->size;
+			v->owned_host += b->size;
 		}
 		b->id = r->next_buffer_id++;
 		v->buffers[i] = b;
@@ -678,13 +746,15 @@ int registry_add(struct registry *r, struct registry_owner *o,
 	DL_APPEND2(o->versions, v, oprev, onext);
 	e->nversions++;
 	r->nversions++;
-	if ((err = version_buffers(r, o, v, s, exported, bufs, cuda))) {
+	if ((err = version_buffers(r, v, s, exported, bufs, cuda))) {
 		/* Never visible: no Retired for it. */
 		v->state = VERSION_PENDING;
 		version_destroy(r, v); /* frees the entry too if fresh */
 		return err;
 	}
 	e->last_number = v->number;
+	/* Reachable from birth: its producer's uid pays for it. */
+	version_charge(v, o->usage);
 	*out = v;
 	if (exported)
 		version_publish(r, v); /* v stays: it is the newest */
@@ -836,22 +906,68 @@ struct version *registry_find(struct registry *r, struct registry_owner *o,
 	return v;
 }
 
+/* Whether u may be charged v through a lease. Returns 0 or -EDQUOT. */
+static int lease_quota(struct registry *r, const struct uid_usage *u,
+		       const struct version *v)
+{
+	const struct registry_limits *l = &r->limits;
+
+	if (!fits(u->leased_host_bytes, v->owned_host, leased_host_cap(l))) {
+		r->why = "leased host bytes per uid";
+		return -EDQUOT;
+	}
+	if (!fits(u->leased_gpu_bytes, v->owned_gpu, leased_gpu_cap(l))) {
+		r->why = "leased GPU bytes per uid";
+		return -EDQUOT;
+	}
+	return 0;
+}
+
 int registry_lease(struct registry *r, struct registry_owner *o,
 		   struct version *v, struct lease **out)
 {
+	struct uid_usage *u = o->usage;
+	struct vcharge *vc = NULL, *fresh = NULL;
 	struct lease *l;
+	int err;
 
 	if (o->nleases >= r->limits.max_leases) {
 		r->why = "leases per connection";
 		return -EDQUOT;
 	}
-	if (o->usage && o->usage->leases >= r->limits.uid_leases) {
+	if (u && u->leases >= r->limits.uid_leases) {
 		r->why = "leases per uid";
 		return -EDQUOT;
 	}
+	/* The uid pays for v once, at its first lease on it: that is when the
+	 * limit is checked. A version has leases of a few uids, not many. */
+	if (u) {
+		DL_FOREACH(v->charges, vc)
+			if (vc->usage == u)
+				break;
+		if (!vc) {
+			if ((err = lease_quota(r, u, v)))
+				return err;
+			vc = fresh = calloc(1, sizeof(*fresh));
+			if (!fresh)
+				return -ENOMEM;
+		}
+	}
 	l = calloc(1, sizeof(*l));
-	if (!l)
+	if (!l) {
+		free(fresh);
 		return -ENOMEM;
+	}
+	if (fresh) {
+		fresh->usage = u;
+		DL_APPEND(v->charges, fresh);
+		u->leased++;
+		u->leased_host_bytes += v->owned_host;
+		u->leased_gpu_bytes += v->owned_gpu;
+	}
+	if (vc)
+		vc->leases++;
+	l->charge = vc;
 	l->id = r->next_lease_id++;
 	l->version = v;
 	l->owner = o;
@@ -872,6 +988,7 @@ static void lease_drop(struct registry *r, struct registry_owner *o,
 {
 	struct version *v = l->version;
 
+	lease_uncharge(v, l);
 	HASH_DEL(o->leases, l);
 	DL_DELETE2(v->lease_list, l, vprev, vnext);
 	o->nleases--;
@@ -981,7 +1098,7 @@ void registry_owner_drop(struct registry *r, struct registry_owner *o)
 		v->producer = NULL;
 		if (v->state == VERSION_PENDING) {
 			/* Its seal is on the thread pool: it dies when that
-			 * ends. */
+			 * ends. Its uid stays charged until then. */
 			v->orphaned = 1;
 			continue;
 		}

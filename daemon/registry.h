@@ -41,7 +41,6 @@ struct rbuffer {
 	uint64_t id;             /* daemon-wide, never reused */
 	uint64_t size;
 	struct version *version; /* the one version this buffer belongs to */
-	struct uid_usage *usage; /* daemon-owned: charged for its bytes */
 	void *holders;           /* the registry's user's (dispatch: the
 				  * peers that have its fd); untouched here */
 	struct rbuffer_cuda *cuda; /* NULL when it names no device UUID and
@@ -84,10 +83,26 @@ enum version_state {
 struct registry_owner;
 
 struct entry;
+struct uid_usage;
+
+/* A uid's stake in a version it holds leases on: its first lease charges
+ * the uid what the version costs (struct version), its last one takes it
+ * back, however many leases come between. */
+struct vcharge {
+	struct uid_usage *usage;
+	uint32_t leases;         /* the uid's leases on the version */
+	struct vcharge *prev, *next; /* version->charges */
+};
 
 /* One allocation holds a version, its tensors (the flexible array at the
  * end), the buffer pointers, the buffers, their CUDA records and the
  * tensors' dims and keys: a name with one small tensor costs one block.
+ *
+ * What a version costs (owned_host, owned_gpu) is charged to its
+ * producer's uid while the version is reachable (pending, or its name's
+ * newest), and to each uid holding a lease on it (once per uid, however
+ * many leases): the bytes that only a lease keeps alive are the
+ * leaseholder's.
  *
  * Sealing: a Seal write-seals the buffers off the loop (daemon/seal.c).
  * Meanwhile the version is still pending but sealing: not visible, not
@@ -99,7 +114,12 @@ struct version {
 	uint64_t number;
 	struct registry_owner *producer; /* pending, exported, or sealed with
 					  * its CUDA event; else NULL */
+	struct uid_usage *usage; /* its producer's uid while charged (it is
+				  * reachable); else NULL */
+	struct vcharge *charges; /* the uids its leases charge */
 	uint64_t bytes;
+	uint64_t owned_host;     /* daemon-owned host bytes of its buffers */
+	uint64_t owned_gpu;      /* daemon-owned GPU bytes of its buffers */
 	struct rbuffer **buffers;              /* nbuffers of them */
 	uint8_t *event_handle;   /* event_len bytes, an allocation of its
 				  * own (set at seal); NULL when none */
@@ -140,6 +160,8 @@ struct lease {
 	uint64_t id;
 	struct version *version;
 	struct registry_owner *owner;
+	struct vcharge *charge;  /* its uid's on the version; NULL when the
+				  * owner has no uid record */
 	UT_hash_handle hh;       /* owner->leases */
 	struct lease *vprev, *vnext; /* version->lease_list */
 };
@@ -151,8 +173,14 @@ struct uid_usage {
 	uint32_t owners;         /* registry owners (connections) of the uid */
 	uint32_t names;          /* names it created */
 	uint32_t leases;
-	uint64_t host_bytes;     /* daemon-owned host memory of its versions */
-	uint64_t gpu_bytes;      /* daemon-owned GPU memory of its versions */
+	uint32_t versions;       /* versions charged to it as their producer
+				  * (the reachable ones) */
+	uint32_t leased;         /* versions charged to it through leases */
+	uint64_t host_bytes;     /* daemon-owned host memory of the versions
+				  * charged to it as their producer */
+	uint64_t gpu_bytes;      /* daemon-owned GPU memory of those */
+	uint64_t leased_host_bytes; /* the same, of the versions it leases */
+	uint64_t leased_gpu_bytes;
 	uint32_t fds_queued;     /* fds in replies not yet sent to it */
 	UT_hash_handle hh;       /* registry->uids */
 };
@@ -194,6 +222,10 @@ struct registry_limits {
 	uint64_t uid_gpu_bytes;     /* daemon-owned GPU bytes per uid (0: no
 				     * cap but the devices' memory) */
 	uint32_t uid_fds;           /* fds queued to one uid's connections */
+	uint64_t uid_leased_bytes;  /* daemon-owned host bytes of versions one
+				     * uid leases; 0: as uid_host_bytes */
+	uint64_t uid_leased_gpu_bytes; /* daemon-owned GPU bytes of versions
+					* one uid leases; 0: as uid_gpu_bytes */
 	uint64_t max_buffer_bytes;  /* size of one buffer */
 	uint64_t max_bytes;         /* daemon-owned bytes, all buffers */
 	uint32_t default_mode;      /* mode of a name when the publisher gives 0 */
@@ -287,9 +319,10 @@ int registry_precheck(struct registry *r, struct registry_owner *o,
  * Checks the name, the ACL, every tensor against the buffers and the limits.
  * On success the registry owns spec->fds (they are set to -1) and *out is the
  * new version. Returns 0, -EINVAL, -EBADF (a peer's fd is refused: r->why
- * says why), -EPERM, -E2BIG (a limit on tensors or buffers), -ENOSPC (byte
- * limit), -EFBIG (a buffer over max_buffer_bytes), -EOPNOTSUPP (a buffer
- * kind this daemon cannot hold), -ENOMEM. */
+ * says why), -EPERM, -E2BIG (a limit on tensors or buffers), -ENOSPC (a
+ * limit of the daemon), -EDQUOT (a limit of its uid; r->why says which),
+ * -EFBIG (a buffer over max_buffer_bytes), -EOPNOTSUPP (a buffer kind this
+ * daemon cannot hold), -ENOMEM. */
 int registry_add(struct registry *r, struct registry_owner *o,
 		 const struct registry_spec *spec, int exported,
 		 struct version **out);
@@ -336,8 +369,10 @@ struct version *registry_find(struct registry *r, struct registry_owner *o,
 			      const char *name, enum registry_select sel,
 			      uint64_t number, int *err);
 
-/* Takes a lease of o on v. Returns 0 with *out, -EDQUOT (o holds
- * max_leases, or its uid uid_leases; r->why says which), -ENOMEM. */
+/* Takes a lease of o on v. The first lease of o's uid on v charges the uid
+ * v's bytes. Returns 0 with *out, -EDQUOT (o holds max_leases, or its uid
+ * uid_leases, or the leased bytes of its uid would pass their limit;
+ * r->why says which), -ENOMEM. */
 int registry_lease(struct registry *r, struct registry_owner *o,
 		   struct version *v, struct lease **out);
 

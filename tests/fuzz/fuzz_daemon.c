@@ -443,62 +443,67 @@ static void server_setup(struct session *z)
 	FUZZ_ASSERT(server_init(&z->s, &loop, &cfg) == 0, "server_init");
 }
 
-/* The buffers of u's store versions under names in the map (the caller
- * made sure no deleted name is left): their bytes, and whether each is
- * charged to a live record. */
-static uint64_t charged_bytes(struct registry *r, const struct uid_usage *u)
+/* What u is charged for the versions under names in the map (the caller
+ * made sure no deleted name is left) as their producer: their count and
+ * host bytes; and whether each version is charged to a live record. */
+static void charged(struct registry *r, const struct uid_usage *u,
+		    uint32_t *versions, uint64_t *bytes)
 {
 	struct entry *e, *etmp;
 	struct version *v;
-	uint64_t bytes = 0;
 
+	*versions = 0;
+	*bytes = 0;
 	HASH_ITER(hh, r->names, e, etmp)
-		DL_FOREACH(e->versions, v)
-			for (size_t i = 0; i < v->nbuffers; i++) {
-				const struct rbuffer *b = v->buffers[i];
-				struct uid_usage *live = NULL;
+		DL_FOREACH(e->versions, v) {
+			struct uid_usage *live = NULL;
 
-				if (b->usage)
-					HASH_FIND(hh, r->uids, &b->usage->uid,
-						  sizeof(b->usage->uid), live);
-				FUZZ_ASSERT(b->daemon_owned && b->usage &&
-					    live == b->usage,
-					    "buffer %llu charged to no live "
-					    "uid record",
-					    (unsigned long long)b->id);
-				if (b->usage == u)
-					bytes += b->size;
-			}
-	return bytes;
+			if (v->usage)
+				HASH_FIND(hh, r->uids, &v->usage->uid,
+					  sizeof(v->usage->uid), live);
+			FUZZ_ASSERT(v->usage && live == v->usage && !v->charges,
+				    "name %s v%llu charged to no live uid "
+				    "record, or to a leaseholder", e->name,
+				    (unsigned long long)v->number);
+			if (v->usage != u)
+				continue;
+			(*versions)++;
+			*bytes += v->owned_host;
+		}
 }
 
 /* What each uid is charged for must be what it still holds: no
- * connection and no lease; the names it created; the bytes of its store
- * buffers. A record that holds nothing must be gone. */
+ * connection or lease; the names it created; the bytes of its store
+ * versions. A record that holds nothing must be gone. */
 static void check_uids(struct registry *r)
 {
 	struct uid_usage *u, *utmp;
 	struct entry *e, *etmp;
+	uint32_t versions;
+	uint64_t bytes;
 
 	HASH_ITER(hh, r->uids, u, utmp) {
 		uint32_t names = 0;
-		uint64_t bytes = charged_bytes(r, u);
 
+		charged(r, u, &versions, &bytes);
 		HASH_ITER(hh, r->names, e, etmp)
 			names += e->usage == u;
 		FUZZ_ASSERT(u->owners == 0 && u->leases == 0 &&
-			    u->names == names && u->host_bytes == bytes &&
-			    u->gpu_bytes == 0,
+			    u->leased == 0 && u->leased_host_bytes == 0 &&
+			    u->leased_gpu_bytes == 0 && u->fds_queued == 0 &&
+			    u->names == names && u->versions == versions &&
+			    u->host_bytes == bytes && u->gpu_bytes == 0,
 			    "uid %u charged for %u conns, %u leases, %u/%u "
-			    "names, %llu/%llu bytes", (unsigned)u->uid,
-			    u->owners, u->leases, u->names, names,
+			    "names, %u/%u versions, %llu/%llu bytes",
+			    (unsigned)u->uid, u->owners, u->leases, u->names,
+			    names, u->versions, versions,
 			    (unsigned long long)u->host_bytes,
 			    (unsigned long long)bytes);
-		FUZZ_ASSERT(names || bytes, "uid %u: empty record kept",
+		FUZZ_ASSERT(names || versions, "uid %u: empty record kept",
 			    (unsigned)u->uid);
 	}
-	/* Buffers are checked even when no uid record is left. */
-	(void)charged_bytes(r, NULL);
+	/* Versions are checked even when no uid record is left. */
+	charged(r, NULL, &versions, &bytes);
 	HASH_ITER(hh, r->names, e, etmp) {
 		u = NULL;
 		if (e->usage)
@@ -538,10 +543,6 @@ static void check_peers_gone(struct session *z)
 			    "name %s v%llu: state %d exported %d leases %u",
 			    e->name, (unsigned long long)v->number, v->state,
 			    v->exported, v->leases);
-		FUZZ_ASSERT(!v->sealing && !v->orphaned,
-			    "name %s v%llu: sealing %d orphaned %d", e->name,
-			    (unsigned long long)v->number, v->sealing,
-			    v->orphaned);
 		for (size_t i = 0; i < v->nbuffers; i++) {
 			struct rbuffer *b = v->buffers[i];
 
@@ -549,6 +550,10 @@ static void check_peers_gone(struct session *z)
 				    fcntl(b->fd, F_GETFD) >= 0,
 				    "name %s: buffer %zu", e->name, i);
 		}
+		FUZZ_ASSERT(!v->sealing && !v->orphaned,
+			    "name %s v%llu: sealing %d orphaned %d", e->name,
+			    (unsigned long long)v->number, v->sealing,
+			    v->orphaned);
 		names++;
 		buffers += v->nbuffers;
 		bytes += v->bytes;
@@ -583,7 +588,7 @@ static void server_teardown(struct session *z)
 	server_deinit(&z->s);
 	FUZZ_ASSERT(!r->names && !r->detached && r->nnames == 0 &&
 		    r->nversions == 0 && r->nleases == 0 && r->nbuffers == 0 &&
-		    r->bytes == 0 && r->owned_bytes == 0,
+		    r->bytes == 0 && r->owned_bytes == 0 && !r->uids,
 		    "registry not empty after deinit");
 	uv_walk(&loop, walk_count, &handles);
 	FUZZ_ASSERT(handles == 0 && !uv_loop_alive(&loop),

@@ -1,6 +1,6 @@
 /* test_hostile — peers that know the protocol and use it against the
  * others, through the real daemon: a producer that pins pages of its
- * buffer and seals in a loop. Each test checks that the
+ * buffer and seals in a loop, and leases held forever. Each test checks that the
  * hostile peer meets a named limit (or a clear refusal) and that another
  * client is still served within a bound, another uid where the test runs
  * as root (children switch uids), another connection otherwise.
@@ -64,11 +64,26 @@ static uid_t hostile_uid(void)
 	return util_can_switch_uids() ? UTIL_UID_A : geteuid();
 }
 
+static uid_t other_uid(void)
+{
+	return util_can_switch_uids() ? UTIL_UID_B : geteuid();
+}
+
 static void say_alone(const char *what)
 {
 	if (!util_can_switch_uids())
 		fprintf(stderr, "SKIP (part): needs root to switch uids; %s\n",
 			what);
+}
+
+/* Waits for a byte on fd. */
+static void await_byte(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	char x;
+
+	assert_int_equal(poll(&p, 1, harness_ms(20000)), 1);
+	assert_int_equal(read(fd, &x, 1), 1);
 }
 
 /* ---- raw frames ----------------------------------------------------------------- */
@@ -470,11 +485,124 @@ static void seal_uid_queue(void **state)
 	dlshare_disconnect(c);
 }
 
+/* ==== leases held forever ================================================================== */
+
+#define LEASE_F32 (64 * 1024)  /* 256 KiB of float32 */
+#define LEASE_VERSIONS 8
+
+static int setup_leases(void **state)
+{
+	static const char *const args[] = { "--uid-host-bytes", "1M", NULL };
+
+	return setup_open(state, args);
+}
+
+/* Gets each new version of lease/w and keeps it: the first four fit its
+ * uid's 1 MiB of leased bytes (--uid-leased-bytes, as --uid-host-bytes),
+ * the rest fail naming the limit and the uid. Acks each try on arg[0],
+ * after arg[1] says a version is there. */
+static int lease_hoarder(const struct daemon_proc *d, void *arg)
+{
+	const int *fds = arg;
+	dlshare_client *c = util_child_connect(d);
+	dlshare_bundle *held[LEASE_VERSIONS];
+	dlshare_get_opts o = { .select = DLSHARE_EXACT };
+	int n = 0, refused = 0;
+	char x;
+
+	for (int k = 1; k <= LEASE_VERSIONS; k++) {
+		int err;
+
+		CHILD_CHECK(read(fds[1], &x, 1) == 1);
+		o.version = (uint64_t)k;
+		err = dlshare_get(c, "lease/w", &o, &held[n]);
+		if (err == 0) {
+			n++;
+		} else {
+			char u[32];
+
+			snprintf(u, sizeof(u), "(uid %u)", (unsigned)geteuid());
+			if (err != DLSHARE_ELIMIT ||
+			    !strstr(dlshare_last_error(),
+				    "leased host bytes per uid") ||
+			    !strstr(dlshare_last_error(), u))
+				CHILD_FAIL("get v%d: %d \"%s\"", k, err,
+					   dlshare_last_error());
+			refused++;
+		}
+		CHILD_CHECK(write(fds[0], "a", 1) == 1);
+	}
+	CHILD_CHECK(n == 4 && refused == LEASE_VERSIONS - 4);
+	/* Let go, and the uid may lease again. */
+	for (int i = 0; i < n; i++)
+		dlshare_bundle_free(held[i]);
+	o.select = DLSHARE_LATEST;
+	{
+		dlshare_bundle *b = NULL;
+		int err = DLSHARE_ELIMIT;
+
+		for (int i = 0; i < 200 && err == DLSHARE_ELIMIT; i++) {
+			err = dlshare_get(c, "lease/w", &o, &b);
+			if (err)
+				util_sleep_ms(10);
+		}
+		CHILD_OK(err);
+		dlshare_bundle_free(b);
+	}
+	dlshare_disconnect(c);
+	return 0;
+}
+
+/* Regression test (issue 11, item 7): with --uid-host-bytes 1M, a reader
+ * that leased each new 256 KiB version and never released it used up the
+ * producer's quota: its 5th version failed with "limit reached ... (uid
+ * of the producer)". The bytes that only a lease keeps alive are the
+ * leaseholder's: the producer publishes on, the reader is refused. */
+static void leases_forever(void **state)
+{
+	static const int64_t shape[1] = { LEASE_F32 };
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	int ack[2], pub[2], fds[2];
+	uint64_t v;
+	pid_t pid;
+
+	assert_int_equal(pipe2(ack, O_CLOEXEC), 0);
+	assert_int_equal(pipe2(pub, O_CLOEXEC), 0);
+	fds[0] = ack[1];
+	fds[1] = pub[0];
+	pid = util_spawn_as(&fx->d, other_uid(), other_uid(), lease_hoarder,
+			    fds);
+	say_alone("the reader is our own uid (its leased bytes are still "
+		  "counted apart)");
+	for (int k = 1; k <= LEASE_VERSIONS; k++) {
+		int err = util_store(c, "lease/w", DT_F32, 1, shape,
+				     (uint32_t)k, &v);
+
+		if (err)
+			fail_msg("version %d: %s [%s]", k, dlshare_strerror(err),
+				 dlshare_last_error());
+		assert_int_equal(v, (uint64_t)k);
+		assert_int_equal(write(pub[1], "v", 1), 1);
+		await_byte(ack[0]);
+	}
+	assert_int_equal(util_wait(pid), 0);
+	/* And on: the producer's quota holds the newest version only. */
+	assert_int_equal(util_store(c, "lease/w", DT_F32, 1, shape, 9, &v), 0);
+	util_stats(c);
+	close(ack[0]);
+	close(ack[1]);
+	close(pub[0]);
+	close(pub[1]);
+	dlshare_disconnect(c);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(seal_pinned, setup_open_none, teardown),
 		cmocka_unit_test_setup_teardown(seal_uid_queue, setup_queue, teardown),
+		cmocka_unit_test_setup_teardown(leases_forever, setup_leases, teardown),
 	};
 
 	return cmocka_run_group_tests_name("hostile", tests, NULL, NULL);

@@ -1543,6 +1543,119 @@ static void test_sealing(void **state)
 	assert_int_equal(f->r.nversions, 1);
 }
 
+/* ---- charges ------------------------------------------------------------------- */
+
+/* Attaches o to its uid record (quotas apply from now on). */
+static struct uid_usage *attach(struct fix *f, struct registry_owner *o)
+{
+	assert_int_equal(registry_owner_attach(&f->r, o), 0);
+	return o->usage;
+}
+
+static void assert_charged(struct uid_usage *u, uint32_t versions,
+			   uint64_t bytes, uint32_t leased,
+			   uint64_t leased_bytes)
+{
+	assert_int_equal(u->versions, versions);
+	assert_int_equal(u->host_bytes, bytes);
+	assert_int_equal(u->leased, leased);
+	assert_int_equal(u->leased_host_bytes, leased_bytes);
+}
+
+/* A version's bytes are its producer's while it is reachable, and each
+ * leasing uid's (once per uid) while that uid leases it: what only a
+ * lease keeps alive is the leaseholder's. */
+static void test_charges(void **state)
+{
+	struct fix *f = *state;
+	struct uid_usage *up = attach(f, &f->prod), *uo = attach(f, &f->other);
+	struct lease *l1, *l2, *l3;
+	struct version *v1, *v2;
+
+	assert_ptr_equal(attach(f, &f->cons), up); /* the same uid */
+	assert_int_equal(create(f, &f->prod, "c", &v1), 0);
+	assert_charged(up, 1, PAGE, 0, 0);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "c", 1, NULL, 0), 0);
+	assert_charged(up, 1, PAGE, 0, 0);
+
+	/* Two leases of one uid (two of its connections) and one of
+	 * another: each uid pays once. */
+	assert_int_equal(registry_lease(&f->r, &f->other, v1, &l1), 0);
+	assert_int_equal(registry_lease(&f->r, &f->other, v1, &l2), 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v1, &l3), 0);
+	assert_charged(uo, 0, 0, 1, PAGE);
+	assert_charged(up, 1, PAGE, 1, PAGE);
+
+	/* Superseded: the producer pays for the new one only. */
+	v2 = publish(f, &f->prod, "c", 0);
+	assert_charged(up, 1, PAGE, 1, PAGE);
+	assert_int_equal(registry_release(&f->r, &f->other, l1->id), 0);
+	assert_charged(uo, 0, 0, 1, PAGE);
+	assert_int_equal(registry_release(&f->r, &f->other, l2->id), 0);
+	assert_charged(uo, 0, 0, 0, 0);
+	assert_int_equal(registry_release(&f->r, &f->cons, l3->id), 0);
+	assert_charged(up, 1, PAGE, 0, 0);
+
+	/* Deleted while leased: the leaseholder pays, the producer not. */
+	assert_int_equal(registry_lease(&f->r, &f->other, v2, &l1), 0);
+	assert_int_equal(registry_delete(&f->r, &f->prod, "c"), 0);
+	assert_charged(up, 0, 0, 0, 0);
+	assert_charged(uo, 0, 0, 1, PAGE);
+	assert_int_equal(registry_release(&f->r, &f->other, l1->id), 0);
+	assert_charged(uo, 0, 0, 0, 0);
+	assert_counts(f, 0, 0, 0, 0, 0);
+
+	/* An export costs no daemon-owned bytes. */
+	export(f, &f->prod, "e", 0);
+	assert_charged(up, 1, 0, 0, 0);
+	/* An abort gives back what a pending version cost. */
+	assert_int_equal(create(f, &f->prod, "c", &v1), 0);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "c", v1->number), 0);
+	assert_charged(up, 1, 0, 0, 0);
+}
+
+/* Leased bytes per uid, host and GPU: checked at the uid's first lease on
+ * a version. */
+static void test_limit_leased_bytes(void **state)
+{
+	struct fix *f = *state;
+	uint8_t uuid[16] = { 1, 2, 3 };
+	struct version *v1, *v2, *g;
+	struct lease *l;
+	struct tspec ts;
+
+	attach(f, &f->prod);
+	attach(f, &f->other);
+	f->r.limits.uid_leased_bytes = PAGE;
+	v1 = publish(f, &f->prod, "a", 0);
+	v2 = publish(f, &f->prod, "b", 0);
+	assert_int_equal(registry_lease(&f->r, &f->other, v1, &l), 0);
+	assert_int_equal(registry_lease(&f->r, &f->other, v1, &l), 0);
+	assert_int_equal(registry_lease(&f->r, &f->other, v2, &l), -EDQUOT);
+	assert_string_equal(f->r.why, "leased host bytes per uid");
+	/* The producer's own quota is another one. */
+	assert_int_equal(registry_lease(&f->r, &f->prod, v2, &l), 0);
+
+	/* A daemon-owned cuda-vmm buffer (its fd: any fd will do here). */
+	spec(&ts, "g", 0, 1, 1, PAGE);
+	ts.dev.type = 2;
+	ts.dev.has_uuid = 1;
+	ts.dev.uuid.data = uuid;
+	ts.dev.uuid.len = sizeof(uuid);
+	ts.b[0].kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM;
+	ts.fds[0] = make_memfd(PAGE, 0);
+	g = add_ok(f, &f->prod, &ts.s, 0);
+	assert_int_equal(g->owned_gpu, PAGE);
+	assert_int_equal(f->prod.usage->gpu_bytes, PAGE);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "g", 1, NULL, 0), 0);
+	f->r.limits.uid_leased_gpu_bytes = PAGE - 1;
+	assert_int_equal(registry_lease(&f->r, &f->other, g, &l), -EDQUOT);
+	assert_string_equal(f->r.why, "leased GPU bytes per uid");
+	f->r.limits.uid_leased_gpu_bytes = PAGE;
+	assert_int_equal(registry_lease(&f->r, &f->other, g, &l), 0);
+	assert_int_equal(f->other.usage->leased_gpu_bytes, PAGE);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fix_setup, fix_teardown)
@@ -1571,6 +1684,8 @@ int main(void)
 		T(test_deinit_with_leases),
 		T(test_numbers_after_delete),
 		T(test_sealing),
+		T(test_charges),
+		T(test_limit_leased_bytes),
 	};
 #undef T
 
