@@ -118,6 +118,11 @@ static const struct opt opts[] = {
 	  SRV(registry.max_leases), NULL,
 	  "leases per connection",
 	  "One more get fails with DLSHARE_ELIMIT.", NULL },
+	{ "max-pending", 0, OPT_U32, "N", 1, 1u << 20,
+	  SRV(registry.max_pending), NULL,
+	  "pending (created, not yet sealed) versions per connection",
+	  "Each holds its buffers' memfds. One more create fails with "
+	  "DLSHARE_ELIMIT.", NULL },
 	{ "max-bytes", 0, OPT_BYTES, "BYTES", 0, UINT64_MAX,
 	  SRV(registry.max_bytes), NULL,
 	  "bytes of all daemon-owned buffers",
@@ -131,6 +136,17 @@ static const struct opt opts[] = {
 	  SRV(limits.max_out_fds), NULL,
 	  "fds queued to one peer that does not read",
 	  "A get that would queue more fails with DLSHARE_ELIMIT.", NULL },
+	{ "max-open-fds", 0, OPT_U32, "N", 0, 1u << 30,
+	  SRV(registry.max_open_fds), NULL,
+	  "fds held for all peers' buffers and queued replies; 0: derived",
+	  "Every buffer holds its fds (a host buffer two: its memfd and the "
+	  "read-only reopen readers get; a cuda-vmm buffer one) while a "
+	  "version keeps it. dlshared raises its RLIMIT_NOFILE soft limit to "
+	  "the hard one at start; 0 leaves out of that 128 fds of its own and "
+	  "one per connection (max-connections), so that accepting and "
+	  "serving a new peer always finds an fd. A create, publish or get "
+	  "past it fails with DLSHARE_ELIMIT.",
+	  "0, RLIMIT_NOFILE less 128 and max-connections" },
 	{ "hello-timeout", 0, OPT_U32, "MS", 100, 3600 * 1000,
 	  SRV(limits.hello_timeout_ms), NULL,
 	  "milliseconds a new peer has to say Hello",
@@ -166,6 +182,18 @@ static const struct opt opts[] = {
 	  "A version counts once per uid, however many leases the uid holds on "
 	  "it. A get past it fails with DLSHARE_ELIMIT.",
 	  "0, the same as uid-host-bytes" },
+	{ "uid-pending", 0, OPT_U32, "N", 1, 1u << 20,
+	  SRV(registry.uid_pending), NULL,
+	  "pending versions of one uid",
+	  "One more create fails with DLSHARE_ELIMIT.", NULL },
+	{ "uid-open-fds", 0, OPT_U32, "N", 0, 1u << 30,
+	  SRV(registry.uid_open_fds), NULL,
+	  "fds held for one uid; 0: half of max-open-fds",
+	  "The fds of its pending and newest versions, of the versions it "
+	  "holds leases on, and those queued in replies to it: one uid can "
+	  "never take every fd of the daemon. A create, publish or get past "
+	  "it fails with DLSHARE_ELIMIT.",
+	  "0, half of max-open-fds" },
 	{ "uid-seals", 0, OPT_U32, "N", 1, 1024,
 	  SRV(limits.uid_seals), NULL,
 	  "seals of one uid running at once",

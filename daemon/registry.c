@@ -40,6 +40,10 @@ void registry_limits_default(struct registry_limits *l)
 	l->uid_gpu_bytes = 0;
 	l->huge_min = 0; /* huge pages are the operator's to give */
 	l->uid_fds = REGISTRY_UID_FDS_DEFAULT;
+	l->max_pending = REGISTRY_MAX_PENDING_DEFAULT;
+	l->uid_pending = REGISTRY_UID_PENDING_DEFAULT;
+	l->uid_open_fds = 0;         /* the server derives them */
+	l->max_open_fds = 0;
 	l->uid_leased_bytes = 0;     /* as uid_host_bytes */
 	l->uid_leased_gpu_bytes = 0; /* as uid_gpu_bytes */
 }
@@ -75,7 +79,8 @@ static int fits(uint64_t used, uint64_t bytes, uint64_t cap)
 static void usage_put(struct registry *r, struct uid_usage *u)
 {
 	if (u && !u->owners && !u->names && !u->leases && !u->host_bytes &&
-	    !u->gpu_bytes && !u->fds_queued && !u->versions && !u->leased) {
+	    !u->gpu_bytes && !u->fds_queued && !u->pending && !u->versions &&
+	    !u->leased && !u->fds) {
 		HASH_DEL(r->uids, u);
 		free(u);
 	}
@@ -145,6 +150,19 @@ struct entry *registry_entry(struct registry *r, const char *name)
 	return e;
 }
 
+/* The fds a buffer of kind may hold (REGISTRY_FDS_*). */
+static unsigned buffer_fds(unsigned kind)
+{
+	switch (kind) {
+	case DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST:
+		return REGISTRY_FDS_HOST;
+	case DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM:
+		return REGISTRY_FDS_VMM;
+	default:
+		return 0;
+	}
+}
+
 /* Charges u, v's producer's uid (NULL: none), for v: v is reachable. */
 static void version_charge(struct version *v, struct uid_usage *u)
 {
@@ -154,6 +172,7 @@ static void version_charge(struct version *v, struct uid_usage *u)
 	u->versions++;
 	u->host_bytes += v->owned_host;
 	u->gpu_bytes += v->owned_gpu;
+	u->fds += v->nfds;
 }
 
 /* Takes back what v's producer's uid was charged for v, if anything: v is
@@ -168,7 +187,21 @@ static void version_uncharge(struct registry *r, struct version *v)
 	u->versions--;
 	u->host_bytes -= v->owned_host;
 	u->gpu_bytes -= v->owned_gpu;
+	u->fds -= v->nfds;
 	usage_put(r, u);
+}
+
+/* v is no longer pending (sealed, or dying): its producer and uid count it
+ * no more. Before version_uncharge, which may free the uid's record. */
+static void version_unpend(struct version *v)
+{
+	if (!v->pending)
+		return;
+	v->pending = 0;
+	if (v->producer)
+		v->producer->npending--;
+	if (v->usage)
+		v->usage->pending--;
 }
 
 /* Lets go of what b holds; its memory is its version's. */
@@ -182,6 +215,7 @@ static void buffer_drop(struct registry *r, struct rbuffer *b)
 		close(b->ro_fd);
 	r->nbuffers--;
 	r->bytes -= b->size;
+	r->nfds -= buffer_fds(b->kind);
 	if (b->daemon_owned && b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
 		r->owned_bytes -= b->size;
 	else if (b->daemon_owned)
@@ -216,6 +250,7 @@ static void version_destroy(struct registry *r, struct version *v)
 	int retire = producer && v->state == VERSION_SEALED;
 	uint64_t number = v->number;
 
+	version_unpend(v);
 	version_uncharge(r, v);
 	if (producer)
 		DL_DELETE2(producer->versions, v, oprev, onext);
@@ -290,6 +325,7 @@ static void lease_uncharge(struct version *v, struct lease *l)
 	u->leased--;
 	u->leased_host_bytes -= v->owned_host;
 	u->leased_gpu_bytes -= v->owned_gpu;
+	u->fds -= v->nfds;
 	DL_DELETE(v->charges, vc);
 	free(vc);
 }
@@ -436,15 +472,45 @@ static int spec_check(struct registry *r, const struct registry_spec *s,
 	return 0;
 }
 
-/* The per-uid part of registry_add's checks. */
+/* The fds a spec's buffers may hold (struct version: nfds). */
+static uint32_t spec_fds(const struct registry_spec *s)
+{
+	uint32_t n = 0;
+
+	for (size_t i = 0; i < s->nbuffers; i++)
+		n += buffer_fds(s->buffers[i]->kind);
+	return n;
+}
+
+/* The per-owner, per-uid and fd part of registry_add's checks: a version
+ * costing bytes, gpu and nfds, pending unless exported. */
 static int quota_check(struct registry *r, struct registry_owner *o,
-		       int fresh_name, uint64_t bytes, uint64_t gpu)
+		       int fresh_name, int exported, uint64_t bytes,
+		       uint64_t gpu, uint32_t nfds)
 {
 	const struct registry_limits *l = &r->limits;
 	struct uid_usage *u = o->usage;
 
+	/* Each pending version holds its memfds: a flood of them would take
+	 * every fd of the daemon. */
+	if (!exported && o->npending >= l->max_pending) {
+		r->why = "pending versions per connection";
+		return -EDQUOT;
+	}
+	if (l->max_open_fds && r->nfds + r->fds_queued + nfds > l->max_open_fds) {
+		r->why = "open fds of the daemon";
+		return -ENOSPC;
+	}
 	if (!u)
 		return 0;
+	if (!exported && u->pending >= l->uid_pending) {
+		r->why = "pending versions per uid";
+		return -EDQUOT;
+	}
+	if (l->uid_open_fds && u->fds + u->fds_queued + nfds > l->uid_open_fds) {
+		r->why = "open fds per uid";
+		return -EDQUOT;
+	}
 	if (fresh_name && u->names >= l->uid_names) {
 		r->why = "names per uid";
 		return -EDQUOT;
@@ -644,8 +710,10 @@ static int version_buffers(struct registry *r, struct version *v,
 		b->id = r->next_buffer_id++;
 		v->buffers[i] = b;
 		v->bytes += b->size;
+		v->nfds += buffer_fds(b->kind);
 		r->nbuffers++;
 		r->bytes += b->size;
+		r->nfds += buffer_fds(b->kind);
 	}
 	/* Only now, when nothing can fail, do the caller's fds change
 	 * hands. */
@@ -673,7 +741,7 @@ static int add_check(struct registry *r, struct registry_owner *o,
 	*entry = e = registry_entry(r, s->name);
 	if (e && !registry_may(e, o, 2))
 		return -EPERM;
-	return quota_check(r, o, !e, owned, gpu);
+	return quota_check(r, o, !e, exported, owned, gpu, spec_fds(s));
 }
 
 int registry_precheck(struct registry *r, struct registry_owner *o,
@@ -755,6 +823,12 @@ int registry_add(struct registry *r, struct registry_owner *o,
 	e->last_number = v->number;
 	/* Reachable from birth: its producer's uid pays for it. */
 	version_charge(v, o->usage);
+	if (!exported) {
+		v->pending = 1;
+		o->npending++;
+		if (o->usage)
+			o->usage->pending++;
+	}
 	*out = v;
 	if (exported)
 		version_publish(r, v); /* v stays: it is the newest */
@@ -827,6 +901,7 @@ int registry_seal_end(struct registry *r, struct version *v, int err,
 	free(v->event_handle);
 	v->event_handle = ev;
 	v->event_len = (uint8_t)event_len;
+	version_unpend(v);
 	v->state = VERSION_SEALED;
 	/* A CUDA event lives in the producer's process: the producer stays
 	 * attached, to hear when it may destroy it (Retired), and the
@@ -920,6 +995,11 @@ static int lease_quota(struct registry *r, const struct uid_usage *u,
 		r->why = "leased GPU bytes per uid";
 		return -EDQUOT;
 	}
+	if (l->uid_open_fds &&
+	    u->fds + u->fds_queued + v->nfds > l->uid_open_fds) {
+		r->why = "open fds per uid";
+		return -EDQUOT;
+	}
 	return 0;
 }
 
@@ -964,6 +1044,7 @@ int registry_lease(struct registry *r, struct registry_owner *o,
 		u->leased++;
 		u->leased_host_bytes += v->owned_host;
 		u->leased_gpu_bytes += v->owned_gpu;
+		u->fds += v->nfds;
 	}
 	if (vc)
 		vc->leases++;
@@ -1099,6 +1180,8 @@ void registry_owner_drop(struct registry *r, struct registry_owner *o)
 		if (v->state == VERSION_PENDING) {
 			/* Its seal is on the thread pool: it dies when that
 			 * ends. Its uid stays charged until then. */
+			if (v->pending)
+				o->npending--;
 			v->orphaned = 1;
 			continue;
 		}

@@ -98,10 +98,10 @@ struct vcharge {
  * end), the buffer pointers, the buffers, their CUDA records and the
  * tensors' dims and keys: a name with one small tensor costs one block.
  *
- * What a version costs (owned_host, owned_gpu) is charged to its
+ * What a version costs (owned_host, owned_gpu, nfds) is charged to its
  * producer's uid while the version is reachable (pending, or its name's
  * newest), and to each uid holding a lease on it (once per uid, however
- * many leases): the bytes that only a lease keeps alive are the
+ * many leases): the bytes and fds that only a lease keeps alive are the
  * leaseholder's.
  *
  * Sealing: a Seal write-seals the buffers off the loop (daemon/seal.c).
@@ -128,12 +128,15 @@ struct version {
 	struct version *oprev, *onext;         /* producer->versions */
 	uint32_t ntensors;
 	uint32_t leases;
+	uint32_t nfds;           /* fds its buffers may hold (REGISTRY_FDS_*) */
 	uint16_t mode;
 	uint8_t nbuffers;        /* <= REGISTRY_BUFFERS_HARD_MAX */
 	uint8_t event_len;       /* <= REGISTRY_HANDLE_MAX */
 	uint8_t state;           /* enum version_state */
 	uint8_t exported;        /* producer memory: retired back to it */
 	uint8_t publishing;      /* in ops->published */
+	uint8_t pending;         /* counted in its producer's and uid's
+				  * pending versions */
 	uint8_t sealing;         /* between registry_seal_begin and _end */
 	uint8_t orphaned;        /* its producer or name went while sealing:
 				  * it dies at registry_seal_end */
@@ -173,6 +176,7 @@ struct uid_usage {
 	uint32_t owners;         /* registry owners (connections) of the uid */
 	uint32_t names;          /* names it created */
 	uint32_t leases;
+	uint32_t pending;        /* its pending versions (sealing included) */
 	uint32_t versions;       /* versions charged to it as their producer
 				  * (the reachable ones) */
 	uint32_t leased;         /* versions charged to it through leases */
@@ -181,6 +185,8 @@ struct uid_usage {
 	uint64_t gpu_bytes;      /* daemon-owned GPU memory of those */
 	uint64_t leased_host_bytes; /* the same, of the versions it leases */
 	uint64_t leased_gpu_bytes;
+	uint64_t fds;            /* fds of the versions charged to it, either
+				  * way (struct version: nfds) */
 	uint32_t fds_queued;     /* fds in replies not yet sent to it */
 	UT_hash_handle hh;       /* registry->uids */
 };
@@ -193,6 +199,7 @@ struct registry_owner {
 	struct uid_usage *usage; /* set by registry_owner_attach */
 	struct lease *leases;
 	uint32_t nleases;
+	uint32_t npending;        /* its pending versions (sealing included) */
 	struct version *versions; /* pending, exported, and sealed with a
 				   * CUDA event, by this owner */
 };
@@ -222,6 +229,14 @@ struct registry_limits {
 	uint64_t uid_gpu_bytes;     /* daemon-owned GPU bytes per uid (0: no
 				     * cap but the devices' memory) */
 	uint32_t uid_fds;           /* fds queued to one uid's connections */
+	uint32_t max_pending;       /* pending versions per owner */
+	uint32_t uid_pending;       /* pending versions per uid */
+	uint32_t uid_open_fds;      /* fds held for one uid: its versions',
+				     * its leased versions' and those queued
+				     * to it; 0: no cap (the server derives
+				     * one from RLIMIT_NOFILE) */
+	uint32_t max_open_fds;      /* the same for every uid together; 0: no
+				     * cap (derived, as uid_open_fds) */
 	uint64_t uid_leased_bytes;  /* daemon-owned host bytes of versions one
 				     * uid leases; 0: as uid_host_bytes */
 	uint64_t uid_leased_gpu_bytes; /* daemon-owned GPU bytes of versions
@@ -244,6 +259,15 @@ struct registry_limits {
 #define REGISTRY_UID_NAMES_DEFAULT 65536u
 #define REGISTRY_UID_LEASES_DEFAULT 65536u
 #define REGISTRY_UID_FDS_DEFAULT 4096u
+/* A producer writes a few versions at once (double buffering, a thread
+ * or two per connection); thousands are a flood, each holding a memfd. */
+#define REGISTRY_MAX_PENDING_DEFAULT 256u
+#define REGISTRY_UID_PENDING_DEFAULT 1024u
+/* The fds one buffer may cost: a host buffer its memfd and the read-only
+ * reopen readers get (made at the first get), a cuda-vmm buffer its fd, a
+ * cuda-ipc buffer none. */
+#define REGISTRY_FDS_HOST 2u
+#define REGISTRY_FDS_VMM 1u
 
 struct registry {
 	struct uid_usage *uids;   /* what each uid holds */
@@ -255,6 +279,9 @@ struct registry {
 	uint64_t next_lease_id;
 	uint64_t nnames, nversions, nleases, nbuffers, bytes, owned_bytes;
 	uint64_t gpu_bytes;       /* daemon-owned GPU bytes (not in max_bytes) */
+	uint64_t nfds;            /* fds the live buffers may hold (struct
+				   * version: nfds), for max_open_fds */
+	uint64_t fds_queued;      /* fds in replies not yet sent (conn.c) */
 	struct registry_limits limits;
 	const struct registry_ops *ops;
 	void *ud;
@@ -320,9 +347,9 @@ int registry_precheck(struct registry *r, struct registry_owner *o,
  * On success the registry owns spec->fds (they are set to -1) and *out is the
  * new version. Returns 0, -EINVAL, -EBADF (a peer's fd is refused: r->why
  * says why), -EPERM, -E2BIG (a limit on tensors or buffers), -ENOSPC (a
- * limit of the daemon), -EDQUOT (a limit of its uid; r->why says which),
- * -EFBIG (a buffer over max_buffer_bytes), -EOPNOTSUPP (a buffer kind this
- * daemon cannot hold), -ENOMEM. */
+ * limit of the daemon), -EDQUOT (a limit of o or its uid; r->why says
+ * which), -EFBIG (a buffer over max_buffer_bytes), -EOPNOTSUPP (a buffer
+ * kind this daemon cannot hold), -ENOMEM. */
 int registry_add(struct registry *r, struct registry_owner *o,
 		 const struct registry_spec *spec, int exported,
 		 struct version **out);
@@ -370,9 +397,9 @@ struct version *registry_find(struct registry *r, struct registry_owner *o,
 			      uint64_t number, int *err);
 
 /* Takes a lease of o on v. The first lease of o's uid on v charges the uid
- * v's bytes. Returns 0 with *out, -EDQUOT (o holds max_leases, or its uid
- * uid_leases, or the leased bytes of its uid would pass their limit;
- * r->why says which), -ENOMEM. */
+ * v's bytes and fds. Returns 0 with *out, -EDQUOT (o holds max_leases, or
+ * its uid uid_leases, or the leased bytes or open fds of its uid would
+ * pass their limit; r->why says which), -ENOMEM. */
 int registry_lease(struct registry *r, struct registry_owner *o,
 		   struct version *v, struct lease **out);
 

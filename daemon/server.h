@@ -39,6 +39,9 @@ struct server_limits {
 #define SERVER_UID_SEALS_DEFAULT 1u
 /* Before Hello a peer gets a much smaller packet. */
 #define SERVER_HELLO_PACKET_MAX 512u
+/* fds of the daemon's own (stdio, listener, spare, epoll, libuv's, the
+ * CUDA driver's), and room for accepts: never given to peers' buffers. */
+#define SERVER_FD_RESERVE 128u
 
 struct server_config {
 	const char *socket_path;  /* NULL: the default rule */
@@ -79,7 +82,17 @@ struct server {
 
 void server_config_default(struct server_config *cfg);
 
-/* Prepares s; nothing listens yet. Returns 0 or -ENOMEM. */
+/* Fills the fd limits left 0 in reg (max_open_fds, uid_open_fds) for a
+ * process that may open nofile fds: what is left after SERVER_FD_RESERVE
+ * and one fd per connection, and half of that for one uid, so that one uid
+ * can never starve another, nor stop a new peer from being accepted and
+ * served. Returns 1 when nofile is too small for max_connections to leave
+ * that room (a quarter of nofile is used then), else 0. */
+int server_fd_limits(struct registry_limits *reg,
+		     const struct server_limits *lim, uint64_t nofile);
+
+/* Prepares s; nothing listens yet. Fd limits left 0 are derived from the
+ * process's RLIMIT_NOFILE (server_fd_limits). Returns 0 or -ENOMEM. */
 int server_init(struct server *s, uv_loop_t *loop,
 		const struct server_config *cfg);
 

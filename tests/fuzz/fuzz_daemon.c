@@ -444,16 +444,17 @@ static void server_setup(struct session *z)
 }
 
 /* What u is charged for the versions under names in the map (the caller
- * made sure no deleted name is left) as their producer: their count and
- * host bytes; and whether each version is charged to a live record. */
+ * made sure no deleted name is left) as their producer: their count, host
+ * bytes and fds; and whether each version is charged to a live record. */
 static void charged(struct registry *r, const struct uid_usage *u,
-		    uint32_t *versions, uint64_t *bytes)
+		    uint32_t *versions, uint64_t *bytes, uint64_t *fds)
 {
 	struct entry *e, *etmp;
 	struct version *v;
 
 	*versions = 0;
 	*bytes = 0;
+	*fds = 0;
 	HASH_ITER(hh, r->names, e, etmp)
 		DL_FOREACH(e->versions, v) {
 			struct uid_usage *live = NULL;
@@ -469,41 +470,48 @@ static void charged(struct registry *r, const struct uid_usage *u,
 				continue;
 			(*versions)++;
 			*bytes += v->owned_host;
+			*fds += v->nfds;
 		}
 }
 
 /* What each uid is charged for must be what it still holds: no
- * connection or lease; the names it created; the bytes of its store
- * versions. A record that holds nothing must be gone. */
+ * connection, lease or pending version; the names it created; the bytes
+ * and fds of its store versions. A record that holds nothing must be
+ * gone. */
 static void check_uids(struct registry *r)
 {
 	struct uid_usage *u, *utmp;
 	struct entry *e, *etmp;
 	uint32_t versions;
-	uint64_t bytes;
+	uint64_t bytes, fds;
 
 	HASH_ITER(hh, r->uids, u, utmp) {
 		uint32_t names = 0;
 
-		charged(r, u, &versions, &bytes);
+		charged(r, u, &versions, &bytes, &fds);
 		HASH_ITER(hh, r->names, e, etmp)
 			names += e->usage == u;
 		FUZZ_ASSERT(u->owners == 0 && u->leases == 0 &&
-			    u->leased == 0 && u->leased_host_bytes == 0 &&
+			    u->pending == 0 && u->leased == 0 &&
+			    u->leased_host_bytes == 0 &&
 			    u->leased_gpu_bytes == 0 && u->fds_queued == 0 &&
 			    u->names == names && u->versions == versions &&
-			    u->host_bytes == bytes && u->gpu_bytes == 0,
-			    "uid %u charged for %u conns, %u leases, %u/%u "
-			    "names, %u/%u versions, %llu/%llu bytes",
-			    (unsigned)u->uid, u->owners, u->leases, u->names,
-			    names, u->versions, versions,
+			    u->host_bytes == bytes && u->fds == fds &&
+			    u->gpu_bytes == 0,
+			    "uid %u charged for %u conns, %u leases, %u "
+			    "pending, %u/%u names, %u/%u versions, %llu/%llu "
+			    "bytes, %llu/%llu fds", (unsigned)u->uid,
+			    u->owners, u->leases, u->pending, u->names, names,
+			    u->versions, versions,
 			    (unsigned long long)u->host_bytes,
-			    (unsigned long long)bytes);
+			    (unsigned long long)bytes,
+			    (unsigned long long)u->fds,
+			    (unsigned long long)fds);
 		FUZZ_ASSERT(names || versions, "uid %u: empty record kept",
 			    (unsigned)u->uid);
 	}
 	/* Versions are checked even when no uid record is left. */
-	charged(r, NULL, &versions, &bytes);
+	charged(r, NULL, &versions, &bytes, &fds);
 	HASH_ITER(hh, r->names, e, etmp) {
 		u = NULL;
 		if (e->usage)
@@ -519,12 +527,13 @@ static void check_peers_gone(struct session *z)
 {
 	struct server *s = &z->s;
 	struct registry *r = &s->reg;
-	uint64_t names = 0, buffers = 0, bytes = 0;
+	uint64_t names = 0, buffers = 0, bytes = 0, fds = 0;
 	struct entry *e, *tmp;
 
 	FUZZ_ASSERT(s->nconns == 0 && !s->conns && !s->doomed,
 		    "%u conns left after every peer hung up", s->nconns);
-	FUZZ_ASSERT(!s->seal_uids, "seals left after every peer hung up");
+	FUZZ_ASSERT(!s->seal_uids && r->fds_queued == 0,
+		    "seals or queued fds left after every peer hung up");
 	FUZZ_ASSERT(s->nparked == 0 && !s->waiters, "%llu parked gets left",
 		    (unsigned long long)s->nparked);
 	FUZZ_ASSERT(r->nleases == 0, "%llu leases left",
@@ -550,15 +559,18 @@ static void check_peers_gone(struct session *z)
 				    fcntl(b->fd, F_GETFD) >= 0,
 				    "name %s: buffer %zu", e->name, i);
 		}
-		FUZZ_ASSERT(!v->sealing && !v->orphaned,
-			    "name %s v%llu: sealing %d orphaned %d", e->name,
-			    (unsigned long long)v->number, v->sealing,
-			    v->orphaned);
+		FUZZ_ASSERT(!v->sealing && !v->pending && !v->orphaned,
+			    "name %s v%llu: sealing %d pending %d orphaned %d",
+			    e->name, (unsigned long long)v->number, v->sealing,
+			    v->pending, v->orphaned);
 		names++;
 		buffers += v->nbuffers;
 		bytes += v->bytes;
+		fds += v->nfds;
 	}
 	check_uids(r);
+	FUZZ_ASSERT(r->nfds == fds, "fds counted %llu, versions hold %llu",
+		    (unsigned long long)r->nfds, (unsigned long long)fds);
 	FUZZ_ASSERT(r->nnames == names && r->nversions == names &&
 		    r->nbuffers == buffers && r->bytes == bytes &&
 		    r->owned_bytes == bytes,
@@ -588,7 +600,8 @@ static void server_teardown(struct session *z)
 	server_deinit(&z->s);
 	FUZZ_ASSERT(!r->names && !r->detached && r->nnames == 0 &&
 		    r->nversions == 0 && r->nleases == 0 && r->nbuffers == 0 &&
-		    r->bytes == 0 && r->owned_bytes == 0 && !r->uids,
+		    r->bytes == 0 && r->owned_bytes == 0 && r->nfds == 0 &&
+		    r->fds_queued == 0 && !r->uids,
 		    "registry not empty after deinit");
 	uv_walk(&loop, walk_count, &handles);
 	FUZZ_ASSERT(handles == 0 && !uv_loop_alive(&loop),

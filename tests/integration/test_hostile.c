@@ -1,6 +1,7 @@
 /* test_hostile — peers that know the protocol and use it against the
  * others, through the real daemon: a producer that pins pages of its
- * buffer and seals in a loop, and leases held forever. Each test checks that the
+ * buffer and seals in a loop, floods of pending versions, and leases held
+ * forever. Each test checks that the
  * hostile peer meets a named limit (or a clear refusal) and that another
  * client is still served within a bound, another uid where the test runs
  * as root (children switch uids), another connection otherwise.
@@ -240,6 +241,16 @@ static int raw_send_seal(int sock, uint64_t id, const char *name,
 	f.body_case = DLSHARE__FRAME__BODY_SEAL;
 	f.seal = &s;
 	return raw_send(sock, &f, NULL, 0, 0);
+}
+
+/* 1 when a names the limit what and the uid. */
+static int names_limit(const struct answer *a, const char *what, uid_t uid)
+{
+	char u[32];
+
+	snprintf(u, sizeof(u), "(uid %u)", (unsigned)uid);
+	return a->code == DLSHARE_ELIMIT && strstr(a->msg, what) &&
+	       strstr(a->msg, u);
 }
 
 /* Pins the page at p (vmsplice into a pipe nobody reads: the pipe holds a
@@ -485,6 +496,325 @@ static void seal_uid_queue(void **state)
 	dlshare_disconnect(c);
 }
 
+/* ==== floods of pending versions ===================================================== */
+
+/* Creates flood/N on sock until the daemon refuses; returns how many it
+ * took, the refusal in *a. */
+static int flood(int sock, const char *prefix, int max, struct answer *a)
+{
+	char name[64];
+	int n;
+
+	for (n = 0; n < max; n++) {
+		snprintf(name, sizeof(name), "%s/%d", prefix, n);
+		if (raw_create(sock, (uint64_t)n + 100, name, 4, NULL, NULL, a))
+			break;
+	}
+	return n;
+}
+
+static int setup_pending(void **state)
+{
+	static const char *const args[] = {
+		"--max-pending", "4", "--uid-pending", "6", NULL,
+	};
+
+	return setup_open(state, args);
+}
+
+/* --max-pending per connection, then --uid-pending over two
+ * connections; sealing one makes room. */
+static int pending_child(const struct daemon_proc *d, void *arg)
+{
+	int s1 = child_sock(d), s2 = child_sock(d);
+	uid_t me = geteuid();
+	struct answer a;
+	uint64_t v;
+
+	(void)arg;
+	CHILD_CHECK(flood(s1, "p1", 100, &a) == 4);
+	if (!names_limit(&a, "pending versions per connection", me))
+		CHILD_FAIL("5th create: %d \"%s\"", a.code, a.msg);
+	CHILD_CHECK(flood(s2, "p2", 100, &a) == 2);
+	if (!names_limit(&a, "pending versions per uid", me))
+		CHILD_FAIL("7th create: %d \"%s\"", a.code, a.msg);
+	/* A sealed version is not pending any more (its fd was closed by
+	 * raw_create: nothing maps it). */
+	CHILD_CHECK(raw_send_seal(s1, 50, "p1/0", 1) == 0);
+	CHILD_CHECK(raw_answer(s1, 50, &a, NULL) == 0 && a.code == 0);
+	CHILD_CHECK(raw_create(s2, 51, "p2/x", 4, &v, NULL, &a) == 0);
+	/* A closed connection's pending versions go with it. */
+	close(s1);
+	for (int i = 0; i < 200; i++) {
+		if (raw_create(s2, 52 + (uint64_t)i, "p2/y", 4, &v, NULL, &a) == 0)
+			break;
+		util_sleep_ms(10);
+	}
+	CHILD_CHECK(a.code == 0);
+	close(s2);
+	return 0;
+}
+
+static void pending_limits(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	static const int64_t shape[1] = { 16 };
+	int sock, ok;
+	struct answer a;
+
+	assert_int_equal(util_wait(util_spawn_as(&fx->d, hostile_uid(),
+						  hostile_uid(), pending_child,
+						  NULL)), 0);
+	/* Everything went with its connections. */
+	struct util_want w = UTIL_ANY;
+	w.connections = 1;
+	w.versions = 1; /* p1/0, sealed */
+	util_assert_want(c, &w);
+	/* Another uid's quota is its own: four at once on one connection. */
+	sock = raw_connect(fx->d.sock);
+	assert_true(sock >= 0);
+	assert_int_equal(raw_hello(sock), 0);
+	ok = 0;
+	for (int i = 0; i < 5; i++) {
+		struct rframe r;
+		char name[32];
+
+		snprintf(name, sizeof(name), "mine/%d", i);
+		rframe_init(&r, 10 + (uint64_t)i, 0, name, 4);
+		assert_int_equal(raw_send(sock, &r.f, NULL, 0, 0), 0);
+		assert_int_equal(raw_answer(sock, 10 + (uint64_t)i, &a, NULL), 0);
+		ok += a.code == 0;
+	}
+	assert_int_equal(ok, 4);
+	assert_int_equal(util_store(c, "good/x", DT_F32, 1, shape, 1, NULL), 0);
+	close(sock);
+	dlshare_disconnect(c);
+}
+
+/* ---- the daemon's fds --------------------------------------------------------------- */
+
+#define FLOOD_NOFILE "512"
+#define FLOOD_MAX 2000
+
+struct flood_arg {
+	int ready;   /* write end: a byte once flooded */
+	int go;      /* read end: a byte when the test is done with us */
+	const char *prefix;
+	int ours;    /* the flood stops at the uid's limit (else at the
+		      * daemon's, or the uid's) */
+};
+
+/* Creates 4-byte versions on one connection until refused, which must
+ * name a limit on fds and our uid; then holds them until told. */
+static int fd_flooder(const struct daemon_proc *d, void *arg)
+{
+	const struct flood_arg *fa = arg;
+	int sock = child_sock(d), n;
+	struct answer a;
+	char x;
+
+	n = flood(sock, fa->prefix, FLOOD_MAX, &a);
+	fprintf(stderr, "uid %u: %d pending versions, then \"%s\"\n",
+		(unsigned)geteuid(), n, a.msg);
+	CHILD_CHECK(n >= 16 && n < FLOOD_MAX);
+	if (!names_limit(&a, "open fds per uid", geteuid()) &&
+	    (fa->ours || !names_limit(&a, "open fds of the daemon", geteuid())))
+		CHILD_FAIL("refused with %d \"%s\"", a.code, a.msg);
+	CHILD_CHECK(write(fa->ready, "f", 1) == 1);
+	CHILD_CHECK(read(fa->go, &x, 1) == 1);
+	close(sock);
+	return 0;
+}
+
+/* A client that connects, says Hello and writes and reads a name; of the
+ * flooder's uid (arg non-NULL), it is refused the write, naming the
+ * limit. */
+static int good_client(const struct daemon_proc *d, void *arg)
+{
+	static const int64_t shape[1] = { 16 };
+	dlshare_client *c = util_child_connect(d);
+	dlshare_stats s;
+
+	CHILD_OK(dlshare_stats_get(c, &s));
+	if (arg) {
+		CHILD_ERR(util_store(c, "good/b", DT_F32, 1, shape, 3, NULL),
+			  DLSHARE_ELIMIT);
+		CHILD_CHECK(strstr(dlshare_last_error(), "open fds per uid"));
+		dlshare_disconnect(c);
+		return 0;
+	}
+	CHILD_OK(util_store(c, "good/b", DT_F32, 1, shape, 3, NULL));
+	CHILD_OK(util_get_check(c, "good/b", NULL, DT_F32, 1, shape, 3, NULL));
+	CHILD_OK(dlshare_delete(c, "good/b"));
+	dlshare_disconnect(c);
+	return 0;
+}
+
+static int setup_fds(void **state)
+{
+	static const char *const args[] = {
+		"--max-pending", "100000", "--uid-pending", "100000",
+		"--max-connections", "32", NULL,
+	};
+	const char *old = getenv("DLSHARE_TEST_WRAPPER");
+	char *saved = old ? strdup(old) : NULL;
+	char wrapper[512];
+	int r;
+
+	/* A small RLIMIT_NOFILE for this daemon alone (prlimit(1) execs the
+	 * daemon, or its wrapper, with it): the defaults of the fd limits
+	 * derive from it. */
+	if (system("prlimit --version >/dev/null 2>&1") != 0) {
+		fprintf(stderr, "SKIP: prlimit(1) not found (util-linux)\n");
+		free(saved);
+		return -1;
+	}
+	snprintf(wrapper, sizeof(wrapper), "prlimit --nofile=%s:%s %s",
+		 FLOOD_NOFILE, FLOOD_NOFILE, old ? old : "");
+	setenv("DLSHARE_TEST_WRAPPER", wrapper, 1);
+	r = setup_open(state, args);
+	if (saved)
+		setenv("DLSHARE_TEST_WRAPPER", saved, 1);
+	else
+		unsetenv("DLSHARE_TEST_WRAPPER");
+	free(saved);
+	return r;
+}
+
+/* Regression test (issue 11, item 5): nothing limited pending versions,
+ * each holding a memfd: one connection's Creates took every fd of the
+ * daemon (EMFILE), after which no other uid could even say Hello. Now the
+ * flood stops at the uid's share of the fds, with an error naming the
+ * limit and the uid, and others are served: another uid can flood its own
+ * share too, and a third party still connects and is answered. */
+static void fd_flood(void **state)
+{
+	struct fixture *fx = *state;
+	struct flood_arg fa = { .prefix = "flood", .ours = 1 };
+	struct flood_arg fb = { .prefix = "flood2", .ours = 0 };
+	int ready[2], go[2], rb[2], gb[2];
+	pid_t pa, pb = -1;
+	dlshare_client *c;
+	dlshare_stats s;
+
+	assert_int_equal(pipe2(ready, O_CLOEXEC), 0);
+	assert_int_equal(pipe2(go, O_CLOEXEC), 0);
+	fa.ready = ready[1];
+	fa.go = go[0];
+	pa = util_spawn_as(&fx->d, hostile_uid(), hostile_uid(), fd_flooder,
+			   &fa);
+	await_byte(ready[0]);
+	/* Another uid (or connection) is served. */
+	assert_int_equal(util_wait(util_spawn_as(&fx->d, other_uid(),
+						  other_uid(), good_client,
+						  util_can_switch_uids() ?
+						  NULL : "same uid")), 0);
+	if (util_can_switch_uids()) {
+		/* Another uid floods its share: still a third party gets
+		 * in, says Hello and is answered (its creates may be
+		 * refused: the daemon's fds are taken). */
+		assert_int_equal(pipe2(rb, O_CLOEXEC), 0);
+		assert_int_equal(pipe2(gb, O_CLOEXEC), 0);
+		fb.ready = rb[1];
+		fb.go = gb[0];
+		pb = util_spawn_as(&fx->d, other_uid(), other_uid(),
+				   fd_flooder, &fb);
+		await_byte(rb[0]);
+	}
+	say_alone("a second uid's flood is not tried");
+	c = harness_connect(&fx->d);
+	assert_int_equal(dlshare_stats_get(c, &s), 0);
+	assert_true(s.versions >= 16);
+	if (pb > 0) {
+		assert_int_equal(write(gb[1], "g", 1), 1);
+		assert_int_equal(util_wait(pb), 0);
+		close(rb[0]);
+		close(rb[1]);
+		close(gb[0]);
+		close(gb[1]);
+	}
+	assert_int_equal(write(go[1], "g", 1), 1);
+	assert_int_equal(util_wait(pa), 0);
+	{
+		struct util_want w = UTIL_ANY;
+
+		w.connections = 1;
+		w.versions = 0;
+		util_assert_want(c, &w);
+	}
+	dlshare_disconnect(c);
+	close(ready[0]);
+	close(ready[1]);
+	close(go[0]);
+	close(go[1]);
+}
+
+static int setup_open_fds(void **state)
+{
+	static const char *const args[] = {
+		"--uid-open-fds", "8", "--max-open-fds", "14", NULL,
+	};
+
+	return setup_open(state, args);
+}
+
+/* --uid-open-fds 8: four pending versions of 2 fds; --max-open-fds 14:
+ * three more of another uid. */
+static int open_fds_child(const struct daemon_proc *d, void *arg)
+{
+	int sock = child_sock(d);
+	int want = *(const int *)arg;
+	struct answer a;
+
+	CHILD_CHECK(flood(sock, want == 4 ? "o1" : "o2", 100, &a) == want);
+	if (!names_limit(&a, want == 4 ? "open fds per uid" :
+			 "open fds of the daemon", geteuid()))
+		CHILD_FAIL("refused with %d \"%s\"", a.code, a.msg);
+	close(sock);
+	return 0;
+}
+
+static void open_fds_limits(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	struct util_want w = UTIL_ANY;
+	int four = 4, three = 3, sock;
+	struct answer a;
+
+	/* Each child's versions go when it disconnects: hold some (ours)
+	 * to fill the daemon's budget for the second. */
+	assert_int_equal(util_wait(util_spawn_as(&fx->d, hostile_uid(),
+						  hostile_uid(), open_fds_child,
+						  &four)), 0);
+	w.connections = 1;
+	w.versions = 0;
+	util_assert_want(c, &w);
+	sock = raw_connect(fx->d.sock);
+	assert_true(sock >= 0);
+	assert_int_equal(raw_hello(sock), 0);
+	for (int i = 0; i < 4; i++) {
+		struct rframe r;
+		char name[32];
+
+		snprintf(name, sizeof(name), "held/%d", i);
+		rframe_init(&r, 10 + (uint64_t)i, 0, name, 4);
+		assert_int_equal(raw_send(sock, &r.f, NULL, 0, 0), 0);
+		assert_int_equal(raw_answer(sock, 10 + (uint64_t)i, &a, NULL), 0);
+		assert_int_equal(a.code, 0);
+	}
+	/* 8 of 14 held: three more of 2 fds do not fit. */
+	if (util_can_switch_uids())
+		assert_int_equal(util_wait(util_spawn_as(&fx->d, other_uid(),
+							  other_uid(),
+							  open_fds_child,
+							  &three)), 0);
+	say_alone("--max-open-fds is crossed by one uid in test_registry");
+	close(sock);
+	dlshare_disconnect(c);
+}
+
 /* ==== leases held forever ================================================================== */
 
 #define LEASE_F32 (64 * 1024)  /* 256 KiB of float32 */
@@ -602,6 +932,9 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(seal_pinned, setup_open_none, teardown),
 		cmocka_unit_test_setup_teardown(seal_uid_queue, setup_queue, teardown),
+		cmocka_unit_test_setup_teardown(pending_limits, setup_pending, teardown),
+		cmocka_unit_test_setup_teardown(fd_flood, setup_fds, teardown),
+		cmocka_unit_test_setup_teardown(open_fds_limits, setup_open_fds, teardown),
 		cmocka_unit_test_setup_teardown(leases_forever, setup_leases, teardown),
 	};
 
