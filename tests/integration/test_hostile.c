@@ -1,7 +1,7 @@
 /* test_hostile — peers that know the protocol and use it against the
  * others, through the real daemon: a producer that pins pages of its
- * buffer and seals in a loop, floods of pending versions, and leases held
- * forever. Each test checks that the
+ * buffer and seals in a loop, floods of pending versions, exports through
+ * a read-only fd, and leases held forever. Each test checks that the
  * hostile peer meets a named limit (or a clear refusal) and that another
  * client is still served within a bound, another uid where the test runs
  * as root (children switch uids), another connection otherwise.
@@ -815,6 +815,123 @@ static void open_fds_limits(void **state)
 	dlshare_disconnect(c);
 }
 
+/* ==== exports through a read-only fd ================================================== */
+
+/* Publishes fd as name; returns the answer's code, the message in a. */
+static int raw_publish(int sock, uint64_t id, const char *name, int fd,
+		       struct answer *a)
+{
+	struct rframe r;
+
+	rframe_init(&r, id, 1, name, PAGE);
+	CHILD_CHECK(raw_send(sock, &r.f, &fd, 1, 0) == 0);
+	CHILD_CHECK(raw_answer(sock, id, a, NULL) == 0);
+	return a->code;
+}
+
+static int reopen(int fd, int flags)
+{
+	char path[64];
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	return open(path, flags | O_CLOEXEC);
+}
+
+/* Publishes a read-only and a write-only reopen of its memfd (refused,
+ * naming why, and the memfd unchanged), then the memfd itself. */
+static int ro_exporter(const struct daemon_proc *d, void *arg)
+{
+	const int *sync = arg; /* [0]: written once published, [1]: read */
+	int sock = child_sock(d);
+	int fd = raw_memfd(PAGE, F_SEAL_SHRINK | F_SEAL_GROW), ro, wo;
+	struct answer a;
+	char x;
+
+	CHILD_CHECK(fd >= 0);
+	CHILD_CHECK(pwrite(fd, "hostile", 7, 0) == 7);
+	ro = reopen(fd, O_RDONLY);
+	wo = reopen(fd, O_WRONLY);
+	CHILD_CHECK(ro >= 0 && wo >= 0);
+	if (raw_publish(sock, 2, "ro/x", ro, &a) != DLSHARE_EINVAL ||
+	    !strstr(a.msg, "read-write"))
+		CHILD_FAIL("read-only fd: %d \"%s\"", a.code, a.msg);
+	if (raw_publish(sock, 3, "ro/x", wo, &a) != DLSHARE_EINVAL)
+		CHILD_FAIL("write-only fd: %d \"%s\"", a.code, a.msg);
+	CHILD_CHECK(fcntl(fd, F_GET_SEALS) == (F_SEAL_SHRINK | F_SEAL_GROW));
+	if (raw_publish(sock, 4, "ro/x", fd, &a) != 0)
+		CHILD_FAIL("read-write fd: %d \"%s\"", a.code, a.msg);
+	/* The daemon sealed it against new writable mappings. */
+	CHILD_CHECK(fcntl(fd, F_GET_SEALS) & F_SEAL_FUTURE_WRITE);
+	close(ro);
+	close(wo);
+	close(fd);
+	/* Hold the export until the reader is done. */
+	CHILD_CHECK(write(sync[0], "p", 1) == 1);
+	CHILD_CHECK(read(sync[1], &x, 1) == 1);
+	close(sock);
+	return 0;
+}
+
+/* Regression test (issue 11, item 6): an export through an O_RDONLY fd
+ * was taken with only the size seals, since F_ADD_SEALS needs a writable
+ * fd and the failure was ignored: any reader could reopen its fd
+ * read-write through /proc and change everyone's data. */
+static void readonly_export(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	int ready[2], go[2], args[2], sock, rfd, rw;
+	struct wire_msg *m;
+	pid_t pid;
+	void *p;
+
+	assert_int_equal(pipe2(ready, O_CLOEXEC), 0);
+	assert_int_equal(pipe2(go, O_CLOEXEC), 0);
+	args[0] = ready[1];
+	args[1] = go[0];
+	pid = util_spawn_as(&fx->d, hostile_uid(), hostile_uid(), ro_exporter,
+			    args);
+	await_byte(ready[0]);
+	/* A reader gets the export read-only, and cannot make it writable. */
+	sock = raw_connect(fx->d.sock);
+	assert_true(sock >= 0);
+	assert_int_equal(raw_hello(sock), 0);
+	{
+		Dlshare__Frame f = DLSHARE__FRAME__INIT;
+		Dlshare__Get g = DLSHARE__GET__INIT;
+
+		g.name = "ro/x";
+		f.id = 5;
+		f.body_case = DLSHARE__FRAME__BODY_GET;
+		f.get = &g;
+		assert_int_equal(raw_send(sock, &f, NULL, 0, 0), 0);
+		assert_int_equal(raw_recv_fd(sock, harness_ms(5000), &m, &rfd), 0);
+		assert_int_equal(m->frame->body_case,
+				 DLSHARE__FRAME__BODY_GET_REPLY);
+		wire_msg_free(m);
+	}
+	assert_true(rfd >= 0);
+	p = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, rfd, 0);
+	assert_true(p == MAP_FAILED);
+	rw = reopen(rfd, O_RDWR);
+	if (rw >= 0) {
+		p = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
+		assert_true(p == MAP_FAILED);
+		assert_true(pwrite(rw, "x", 1, 0) < 0);
+		close(rw);
+	}
+	close(rfd);
+	close(sock);
+	util_stats(c);
+	assert_int_equal(write(go[1], "g", 1), 1);
+	assert_int_equal(util_wait(pid), 0);
+	close(ready[0]);
+	close(ready[1]);
+	close(go[0]);
+	close(go[1]);
+	dlshare_disconnect(c);
+}
+
 /* ==== leases held forever ================================================================== */
 
 #define LEASE_F32 (64 * 1024)  /* 256 KiB of float32 */
@@ -935,6 +1052,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(pending_limits, setup_pending, teardown),
 		cmocka_unit_test_setup_teardown(fd_flood, setup_fds, teardown),
 		cmocka_unit_test_setup_teardown(open_fds_limits, setup_open_fds, teardown),
+		cmocka_unit_test_setup_teardown(readonly_export, setup_open_none, teardown),
 		cmocka_unit_test_setup_teardown(leases_forever, setup_leases, teardown),
 	};
 
