@@ -1739,6 +1739,25 @@ static void test_sealing(void **state)
 	assert_charged(up, 1, PAGE, 0, 0, REGISTRY_FDS_HOST); /* "s" */
 }
 
+/* Regression test: a delete destroyed a pending version without its
+ * writer lease (daemon-owned cuda-ipc memory), which stayed in its
+ * owner's table pointing at freed memory; the release used it. */
+static void test_delete_pending_leased(void **state)
+{
+	struct fix *f = *state;
+	struct version *v;
+	struct tspec ts;
+	struct lease *l;
+
+	v = add_ok(f, &f->prod, spec(&ts, "w", 0, 1, 1, PAGE), 0);
+	assert_int_equal(registry_lease(&f->r, &f->prod, v, &l), 0);
+	assert_counts(f, 1, 1, 1, PAGE, 1);
+	assert_int_equal(registry_delete(&f->r, &f->prod, "w"), 0);
+	assert_counts(f, 0, 0, 0, 0, 0);
+	assert_int_equal(f->prod.nleases, 0);
+	assert_null(f->prod.leases);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fix_setup, fix_teardown)
@@ -1770,6 +1789,7 @@ int main(void)
 		T(test_limit_pending_fds),
 		T(test_limit_leased_bytes),
 		T(test_sealing),
+		T(test_delete_pending_leased),
 	};
 #undef T
 
