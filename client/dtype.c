@@ -25,7 +25,7 @@ const char *dlshare_strerror(int err)
 	case DLSHARE_EVERSION: return "the daemon speaks another protocol version";
 	case DLSHARE_ENOTSUP: return "not supported (buffer kind or device)";
 	case DLSHARE_EIO: return "system error";
-	case DLSHARE_EBUSY: return "the buffer is still mapped writable";
+	case DLSHARE_EBUSY: return "the buffer is still mapped writable, or has pinned pages";
 	case DLSHARE_ECOPY: return "publishing would copy, and copies were forbidden";
 	case DLSHARE_ENODEV: return "the device is not visible to this process";
 	case DLSHARE_ESTATE: return "the version is not in the required state";

@@ -94,8 +94,8 @@ static const struct opt opts[] = {
 	  "More is a protocol error and disconnects the peer.", NULL },
 	{ "max-inflight", 0, OPT_U32, "N", 1, 1u << 20,
 	  SRV(limits.max_inflight), NULL,
-	  "waiting gets per connection",
-	  "One more waiting get fails with DLSHARE_ELIMIT.", NULL },
+	  "requests in flight per connection: waiting gets, seals, GPU creates",
+	  "One more fails with DLSHARE_ELIMIT.", NULL },
 	{ "max-connections", 0, OPT_U32, "N", 1, 1u << 20,
 	  SRV(limits.max_connections), NULL,
 	  "connections at once",
@@ -118,6 +118,11 @@ static const struct opt opts[] = {
 	  SRV(registry.max_leases), NULL,
 	  "leases per connection",
 	  "One more get fails with DLSHARE_ELIMIT.", NULL },
+	{ "max-pending", 0, OPT_U32, "N", 1, 1u << 20,
+	  SRV(registry.max_pending), NULL,
+	  "pending (created, not yet sealed) versions per connection",
+	  "Each holds its buffers' memfds. One more create fails with "
+	  "DLSHARE_ELIMIT.", NULL },
 	{ "max-bytes", 0, OPT_BYTES, "BYTES", 0, UINT64_MAX,
 	  SRV(registry.max_bytes), NULL,
 	  "bytes of all daemon-owned buffers",
@@ -131,6 +136,17 @@ static const struct opt opts[] = {
 	  SRV(limits.max_out_fds), NULL,
 	  "fds queued to one peer that does not read",
 	  "A get that would queue more fails with DLSHARE_ELIMIT.", NULL },
+	{ "max-open-fds", 0, OPT_U32, "N", 0, 1u << 30,
+	  SRV(registry.max_open_fds), NULL,
+	  "fds held for all peers' buffers and queued replies; 0: derived",
+	  "Every buffer holds its fds (a host buffer two: its memfd and the "
+	  "read-only reopen readers get; a cuda-vmm buffer one) while a "
+	  "version keeps it. dlshared raises its RLIMIT_NOFILE soft limit to "
+	  "the hard one at start; 0 leaves out of that 128 fds of its own and "
+	  "one per connection (max-connections), so that accepting and "
+	  "serving a new peer always finds an fd. A create, publish or get "
+	  "past it fails with DLSHARE_ELIMIT.",
+	  "0, RLIMIT_NOFILE less 128 and max-connections" },
 	{ "hello-timeout", 0, OPT_U32, "MS", 100, 3600 * 1000,
 	  SRV(limits.hello_timeout_ms), NULL,
 	  "milliseconds a new peer has to say Hello",
@@ -155,8 +171,36 @@ static const struct opt opts[] = {
 	{ "uid-host-bytes", 0, OPT_BYTES, "BYTES", 0, UINT64_MAX,
 	  SRV(registry.uid_host_bytes), NULL,
 	  "daemon-owned host bytes of one uid; 0: as max-bytes",
-	  "A create past it fails with DLSHARE_ELIMIT.",
+	  "Counted while a version is pending or its name's newest; an older "
+	  "version kept only by leases is charged to its leaseholders "
+	  "(uid-leased-bytes). A create past it fails with DLSHARE_ELIMIT.",
 	  "0, the same as max-bytes" },
+	{ "uid-leased-bytes", 0, OPT_BYTES, "BYTES", 0, UINT64_MAX,
+	  SRV(registry.uid_leased_bytes), NULL,
+	  "daemon-owned host bytes of the versions one uid holds leases on; "
+	  "0: as uid-host-bytes",
+	  "A version counts once per uid, however many leases the uid holds on "
+	  "it. A get past it fails with DLSHARE_ELIMIT.",
+	  "0, the same as uid-host-bytes" },
+	{ "uid-pending", 0, OPT_U32, "N", 1, 1u << 20,
+	  SRV(registry.uid_pending), NULL,
+	  "pending versions of one uid",
+	  "One more create fails with DLSHARE_ELIMIT.", NULL },
+	{ "uid-open-fds", 0, OPT_U32, "N", 0, 1u << 30,
+	  SRV(registry.uid_open_fds), NULL,
+	  "fds held for one uid; 0: half of max-open-fds",
+	  "The fds of its pending and newest versions, of the versions it "
+	  "holds leases on, and those queued in replies to it: one uid can "
+	  "never take every fd of the daemon. A create, publish or get past "
+	  "it fails with DLSHARE_ELIMIT.",
+	  "0, half of max-open-fds" },
+	{ "uid-seals", 0, OPT_U32, "N", 1, 1024,
+	  SRV(limits.uid_seals), NULL,
+	  "seals of one uid running at once",
+	  "Write-sealing a buffer runs on libuv's thread pool (UV_THREADPOOL_SIZE "
+	  "threads, 4 by default, shared with GPU creates): the kernel makes it "
+	  "wait while pages are pinned. A uid's further seals wait their "
+	  "turn.", NULL },
 	{ "huge-page-min", 0, OPT_BYTES, "BYTES", 0, INT64_MAX,
 	  SRV(registry.huge_min), NULL,
 	  "store buffers from this size on use 2 MiB huge pages; 0: never",
@@ -167,8 +211,16 @@ static const struct opt opts[] = {
 	{ "uid-gpu-bytes", 0, OPT_BYTES, "BYTES", 0, UINT64_MAX,
 	  SRV(registry.uid_gpu_bytes), NULL,
 	  "daemon-owned GPU bytes of one uid; 0: no cap but the devices' memory",
-	  "A create of device memory past it fails with DLSHARE_ELIMIT.",
+	  "Counted as uid-host-bytes is. A create of device memory past it "
+	  "fails with DLSHARE_ELIMIT.",
 	  "0, no cap" },
+	{ "uid-leased-gpu-bytes", 0, OPT_BYTES, "BYTES", 0, UINT64_MAX,
+	  SRV(registry.uid_leased_gpu_bytes), NULL,
+	  "daemon-owned GPU bytes of the versions one uid holds leases on; "
+	  "0: as uid-gpu-bytes",
+	  "Counted as uid-leased-bytes is. A get past it fails with "
+	  "DLSHARE_ELIMIT.",
+	  "0, the same as uid-gpu-bytes" },
 };
 
 #define NOPTS ((int)(sizeof(opts) / sizeof(opts[0])))

@@ -23,7 +23,7 @@
 #define CONFIG_LOG_RATE_DEFAULT 100u
 
 /* Options in the table; config_option_count() says how many. */
-#define CONFIG_MAX_OPTIONS 32
+#define CONFIG_MAX_OPTIONS 48
 
 struct config {
 	struct server_config server; /* server.socket_path points into path */

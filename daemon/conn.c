@@ -31,6 +31,7 @@ struct conn *conn_of_owner(struct registry_owner *o)
 static void outpkt_free(struct conn *c, struct outpkt *p)
 {
 	c->out_fds -= p->nfds;
+	c->srv->reg.fds_queued -= p->nfds;
 	if (c->owner.usage)
 		c->owner.usage->fds_queued -= p->nfds;
 	wire_close_fds(p->fds, p->nfds);
@@ -225,6 +226,7 @@ int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
 	p->data = data;
 	p->len = len;
 	c->out_fds += nfds;
+	s->reg.fds_queued += nfds;
 	if (c->owner.usage)
 		c->owner.usage->fds_queued += nfds;
 	/* Our dups: the originals may be closed before this packet leaves. */
@@ -234,6 +236,7 @@ int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
 			err = -errno;
 			/* Give back the quota of the dups never made. */
 			c->out_fds -= nfds - i;
+			s->reg.fds_queued -= nfds - i;
 			if (c->owner.usage)
 				c->owner.usage->fds_queued -= nfds - i;
 			p->nfds = i;

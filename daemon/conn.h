@@ -21,6 +21,7 @@
 struct server;
 struct park;
 struct gpu_job;
+struct seal_job;
 
 enum conn_state { CONN_OPEN, CONN_FAILING, CONN_CLOSING };
 
@@ -60,7 +61,8 @@ struct conn {
 	uint32_t out_fds;         /* fds in the queue (our dups) */
 	struct park *parked;
 	struct gpu_job *jobs;     /* creates making GPU memory (dispatch.c) */
-	uint32_t nparked;         /* requests in flight: parks and jobs */
+	struct seal_job *seals;   /* seals waiting or running (seal.c) */
+	uint32_t nparked;         /* requests in flight: parks, jobs, seals */
 	struct conn *prev, *next; /* server->conns */
 	struct conn *doomed_next; /* server->doomed */
 	uint64_t born_ms;         /* loop time of accept */

@@ -11,6 +11,7 @@
 #include "check.h"
 #include "gpu.h"
 #include "log.h"
+#include "seal.h"
 #include "server.h"
 
 /* A get waiting for a version that does not exist yet. */
@@ -42,6 +43,7 @@ int dispatch_code(int err)
 	case 0:
 		return DLSHARE_OK;
 	case -EINVAL:
+	case -EBADF:
 		return DLSHARE_EINVAL;
 	case -ENOENT:
 		return DLSHARE_ENOENT;
@@ -70,6 +72,7 @@ int dispatch_code(int err)
 	case -EBUSY:
 		return DLSHARE_EBUSY;
 	case -EALREADY:
+	case -EINPROGRESS:
 		return DLSHARE_ESTATE;
 	default:
 		return DLSHARE_EIO;
@@ -92,9 +95,14 @@ static const char *errno_text(int err)
 	case -EOPNOTSUPP:
 		return "buffer kind not supported by this daemon";
 	case -EBUSY:
-		return "a writable mapping of the buffer is still alive";
+		return "a writable mapping or pinned pages (e.g. vmsplice, "
+		       "O_DIRECT, RDMA) of a buffer still exist";
 	case -EALREADY:
 		return "version already sealed";
+	case -EINPROGRESS:
+		return "a seal of this version is in progress";
+	case -EBADF:
+		return "a buffer's fd is refused";
 	case -EPERM:
 		return "permission denied";
 	case -ENOENT:
@@ -156,10 +164,21 @@ static void reply_err(struct conn *c, uint64_t id, int err, const char *what,
 				(unsigned)c->owner.gid,
 				strncmp(what, "get", 3) && strcmp(what, "stat") ?
 				"write" : "read");
+	else if (err == -EBADF && c->srv->reg.why)
+		conn_send_error(c, id, dispatch_code(err),
+				"%s%s%s: a buffer's fd is refused: %s", what,
+				name ? " " : "", name ? name : "",
+				c->srv->reg.why);
 	else
 		conn_send_error(c, id, dispatch_code(err), "%s%s%s: %s", what,
 				name ? " " : "", name ? name : "",
 				errno_text(err));
+}
+
+void dispatch_reply_err(struct conn *c, uint64_t id, int err,
+			const char *what, const char *name)
+{
+	reply_err(c, id, err, what, name);
 }
 
 /* ---- encoding the model ------------------------------------------------ */
@@ -746,11 +765,9 @@ static void handle_create(struct conn *c, const Dlshare__Frame *f,
 	create_finish(c, f->id, m, NULL);
 }
 
-/* The answer to a Seal or Abort that found no pending version: which one
- * it looked for, and the ways it can have gone. */
-static void reply_no_pending(struct conn *c, uint64_t id, const char *what,
-			     const char *name, uint64_t number,
-			     uint64_t writer)
+void dispatch_reply_no_pending(struct conn *c, uint64_t id, const char *what,
+			       const char *name, uint64_t number,
+			       uint64_t writer)
 {
 	if (writer)
 		conn_send_error(c, id, DLSHARE_ENOENT,
@@ -763,29 +780,11 @@ static void reply_no_pending(struct conn *c, uint64_t id, const char *what,
 				what, name, (unsigned long long)number);
 }
 
+/* The write seal may wait on pinned pages: daemon/seal.c does it off the
+ * loop and answers. */
 static void handle_seal(struct conn *c, uint64_t id, const Dlshare__Seal *m)
 {
-	Dlshare__Frame f = DLSHARE__FRAME__INIT;
-	Dlshare__SealReply r = DLSHARE__SEAL_REPLY__INIT;
-	uint64_t writer = m->has_writer ? m->writer : 0;
-	int err;
-
-	err = registry_seal(&c->srv->reg, &c->owner, m->name, m->version,
-			    writer,
-			    m->has_event_handle ? m->event_handle.data : NULL,
-			    m->has_event_handle ? m->event_handle.len : 0);
-	if (err == -ENOENT) {
-		reply_no_pending(c, id, "seal", m->name, m->version, writer);
-		return;
-	}
-	if (err) {
-		reply_err(c, id, err, "seal", m->name);
-		return;
-	}
-	r.version = m->version;
-	f.body_case = DLSHARE__FRAME__BODY_SEAL_REPLY;
-	f.seal_reply = &r;
-	reply(c, id, &f);
+	seal_request(c, id, m);
 }
 
 static void handle_abort(struct conn *c, uint64_t id, const Dlshare__Abort *m)
@@ -795,7 +794,7 @@ static void handle_abort(struct conn *c, uint64_t id, const Dlshare__Abort *m)
 				 writer);
 
 	if (err == -ENOENT)
-		reply_no_pending(c, id, "abort", m->name, m->version, writer);
+		dispatch_reply_no_pending(c, id, "abort", m->name, m->version, writer);
 	else if (err)
 		reply_err(c, id, err, "abort", m->name);
 	else
@@ -1350,6 +1349,7 @@ void dispatch_conn_closed(struct conn *c)
 
 	while (c->parked)
 		park_remove(c->srv, c->parked);
+	seal_conn_closed(c);
 	/* A job in the pool finishes on its own, and then finds no conn. */
 	DL_FOREACH_SAFE(c->jobs, j, tmp) {
 		DL_DELETE(c->jobs, j);
@@ -1363,6 +1363,7 @@ void dispatch_deinit(struct server *s)
 	struct waitq *q, *tmp;
 	struct devmem *d, *dtmp;
 
+	seal_deinit(s);
 	/* Conns are all closed, so every park is gone; this is a backstop. */
 	HASH_ITER(hh, s->waiters, q, tmp) {
 		HASH_DEL(s->waiters, q);

@@ -14,7 +14,7 @@
 void dispatch_frame(struct conn *c, const struct wire_msg *m, int *fds,
 		    unsigned nfds);
 
-/* Cancels the parked gets of a closing conn. */
+/* Cancels the parked gets and waiting seals of a closing conn. */
 void dispatch_conn_closed(struct conn *c);
 
 /* Frees whatever the waiters map still holds at shutdown. */
@@ -25,5 +25,16 @@ extern const struct registry_ops dispatch_registry_ops;
 
 /* The DLSHARE_E* code for a -errno from the registry or a backend. */
 int dispatch_code(int err);
+
+/* Answers request id of c with an Error for err: "WHAT NAME: why", naming
+ * the limit and the uid for a quota (what and name may be NULL). */
+/* The answer to a Seal or Abort that found no pending version: which one
+ * it looked for (by writer id, or by name and number), and the ways it can
+ * have gone. */
+void dispatch_reply_no_pending(struct conn *c, uint64_t id, const char *what,
+			       const char *name, uint64_t number,
+			       uint64_t writer);
+void dispatch_reply_err(struct conn *c, uint64_t id, int err,
+			const char *what, const char *name);
 
 #endif

@@ -79,6 +79,12 @@ int host_seal_write(int fd)
 
 int host_seal_future_write(int fd)
 {
+	int seals = fcntl(fd, F_GET_SEALS);
+
+	if (seals < 0)
+		return -errno;
+	if (seals & (F_SEAL_WRITE | HOST_SEAL_FUTURE_WRITE))
+		return 0;
 	if (fcntl(fd, F_ADD_SEALS, HOST_SEAL_FUTURE_WRITE) < 0)
 		return -errno;
 	return 0;
@@ -94,23 +100,45 @@ int host_reopen_ro(int fd)
 	return ro < 0 ? -errno : ro;
 }
 
-int host_check_fd(int fd, uint64_t size)
+int host_check_fd(int fd, uint64_t size, const char **why)
 {
 	struct stat st;
-	int seals;
+	int seals, flags;
 
-	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
-		return -EINVAL;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		*why = "not a memfd";
+		return -EBADF;
+	}
 	/* Only memfds (and sealable shmem files) answer F_GET_SEALS. */
 	seals = fcntl(fd, F_GET_SEALS);
-	if (seals < 0 || (seals & HOST_SEALS_BIRTH) != HOST_SEALS_BIRTH)
-		return -EINVAL;
+	if (seals < 0) {
+		*why = "not a memfd";
+		return -EBADF;
+	}
+	if ((seals & HOST_SEALS_BIRTH) != HOST_SEALS_BIRTH) {
+		*why = "the memfd lacks F_SEAL_SHRINK and F_SEAL_GROW";
+		return -EBADF;
+	}
+	/* F_ADD_SEALS needs an fd open for writing: through a read-only one
+	 * the daemon could not add F_SEAL_FUTURE_WRITE, and any reader could
+	 * reopen /proc/self/fd/N read-write (memfds are 0777) and change what
+	 * everyone reads. */
+	flags = fcntl(fd, F_GETFL);
+	if (flags < 0 || (flags & O_ACCMODE) != O_RDWR) {
+		*why = "the memfd is not open read-write (O_RDWR), so the "
+		       "daemon could not seal it";
+		return -EBADF;
+	}
 	/* With F_SEAL_SEAL and no write seal, the daemon could not stop
 	 * readers from mapping it writable (host_seal_future_write). */
 	if ((seals & F_SEAL_SEAL) &&
-	    !(seals & (F_SEAL_WRITE | HOST_SEAL_FUTURE_WRITE)))
-		return -EINVAL;
-	if (st.st_size < 0 || (uint64_t)st.st_size < size)
-		return -EINVAL;
+	    !(seals & (F_SEAL_WRITE | HOST_SEAL_FUTURE_WRITE))) {
+		*why = "the memfd carries F_SEAL_SEAL without a write seal";
+		return -EBADF;
+	}
+	if (st.st_size < 0 || (uint64_t)st.st_size < size) {
+		*why = "the memfd is smaller than the buffer";
+		return -EBADF;
+	}
 	return 0;
 }

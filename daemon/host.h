@@ -28,12 +28,17 @@
 int host_create(const char *name, uint64_t size, uint64_t huge_min,
 		uint64_t *actual);
 
-/* Forbids writes for good (F_SEAL_WRITE). Returns 0, or -EBUSY while some
- * process still has a writable shared mapping of it, or -errno. */
+/* Forbids writes for good (F_SEAL_WRITE). The kernel waits up to ~150 ms
+ * while pages of the file are pinned (vmsplice, O_DIRECT, RDMA), and a
+ * peer can pin them: never on the loop. Returns 0, or -EBUSY while some
+ * process still has a writable shared mapping of it or pinned pages, or
+ * -errno. */
 int host_seal_write(int fd);
 
 /* Forbids new writable mappings and write() (F_SEAL_FUTURE_WRITE), keeping
- * the mappings that exist. Best effort: returns 0 or -errno. */
+ * the mappings that exist; nothing to do when fd is write-sealed already.
+ * Returns 0 or -errno (-EPERM when fd is not open for writing, -EINVAL
+ * before Linux 5.1). */
 int host_seal_future_write(int fd);
 
 /* A read-only fd of the same memfd (a reopen through /proc/self/fd), for
@@ -42,9 +47,11 @@ int host_seal_future_write(int fd);
  * fd, or -errno (the caller then hands out fd itself). */
 int host_reopen_ro(int fd);
 
-/* Accepts an fd from a peer only when it is a memfd carrying
- * HOST_SEALS_BIRTH, at least size bytes long, and still open to a write
- * seal (no F_SEAL_SEAL unless already write-sealed). Returns 0 or -EINVAL. */
-int host_check_fd(int fd, uint64_t size);
+/* Accepts an fd from a peer only when it is a memfd open read-write (a
+ * seal can only be added through a writable fd) carrying HOST_SEALS_BIRTH,
+ * at least size bytes long, and still open to a write seal (no F_SEAL_SEAL
+ * unless already write-sealed). Returns 0, or -EBADF with *why saying what
+ * is wrong (a static string, for the peer). */
+int host_check_fd(int fd, uint64_t size, const char **why);
 
 #endif

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include <uv.h>
 
@@ -132,6 +133,28 @@ static void on_signal(uv_signal_t *h, int signum)
 	server_shutdown(&srv);
 }
 
+/* Peers' buffers are fds: take every fd the hard limit allows (libuv
+ * polls with epoll, so no fd number is too large). Under systemd
+ * LimitNOFILE= sets both limits, and nothing is to be done. */
+static void raise_nofile(void)
+{
+	struct rlimit rl;
+	rlim_t old;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= rl.rlim_max)
+		return;
+	old = rl.rlim_cur;
+	rl.rlim_cur = rl.rlim_max;
+	if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+		log_warn("cannot raise RLIMIT_NOFILE from %llu to %llu: %s",
+			 (unsigned long long)old,
+			 (unsigned long long)rl.rlim_max, strerror(errno));
+	else
+		log_info("RLIMIT_NOFILE raised from %llu to %llu",
+			 (unsigned long long)old,
+			 (unsigned long long)rl.rlim_max);
+}
+
 /* config_from_args, with its error lines marked "<3>" when stderr is the
  * journal (the service's unit started it with a bad file), so that they
  * are logged as errors. */
@@ -197,6 +220,7 @@ int main(int argc, char **argv)
 	log_info("dlshared %s, configuration: %s", DLSHARE_VERSION_STRING,
 		 cfg.file ? cfg.file : "none");
 
+	raise_nofile();
 	loop = uv_default_loop();
 	err = server_init(&srv, loop, &cfg.server);
 	if (!err)

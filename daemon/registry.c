@@ -5,6 +5,10 @@
  * name that was not deleted) or leased; the moment it is neither, it dies
  * with its buffers (version_check). An entry that was deleted is detached
  * from the name map at once and dies with its last version.
+ *
+ * Charges follow the same rule: a version's cost is its producer's uid's
+ * while it is reachable (version_charge, taken back in version_check), and
+ * each leasing uid's while that uid leases it (registry_lease, lease_drop).
  */
 #include "registry.h"
 
@@ -36,13 +40,47 @@ void registry_limits_default(struct registry_limits *l)
 	l->uid_gpu_bytes = 0;
 	l->huge_min = 0; /* huge pages are the operator's to give */
 	l->uid_fds = REGISTRY_UID_FDS_DEFAULT;
+	l->max_pending = REGISTRY_MAX_PENDING_DEFAULT;
+	l->uid_pending = REGISTRY_UID_PENDING_DEFAULT;
+	l->uid_open_fds = 0;         /* the server derives them */
+	l->max_open_fds = 0;
+	l->uid_leased_bytes = 0;     /* as uid_host_bytes */
+	l->uid_leased_gpu_bytes = 0; /* as uid_gpu_bytes */
+}
+
+/* The per-uid byte caps in effect, 0 resolved. */
+static uint64_t host_cap(const struct registry_limits *l)
+{
+	return l->uid_host_bytes ? l->uid_host_bytes : l->max_bytes;
+}
+
+static uint64_t gpu_cap(const struct registry_limits *l)
+{
+	return l->uid_gpu_bytes ? l->uid_gpu_bytes : UINT64_MAX;
+}
+
+static uint64_t leased_host_cap(const struct registry_limits *l)
+{
+	return l->uid_leased_bytes ? l->uid_leased_bytes : host_cap(l);
+}
+
+static uint64_t leased_gpu_cap(const struct registry_limits *l)
+{
+	return l->uid_leased_gpu_bytes ? l->uid_leased_gpu_bytes : gpu_cap(l);
+}
+
+/* Whether bytes more fit under cap beside used. */
+static int fits(uint64_t used, uint64_t bytes, uint64_t cap)
+{
+	return bytes <= cap && used <= cap - bytes;
 }
 
 /* Frees a uid's record once it holds nothing. */
 static void usage_put(struct registry *r, struct uid_usage *u)
 {
 	if (u && !u->owners && !u->names && !u->leases && !u->host_bytes &&
-	    !u->gpu_bytes && !u->fds_queued) {
+	    !u->gpu_bytes && !u->fds_queued && !u->pending && !u->versions &&
+	    !u->leased && !u->fds) {
 		HASH_DEL(r->uids, u);
 		free(u);
 	}
@@ -113,6 +151,60 @@ struct entry *registry_entry(struct registry *r, const char *name)
 	return e;
 }
 
+/* The fds a buffer of kind may hold (REGISTRY_FDS_*). */
+static unsigned buffer_fds(unsigned kind)
+{
+	switch (kind) {
+	case DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST:
+		return REGISTRY_FDS_HOST;
+	case DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM:
+		return REGISTRY_FDS_VMM;
+	default:
+		return 0;
+	}
+}
+
+/* Charges u, v's producer's uid (NULL: none), for v: v is reachable. */
+static void version_charge(struct version *v, struct uid_usage *u)
+{
+	v->usage = u;
+	if (!u)
+		return;
+	u->versions++;
+	u->host_bytes += v->owned_host;
+	u->gpu_bytes += v->owned_gpu;
+	u->fds += v->nfds;
+}
+
+/* Takes back what v's producer's uid was charged for v, if anything: v is
+ * no longer reachable, or dies. The uid's record may go. */
+static void version_uncharge(struct registry *r, struct version *v)
+{
+	struct uid_usage *u = v->usage;
+
+	if (!u)
+		return;
+	v->usage = NULL;
+	u->versions--;
+	u->host_bytes -= v->owned_host;
+	u->gpu_bytes -= v->owned_gpu;
+	u->fds -= v->nfds;
+	usage_put(r, u);
+}
+
+/* v is no longer pending (sealed, or dying): its producer and uid count it
+ * no more. Before version_uncharge, which may free the uid's record. */
+static void version_unpend(struct version *v)
+{
+	if (!v->pending)
+		return;
+	v->pending = 0;
+	if (v->producer)
+		v->producer->npending--;
+	if (v->usage)
+		v->usage->pending--;
+}
+
 /* Lets go of what b holds; its memory is its version's. */
 static void buffer_drop(struct registry *r, struct rbuffer *b)
 {
@@ -124,17 +216,11 @@ static void buffer_drop(struct registry *r, struct rbuffer *b)
 		close(b->ro_fd);
 	r->nbuffers--;
 	r->bytes -= b->size;
+	r->nfds -= buffer_fds(b->kind);
 	if (b->daemon_owned && b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
 		r->owned_bytes -= b->size;
 	else if (b->daemon_owned)
 		r->gpu_bytes -= b->size;
-	if (b->usage) {
-		if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
-			b->usage->host_bytes -= b->size;
-		else
-			b->usage->gpu_bytes -= b->size;
-		usage_put(r, b->usage);
-	}
 }
 
 static void entry_maybe_free(struct registry *r, struct entry *e)
@@ -165,6 +251,8 @@ static void version_destroy(struct registry *r, struct version *v)
 	int retire = producer && v->state == VERSION_SEALED;
 	uint64_t number = v->number;
 
+	version_unpend(v);
+	version_uncharge(r, v);
 	if (producer)
 		DL_DELETE2(producer->versions, v, oprev, onext);
 	if (v->writer)
@@ -191,15 +279,26 @@ static int version_reachable(const struct version *v)
 	 * callback does with leases. */
 	if (v->publishing)
 		return 1;
+	/* A seal on the thread pool still uses its buffers' fds: it lives
+	 * until registry_seal_end. */
+	if (v->sealing)
+		return 1;
 	if (v->state == VERSION_PENDING)
 		return !v->withdrawn;
 	return !v->entry->detached && v->entry->latest == v;
 }
 
-/* Kills v if nothing holds it any more. v may be freed on return. */
+/* Takes back its producer's charge once v is unreachable, and kills v if
+ * nothing holds it any more. v may be freed on return. */
 static void version_check(struct registry *r, struct version *v)
 {
-	if (!version_reachable(v) && v->leases == 0)
+	if (version_reachable(v))
+		return;
+	/* A withdrawn pending version (its name was deleted) is no longer
+	 * one its writer can seal. */
+	version_unpend(v);
+	version_uncharge(r, v);
+	if (v->leases == 0)
 		version_destroy(r, v);
 }
 
@@ -224,6 +323,37 @@ static void version_publish(struct registry *r, struct version *v)
 	version_check(r, v);
 }
 
+/* Takes back what l's uid was charged for l's version v, once l is its
+ * uid's last lease on v. The uid's record stays: l's owner holds it. */
+static void lease_uncharge(struct version *v, struct lease *l)
+{
+	struct vcharge *vc = l->charge;
+	struct uid_usage *u;
+
+	l->charge = NULL;
+	if (!vc || --vc->leases)
+		return;
+	u = vc->usage;
+	u->leased--;
+	u->leased_host_bytes -= v->owned_host;
+	u->leased_gpu_bytes -= v->owned_gpu;
+	u->fds -= v->nfds;
+	DL_DELETE(v->charges, vc);
+	free(vc);
+}
+
+/* Drops every lease on v (a pending version's writer lease), then v. For
+ * a pending version: no lease drop can kill it first. */
+static void lease_drop(struct registry *r, struct registry_owner *o,
+		       struct lease *l);
+
+static void version_kill(struct registry *r, struct version *v)
+{
+	while (v->lease_list)
+		lease_drop(r, v->lease_list->owner, v->lease_list);
+	version_destroy(r, v);
+}
+
 /* Frees e with every version of it, leases still held included: they are
  * taken out of their owners' tables, so an owner dropped later finds none.
  * An entry has a version as long as it lives; the last one frees it. */
@@ -235,6 +365,7 @@ static void entry_destroy(struct registry *r, struct entry *e)
 		struct lease *l, *tmp;
 
 		DL_FOREACH_SAFE2(v->lease_list, l, tmp, vnext) {
+			lease_uncharge(v, l);
 			DL_DELETE2(v->lease_list, l, vprev, vnext);
 			HASH_DEL(l->owner->leases, l);
 			l->owner->nleases--;
@@ -300,9 +431,12 @@ static int spec_check(struct registry *r, const struct registry_spec *s,
 				if (__builtin_add_overflow(total, b->size,
 							   &total))
 					return -ENOSPC;
-			} else if (s->fds[i] < 0 ||
-				 host_check_fd(s->fds[i], b->size))
+			} else if (s->fds[i] < 0) {
 				return -EINVAL;
+			} else if ((err = host_check_fd(s->fds[i], b->size,
+							&r->why))) {
+				return err;
+			}
 			break;
 		case DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM:
 			/* Daemon-owned device memory: the fd the GPU backend
@@ -350,27 +484,54 @@ static int spec_check(struct registry *r, const struct registry_spec *s,
 	return 0;
 }
 
-/* The per-uid part of registry_add's checks. */
-static int quota_check(struct registry *r, struct registry_owner *o,
-		       int fresh_name, uint64_t bytes, uint64_t gpu)
+/* The fds a spec's buffers may hold (struct version: nfds). */
+static uint32_t spec_fds(const struct registry_spec *s)
 {
+	uint32_t n = 0;
+
+	for (size_t i = 0; i < s->nbuffers; i++)
+		n += buffer_fds(s->buffers[i]->kind);
+	return n;
+}
+
+/* The per-owner, per-uid and fd part of registry_add's checks: a version
+ * costing bytes, gpu and nfds, pending unless exported. */
+static int quota_check(struct registry *r, struct registry_owner *o,
+		       int fresh_name, int exported, uint64_t bytes,
+		       uint64_t gpu, uint32_t nfds)
+{
+	const struct registry_limits *l = &r->limits;
 	struct uid_usage *u = o->usage;
 
+	/* Each pending version holds its memfds: a flood of them would take
+	 * every fd of the daemon. */
+	if (!exported && o->npending >= l->max_pending) {
+		r->why = "pending versions per connection";
+		return -EDQUOT;
+	}
+	if (l->max_open_fds && r->nfds + r->fds_queued + nfds > l->max_open_fds) {
+		r->why = "open fds of the daemon";
+		return -ENOSPC;
+	}
 	if (!u)
 		return 0;
-	if (fresh_name && u->names >= r->limits.uid_names) {
+	if (!exported && u->pending >= l->uid_pending) {
+		r->why = "pending versions per uid";
+		return -EDQUOT;
+	}
+	if (l->uid_open_fds && u->fds + u->fds_queued + nfds > l->uid_open_fds) {
+		r->why = "open fds per uid";
+		return -EDQUOT;
+	}
+	if (fresh_name && u->names >= l->uid_names) {
 		r->why = "names per uid";
 		return -EDQUOT;
 	}
-	uint64_t cap = r->limits.uid_host_bytes ? r->limits.uid_host_bytes :
-					       r->limits.max_bytes;
-
-	if (bytes > cap || u->host_bytes > cap - bytes) {
+	if (!fits(u->host_bytes, bytes, host_cap(l))) {
 		r->why = "daemon-owned host bytes per uid";
 		return -EDQUOT;
 	}
-	cap = r->limits.uid_gpu_bytes ? r->limits.uid_gpu_bytes : UINT64_MAX;
-	if (gpu > cap || u->gpu_bytes > cap - gpu) {
+	if (!fits(u->gpu_bytes, gpu, gpu_cap(l))) {
 		r->why = "daemon-owned GPU bytes per uid";
 		return -EDQUOT;
 	}
@@ -476,13 +637,23 @@ static struct version *version_alloc(const struct registry_spec *s,
 	return v;
 }
 
+/* version_buffers failed at buffer n: the caller's fds in the buffers
+ * before it stay the caller's. */
+static void buffers_untake(struct version *v, size_t n, int exported)
+{
+	for (size_t j = 0; j < n; j++)
+		if (exported || v->buffers[j]->kind !=
+		    DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
+			v->buffers[j]->fd = -1;
+}
+
 /* Builds v's buffers in bufs (and their CUDA records in cuda, as
  * version_alloc made room for them): store mode makes memfds, export mode
- * takes the fds. */
-static int version_buffers(struct registry *r, struct registry_owner *o,
-			   struct version *v, const struct registry_spec *s,
-			   int exported, struct rbuffer *bufs,
-			   struct rbuffer_cuda *cuda)
+ * takes the fds. Returns 0, -EBADF (an export's seal could not be added),
+ * or host_create's error. */
+static int version_buffers(struct registry *r, struct version *v,
+			   const struct registry_spec *s, int exported,
+			   struct rbuffer *bufs, struct rbuffer_cuda *cuda)
 {
 	for (size_t i = 0; i < s->nbuffers; i++) {
 		const Dlshare__Buffer *in = s->buffers[i];
@@ -513,14 +684,18 @@ static int version_buffers(struct registry *r, struct registry_owner *o,
 			b->cuda = c;
 		}
 		if (exported) {
-			b->fd = s->fds[i];
 			/* Readers must not write the producer's memory, even
 			 * through a reopen of /proc/self/fd: no new writable
-			 * mapping of it, ever (the producer's own stays). */
-			/* host_check_fd made sure this can be added; only a
-			 * kernel before 5.1 says no. */
-			if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
-				(void)host_seal_future_write(b->fd);
+			 * mapping of it, ever (the producer's own stays).
+			 * Without that seal the export is refused. */
+			if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST &&
+			    host_seal_future_write(s->fds[i])) {
+				r->why = "the daemon could not add "
+					 "F_SEAL_FUTURE_WRITE to it";
+				buffers_untake(v, i, exported);
+				return -EBADF;
+			}
+			b->fd = s->fds[i];
 		} else if (b->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST) {
 			/* GPU memory the caller made: a cuda-vmm fd, taken
 			 * over below once nothing can fail, or a cuda-ipc
@@ -530,34 +705,27 @@ static int version_buffers(struct registry *r, struct registry_owner *o,
 				b->fd = s->fds[i];
 			b->daemon_owned = 1;
 			r->gpu_bytes += b->size;
-			b->usage = o->usage;
-			if (b->usage)
-				b->usage->gpu_bytes += b->size;
+			v->owned_gpu += b->size;
 		} else {
 			b->fd = host_create(s->name, in->size,
 					    r->limits.huge_min, &b->size);
 			if (b->fd < 0) {
 				int err = b->fd;
 
-				/* The caller's fds stay the caller's: untake
-				 * them. */
-				for (size_t j = 0; j < i; j++)
-					if (v->buffers[j]->kind !=
-					    DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
-						v->buffers[j]->fd = -1;
+				buffers_untake(v, i, exported);
 				return err;
 			}
 			b->daemon_owned = 1;
 			r->owned_bytes += b->size;
-			b->usage = o->usage;
-			if (b->usage)
-				b->usage->host_bytes += b->size;
+			v->owned_host += b->size;
 		}
 		b->id = r->next_buffer_id++;
 		v->buffers[i] = b;
 		v->bytes += b->size;
+		v->nfds += buffer_fds(b->kind);
 		r->nbuffers++;
 		r->bytes += b->size;
+		r->nfds += buffer_fds(b->kind);
 	}
 	/* Only now, when nothing can fail, do the caller's fds change
 	 * hands. */
@@ -585,7 +753,7 @@ static int add_check(struct registry *r, struct registry_owner *o,
 	*entry = e = registry_entry(r, s->name);
 	if (e && !registry_may(e, o, 2))
 		return -EPERM;
-	return quota_check(r, o, !e, owned, gpu);
+	return quota_check(r, o, !e, exported, owned, gpu, spec_fds(s));
 }
 
 int registry_precheck(struct registry *r, struct registry_owner *o,
@@ -664,11 +832,21 @@ int registry_add(struct registry *r, struct registry_owner *o,
 	DL_APPEND2(o->versions, v, oprev, onext);
 	e->nversions++;
 	r->nversions++;
-	if ((err = version_buffers(r, o, v, s, exported, bufs, cuda))) {
+	if ((err = version_buffers(r, v, s, exported, bufs, cuda))) {
+		/* Never visible: no Retired for it. */
+		v->state = VERSION_PENDING;
 		version_destroy(r, v); /* frees the entry too if fresh */
 		return err;
 	}
 	e->last_number = v->number;
+	/* Reachable from birth: its producer's uid pays for it. */
+	version_charge(v, o->usage);
+	if (!exported) {
+		v->pending = 1;
+		o->npending++;
+		if (o->usage)
+			o->usage->pending++;
+	}
 	*out = v;
 	if (exported)
 		version_publish(r, v); /* v stays: it is the newest */
@@ -735,33 +913,53 @@ struct version *registry_pending(struct registry *r, struct registry_owner *o,
 	return NULL;
 }
 
-int registry_seal(struct registry *r, struct registry_owner *o,
-		  const char *name, uint64_t number, uint64_t writer,
-		  const uint8_t *event, size_t event_len)
+int registry_seal_begin(struct registry *r, struct registry_owner *o,
+			const char *name, uint64_t number, uint64_t writer,
+			struct version **out)
 {
-	uint8_t *ev = NULL;
 	struct version *v;
 	int err;
 
 	if (!(v = registry_pending(r, o, name, number, writer, &err)))
 		return err;
-	if (event_len > REGISTRY_HANDLE_MAX)
-		return -EINVAL;
+	if (v->sealing)
+		return -EINPROGRESS;
+	v->sealing = 1;
+	*out = v;
+	return 0;
+}
+
+int registry_seal_end(struct registry *r, struct version *v, int err,
+		      const uint8_t *event, size_t event_len)
+{
+	struct registry_owner *o = v->producer;
+	uint8_t *ev = NULL;
+
+	v->sealing = 0;
+	if (v->orphaned) {
+		version_kill(r, v);
+		return -ENOENT;
+	}
+	/* Its name was deleted meanwhile: it is withdrawn, and lives on
+	 * only while a writer lease holds it. */
+	if (v->withdrawn) {
+		version_check(r, v);
+		return -ENOENT;
+	}
+	if (!err && event_len > REGISTRY_HANDLE_MAX)
+		err = -EINVAL;
 	/* Host buffers are usually sealed with no event: it costs memory only
 	 * where there is one. */
-	if (event_len && !(ev = malloc(event_len)))
-		return -ENOMEM;
-	for (size_t i = 0; i < v->nbuffers; i++)
-		if (v->buffers[i]->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST &&
-		    (err = host_seal_write(v->buffers[i]->fd))) {
-			free(ev);
-			return err;
-		}
+	if (!err && event_len && !(ev = malloc(event_len)))
+		err = -ENOMEM;
+	if (err)
+		return err;
 	if (event_len)
 		memcpy(ev, event, event_len);
 	free(v->event_handle);
 	v->event_handle = ev;
 	v->event_len = (uint8_t)event_len;
+	version_unpend(v);
 	v->state = VERSION_SEALED;
 	/* A CUDA event lives in the producer's process: the producer stays
 	 * attached, to hear when it may destroy it (Retired), and the
@@ -774,8 +972,22 @@ int registry_seal(struct registry *r, struct registry_owner *o,
 	return 0;
 }
 
-static void lease_drop(struct registry *r, struct registry_owner *o,
-		       struct lease *l);
+int registry_seal(struct registry *r, struct registry_owner *o,
+		  const char *name, uint64_t number, uint64_t writer,
+		  const uint8_t *event, size_t event_len)
+{
+	struct version *v;
+	int err = registry_seal_begin(r, o, name, number, writer, &v);
+
+	if (err)
+		return err;
+	if (event_len > REGISTRY_HANDLE_MAX)
+		err = -EINVAL;
+	for (size_t i = 0; i < v->nbuffers && !err; i++)
+		if (v->buffers[i]->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
+			err = host_seal_write(v->buffers[i]->fd);
+	return registry_seal_end(r, v, err, event, event_len);
+}
 
 int registry_abort(struct registry *r, struct registry_owner *o,
 		   const char *name, uint64_t number, uint64_t writer)
@@ -785,10 +997,10 @@ int registry_abort(struct registry *r, struct registry_owner *o,
 
 	if (!(v = registry_pending(r, o, name, number, writer, &err)))
 		return err;
+	if (v->sealing)
+		return -EINPROGRESS;
 	/* A writer lease (daemon-owned cuda-ipc memory) goes with it. */
-	while (v->lease_list)
-		lease_drop(r, v->lease_list->owner, v->lease_list);
-	version_destroy(r, v);
+	version_kill(r, v);
 	return 0;
 }
 
@@ -825,22 +1037,74 @@ struct version *registry_find(struct registry *r, struct registry_owner *o,
 	return v;
 }
 
+/* Whether u may be charged v through a lease. Returns 0 or -EDQUOT. */
+static int lease_quota(struct registry *r, const struct uid_usage *u,
+		       const struct version *v)
+{
+	const struct registry_limits *l = &r->limits;
+
+	if (!fits(u->leased_host_bytes, v->owned_host, leased_host_cap(l))) {
+		r->why = "leased host bytes per uid";
+		return -EDQUOT;
+	}
+	if (!fits(u->leased_gpu_bytes, v->owned_gpu, leased_gpu_cap(l))) {
+		r->why = "leased GPU bytes per uid";
+		return -EDQUOT;
+	}
+	if (l->uid_open_fds &&
+	    u->fds + u->fds_queued + v->nfds > l->uid_open_fds) {
+		r->why = "open fds per uid";
+		return -EDQUOT;
+	}
+	return 0;
+}
+
 int registry_lease(struct registry *r, struct registry_owner *o,
 		   struct version *v, struct lease **out)
 {
+	struct uid_usage *u = o->usage;
+	struct vcharge *vc = NULL, *fresh = NULL;
 	struct lease *l;
+	int err;
 
 	if (o->nleases >= r->limits.max_leases) {
 		r->why = "leases per connection";
 		return -EDQUOT;
 	}
-	if (o->usage && o->usage->leases >= r->limits.uid_leases) {
+	if (u && u->leases >= r->limits.uid_leases) {
 		r->why = "leases per uid";
 		return -EDQUOT;
 	}
+	/* The uid pays for v once, at its first lease on it: that is when the
+	 * limit is checked. A version has leases of a few uids, not many. */
+	if (u) {
+		DL_FOREACH(v->charges, vc)
+			if (vc->usage == u)
+				break;
+		if (!vc) {
+			if ((err = lease_quota(r, u, v)))
+				return err;
+			vc = fresh = calloc(1, sizeof(*fresh));
+			if (!fresh)
+				return -ENOMEM;
+		}
+	}
 	l = calloc(1, sizeof(*l));
-	if (!l)
+	if (!l) {
+		free(fresh);
 		return -ENOMEM;
+	}
+	if (fresh) {
+		fresh->usage = u;
+		DL_APPEND(v->charges, fresh);
+		u->leased++;
+		u->leased_host_bytes += v->owned_host;
+		u->leased_gpu_bytes += v->owned_gpu;
+		u->fds += v->nfds;
+	}
+	if (vc)
+		vc->leases++;
+	l->charge = vc;
 	l->id = r->next_lease_id++;
 	l->version = v;
 	l->owner = o;
@@ -861,6 +1125,7 @@ static void lease_drop(struct registry *r, struct registry_owner *o,
 {
 	struct version *v = l->version;
 
+	lease_uncharge(v, l);
 	HASH_DEL(o->leases, l);
 	DL_DELETE2(v->lease_list, l, vprev, vnext);
 	o->nleases--;
@@ -921,8 +1186,9 @@ int registry_delete(struct registry *r, struct registry_owner *o,
 	/* Pending versions are withdrawn: their writers' Seals find nothing.
 	 * One that a writer lease holds (daemon-owned cuda-ipc memory, which
 	 * its writer still maps) dies when that lease goes, like a sealed
-	 * version under a reader's lease. The last version to die frees e;
-	 * do not touch e after the loop. */
+	 * version under a reader's lease; one being sealed when its seal
+	 * ends. The last version to die frees e; do not touch e after the
+	 * loop. */
 	DL_FOREACH_SAFE(e->versions, v, tmp) {
 		if (v->state == VERSION_PENDING)
 			v->withdrawn = 1;
@@ -962,12 +1228,20 @@ void registry_owner_drop(struct registry *r, struct registry_owner *o)
 	while (o->versions) {
 		struct version *v = o->versions;
 
-		if (v->state == VERSION_PENDING) {
+		if (v->state == VERSION_PENDING && !v->sealing) {
 			version_destroy(r, v);
 			continue;
 		}
 		DL_DELETE2(o->versions, v, oprev, onext);
 		v->producer = NULL;
+		if (v->state == VERSION_PENDING) {
+			/* Its seal is on the thread pool: it dies when that
+			 * ends. Its uid stays charged until then. */
+			if (v->pending)
+				o->npending--;
+			v->orphaned = 1;
+			continue;
+		}
 		/* An export ends with its producer: withdraw it; leases keep
 		 * their mappings, and the producer hears nothing more. */
 		if (v->entry->latest == v)

@@ -41,7 +41,6 @@ struct rbuffer {
 	uint64_t id;             /* daemon-wide, never reused */
 	uint64_t size;
 	struct version *version; /* the one version this buffer belongs to */
-	struct uid_usage *usage; /* daemon-owned: charged for its bytes */
 	void *holders;           /* the registry's user's (dispatch: the
 				  * peers that have its fd); untouched here */
 	struct rbuffer_cuda *cuda; /* NULL when it names no device UUID and
@@ -76,17 +75,40 @@ struct rtensor {
 };
 
 enum version_state {
-	VERSION_PENDING,         /* created, being written, invisible to get */
+	VERSION_PENDING,         /* created, being written, invisible to get
+				  * (also while sealing: see struct version) */
 	VERSION_SEALED,          /* immutable and visible */
 };
 
 struct registry_owner;
 
 struct entry;
+struct uid_usage;
+
+/* A uid's stake in a version it holds leases on: its first lease charges
+ * the uid what the version costs (struct version), its last one takes it
+ * back, however many leases come between. */
+struct vcharge {
+	struct uid_usage *usage;
+	uint32_t leases;         /* the uid's leases on the version */
+	struct vcharge *prev, *next; /* version->charges */
+};
 
 /* One allocation holds a version, its tensors (the flexible array at the
  * end), the buffer pointers, the buffers, their CUDA records and the
- * tensors' dims and keys: a name with one small tensor costs one block. */
+ * tensors' dims and keys: a name with one small tensor costs one block.
+ *
+ * What a version costs (owned_host, owned_gpu, nfds) is charged to its
+ * producer's uid while the version is reachable (pending, or its name's
+ * newest), and to each uid holding a lease on it (once per uid, however
+ * many leases): the bytes and fds that only a lease keeps alive are the
+ * leaseholder's.
+ *
+ * Sealing: a Seal write-seals the buffers off the loop (daemon/seal.c).
+ * Meanwhile the version is still pending but sealing: not visible, not
+ * sealable again, not abortable, and it cannot die. A producer that goes,
+ * or a delete of its name, only marks it orphaned; it dies when the seal
+ * ends (registry_seal_end). */
 struct version {
 	struct entry *entry;
 	uint64_t number;
@@ -96,7 +118,12 @@ struct version {
 	UT_hash_handle wh;       /* registry->writers, when writer is set */
 	struct registry_owner *producer; /* pending, exported, or sealed with
 					  * its CUDA event; else NULL */
+	struct uid_usage *usage; /* its producer's uid while charged (it is
+				  * reachable); else NULL */
+	struct vcharge *charges; /* the uids its leases charge */
 	uint64_t bytes;
+	uint64_t owned_host;     /* daemon-owned host bytes of its buffers */
+	uint64_t owned_gpu;      /* daemon-owned GPU bytes of its buffers */
 	struct rbuffer **buffers;              /* nbuffers of them */
 	uint8_t *event_handle;   /* event_len bytes, an allocation of its
 				  * own (set at seal); NULL when none */
@@ -105,6 +132,7 @@ struct version {
 	struct version *oprev, *onext;         /* producer->versions */
 	uint32_t ntensors;
 	uint32_t leases;
+	uint32_t nfds;           /* fds its buffers may hold (REGISTRY_FDS_*) */
 	uint16_t mode;
 	uint8_t nbuffers;        /* <= REGISTRY_BUFFERS_HARD_MAX */
 	uint8_t event_len;       /* <= REGISTRY_HANDLE_MAX */
@@ -113,7 +141,13 @@ struct version {
 	uint8_t publishing;      /* in ops->published */
 	uint8_t withdrawn;       /* pending, but its name was deleted: no Seal
 				  * or Abort reaches it, and it lives only
-				  * while a writer lease holds it */
+				  * while a writer lease holds it (or its
+				  * seal is under way) */
+	uint8_t pending;         /* counted in its producer's and uid's
+				  * pending versions */
+	uint8_t sealing;         /* between registry_seal_begin and _end */
+	uint8_t orphaned;        /* its producer went while sealing: it dies
+				  * at registry_seal_end */
 	struct rtensor tensors[];
 };
 
@@ -137,6 +171,8 @@ struct lease {
 	uint64_t id;
 	struct version *version;
 	struct registry_owner *owner;
+	struct vcharge *charge;  /* its uid's on the version; NULL when the
+				  * owner has no uid record */
 	UT_hash_handle hh;       /* owner->leases */
 	struct lease *vprev, *vnext; /* version->lease_list */
 };
@@ -148,8 +184,17 @@ struct uid_usage {
 	uint32_t owners;         /* registry owners (connections) of the uid */
 	uint32_t names;          /* names it created */
 	uint32_t leases;
-	uint64_t host_bytes;     /* daemon-owned host memory of its versions */
-	uint64_t gpu_bytes;      /* daemon-owned GPU memory of its versions */
+	uint32_t pending;        /* its pending versions (sealing included) */
+	uint32_t versions;       /* versions charged to it as their producer
+				  * (the reachable ones) */
+	uint32_t leased;         /* versions charged to it through leases */
+	uint64_t host_bytes;     /* daemon-owned host memory of the versions
+				  * charged to it as their producer */
+	uint64_t gpu_bytes;      /* daemon-owned GPU memory of those */
+	uint64_t leased_host_bytes; /* the same, of the versions it leases */
+	uint64_t leased_gpu_bytes;
+	uint64_t fds;            /* fds of the versions charged to it, either
+				  * way (struct version: nfds) */
 	uint32_t fds_queued;     /* fds in replies not yet sent to it */
 	UT_hash_handle hh;       /* registry->uids */
 };
@@ -162,6 +207,7 @@ struct registry_owner {
 	struct uid_usage *usage; /* set by registry_owner_attach */
 	struct lease *leases;
 	uint32_t nleases;
+	uint32_t npending;        /* its pending versions (sealing included) */
 	struct version *versions; /* pending, exported, and sealed with a
 				   * CUDA event, by this owner */
 };
@@ -191,6 +237,18 @@ struct registry_limits {
 	uint64_t uid_gpu_bytes;     /* daemon-owned GPU bytes per uid (0: no
 				     * cap but the devices' memory) */
 	uint32_t uid_fds;           /* fds queued to one uid's connections */
+	uint32_t max_pending;       /* pending versions per owner */
+	uint32_t uid_pending;       /* pending versions per uid */
+	uint32_t uid_open_fds;      /* fds held for one uid: its versions',
+				     * its leased versions' and those queued
+				     * to it; 0: no cap (the server derives
+				     * one from RLIMIT_NOFILE) */
+	uint32_t max_open_fds;      /* the same for every uid together; 0: no
+				     * cap (derived, as uid_open_fds) */
+	uint64_t uid_leased_bytes;  /* daemon-owned host bytes of versions one
+				     * uid leases; 0: as uid_host_bytes */
+	uint64_t uid_leased_gpu_bytes; /* daemon-owned GPU bytes of versions
+					* one uid leases; 0: as uid_gpu_bytes */
 	uint64_t max_buffer_bytes;  /* size of one buffer */
 	uint64_t max_bytes;         /* daemon-owned bytes, all buffers */
 	uint32_t default_mode;      /* mode of a name when the publisher gives 0 */
@@ -209,10 +267,20 @@ struct registry_limits {
 #define REGISTRY_UID_NAMES_DEFAULT 65536u
 #define REGISTRY_UID_LEASES_DEFAULT 65536u
 #define REGISTRY_UID_FDS_DEFAULT 4096u
+/* A producer writes a few versions at once (double buffering, a thread
+ * or two per connection); thousands are a flood, each holding a memfd. */
+#define REGISTRY_MAX_PENDING_DEFAULT 256u
+#define REGISTRY_UID_PENDING_DEFAULT 1024u
+/* The fds one buffer may cost: a host buffer its memfd and the read-only
+ * reopen readers get (made at the first get), a cuda-vmm buffer its fd, a
+ * cuda-ipc buffer none. */
+#define REGISTRY_FDS_HOST 2u
+#define REGISTRY_FDS_VMM 1u
 
 struct registry {
 	struct uid_usage *uids;   /* what each uid holds */
-	const char *why;          /* which limit the last -EDQUOT/-ENOSPC hit */
+	const char *why;          /* which limit the last -EDQUOT/-ENOSPC hit,
+				   * or why the last -EBADF fd was refused */
 	struct entry *names;
 	struct entry *detached;   /* deleted names whose versions live on */
 	struct version *writers;  /* store versions by writer id */
@@ -221,6 +289,9 @@ struct registry {
 	uint64_t next_lease_id;
 	uint64_t nnames, nversions, nleases, nbuffers, bytes, owned_bytes;
 	uint64_t gpu_bytes;       /* daemon-owned GPU bytes (not in max_bytes) */
+	uint64_t nfds;            /* fds the live buffers may hold (struct
+				   * version: nfds), for max_open_fds */
+	uint64_t fds_queued;      /* fds in replies not yet sent (conn.c) */
 	struct registry_limits limits;
 	const struct registry_ops *ops;
 	void *ud;
@@ -280,12 +351,15 @@ int registry_precheck(struct registry *r, struct registry_owner *o,
 
 /* Adds a version of spec->name owned by o: pending (store mode: host
  * buffers are made here, cuda-vmm ones come as fds made by the GPU backend)
- * or, with exported, sealed at once (producer memory).
+ * or, with exported, sealed at once (producer memory; each host fd gets
+ * F_SEAL_FUTURE_WRITE).
  * Checks the name, the ACL, every tensor against the buffers and the limits.
  * On success the registry owns spec->fds (they are set to -1) and *out is the
- * new version. Returns 0, -EINVAL, -EPERM, -E2BIG (a limit on tensors or
- * buffers), -ENOSPC (byte limit), -EFBIG (a buffer over max_buffer_bytes),
- * -EOPNOTSUPP (a buffer kind this daemon cannot hold), -ENOMEM. */
+ * new version. Returns 0, -EINVAL, -EBADF (a peer's fd is refused: r->why
+ * says why), -EPERM, -E2BIG (a limit on tensors or buffers), -ENOSPC (a
+ * limit of the daemon), -EDQUOT (a limit of o or its uid; r->why says
+ * which), -EFBIG (a buffer over max_buffer_bytes), -EOPNOTSUPP (a buffer
+ * kind this daemon cannot hold), -ENOMEM. */
 int registry_add(struct registry *r, struct registry_owner *o,
 		 const struct registry_spec *spec, int exported,
 		 struct version **out);
@@ -301,18 +375,38 @@ struct version *registry_pending(struct registry *r, struct registry_owner *o,
 				 const char *name, uint64_t number,
 				 uint64_t writer, int *err);
 
-/* Seals the pending version registry_pending finds: host buffers get
- * F_SEAL_WRITE, and the version becomes visible (the newest one if nothing
- * newer was sealed meanwhile). Returns 0, the errors of registry_pending,
- * -EINVAL (event_len over REGISTRY_HANDLE_MAX), -EBUSY (a writable mapping
- * of a buffer is still alive; the version stays pending), -ENOMEM (no room
- * for the event). */
+/* Begins sealing the pending version registry_pending finds: it is
+ * sealing from now on (see struct version) and in *out, until
+ * registry_seal_end. The caller write-seals its host buffers in between,
+ * off the loop: the kernel waits there while pages are pinned. Returns 0,
+ * the errors of registry_pending, or -EINPROGRESS (a seal of it is under
+ * way). */
+int registry_seal_begin(struct registry *r, struct registry_owner *o,
+			const char *name, uint64_t number, uint64_t writer,
+			struct version **out);
+
+/* Ends the seal begun on v. With err 0 (every host buffer has
+ * F_SEAL_WRITE) v becomes sealed and visible, the newest version unless a
+ * newer one was sealed meanwhile, with the event handle given (copied).
+ * Otherwise v is pending again. An orphaned v dies here, and a withdrawn
+ * one unless a writer lease holds it. Returns 0, -ENOENT (v was orphaned
+ * or withdrawn meanwhile: nothing was published), err, -EINVAL (event_len
+ * over REGISTRY_HANDLE_MAX) or -ENOMEM (no room for the event); v stays
+ * pending on any error but -ENOENT. */
+int registry_seal_end(struct registry *r, struct version *v, int err,
+		      const uint8_t *event, size_t event_len);
+
+/* registry_seal_begin, F_SEAL_WRITE on each host buffer, registry_seal_end:
+ * in one call, which blocks while a buffer's pages are pinned. Never on the
+ * loop (the daemon uses daemon/seal.c); for tools and tests. Returns as
+ * registry_seal_begin and _end; -EBUSY when a writable mapping or pinned
+ * pages of a buffer still exist (the version stays pending). */
 int registry_seal(struct registry *r, struct registry_owner *o,
 		  const char *name, uint64_t number, uint64_t writer,
 		  const uint8_t *event, size_t event_len);
 
-/* Drops the pending version registry_pending finds. Returns 0 or its
- * errors. */
+/* Drops the pending version registry_pending finds. Returns 0, its
+ * errors, or -EINPROGRESS (it is being sealed). */
 int registry_abort(struct registry *r, struct registry_owner *o,
 		   const char *name, uint64_t number, uint64_t writer);
 
@@ -324,8 +418,10 @@ struct version *registry_find(struct registry *r, struct registry_owner *o,
 			      const char *name, enum registry_select sel,
 			      uint64_t number, int *err);
 
-/* Takes a lease of o on v. Returns 0 with *out, -EDQUOT (o holds
- * max_leases, or its uid uid_leases; r->why says which), -ENOMEM. */
+/* Takes a lease of o on v. The first lease of o's uid on v charges the uid
+ * v's bytes and fds. Returns 0 with *out, -EDQUOT (o holds max_leases, or
+ * its uid uid_leases, or the leased bytes or open fds of its uid would
+ * pass their limit; r->why says which), -ENOMEM. */
 int registry_lease(struct registry *r, struct registry_owner *o,
 		   struct version *v, struct lease **out);
 

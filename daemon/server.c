@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -46,6 +47,7 @@ void server_config_default(struct server_config *cfg)
 	cfg->limits.list_page = SERVER_LIST_PAGE_DEFAULT;
 	cfg->limits.hello_timeout_ms = SERVER_HELLO_TIMEOUT_DEFAULT;
 	cfg->limits.max_out_fds = SERVER_MAX_OUT_FDS_DEFAULT;
+	cfg->limits.uid_seals = SERVER_UID_SEALS_DEFAULT;
 	registry_limits_default(&cfg->registry);
 }
 
@@ -54,19 +56,62 @@ static void on_sweep(uv_timer_t *t)
 	conn_sweep(t->data);
 }
 
+int server_fd_limits(struct registry_limits *reg,
+		     const struct server_limits *lim, uint64_t nofile)
+{
+	uint64_t fixed = (uint64_t)SERVER_FD_RESERVE + lim->max_connections;
+	uint64_t room = nofile > fixed ? nofile - fixed : 0;
+	int short_of_fds = 0;
+
+	if (room < nofile / 4) {
+		room = nofile / 4;
+		short_of_fds = 1;
+	}
+	if (room > UINT32_MAX)
+		room = UINT32_MAX;
+	if (!reg->max_open_fds)
+		reg->max_open_fds = room ? (uint32_t)room : 1;
+	if (!reg->uid_open_fds)
+		reg->uid_open_fds = reg->max_open_fds / 2 ?
+				    reg->max_open_fds / 2 : 1;
+	return short_of_fds;
+}
+
+/* server_fd_limits for this process, and what came of it in the log. */
+static void fd_limits(struct server_config *cfg)
+{
+	struct rlimit rl;
+	uint64_t nofile;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		rl.rlim_cur = 1024;
+	nofile = rl.rlim_cur == RLIM_INFINITY ? UINT32_MAX : rl.rlim_cur;
+	if (server_fd_limits(&cfg->registry, &cfg->limits, nofile))
+		log_warn("RLIMIT_NOFILE (%llu) leaves few fds beside %u "
+			 "connections (max-connections): raise it "
+			 "(LimitNOFILE=) or lower max-connections",
+			 (unsigned long long)nofile,
+			 cfg->limits.max_connections);
+	log_info("fds: RLIMIT_NOFILE %llu; buffers may hold %u fds in all "
+		 "(max-open-fds), %u for one uid (uid-open-fds)",
+		 (unsigned long long)nofile, cfg->registry.max_open_fds,
+		 cfg->registry.uid_open_fds);
+}
+
 int server_init(struct server *s, uv_loop_t *loop,
 		const struct server_config *cfg)
 {
 	memset(s, 0, sizeof(*s));
 	s->loop = loop;
 	s->cfg = *cfg;
+	fd_limits(&s->cfg);
 	s->listen_fd = -1;
 	s->spare_fd = -1;
 	s->started_ms = now_ms();
 	s->rbuf = malloc(cfg->limits.max_packet);
 	if (!s->rbuf)
 		return -ENOMEM;
-	registry_init(&s->reg, &cfg->registry, &dispatch_registry_ops, s);
+	registry_init(&s->reg, &s->cfg.registry, &dispatch_registry_ops, s);
 	/* Housekeeping once a second: cheap, and it needs no timer per
 	 * connection. */
 	uv_timer_init(loop, &s->sweep);

@@ -22,6 +22,7 @@ struct server_limits {
 	uint32_t list_page;       /* names in one List answer */
 	uint32_t hello_timeout_ms; /* a peer must say Hello within this */
 	uint32_t max_out_fds;     /* fds queued to one peer, not yet sent */
+	uint32_t uid_seals;       /* seals of one uid on the thread pool */
 };
 
 #define SERVER_MAX_PACKET_DEFAULT (128u * 1024u)
@@ -32,8 +33,15 @@ struct server_limits {
 #define SERVER_LIST_PAGE_DEFAULT 256u
 #define SERVER_HELLO_TIMEOUT_DEFAULT 10000u
 #define SERVER_MAX_OUT_FDS_DEFAULT 256u
+/* One of the pool's UV_THREADPOOL_SIZE (4) threads per uid: a seal is
+ * usually a few microseconds, and a uid whose seals wait on pinned pages
+ * delays only its own. */
+#define SERVER_UID_SEALS_DEFAULT 1u
 /* Before Hello a peer gets a much smaller packet. */
 #define SERVER_HELLO_PACKET_MAX 512u
+/* fds of the daemon's own (stdio, listener, spare, epoll, libuv's, the
+ * CUDA driver's), and room for accepts: never given to peers' buffers. */
+#define SERVER_FD_RESERVE 128u
 
 struct server_config {
 	const char *socket_path;  /* NULL: the default rule */
@@ -45,6 +53,7 @@ struct server_config {
 struct conn;
 struct waitq;
 struct devmem;
+struct seal_uid;
 
 struct server {
 	uv_loop_t *loop;
@@ -62,6 +71,7 @@ struct server {
 	uint64_t next_conn_id;
 	struct waitq *waiters;    /* parked gets by name (dispatch.c) */
 	struct devmem *devmem;    /* daemon-owned cuda-ipc memory (dispatch.c) */
+	struct seal_uid *seal_uids; /* seals by uid (seal.c) */
 	uint64_t nparked;
 	uint64_t requests;
 	uint64_t started_ms;
@@ -72,7 +82,17 @@ struct server {
 
 void server_config_default(struct server_config *cfg);
 
-/* Prepares s; nothing listens yet. Returns 0 or -ENOMEM. */
+/* Fills the fd limits left 0 in reg (max_open_fds, uid_open_fds) for a
+ * process that may open nofile fds: what is left after SERVER_FD_RESERVE
+ * and one fd per connection, and half of that for one uid, so that one uid
+ * can never starve another, nor stop a new peer from being accepted and
+ * served. Returns 1 when nofile is too small for max_connections to leave
+ * that room (a quarter of nofile is used then), else 0. */
+int server_fd_limits(struct registry_limits *reg,
+		     const struct server_limits *lim, uint64_t nofile);
+
+/* Prepares s; nothing listens yet. Fd limits left 0 are derived from the
+ * process's RLIMIT_NOFILE (server_fd_limits). Returns 0 or -ENOMEM. */
 int server_init(struct server *s, uv_loop_t *loop,
 		const struct server_config *cfg);
 

@@ -74,7 +74,8 @@ enum {
 	DLSHARE_EVERSION = -9,  /* the daemon speaks another protocol major */
 	DLSHARE_ENOTSUP = -10,  /* the buffer kind or device is not supported */
 	DLSHARE_EIO = -11,      /* a system call failed */
-	DLSHARE_EBUSY = -12,    /* the buffer is still mapped writable */
+	DLSHARE_EBUSY = -12,    /* the buffer is still mapped writable, or
+				 * has pinned pages (vmsplice, O_DIRECT) */
 	DLSHARE_ECOPY = -13,    /* publishing would copy, and copies were forbidden */
 	DLSHARE_ENODEV = -14,   /* the device is not visible to this process */
 	DLSHARE_ESTATE = -15,   /* the version is not in the state this needs */
@@ -186,11 +187,12 @@ DLSHARE_API uint64_t dlshare_writer_version(const dlshare_writer *w);
  * the seal). Always consumes w.
  * Returns 0 and the version in *version (may be NULL), or DLSHARE_ENOENT
  * (the name was deleted while the version was pending: nothing was
- * published), DLSHARE_EBUSY (a writable mapping of the buffer is still
- * alive somewhere), DLSHARE_ECONN, DLSHARE_ESTATE (a daemon before protocol
- * 1.3 found the version sealed already), DLSHARE_EFORK (w was inherited:
- * only this process's copy is consumed, the parent's version is untouched).
- * dlshare_last_error() then says why the seal failed. */
+ * published), DLSHARE_EBUSY (a writable mapping or pinned pages (vmsplice,
+ * O_DIRECT, RDMA) of the buffer still exist somewhere), DLSHARE_ECONN,
+ * DLSHARE_ESTATE (a daemon before protocol 1.3 found the version sealed
+ * already), DLSHARE_EFORK (w was inherited: only this process's copy is
+ * consumed, the parent's version is untouched). dlshare_last_error() then
+ * says why the seal failed. */
 DLSHARE_API int dlshare_seal(dlshare_writer *w, void *stream,
 			     uint64_t *version);
 

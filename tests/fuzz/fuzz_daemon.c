@@ -443,62 +443,75 @@ static void server_setup(struct session *z)
 	FUZZ_ASSERT(server_init(&z->s, &loop, &cfg) == 0, "server_init");
 }
 
-/* The buffers of u's store versions under names in the map (the caller
- * made sure no deleted name is left): their bytes, and whether each is
- * charged to a live record. */
-static uint64_t charged_bytes(struct registry *r, const struct uid_usage *u)
+/* What u is charged for the versions under names in the map (the caller
+ * made sure no deleted name is left) as their producer: their count, host
+ * bytes and fds; and whether each version is charged to a live record. */
+static void charged(struct registry *r, const struct uid_usage *u,
+		    uint32_t *versions, uint64_t *bytes, uint64_t *fds)
 {
 	struct entry *e, *etmp;
 	struct version *v;
-	uint64_t bytes = 0;
 
+	*versions = 0;
+	*bytes = 0;
+	*fds = 0;
 	HASH_ITER(hh, r->names, e, etmp)
-		DL_FOREACH(e->versions, v)
-			for (size_t i = 0; i < v->nbuffers; i++) {
-				const struct rbuffer *b = v->buffers[i];
-				struct uid_usage *live = NULL;
+		DL_FOREACH(e->versions, v) {
+			struct uid_usage *live = NULL;
 
-				if (b->usage)
-					HASH_FIND(hh, r->uids, &b->usage->uid,
-						  sizeof(b->usage->uid), live);
-				FUZZ_ASSERT(b->daemon_owned && b->usage &&
-					    live == b->usage,
-					    "buffer %llu charged to no live "
-					    "uid record",
-					    (unsigned long long)b->id);
-				if (b->usage == u)
-					bytes += b->size;
-			}
-	return bytes;
+			if (v->usage)
+				HASH_FIND(hh, r->uids, &v->usage->uid,
+					  sizeof(v->usage->uid), live);
+			FUZZ_ASSERT(v->usage && live == v->usage && !v->charges,
+				    "name %s v%llu charged to no live uid "
+				    "record, or to a leaseholder", e->name,
+				    (unsigned long long)v->number);
+			if (v->usage != u)
+				continue;
+			(*versions)++;
+			*bytes += v->owned_host;
+			*fds += v->nfds;
+		}
 }
 
 /* What each uid is charged for must be what it still holds: no
- * connection and no lease; the names it created; the bytes of its store
- * buffers. A record that holds nothing must be gone. */
+ * connection, lease or pending version; the names it created; the bytes
+ * and fds of its store versions. A record that holds nothing must be
+ * gone. */
 static void check_uids(struct registry *r)
 {
 	struct uid_usage *u, *utmp;
 	struct entry *e, *etmp;
+	uint32_t versions;
+	uint64_t bytes, fds;
 
 	HASH_ITER(hh, r->uids, u, utmp) {
 		uint32_t names = 0;
-		uint64_t bytes = charged_bytes(r, u);
 
+		charged(r, u, &versions, &bytes, &fds);
 		HASH_ITER(hh, r->names, e, etmp)
 			names += e->usage == u;
 		FUZZ_ASSERT(u->owners == 0 && u->leases == 0 &&
-			    u->names == names && u->host_bytes == bytes &&
+			    u->pending == 0 && u->leased == 0 &&
+			    u->leased_host_bytes == 0 &&
+			    u->leased_gpu_bytes == 0 && u->fds_queued == 0 &&
+			    u->names == names && u->versions == versions &&
+			    u->host_bytes == bytes && u->fds == fds &&
 			    u->gpu_bytes == 0,
-			    "uid %u charged for %u conns, %u leases, %u/%u "
-			    "names, %llu/%llu bytes", (unsigned)u->uid,
-			    u->owners, u->leases, u->names, names,
+			    "uid %u charged for %u conns, %u leases, %u "
+			    "pending, %u/%u names, %u/%u versions, %llu/%llu "
+			    "bytes, %llu/%llu fds", (unsigned)u->uid,
+			    u->owners, u->leases, u->pending, u->names, names,
+			    u->versions, versions,
 			    (unsigned long long)u->host_bytes,
-			    (unsigned long long)bytes);
-		FUZZ_ASSERT(names || bytes, "uid %u: empty record kept",
+			    (unsigned long long)bytes,
+			    (unsigned long long)u->fds,
+			    (unsigned long long)fds);
+		FUZZ_ASSERT(names || versions, "uid %u: empty record kept",
 			    (unsigned)u->uid);
 	}
-	/* Buffers are checked even when no uid record is left. */
-	(void)charged_bytes(r, NULL);
+	/* Versions are checked even when no uid record is left. */
+	charged(r, NULL, &versions, &bytes, &fds);
 	HASH_ITER(hh, r->names, e, etmp) {
 		u = NULL;
 		if (e->usage)
@@ -514,11 +527,13 @@ static void check_peers_gone(struct session *z)
 {
 	struct server *s = &z->s;
 	struct registry *r = &s->reg;
-	uint64_t names = 0, buffers = 0, bytes = 0;
+	uint64_t names = 0, buffers = 0, bytes = 0, fds = 0;
 	struct entry *e, *tmp;
 
 	FUZZ_ASSERT(s->nconns == 0 && !s->conns && !s->doomed,
 		    "%u conns left after every peer hung up", s->nconns);
+	FUZZ_ASSERT(!s->seal_uids && r->fds_queued == 0,
+		    "seals or queued fds left after every peer hung up");
 	FUZZ_ASSERT(s->nparked == 0 && !s->waiters, "%llu parked gets left",
 		    (unsigned long long)s->nparked);
 	FUZZ_ASSERT(r->nleases == 0, "%llu leases left",
@@ -544,11 +559,18 @@ static void check_peers_gone(struct session *z)
 				    fcntl(b->fd, F_GETFD) >= 0,
 				    "name %s: buffer %zu", e->name, i);
 		}
+		FUZZ_ASSERT(!v->sealing && !v->pending && !v->orphaned,
+			    "name %s v%llu: sealing %d pending %d orphaned %d",
+			    e->name, (unsigned long long)v->number, v->sealing,
+			    v->pending, v->orphaned);
 		names++;
 		buffers += v->nbuffers;
 		bytes += v->bytes;
+		fds += v->nfds;
 	}
 	check_uids(r);
+	FUZZ_ASSERT(r->nfds == fds, "fds counted %llu, versions hold %llu",
+		    (unsigned long long)r->nfds, (unsigned long long)fds);
 	FUZZ_ASSERT(r->nnames == names && r->nversions == names &&
 		    r->nbuffers == buffers && r->bytes == bytes &&
 		    r->owned_bytes == bytes,
@@ -578,7 +600,8 @@ static void server_teardown(struct session *z)
 	server_deinit(&z->s);
 	FUZZ_ASSERT(!r->names && !r->detached && r->nnames == 0 &&
 		    r->nversions == 0 && r->nleases == 0 && r->nbuffers == 0 &&
-		    r->bytes == 0 && r->owned_bytes == 0,
+		    r->bytes == 0 && r->owned_bytes == 0 && r->nfds == 0 &&
+		    r->fds_queued == 0 && !r->uids,
 		    "registry not empty after deinit");
 	uv_walk(&loop, walk_count, &handles);
 	FUZZ_ASSERT(handles == 0 && !uv_loop_alive(&loop),
@@ -655,8 +678,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	/* Everyone hangs up; the daemon must notice and drop their stakes. */
 	for (int i = 0; i < NPEERS; i++)
 		peer_hangup(&z, i);
-	for (int i = 0; i < FZ_CLOSE_ROUNDS && z.s.nconns; i++)
+	/* A seal on the thread pool ends after its conn: wait for it too. */
+	for (int i = 0; i < FZ_CLOSE_ROUNDS && (z.s.nconns || z.s.seal_uids);
+	     i++) {
 		uv_run(&loop, UV_RUN_NOWAIT);
+		if (i >= 64 && z.s.seal_uids)
+			usleep(100);
+	}
 	check_peers_gone(&z);
 	server_teardown(&z);
 	FUZZ_ASSERT(fd_count() == fds0, "fds: %d before, %d after", fds0,

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -13,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -149,6 +151,71 @@ void util_kill(pid_t pid)
 	kill(pid, SIGKILL);
 	harness_wait(pid);
 	child_forget(pid);
+}
+
+/* ---- other uids ------------------------------------------------------------ */
+
+int util_become(uid_t uid, gid_t gid)
+{
+	pid_t parent = getppid();
+
+	if (setgroups(0, NULL) || setresgid(gid, gid, gid) ||
+	    setresuid(uid, uid, uid))
+		return -1;
+	/* New credentials clear both: die with the test, as before, and let
+	 * the test read /proc/PID of this process. */
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	prctl(PR_SET_DUMPABLE, 1);
+	if (getppid() != parent || geteuid() != uid || getegid() != gid)
+		return -1;
+	/* Gone for good, not only set aside. */
+	return setresuid(0, 0, 0) == 0 ? -1 : 0;
+}
+
+int util_can_switch_uids(void)
+{
+	static int known = -1;
+	pid_t pid;
+
+	if (known >= 0)
+		return known;
+	if (geteuid() != 0)
+		return known = 0;
+	fflush(NULL);
+	pid = fork();
+	if (pid < 0)
+		return known = 0;
+	if (pid == 0)
+		_exit(util_become(UTIL_UID_A, UTIL_UID_A) ? 1 : 0);
+	return known = harness_wait(pid) == 0;
+}
+
+struct as_uid {
+	uid_t uid;
+	gid_t gid;
+	util_child_fn fn;
+	void *arg;
+};
+
+static int as_uid_main(const struct daemon_proc *d, void *arg)
+{
+	const struct as_uid *a = arg;
+
+	if (util_become(a->uid, a->gid))
+		CHILD_FAIL("cannot become uid %u gid %u: %s", (unsigned)a->uid,
+			   (unsigned)a->gid, strerror(errno));
+	return a->fn(d, a->arg);
+}
+
+pid_t util_spawn_as(const struct daemon_proc *d, uid_t uid, gid_t gid,
+		    util_child_fn fn, void *arg)
+{
+	/* The child has its copy from the fork. */
+	struct as_uid a = { uid, gid, fn, arg };
+
+	if (uid == geteuid())
+		return util_spawn(d, fn, arg);
+	return util_spawn(d, as_uid_main, &a);
 }
 
 dlshare_client *util_child_connect(const struct daemon_proc *d)
@@ -526,6 +593,11 @@ int raw_send_bytes(int fd, const void *data, size_t len, const int *fds,
 
 int raw_recv(int fd, int timeout_ms, struct wire_msg **out)
 {
+	return raw_recv_fd(fd, timeout_ms, out, NULL);
+}
+
+int raw_recv_fd(int fd, int timeout_ms, struct wire_msg **out, int *keep)
+{
 	struct pollfd p = { .fd = fd, .events = POLLIN };
 	uint8_t *buf;
 	int fds[WIRE_FDS_MAX];
@@ -534,6 +606,8 @@ int raw_recv(int fd, int timeout_ms, struct wire_msg **out)
 	int err;
 
 	*out = NULL;
+	if (keep)
+		*keep = -1;
 	err = poll(&p, 1, timeout_ms);
 	if (err < 0)
 		return -errno;
@@ -552,13 +626,18 @@ int raw_recv(int fd, int timeout_ms, struct wire_msg **out)
 		free(buf);
 		return err;
 	}
-	wire_close_fds(fds, nfds);
 	if (len == 0) {
+		wire_close_fds(fds, nfds);
 		free(buf);
 		return 1;
 	}
 	err = wire_decode(buf, len, out);
 	free(buf);
+	if (!err && keep && nfds > 0) {
+		*keep = fds[0];
+		fds[0] = -1;
+	}
+	wire_close_fds(fds, nfds);
 	return err;
 }
 

@@ -91,6 +91,23 @@ int util_exited(pid_t pid, int *status);
 /* SIGKILLs a child and reaps it. */
 void util_kill(pid_t pid);
 
+/* ---- other uids ------------------------------------------------------------ */
+
+/* Uids (and their primary groups) that children become when the test runs
+ * as root; nobody needs to exist in /etc/passwd for the kernel. */
+#define UTIL_UID_A 23466u
+#define UTIL_UID_B 23467u
+
+/* In a child: becomes uid/gid, with no supplementary group, for good, and
+ * still dies with its parent. Returns 0 or -1. */
+int util_become(uid_t uid, gid_t gid);
+/* 1 when this process may run children as other uids (it is root). */
+int util_can_switch_uids(void);
+/* util_spawn, the child running fn as uid/gid (as util_spawn when uid is
+ * ours). */
+pid_t util_spawn_as(const struct daemon_proc *d, uid_t uid, gid_t gid,
+		    util_child_fn fn, void *arg);
+
 /* In a child: connects to d, or _exit(1). */
 dlshare_client *util_child_connect(const struct daemon_proc *d);
 
@@ -192,6 +209,9 @@ int raw_send_bytes(int fd, const void *data, size_t len, const int *fds,
  * closed). Returns 0 with *out, 1 when the daemon hung up, -ETIMEDOUT,
  * -EPROTO or -errno. */
 int raw_recv(int fd, int timeout_ms, struct wire_msg **out);
+/* The same, keeping the packet's first fd in *keep (-1 when none; when
+ * keep is not NULL); the others are closed. */
+int raw_recv_fd(int fd, int timeout_ms, struct wire_msg **out, int *keep);
 /* Says Hello. Returns 0 or -1. */
 int raw_hello(int fd);
 /* Sends req and waits for the reply with its id (pushes are skipped).

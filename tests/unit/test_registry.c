@@ -980,7 +980,12 @@ static void refuse_export(struct fix *f, int fd, uint64_t claim)
 
 	spec(&ts, "r", 0, 1, 1, claim);
 	ts.fds[0] = fd;
-	assert_int_equal(registry_add(&f->r, &f->prod, &ts.s, 1, &v), -EINVAL);
+	/* A peer's fd that is no good is -EBADF, with the reason in why. */
+	f->r.why = NULL;
+	assert_int_equal(registry_add(&f->r, &f->prod, &ts.s, 1, &v),
+			 fd < 0 ? -EINVAL : -EBADF);
+	if (fd >= 0)
+		assert_non_null(f->r.why);
 	/* Neither taken nor closed. */
 	assert_int_equal(ts.fds[0], fd);
 	assert_ptr_equal(v, &sentinel);
@@ -995,7 +1000,8 @@ static void test_export_fd_refused(void **state)
 {
 	struct fix *f = *state;
 	char tmpl[] = "/tmp/test_registry.XXXXXX";
-	int p[2], sv[2], nos, shrink, small, reg, ok;
+	int p[2], sv[2], nos, shrink, small, reg, ok, ro, wo;
+	char path[64];
 	struct tspec ts;
 
 	nos = make_memfd(PAGE, 0);
@@ -1019,8 +1025,22 @@ static void test_export_fd_refused(void **state)
 	refuse_export(f, -1, PAGE);
 	refuse_export(f, 1000000, PAGE); /* not an fd at all */
 
-	/* One good and one bad buffer: the good fd is not taken either. */
+	/* Regression test: a read-only (or write-only) reopen of a good memfd
+	 * was taken, and the seal that keeps readers from writing could not
+	 * be added through it: every reader could reopen it read-write. */
 	ok = make_memfd(PAGE, F_SEAL_SHRINK | F_SEAL_GROW);
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", ok);
+	ro = open(path, O_RDONLY | O_CLOEXEC);
+	wo = open(path, O_WRONLY | O_CLOEXEC);
+	assert_true(ro >= 0 && wo >= 0);
+	refuse_export(f, ro, PAGE);
+	assert_true(strstr(f->r.why, "read-write") != NULL);
+	refuse_export(f, wo, PAGE);
+	assert_int_equal(fcntl(ok, F_GET_SEALS), F_SEAL_SHRINK | F_SEAL_GROW);
+	close(ro);
+	close(wo);
+
+	/* One good and one bad buffer: the good fd is not taken either. */
 	{
 		struct version *v = NULL;
 
@@ -1028,7 +1048,7 @@ static void test_export_fd_refused(void **state)
 		ts.fds[0] = ok;
 		ts.fds[1] = nos;
 		assert_int_equal(registry_add(&f->r, &f->prod, &ts.s, 1, &v),
-				 -EINVAL);
+				 -EBADF);
 		assert_int_equal(ts.fds[0], ok);
 		assert_int_equal(ts.fds[1], nos);
 		assert_true(fd_open(ok) && fd_open(nos));
@@ -1571,6 +1591,267 @@ static void test_numbers_after_delete(void **state)
 				  f->rec.ret_number[0], &err));
 }
 
+/* ---- charges, pending versions, sealing ------------------------------------- */
+
+/* Attaches o to its uid record (quotas apply from now on). */
+static struct uid_usage *attach(struct fix *f, struct registry_owner *o)
+{
+	assert_int_equal(registry_owner_attach(&f->r, o), 0);
+	return o->usage;
+}
+
+/* A pending store version of name (one page) of o, or the error. */
+static int create(struct fix *f, struct registry_owner *o, const char *name,
+		  struct version **v)
+{
+	struct tspec ts;
+
+	*v = NULL;
+	return registry_add(&f->r, o, spec(&ts, name, 0, 1, 1, PAGE), 0, v);
+}
+
+static void assert_charged(struct uid_usage *u, uint32_t versions,
+			   uint64_t bytes, uint32_t leased,
+			   uint64_t leased_bytes, uint64_t fds)
+{
+	assert_int_equal(u->versions, versions);
+	assert_int_equal(u->host_bytes, bytes);
+	assert_int_equal(u->leased, leased);
+	assert_int_equal(u->leased_host_bytes, leased_bytes);
+	assert_int_equal(u->fds, fds);
+}
+
+/* A version's bytes and fds are its producer's while it is reachable,
+ * and each leasing uid's (once per uid) while that uid leases it: what
+ * only a lease keeps alive is the leaseholder's. */
+static void test_charges(void **state)
+{
+	struct fix *f = *state;
+	struct uid_usage *up = attach(f, &f->prod), *uo = attach(f, &f->other);
+	struct lease *l1, *l2, *l3;
+	struct version *v1, *v2;
+
+	assert_ptr_equal(attach(f, &f->cons), up); /* the same uid */
+	assert_int_equal(create(f, &f->prod, "c", &v1), 0);
+	assert_int_equal(v1->nfds, REGISTRY_FDS_HOST);
+	assert_int_equal(f->r.nfds, REGISTRY_FDS_HOST);
+	assert_int_equal(up->pending, 1);
+	assert_int_equal(f->prod.npending, 1);
+	assert_charged(up, 1, PAGE, 0, 0, 2);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "c", 1, 0, NULL, 0), 0);
+	assert_int_equal(up->pending, 0);
+	assert_int_equal(f->prod.npending, 0);
+	assert_charged(up, 1, PAGE, 0, 0, 2);
+
+	/* Two leases of one uid (two of its connections) and one of
+	 * another: each uid pays once. */
+	assert_int_equal(registry_lease(&f->r, &f->other, v1, &l1), 0);
+	assert_int_equal(registry_lease(&f->r, &f->other, v1, &l2), 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v1, &l3), 0);
+	assert_charged(uo, 0, 0, 1, PAGE, 2);
+	assert_charged(up, 1, PAGE, 1, PAGE, 4);
+
+	/* Superseded: the producer pays for the new one only. */
+	v2 = publish(f, &f->prod, "c", 0);
+	assert_charged(up, 1, PAGE, 1, PAGE, 4);
+	assert_int_equal(f->r.nfds, 2 * REGISTRY_FDS_HOST);
+	assert_int_equal(registry_release(&f->r, &f->other, l1->id), 0);
+	assert_charged(uo, 0, 0, 1, PAGE, 2);
+	assert_int_equal(registry_release(&f->r, &f->other, l2->id), 0);
+	assert_charged(uo, 0, 0, 0, 0, 0);
+	assert_int_equal(registry_release(&f->r, &f->cons, l3->id), 0);
+	assert_charged(up, 1, PAGE, 0, 0, 2);
+	assert_int_equal(f->r.nfds, REGISTRY_FDS_HOST);
+
+	/* Deleted while leased: the leaseholder pays, the producer not. */
+	assert_int_equal(registry_lease(&f->r, &f->other, v2, &l1), 0);
+	assert_int_equal(registry_delete(&f->r, &f->prod, "c"), 0);
+	assert_charged(up, 0, 0, 0, 0, 0);
+	assert_charged(uo, 0, 0, 1, PAGE, 2);
+	assert_int_equal(registry_release(&f->r, &f->other, l1->id), 0);
+	assert_charged(uo, 0, 0, 0, 0, 0);
+	assert_int_equal(f->r.nfds, 0);
+	assert_counts(f, 0, 0, 0, 0, 0);
+
+	/* An export costs its fds, not daemon-owned bytes. */
+	export(f, &f->prod, "e", 0);
+	assert_charged(up, 1, 0, 0, 0, 2);
+	assert_int_equal(up->pending, 0);
+	/* An abort gives back what a pending version cost. */
+	assert_int_equal(create(f, &f->prod, "c", &v1), 0);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "c", v1->number, 0), 0);
+	assert_charged(up, 1, 0, 0, 0, 2);
+	assert_int_equal(up->pending, 0);
+}
+
+/* Pending versions per owner and per uid, open fds per uid and of the
+ * daemon: each a named limit. */
+static void test_limit_pending_fds(void **state)
+{
+	struct fix *f = *state;
+	struct uid_usage *up;
+	struct version *v;
+	char name[16];
+
+	f->r.limits.max_pending = 3;
+	f->r.limits.uid_pending = 4;
+	up = attach(f, &f->prod);
+	attach(f, &f->cons);
+	attach(f, &f->other);
+	for (int i = 0; i < 3; i++) {
+		snprintf(name, sizeof(name), "p%d", i);
+		assert_int_equal(create(f, &f->prod, name, &v), 0);
+	}
+	assert_int_equal(create(f, &f->prod, "p9", &v), -EDQUOT);
+	assert_string_equal(f->r.why, "pending versions per connection");
+	assert_int_equal(create(f, &f->cons, "q0", &v), 0);
+	assert_int_equal(create(f, &f->cons, "q1", &v), -EDQUOT);
+	assert_string_equal(f->r.why, "pending versions per uid");
+	/* Another uid is not touched; exports are not pending. */
+	assert_int_equal(create(f, &f->other, "o0", &v), 0);
+	export(f, &f->prod, "x", 0);
+	/* A sealed one makes room. */
+	assert_int_equal(registry_seal(&f->r, &f->prod, "p0", 1, 0, NULL, 0), 0);
+	assert_int_equal(create(f, &f->cons, "q1", &v), 0);
+	assert_int_equal(up->pending, 4);
+
+	/* The uid holds 6 versions of 2 fds: 12. */
+	assert_int_equal(up->fds, 12);
+	f->r.limits.uid_pending = 100;
+	f->r.limits.max_pending = 100;
+	f->r.limits.uid_open_fds = 13;
+	assert_int_equal(create(f, &f->prod, "p9", &v), -EDQUOT);
+	assert_string_equal(f->r.why, "open fds per uid");
+	/* fds queued in replies count too. */
+	f->r.limits.uid_open_fds = 14;
+	up->fds_queued = 1;
+	assert_int_equal(create(f, &f->prod, "p9", &v), -EDQUOT);
+	up->fds_queued = 0;
+	assert_int_equal(create(f, &f->prod, "p9", &v), 0);
+	/* A get charges the reader's uid the version's fds. */
+	f->r.limits.uid_open_fds = 3;
+	{
+		struct lease *l;
+		int err;
+		struct version *p0 = registry_find(&f->r, &f->other, "p0",
+						   REG_LATEST, 0, &err);
+
+		assert_non_null(p0);
+		assert_int_equal(registry_lease(&f->r, &f->other, p0, &l),
+				 -EDQUOT);
+		assert_string_equal(f->r.why, "open fds per uid");
+	}
+	/* The daemon's budget, over every uid. */
+	f->r.limits.uid_open_fds = 0;
+	f->r.limits.max_open_fds = (uint32_t)f->r.nfds + 1;
+	assert_int_equal(create(f, &f->other, "o1", &v), -ENOSPC);
+	assert_string_equal(f->r.why, "open fds of the daemon");
+	f->r.limits.max_open_fds = 0;
+}
+
+/* Leased bytes per uid, host and GPU: checked at the uid's first lease on
+ * a version. */
+static void test_limit_leased_bytes(void **state)
+{
+	struct fix *f = *state;
+	uint8_t uuid[16] = { 1, 2, 3 };
+	struct version *v1, *v2, *g;
+	struct lease *l;
+	struct tspec ts;
+
+	attach(f, &f->prod);
+	attach(f, &f->other);
+	f->r.limits.uid_leased_bytes = PAGE;
+	v1 = publish(f, &f->prod, "a", 0);
+	v2 = publish(f, &f->prod, "b", 0);
+	assert_int_equal(registry_lease(&f->r, &f->other, v1, &l), 0);
+	assert_int_equal(registry_lease(&f->r, &f->other, v1, &l), 0);
+	assert_int_equal(registry_lease(&f->r, &f->other, v2, &l), -EDQUOT);
+	assert_string_equal(f->r.why, "leased host bytes per uid");
+	/* The producer's own quota is another one. */
+	assert_int_equal(registry_lease(&f->r, &f->prod, v2, &l), 0);
+
+	/* A daemon-owned cuda-vmm buffer (its fd: any fd will do here). */
+	spec(&ts, "g", 0, 1, 1, PAGE);
+	ts.dev.type = 2;
+	ts.dev.has_uuid = 1;
+	ts.dev.uuid.data = uuid;
+	ts.dev.uuid.len = sizeof(uuid);
+	ts.b[0].kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM;
+	ts.fds[0] = make_memfd(PAGE, 0);
+	g = add_ok(f, &f->prod, &ts.s, 0);
+	assert_int_equal(g->owned_gpu, PAGE);
+	assert_int_equal(g->nfds, REGISTRY_FDS_VMM);
+	assert_int_equal(f->prod.usage->gpu_bytes, PAGE);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "g", 1, 0, NULL, 0), 0);
+	f->r.limits.uid_leased_gpu_bytes = PAGE - 1;
+	assert_int_equal(registry_lease(&f->r, &f->other, g, &l), -EDQUOT);
+	assert_string_equal(f->r.why, "leased GPU bytes per uid");
+	f->r.limits.uid_leased_gpu_bytes = PAGE;
+	assert_int_equal(registry_lease(&f->r, &f->other, g, &l), 0);
+	assert_int_equal(f->other.usage->leased_gpu_bytes, PAGE);
+}
+
+/* A version being sealed is invisible, not sealable or abortable again,
+ * and cannot die: its producer's going or its name's delete orphan it,
+ * and it dies when the seal ends. */
+static void test_sealing(void **state)
+{
+	struct fix *f = *state;
+	struct uid_usage *up = attach(f, &f->prod);
+	struct version *v, *s;
+	uint8_t ev[4] = { 9, 8, 7, 6 };
+	int fd;
+
+	/* Ends with an error: pending again, and sealable after. */
+	assert_int_equal(create(f, &f->prod, "s", &v), 0);
+	assert_int_equal(registry_seal_begin(&f->r, &f->prod, "s", 1, 0, &s), 0);
+	assert_ptr_equal(s, v);
+	assert_int_equal(registry_seal_begin(&f->r, &f->prod, "s", 1, 0, &s),
+			 -EINPROGRESS);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "s", 1, 0, NULL, 0),
+			 -EINPROGRESS);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "s", 1, 0),
+			 -EINPROGRESS);
+	assert_not_found(f, &f->prod, "s", REG_EXACT, 1, -ENOENT);
+	assert_int_equal(registry_seal_end(&f->r, v, -EBUSY, NULL, 0), -EBUSY);
+	assert_int_equal(v->state, VERSION_PENDING);
+	assert_false(v->sealing);
+	assert_int_equal(registry_seal_begin(&f->r, &f->prod, "s", 1, 0, &s), 0);
+	assert_int_equal(registry_seal_end(&f->r, v, 0, ev, sizeof(ev)), 0);
+	assert_int_equal(v->state, VERSION_SEALED);
+	assert_int_equal(v->event_len, sizeof(ev));
+	assert_int_equal(f->rec.npublished, 1);
+	assert_int_equal(up->pending, 0);
+
+	/* Its producer goes meanwhile: it dies at the end. */
+	assert_int_equal(create(f, &f->prod, "t", &v), 0);
+	fd = v->buffers[0]->fd;
+	assert_int_equal(registry_seal_begin(&f->r, &f->prod, "t", 1, 0, &s), 0);
+	registry_owner_drop(&f->r, &f->prod);
+	assert_true(v->orphaned);
+	assert_true(fd_open(fd)); /* the worker may still use it */
+	assert_int_equal(f->prod.npending, 0);
+	assert_int_equal(registry_seal_end(&f->r, v, 0, NULL, 0), -ENOENT);
+	assert_null(registry_entry(&f->r, "t"));
+	assert_false(fd_open(fd));
+	assert_int_equal(f->rec.npublished, 1);
+
+	/* Its name is deleted meanwhile: the same. */
+	registry_owner_init(&f->prod, 1000, 1000, 10);
+	up = attach(f, &f->prod);
+	assert_int_equal(create(f, &f->prod, "u", &v), 0);
+	assert_int_equal(registry_seal_begin(&f->r, &f->prod, "u", 1, 0, &s), 0);
+	assert_int_equal(registry_delete(&f->r, &f->prod, "u"), 0);
+	assert_null(registry_entry(&f->r, "u"));
+	assert_int_equal(f->r.nversions, 2); /* "s" and the dying "u" */
+	assert_int_equal(registry_seal_end(&f->r, v, 0, NULL, 0), -ENOENT);
+	assert_int_equal(f->r.nversions, 1);
+	assert_int_equal(up->pending, 0);
+	assert_int_equal(f->prod.npending, 0);
+	assert_charged(up, 1, PAGE, 0, 0, REGISTRY_FDS_HOST); /* "s" */
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fix_setup, fix_teardown)
@@ -1600,6 +1881,10 @@ int main(void)
 		T(test_deinit_frees_everything),
 		T(test_deinit_with_leases),
 		T(test_numbers_after_delete),
+		T(test_charges),
+		T(test_limit_pending_fds),
+		T(test_limit_leased_bytes),
+		T(test_sealing),
 	};
 #undef T
 

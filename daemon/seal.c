@@ -1,0 +1,228 @@
+/* seal — Seal requests, write-sealed on the thread pool. */
+#include "seal.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <dlshare/dlshare.h>
+
+#include "check.h"
+#include "dispatch.h"
+#include "host.h"
+#include "server.h"
+
+/* The seals of one uid: how many run on the pool, and those waiting for
+ * their turn. Lives while it has either. */
+struct seal_uid {
+	uid_t uid;
+	uint32_t running;
+	struct seal_job *waiting;       /* first come, first served */
+	UT_hash_handle hh;              /* server->seal_uids */
+};
+
+/* One Seal, from its request to its answer. */
+struct seal_job {
+	uv_work_t req;
+	struct server *srv;
+	struct conn *conn;              /* NULL once the conn went */
+	struct seal_uid *q;             /* its uid's */
+	struct version *v;              /* sealing: alive until
+					 * registry_seal_end (seal_finish) */
+	struct seal_job *prev, *next;   /* conn->seals */
+	struct seal_job *qprev, *qnext; /* q->waiting, until it runs */
+	uint64_t id;                    /* the request's */
+	uint64_t number;                /* v's, for the answer */
+	int running;                    /* on the pool */
+	int err;                        /* the worker's: 0 or -errno */
+	unsigned nfds;
+	int fds[REGISTRY_BUFFERS_HARD_MAX]; /* v's host buffers' (v owns
+					     * them; the worker only reads
+					     * this copy) */
+	size_t event_len;
+	uint8_t event[REGISTRY_HANDLE_MAX];
+	char label[CHECK_NAME_MAX + 32];  /* "NAME vN", for answers */
+};
+
+/* Frees q once it has nothing running or waiting. */
+static void seal_uid_put(struct server *s, struct seal_uid *q)
+{
+	if (!q->running && !q->waiting) {
+		HASH_DEL(s->seal_uids, q);
+		free(q);
+	}
+}
+
+/* Thread pool: the system calls that may wait on pinned pages. */
+static void seal_work(uv_work_t *req)
+{
+	struct seal_job *j = req->data;
+
+	for (unsigned i = 0; i < j->nfds && !j->err; i++)
+		j->err = host_seal_write(j->fds[i]);
+}
+
+/* Loop: ends j's seal with err (the version is published, pending again,
+ * or dies when it was orphaned), answers its conn if that is still open,
+ * and frees j. */
+static void seal_finish(struct seal_job *j, int err)
+{
+	struct server *s = j->srv;
+	struct conn *c = j->conn;
+
+	if (c) {
+		DL_DELETE(c->seals, j);
+		c->nparked--;
+	}
+	/* May publish, which answers parked gets; may free j->v. */
+	err = registry_seal_end(&s->reg, j->v, err, j->event, j->event_len);
+	if (c && conn_open(c)) {
+		if (err) {
+			dispatch_reply_err(c, j->id, err, "seal", j->label);
+		} else {
+			Dlshare__Frame f = DLSHARE__FRAME__INIT;
+			Dlshare__SealReply r = DLSHARE__SEAL_REPLY__INIT;
+
+			r.version = j->number;
+			f.id = j->id;
+			f.body_case = DLSHARE__FRAME__BODY_SEAL_REPLY;
+			f.seal_reply = &r;
+			conn_send(c, &f, NULL, 0);
+		}
+	}
+	free(j);
+}
+
+static void seal_done(uv_work_t *req, int status);
+
+/* Starts q's waiting seals while its uid has room on the pool. */
+static void seal_pump(struct server *s, struct seal_uid *q)
+{
+	while (q->running < s->cfg.limits.uid_seals && q->waiting) {
+		struct seal_job *j = q->waiting;
+
+		DL_DELETE2(q->waiting, j, qprev, qnext);
+		j->running = 1;
+		q->running++;
+		if (uv_queue_work(s->loop, &j->req, seal_work, seal_done)) {
+			/* Only for a bad argument; pending again. */
+			q->running--;
+			seal_finish(j, -ENOMEM);
+		}
+	}
+}
+
+static void seal_done(uv_work_t *req, int status)
+{
+	struct seal_job *j = req->data;
+	struct server *s = j->srv;
+	struct seal_uid *q = j->q;
+
+	q->running--;
+	seal_finish(j, status ? -EIO : j->err);
+	seal_pump(s, q);
+	seal_uid_put(s, q);
+	server_reap(s);
+}
+
+void seal_request(struct conn *c, uint64_t id, const Dlshare__Seal *m)
+{
+	struct server *s = c->srv;
+	size_t event_len = m->has_event_handle ? m->event_handle.len : 0;
+	struct seal_uid *q = NULL;
+	struct seal_job *j = NULL;
+	struct version *v;
+	int err;
+
+	if (c->nparked >= s->cfg.limits.max_inflight) {
+		conn_send_error(c, id, DLSHARE_ELIMIT,
+				"seal %s: too many requests in flight on this connection (limit %u)",
+				m->name, s->cfg.limits.max_inflight);
+		return;
+	}
+	err = registry_seal_begin(&s->reg, &c->owner, m->name, m->version,
+				  m->has_writer ? m->writer : 0, &v);
+	if (err == -ENOENT) {
+		dispatch_reply_no_pending(c, id, "seal", m->name, m->version,
+					  m->has_writer ? m->writer : 0);
+		return;
+	}
+	if (err) {
+		dispatch_reply_err(c, id, err, "seal", m->name);
+		return;
+	}
+	/* v is sealing from here: every way out ends the seal. */
+	if (event_len > REGISTRY_HANDLE_MAX) {
+		err = -EINVAL;
+	} else {
+		HASH_FIND(hh, s->seal_uids, &c->owner.uid, sizeof(uid_t), q);
+		if (!q && (q = calloc(1, sizeof(*q)))) {
+			q->uid = c->owner.uid;
+			HASH_ADD(hh, s->seal_uids, uid, sizeof(q->uid), q);
+		}
+		j = q ? calloc(1, sizeof(*j)) : NULL;
+		if (!j)
+			err = -ENOMEM;
+	}
+	if (err) {
+		if (q)
+			seal_uid_put(s, q);
+		err = registry_seal_end(&s->reg, v, err, NULL, 0);
+		dispatch_reply_err(c, id, err, "seal", m->name);
+		return;
+	}
+	j->srv = s;
+	j->conn = c;
+	j->q = q;
+	j->v = v;
+	j->id = id;
+	j->number = v->number;
+	j->req.data = j;
+	j->event_len = event_len;
+	if (event_len)
+		memcpy(j->event, m->event_handle.data, event_len);
+	snprintf(j->label, sizeof(j->label), "%s v%" PRIu64, v->entry->name,
+		 v->number);
+	for (size_t i = 0; i < v->nbuffers; i++)
+		if (v->buffers[i]->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
+			j->fds[j->nfds++] = v->buffers[i]->fd;
+	DL_APPEND(c->seals, j);
+	c->nparked++;
+	DL_APPEND2(q->waiting, j, qprev, qnext);
+	seal_pump(s, q);
+	seal_uid_put(s, q);
+}
+
+void seal_conn_closed(struct conn *c)
+{
+	struct server *s = c->srv;
+	struct seal_job *j, *tmp;
+
+	DL_FOREACH_SAFE(c->seals, j, tmp) {
+		struct seal_uid *q = j->q;
+
+		DL_DELETE(c->seals, j);
+		c->nparked--;
+		j->conn = NULL;
+		if (j->running)
+			continue; /* ends in seal_done, orphaned */
+		/* Never ran: its version is pending again, and goes with the
+		 * conn's other pending versions. */
+		DL_DELETE2(q->waiting, j, qprev, qnext);
+		seal_finish(j, -ECANCELED);
+		seal_uid_put(s, q);
+	}
+}
+
+void seal_deinit(struct server *s)
+{
+	struct seal_uid *q, *tmp;
+
+	/* The loop ran until every job was done; a backstop. */
+	HASH_ITER(hh, s->seal_uids, q, tmp) {
+		HASH_DEL(s->seal_uids, q);
+		free(q);
+	}
+}
