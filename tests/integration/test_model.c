@@ -167,6 +167,10 @@ struct shm {
 	_Atomic uint64_t reads, bytes_checked, refused;
 	_Atomic uint64_t del_begin[NAMES][MAX_SLOTS];
 	_Atomic uint64_t del_end[NAMES][MAX_SLOTS];
+	/* Each actor's last seal in a quiet window, per name: epoch << 32 |
+	 * version, and when it returned (run ms; written first). */
+	_Atomic uint64_t last_seal[NAMES][MAX_SLOTS];
+	_Atomic int64_t last_seal_ms[NAMES][MAX_SLOTS];
 	struct slot slot[MAX_SLOTS];
 };
 
@@ -255,6 +259,7 @@ struct held {
 	uint64_t v, token, e0;
 	dlshare_bundle *b;
 	DLManagedTensor *m[MAX_TENSORS];
+	DLManagedTensorVersioned *mv[MAX_TENSORS];
 };
 
 struct version_spec {
@@ -489,6 +494,12 @@ static int verify_bundle(struct actor *a, int name, const dlshare_bundle *b,
 	for (size_t i = 0; i < n && i < MAX_TENSORS; i++) {
 		t[i] = dlshare_bundle_tensor(b, i);
 		k[i] = dlshare_bundle_key(b, i);
+		if (dlshare_bundle_find(b, keys[i]) != (int)i)
+			return model_fail(a, "%s: model/n%d v%llu: find(%s) = %d",
+					  what, name,
+					  (unsigned long long)
+					  dlshare_bundle_version(b), keys[i],
+					  dlshare_bundle_find(b, keys[i]));
 	}
 	return verify(a, name, t, k, (int)n, dlshare_bundle_version(b), token,
 		      what);
@@ -511,7 +522,8 @@ static int verify_held(struct actor *a, struct held *h, const char *what)
 		const DLTensor *t[MAX_TENSORS];
 
 		for (int i = 0; i < h->n; i++)
-			t[i] = &h->m[i]->dl_tensor;
+			t[i] = h->m[i] ? &h->m[i]->dl_tensor :
+			       &h->mv[i]->dl_tensor;
 		if (verify(a, h->name, t, NULL, h->n, h->v, &token, what))
 			return -1;
 	}
@@ -528,8 +540,12 @@ static void held_free(struct held *h)
 {
 	if (h->b)
 		dlshare_bundle_free(h->b);
-	for (int i = 0; i < h->n && !h->b; i++)
-		h->m[i]->deleter(h->m[i]);
+	for (int i = 0; i < h->n && !h->b; i++) {
+		if (h->m[i])
+			h->m[i]->deleter(h->m[i]);
+		if (h->mv[i])
+			h->mv[i]->deleter(h->mv[i]);
+	}
 	memset(h, 0, sizeof(*h));
 }
 
@@ -567,9 +583,9 @@ static void scribble_deleter(DLManagedTensor *t)
 		return;
 	}
 	if (!atomic_load(&leaving))
-		memset(t->dl_tensor.data, 0xEE,
-		       util_nbytes(t->dl_tensor.dtype, t->dl_tensor.ndim,
-				   t->dl_tensor.shape));
+		memset((char *)t->dl_tensor.data + t->dl_tensor.byte_offset,
+		       0xEE, util_nbytes(t->dl_tensor.dtype, t->dl_tensor.ndim,
+					 t->dl_tensor.shape));
 	atomic_fetch_add(&x_ran, 1);
 	orig(t);
 }
@@ -587,10 +603,32 @@ static void scribble_wrap(DLManagedTensor *t)
 	pthread_mutex_unlock(&xw_lock);
 }
 
-/* Plain malloc tensors for the copy path. */
+/* Several tensors in one dlshare_host_alloc allocation, at byte offsets
+ * (they share one buffer: dlshare.h, dlshare_publish); the last view's
+ * deleter frees the allocation. */
+struct xview {
+	DLManagedTensor m;
+	int64_t shape[2];
+	DLManagedTensor *base;
+	atomic_int *refs;
+};
+
+static void view_deleter(DLManagedTensor *m)
+{
+	struct xview *v = (struct xview *)m;
+
+	if (atomic_fetch_sub(v->refs, 1) == 1) {
+		v->base->deleter(v->base);
+		free(v->refs);
+	}
+	free(v);
+}
+
+/* Plain malloc tensors for the copy path, compact or column-major. */
 struct heap_tensor {
 	DLManagedTensor m;
 	int64_t shape[2];
+	int64_t strides[2];
 	atomic_int *runs;
 };
 
@@ -614,8 +652,11 @@ static int after_seal(struct actor *a, int name, uint32_t seq, uint64_t token,
 
 	if (!err) {
 		ring_set(a, seq, token, v, ST_SEALED);
-		if (quiet)
+		if (quiet) {
 			sealed_note(name, e0, v);
+			atomic_store(&S->last_seal_ms[name][a->slot], run_ms());
+			atomic_store(&S->last_seal[name][a->slot], e0 << 32 | v);
+		}
 		slog(a->slot, "%s model/n%d write %u -> v%llu%s", what, name,
 		     seq, (unsigned long long)v, quiet ? "" : " (delete raced)");
 		return 0;
@@ -771,7 +812,7 @@ static int op_abort(struct actor *a)
 
 static int op_export(struct actor *a)
 {
-	int name = (int)(rnd(a) % NAMES);
+	int name = (int)(rnd(a) % NAMES), packed = (int)(rnd(a) % 2);
 	uint32_t seq = a->seq++;
 	struct version_spec vs;
 	DLManagedTensor *t[MAX_TENSORS];
@@ -783,13 +824,54 @@ static int op_export(struct actor *a)
 
 	name_of(name, nm, sizeof(nm));
 	spec_make(a, name, seq, &vs);
-	for (int i = 0; i < vs.n; i++) {
-		err = dlshare_host_alloc(vs.dt[i], vs.ndim[i], vs.shape[i], &t[i]);
-		if (err)
-			return model_fail(a, "host_alloc: %s", code(err));
-		content_fill(t[i]->dl_tensor.data, &vs.h[i], 0,
-			     (size_t)vs.h[i].nbytes);
-		scribble_wrap(t[i]);
+	if (packed) {
+		/* One allocation, tensors at 8-byte aligned offsets. */
+		size_t off[MAX_TENSORS], total = 0;
+		int64_t len;
+		DLManagedTensor *base;
+		atomic_int *refs = malloc(sizeof(*refs));
+
+		for (int i = 0; i < vs.n; i++) {
+			off[i] = total + 8 * (rnd(a) % 8);
+			total = off[i] + ((size_t)vs.h[i].nbytes + 7) / 8 * 8;
+		}
+		len = (int64_t)total;
+		err = dlshare_host_alloc(DT_U8, 1, &len, &base);
+		if (err || !refs)
+			return model_fail(a, "host_alloc of %lld bytes: %s",
+					  (long long)len, code(err));
+		atomic_init(refs, vs.n);
+		for (int i = 0; i < vs.n; i++) {
+			struct xview *xv = calloc(1, sizeof(*xv));
+
+			if (!xv)
+				return model_fail(a, "out of memory");
+			xv->shape[0] = vs.shape[i][0];
+			xv->shape[1] = vs.shape[i][1];
+			xv->base = base;
+			xv->refs = refs;
+			xv->m.dl_tensor = (DLTensor){
+				.data = base->dl_tensor.data,
+				.byte_offset = off[i],
+				.device = { kDLCPU, 0 }, .ndim = vs.ndim[i],
+				.dtype = vs.dt[i], .shape = xv->shape,
+			};
+			xv->m.deleter = view_deleter;
+			content_fill((char *)base->dl_tensor.data + off[i],
+				     &vs.h[i], 0, (size_t)vs.h[i].nbytes);
+			t[i] = &xv->m;
+			scribble_wrap(t[i]);
+		}
+	} else {
+		for (int i = 0; i < vs.n; i++) {
+			err = dlshare_host_alloc(vs.dt[i], vs.ndim[i],
+						 vs.shape[i], &t[i]);
+			if (err)
+				return model_fail(a, "host_alloc: %s", code(err));
+			content_fill(t[i]->dl_tensor.data, &vs.h[i], 0,
+				     (size_t)vs.h[i].nbytes);
+			scribble_wrap(t[i]);
+		}
 	}
 	ring_set(a, seq, vs.h[0].token, 0, ST_PENDING);
 	/* Its leaving will reset this name: counted before it can. */
@@ -800,7 +882,8 @@ static int op_export(struct actor *a)
 		for (int i = 0; i < vs.n; i++)
 			t[i]->deleter(t[i]);
 	}
-	return after_seal(a, name, seq, vs.h[0].token, v, e0, err, "export");
+	return after_seal(a, name, seq, vs.h[0].token, v, e0, err,
+			  packed ? "export packed" : "export");
 }
 
 static int op_copy(struct actor *a)
@@ -832,7 +915,25 @@ static int op_copy(struct actor *a)
 			.shape = h->shape,
 		};
 		h->m.deleter = heap_deleter;
-		content_fill(data, &vs.h[i], 0, (size_t)vs.h[i].nbytes);
+		if (vs.ndim[i] == 2 && rnd(a) % 2) {
+			/* Column-major: the copy must come out compact. */
+			int64_t rows = vs.shape[i][0], cols = vs.shape[i][1];
+			int32_t *tmp = malloc((size_t)vs.h[i].nbytes);
+			int32_t *dst = data;
+
+			if (!tmp)
+				return model_fail(a, "out of memory");
+			content_fill(tmp, &vs.h[i], 0, (size_t)vs.h[i].nbytes);
+			for (int64_t r = 0; r < rows; r++)
+				for (int64_t k = 0; k < cols; k++)
+					dst[k * rows + r] = tmp[r * cols + k];
+			free(tmp);
+			h->strides[0] = 1;
+			h->strides[1] = rows;
+			h->m.dl_tensor.strides = h->strides;
+		} else {
+			content_fill(data, &vs.h[i], 0, (size_t)vs.h[i].nbytes);
+		}
 		t[i] = &h->m;
 	}
 	ring_set(a, seq, vs.h[0].token, 0, ST_PENDING);
@@ -859,14 +960,40 @@ static struct held *free_held(struct actor *a)
 
 static const char *const sel_names[] = { "latest", "exact", "newer" };
 
+/* A version of name that a LATEST or NEWER_THAN get matches, sealed in a
+ * window quiet at epoch e0 and answered before run ms `before`: its
+ * number, or 0. (The newest version only grows while the name is not
+ * deleted, so such a get has a match from then on; an EXACT one may not:
+ * its version may have died, superseded and unleased, before the get came.)
+ * Reads the version before the time, which its writer wrote first, so a
+ * time never belongs to an older seal than the version. */
+static uint64_t sealed_before(int name, uint32_t sel, uint64_t ver,
+			      uint64_t e0, int64_t before)
+{
+	uint32_t k = atomic_load(&S->nslots);
+
+	for (uint32_t i = 0; i < k; i++) {
+		uint64_t r = atomic_load(&S->last_seal[name][i]);
+		uint64_t v = r & 0xffffffffu;
+		int64_t t = atomic_load(&S->last_seal_ms[name][i]);
+
+		if (!r || (r >> 32) != e0 || t >= before)
+			continue;
+		if ((sel == DLSHARE_LATEST && v > 0) ||
+		    (sel == DLSHARE_NEWER_THAN && v > ver))
+			return v;
+	}
+	return 0;
+}
+
 static int do_get(struct actor *a, int name, uint32_t sel, uint64_t ver,
 		  int timeout)
 {
 	dlshare_get_opts o = { .select = sel, .version = ver,
 			       .timeout_ms = timeout };
 	dlshare_bundle *b = NULL;
-	uint64_t e0, b1, rec, rv, v, token;
-	int64_t t0, dt;
+	uint64_t e0, b1, rec, rv, v, token, lost;
+	int64_t t0, r0, dt;
 	int err, rec_ok, quiet;
 	char nm[64];
 	struct seen *s = &a->seen[name];
@@ -876,6 +1003,7 @@ static int do_get(struct actor *a, int name, uint32_t sel, uint64_t ver,
 	e0 = sum_end(name);
 	rec = atomic_load(&S->sealed_max[name]);
 	t0 = util_now_ms();
+	r0 = run_ms();
 	err = dlshare_get(a->c, nm, &o, &b);
 	dt = util_now_ms() - t0;
 	b1 = sum_begin(name);
@@ -895,6 +1023,20 @@ static int do_get(struct actor *a, int name, uint32_t sel, uint64_t ver,
 					  sel_names[sel], nm,
 					  (unsigned long long)ver, timeout,
 					  code(err));
+		/* A parked get is answered when a version it matches is
+		 * sealed (DESIGN.md: "the daemon parks the request"); libuv
+		 * may fire its timer a few ms early. */
+		if (err == DLSHARE_ETIMEDOUT && quiet &&
+		    (lost = sealed_before(name, sel, ver, e0,
+					  r0 + timeout - harness_ms(10))))
+			return model_fail(a, "get %s %s %llu timeout %d ms from "
+					  "%lld ms: timed out, though v%llu was "
+					  "sealed before the timeout and no "
+					  "delete of the name began since",
+					  sel_names[sel], nm,
+					  (unsigned long long)ver, timeout,
+					  (long long)r0,
+					  (unsigned long long)lost);
 		if (sel == DLSHARE_LATEST && rec_ok)
 			return model_fail(a, "get latest %s: %s, though v%llu "
 					  "was sealed and no delete of the name "
@@ -981,7 +1123,27 @@ static int do_get(struct actor *a, int name, uint32_t sel, uint64_t ver,
 		}
 		h->n = (int)dlshare_bundle_count(b);
 		for (int i = 0; i < h->n; i++) {
-			err = dlshare_bundle_export(b, (size_t)i, &h->m[i]);
+			if (rnd(a) % 2) {
+				err = dlshare_bundle_export(b, (size_t)i,
+							    &h->m[i]);
+			} else {
+				err = dlshare_bundle_export_versioned(
+					b, (size_t)i, &h->mv[i]);
+				if (!err && (h->mv[i]->version.major != 1 ||
+					     !(h->mv[i]->flags &
+					       DLPACK_FLAG_BITMASK_READ_ONLY))) {
+					h->n = i + 1;
+					held_free(h);
+					model_fail(a, "export_versioned: DLPack "
+						   "%u.%u, flags 0x%llx (want 1.x, "
+						   "read-only)",
+						   h->mv[i]->version.major,
+						   h->mv[i]->version.minor,
+						   (unsigned long long)
+						   h->mv[i]->flags);
+					goto fail;
+				}
+			}
 			if (err) {
 				h->n = i;
 				held_free(h);
@@ -1000,7 +1162,8 @@ fail:
 static int op_get(struct actor *a, uint32_t sel)
 {
 	int name = (int)(rnd(a) % NAMES);
-	int timeout = rnd(a) % 3 ? 0 : 1 + (int)(rnd(a) % 20);
+	int timeout = rnd(a) % 3 ? 0 : rnd(a) % 10 ? 1 + (int)(rnd(a) % 20) :
+		      50 + (int)(rnd(a) % 200);
 	uint64_t ver = 0;
 
 	if (sel == DLSHARE_EXACT) {
@@ -1488,7 +1651,10 @@ static void print_report(void)
 	for (uint32_t i = 0; i < n; i++) {
 		struct slot *s = &S->slot[i];
 		uint32_t head = atomic_load(&s->log_head);
-		uint32_t show = (int)i == fs || i == 0 ? LOG_LINES : 8;
+		/* All of the failed process's actors, a little of the rest. */
+		uint32_t show = (int)i == fs || i == 0 ||
+				atomic_load(&s->pid) ==
+				atomic_load(&S->slot[fs].pid) ? LOG_LINES : 8;
 
 		if (!head)
 			continue;
