@@ -36,24 +36,31 @@
  *   and a write that was aborted, or whose seal failed, is never seen (a
  *   Seal or Abort never lands on another writer's version, DESIGN.md
  *   "version"; a failed seal publishes nothing).
- * - Deletes. Per name, every actor counts the deletes it began and ended
- *   (and a worker counts, around its disconnect, a "reset" of every name it
- *   exported to: an exporter leaving withdraws its exports, so the newest
- *   version can vanish and numbers restart; docs/architecture.md). A window
- *   of time is quiet for a name when the begun count at its end equals the
- *   ended count at its start. A worker the test kills is stopped first
- *   (SIGSTOP), its export resets are begun for it, and its begun deletes
- *   and resets are ended for it only a settle time (scaled 500 ms) after the
- *   kill, when the daemon has seen its socket close.
+ * - Deletes and leaves. Per name, every actor counts the deletes it began
+ *   and ended. An exporter leaving withdraws its exports, so the newest
+ *   version can vanish and, once no version of the name is left (perhaps
+ *   only when a reader lets go of an older one, much later), numbers
+ *   restart (docs/architecture.md, "Known gaps"): a leave is begun before
+ *   the exporter's connection can close (a worker around its disconnect;
+ *   the test process for a worker it kills, stopped first with SIGSTOP to
+ *   read which names it exported to; a fork child from its first export
+ *   on), is done once the daemon saw the close (a settle time, scaled
+ *   500 ms, after a kill), and ends only when a version of the name
+ *   created after it was done is sealed (from then on the name has a
+ *   newest version again). A window of time is quiet for a name when the
+ *   begun count at its end equals the ended count at its start.
  * - Order. A thread's successive reads of a name, in a quiet window, never
  *   go back (LATEST returns the newest sealed version, and a sealed newer
- *   one never leaves while the name is not deleted); the same number read
- *   twice in a quiet window is the same content. NEWER_THAN N returns a
+ *   one stays while the name is not deleted and its exporter did not
+ *   leave); the same number read twice in a quiet window is the same
+ *   content. NEWER_THAN N returns a
  *   version > N; EXACT N returns N, or ENOENT / ETIMEDOUT.
  * - Nothing lost. A seal or publish that returned, in a quiet window, is
  *   recorded per name with the window's epoch; a LATEST get, stat or
  *   NEWER_THAN get in a quiet window of the same epoch must find that
- *   version or a newer one (the daemon answered the seal, so it is sealed).
+ *   version or a newer one (the daemon answered the seal, so it is sealed),
+ *   and such a get that waits must not time out when the version was
+ *   sealed before its timeout (parked gets are answered at the seal).
  * - Leases. A version held (bundle or exported tensor) keeps its content
  *   until released (re-verified before release; an export's producer never
  *   gets its memory back while leased), and EXACT of it succeeds with the
@@ -64,8 +71,10 @@
  *   never right (known defect iii: a fork while a writer's buffer is
  *   mapped makes the parent's seal fail with EBUSY).
  * - Fork. A child never harms its parent's connection (the parent's next
- *   call works), and a child's call on an inherited client returns an error
- *   promptly (DESIGN.md "Client library").
+ *   call works), a child's call on an inherited client returns an error
+ *   promptly, and a child can make its own client and store, export and
+ *   read with it (DESIGN.md "Client library"); a child that hangs prints
+ *   where.
  * - Errors. Each call returns one of the codes the header allows for it
  *   here, within its timeout plus a scaled 5 s; nothing hangs (a watchdog
  *   fails an operation running for a scaled 15 s).
@@ -89,6 +98,7 @@
  * actor, not the interleaving.
  */
 #include <errno.h>
+#include <execinfo.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -146,6 +156,7 @@ struct slot {
 	_Atomic int pid;
 	_Atomic int64_t op_start; /* run ms + 1 while an operation runs */
 	_Atomic uint32_t exported; /* names exported to (a worker's slot) */
+	_Atomic uint32_t child_leaves; /* a fork child's open leaves */
 	_Atomic uint32_t log_head;
 	char log[LOG_LINES][LOG_LEN];
 	struct ring_ent ring[RING];
@@ -167,6 +178,9 @@ struct shm {
 	_Atomic uint64_t reads, bytes_checked, refused;
 	_Atomic uint64_t del_begin[NAMES][MAX_SLOTS];
 	_Atomic uint64_t del_end[NAMES][MAX_SLOTS];
+	/* Exporters leaving: begun, done, and closed by a later seal. */
+	_Atomic uint64_t leave_begin[NAMES], leave_done[NAMES];
+	_Atomic uint64_t leave_end[NAMES];
 	/* Each actor's last seal in a quiet window, per name: epoch << 32 |
 	 * version, and when it returned (run ms; written first). */
 	_Atomic uint64_t last_seal[NAMES][MAX_SLOTS];
@@ -212,7 +226,7 @@ static uint64_t sum_begin(int n)
 
 	for (uint32_t i = 0; i < k; i++)
 		s += atomic_load(&S->del_begin[n][i]);
-	return s;
+	return s + atomic_load(&S->leave_begin[n]);
 }
 
 static uint64_t sum_end(int n)
@@ -222,7 +236,7 @@ static uint64_t sum_end(int n)
 
 	for (uint32_t i = 0; i < k; i++)
 		s += atomic_load(&S->del_end[n][i]);
-	return s;
+	return s + atomic_load(&S->leave_end[n]);
 }
 
 static void name_of(int n, char *buf, size_t len)
@@ -245,6 +259,33 @@ static void sealed_note(int n, uint64_t e, uint64_t v)
 	while ((cur >> 32) < e || ((cur >> 32) == e && (cur & 0xffffffffu) < v))
 		if (atomic_compare_exchange_weak(&S->sealed_max[n], &cur, want))
 			break;
+}
+
+/* A version of name n was sealed, created after ld exporters' leaves were
+ * done: those leaves can no longer restart its numbers. */
+static void leaves_close(int n, uint64_t ld)
+{
+	uint64_t cur = atomic_load(&S->leave_end[n]);
+
+	while (cur < ld)
+		if (atomic_compare_exchange_weak(&S->leave_end[n], &cur, ld))
+			break;
+}
+
+/* An exporter's leave begins (before its connection can close) and is
+ * done (once the daemon saw it close). */
+static void leave_begin(uint32_t mask)
+{
+	for (int n = 0; n < NAMES; n++)
+		if (mask & (1u << n))
+			atomic_fetch_add(&S->leave_begin[n], 1);
+}
+
+static void leave_done(uint32_t mask)
+{
+	for (int n = 0; n < NAMES; n++)
+		if (mask & (1u << n))
+			atomic_fetch_add(&S->leave_done[n], 1);
 }
 
 /* ---- actors ---------------------------------------------------------------- */
@@ -275,7 +316,7 @@ struct openw {
 	int used, name;
 	dlshare_writer *w;
 	struct version_spec vs;
-	uint64_t e0, v;
+	uint64_t e0, ld, v;
 	uint32_t seq;
 };
 
@@ -285,6 +326,7 @@ struct actor {
 	struct worker *wk;
 	dlshare_client *c;
 	int slot, thread, in_child;
+	uint32_t child_exported; /* a fork child's exports, by name */
 	uint64_t rng;
 	uint32_t seq;
 	enum op op;
@@ -645,13 +687,15 @@ static void heap_deleter(DLManagedTensor *m)
 
 /* After a seal or publish answered: record it, and judge an error. */
 static int after_seal(struct actor *a, int name, uint32_t seq, uint64_t token,
-		      uint64_t v, uint64_t e0, int err, const char *what)
+		      uint64_t v, uint64_t e0, uint64_t ld, int err,
+		      const char *what)
 {
 	int quiet = sum_begin(name) == e0;
 	const char *hint = "";
 
 	if (!err) {
 		ring_set(a, seq, token, v, ST_SEALED);
+		leaves_close(name, ld);
 		if (quiet) {
 			sealed_note(name, e0, v);
 			atomic_store(&S->last_seal_ms[name][a->slot], run_ms());
@@ -703,6 +747,7 @@ static int create_version(struct actor *a, int name, struct openw *o,
 			.ndim = o->vs.ndim[i], .shape = o->vs.shape[i],
 		};
 	ring_set(a, o->seq, o->vs.h[0].token, 0, ST_PENDING);
+	o->ld = atomic_load(&S->leave_done[name]);
 	o->e0 = sum_end(name);
 	err = dlshare_create(a->c, nm, spec, (size_t)o->vs.n, NULL, &o->w);
 	if (err)
@@ -743,7 +788,7 @@ static int seal_version(struct actor *a, struct openw *o, const char *what)
 				  "said %llu", o->name, (unsigned long long)v,
 				  (unsigned long long)o->v);
 	return after_seal(a, o->name, o->seq, o->vs.h[0].token, o->v, o->e0,
-			  err, what);
+			  o->ld, err, what);
 }
 
 static int op_store(struct actor *a)
@@ -818,7 +863,7 @@ static int op_export(struct actor *a)
 	DLManagedTensor *t[MAX_TENSORS];
 	dlshare_publish_opts po = { .keys = keys,
 				    .flags = DLSHARE_PUBLISH_NO_COPY };
-	uint64_t e0, v = 0;
+	uint64_t e0, ld, v = 0;
 	char nm[64];
 	int err;
 
@@ -874,15 +919,25 @@ static int op_export(struct actor *a)
 		}
 	}
 	ring_set(a, seq, vs.h[0].token, 0, ST_PENDING);
-	/* Its leaving will reset this name: counted before it can. */
-	atomic_fetch_or(&S->slot[a->wk->proc_slot].exported, 1u << name);
+	/* Its leaving may reset this name: a worker's leave is counted
+	 * when it comes (the test process counts it for a worker it kills,
+	 * from this mask); a fork child's is open from now, in case it is
+	 * killed with its worker, and done when it left. */
+	if (!a->in_child) {
+		atomic_fetch_or(&S->slot[a->wk->proc_slot].exported, 1u << name);
+	} else if (!(a->child_exported & (1u << name))) {
+		a->child_exported |= 1u << name;
+		leave_begin(1u << name);
+		atomic_fetch_or(&S->slot[a->slot].child_leaves, 1u << name);
+	}
+	ld = atomic_load(&S->leave_done[name]);
 	e0 = sum_end(name);
 	err = dlshare_publish(a->c, nm, t, (size_t)vs.n, &po, &v);
 	if (err) {
 		for (int i = 0; i < vs.n; i++)
 			t[i]->deleter(t[i]);
 	}
-	return after_seal(a, name, seq, vs.h[0].token, v, e0, err,
+	return after_seal(a, name, seq, vs.h[0].token, v, e0, ld, err,
 			  packed ? "export packed" : "export");
 }
 
@@ -894,7 +949,7 @@ static int op_copy(struct actor *a)
 	DLManagedTensor *t[MAX_TENSORS];
 	dlshare_publish_opts po = { .keys = keys };
 	atomic_int runs = 0;
-	uint64_t e0, v = 0;
+	uint64_t e0, ld, v = 0;
 	char nm[64];
 	int err;
 
@@ -937,6 +992,7 @@ static int op_copy(struct actor *a)
 		t[i] = &h->m;
 	}
 	ring_set(a, seq, vs.h[0].token, 0, ST_PENDING);
+	ld = atomic_load(&S->leave_done[name]);
 	e0 = sum_end(name);
 	err = dlshare_publish(a->c, nm, t, (size_t)vs.n, &po, &v);
 	if (err) {
@@ -947,7 +1003,7 @@ static int op_copy(struct actor *a)
 				  "publish returned", nm, atomic_load(&runs),
 				  vs.n);
 	}
-	return after_seal(a, name, seq, vs.h[0].token, v, e0, err, "copy");
+	return after_seal(a, name, seq, vs.h[0].token, v, e0, ld, err, "copy");
 }
 
 static struct held *free_held(struct actor *a)
@@ -1275,23 +1331,49 @@ static void child_fail_exit(struct actor *a, int rc)
 	_exit(rc);
 }
 
-/* A child with its own client: two stores and a read, then goodbye. */
+/* A child with its own client, as a data-loader worker forked from a
+ * busy trainer: a store, an export, a read, then goodbye. */
 static void child_own(struct actor *a)
 {
 	dlshare_client *mine = NULL;
 	int err = dlshare_connect(D->sock, &mine);
 
 	a->in_child = 1;
+	a->child_exported = 0;
+	/* Another thread may have held the wrapper table's lock at the fork:
+	 * the child starts a table of its own. (The library's own locks are
+	 * the library's business: DESIGN.md lets the child make a client.) */
+	pthread_mutex_init(&xw_lock, NULL);
+	nxw = 0;
 	if (err) {
 		model_fail(a, "fork child: connect: %s", code(err));
 		child_fail_exit(a, 1);
 	}
 	a->c = mine;
-	if (op_store(a) || op_store(a) ||
+	if (op_store(a) || op_export(a) ||
 	    do_get(a, (int)(rnd(a) % NAMES), DLSHARE_LATEST, 0, 0))
 		child_fail_exit(a, 1);
+	atomic_store(&leaving, 1);
 	dlshare_disconnect(mine);
+	/* Done, unless the test process found it killed and did it. */
+	for (int n = 0; n < NAMES; n++)
+		if (atomic_fetch_and(&S->slot[a->slot].child_leaves,
+				     ~(1u << n)) & (1u << n))
+			leave_done(1u << n);
 	_exit(0);
+}
+
+/* A fork child that hangs says where, before its alarm ends it. */
+static void child_alarm(int sig)
+{
+	static const char msg[] = "fork child: hung here:\n";
+	void *frames[64];
+	int n = backtrace(frames, 64);
+
+	(void)!write(2, msg, sizeof(msg) - 1);
+	backtrace_symbols_fd(frames, n, 2);
+	signal(sig, SIG_DFL);
+	raise(sig);
 }
 
 static int op_fork(struct actor *a, enum op kind)
@@ -1317,7 +1399,8 @@ static int op_fork(struct actor *a, enum op kind)
 		return model_fail(a, "fork: %s", strerror(errno));
 	}
 	if (pid == 0) {
-		alarm((unsigned)harness_ms(20000) / 1000 + 1);
+		signal(SIGALRM, child_alarm);
+		alarm((unsigned)harness_ms(10000) / 1000 + 1);
 		a->seq = base;
 		switch (kind) {
 		case OP_FORK:
@@ -1474,6 +1557,12 @@ static int worker_main(struct worker *wk)
 
 	alarm((unsigned)(cfg.seconds + harness_ms(120000) / 1000));
 	atomic_store(&ps->pid, (int)getpid());
+	{
+		/* Loads what backtrace() needs now, not in a signal handler. */
+		void *f[1];
+
+		(void)backtrace(f, 1);
+	}
 	err = dlshare_connect(D->sock, &wk->c);
 	if (err) {
 		struct actor tmp = { .slot = wk->proc_slot };
@@ -1496,15 +1585,11 @@ static int worker_main(struct worker *wk)
 	/* Leaving withdraws this worker's exports: count it as a reset of
 	 * each name it exported to, around the disconnect. */
 	mask = atomic_load(&ps->exported);
-	for (int n = 0; n < NAMES; n++)
-		if (mask & (1u << n))
-			atomic_fetch_add(&S->del_begin[n][wk->proc_slot], 1);
+	leave_begin(mask);
 	atomic_store(&leaving, 1);
 	slog(wk->proc_slot, "worker %d disconnects", wk->index);
 	dlshare_disconnect(wk->c);
-	for (int n = 0; n < NAMES; n++)
-		if (mask & (1u << n))
-			atomic_fetch_add(&S->del_end[n][wk->proc_slot], 1);
+	leave_done(mask);
 	if (atomic_load(&S->failed))
 		return 1;
 	{
@@ -1540,7 +1625,8 @@ struct wslot {
 
 struct settle {
 	int64_t at;
-	int first, n; /* slots */
+	int first, n;    /* slots */
+	uint32_t leaves; /* the worker's exports */
 };
 
 static int alloc_slots(int n)
@@ -1690,10 +1776,17 @@ static void print_counts(const char *how, int kills)
 
 static void settle_now(struct settle *st)
 {
-	for (int s = st->first; s < st->first + st->n; s++)
-		for (int k = 0; k < NAMES; k++)
+	for (int s = st->first; s < st->first + st->n; s++) {
+		for (int k = 0; k < NAMES; k++) {
 			atomic_store(&S->del_end[k][s],
 				     atomic_load(&S->del_begin[k][s]));
+			/* A fork child killed with its worker. */
+			if (atomic_fetch_and(&S->slot[s].child_leaves,
+					     ~(1u << k)) & (1u << k))
+				leave_done(1u << k);
+		}
+	}
+	leave_done(st->leaves);
 	st->at = 0;
 }
 
@@ -1711,9 +1804,7 @@ static int kill_worker(struct wslot *ws, struct settle *st)
 		return 1;
 	}
 	mask = atomic_load(&S->slot[ws->wk.proc_slot].exported);
-	for (int n = 0; n < NAMES; n++)
-		if (mask & (1u << n))
-			atomic_fetch_add(&S->del_begin[n][ws->wk.proc_slot], 1);
+	leave_begin(mask);
 	kill(ws->pid, SIGKILL);
 	waitpid(ws->pid, NULL, 0);
 	{
@@ -1742,6 +1833,7 @@ static int kill_worker(struct wslot *ws, struct settle *st)
 	st->at = util_now_ms() + harness_ms(500);
 	st->first = ws->wk.proc_slot;
 	st->n = 1 + ws->wk.nthreads;
+	st->leaves = mask;
 	ws->pid = 0;
 	return 0;
 }
