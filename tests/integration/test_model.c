@@ -170,7 +170,6 @@ struct shm {
 	_Atomic int fail_slot;
 	char fail[2048];
 	_Atomic uint32_t nslots;
-	_Atomic int forks;             /* fork children alive */
 	_Atomic int64_t inherited_fork; /* run ms of the last child that
 					 * touched an inherited client */
 	_Atomic uint64_t sealed_max[NAMES]; /* epoch << 32 | version */
@@ -1325,12 +1324,6 @@ static int op_list(struct actor *a)
 
 /* ---- forks -------------------------------------------------------------------- */
 
-static void child_fail_exit(struct actor *a, int rc)
-{
-	(void)a;
-	_exit(rc);
-}
-
 /* A child with its own client, as a data-loader worker forked from a
  * busy trainer: a store, an export, a read, then goodbye. */
 static void child_own(struct actor *a)
@@ -1347,12 +1340,12 @@ static void child_own(struct actor *a)
 	nxw = 0;
 	if (err) {
 		model_fail(a, "fork child: connect: %s", code(err));
-		child_fail_exit(a, 1);
+		_exit(1);
 	}
 	a->c = mine;
 	if (op_store(a) || op_export(a) ||
 	    do_get(a, (int)(rnd(a) % NAMES), DLSHARE_LATEST, 0, 0))
-		child_fail_exit(a, 1);
+		_exit(1);
 	atomic_store(&leaving, 1);
 	dlshare_disconnect(mine);
 	/* Done, unless the test process found it killed and did it. */
@@ -1398,12 +1391,10 @@ static int op_fork(struct actor *a, enum op kind)
 		atomic_store(&S->inherited_fork, run_ms());
 		atomic_store(&touched_inherited, 1);
 	}
-	atomic_fetch_add(&S->forks, 1);
 	atomic_fetch_add(&forks_here, 1);
 	fflush(NULL);
 	pid = harness_fork();
 	if (pid < 0) {
-		atomic_fetch_sub(&S->forks, 1);
 		atomic_fetch_sub(&forks_here, 1);
 		return model_fail(a, "fork: %s", strerror(errno));
 	}
@@ -1446,7 +1437,6 @@ static int op_fork(struct actor *a, enum op kind)
 		kill(pid, SIGKILL);
 		waitpid(pid, NULL, 0);
 	}
-	atomic_fetch_sub(&S->forks, 1);
 	atomic_fetch_sub(&forks_here, 1);
 	slog(a->slot, "%s child %d -> %d", op_names[kind], (int)pid, status);
 	if (status == 128 + SIGALRM || status < 0)
@@ -2017,6 +2007,7 @@ static void model(void **state)
 				if (kill_worker(&ws[victim], &settles[nsettle]) == 0) {
 					nsettle++;
 					kills++;
+					atomic_fetch_add(&S->count[OP_KILL], 1);
 				}
 				if (start_worker(&ws[victim], victim))
 					can_kill = 0;
