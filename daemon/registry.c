@@ -223,10 +223,40 @@ static void buffer_drop(struct registry *r, struct rbuffer *b)
 		r->gpu_bytes -= b->size;
 }
 
+static void tomb_free(struct registry *r, struct tomb *t)
+{
+	HASH_DEL(r->tombs, t);
+	DL_DELETE(r->tomb_list, t);
+	r->ntombs--;
+	free(t);
+}
+
+/* Remembers the last number of e, which dies without a Delete. Without
+ * memory for it the next version numbers from 1 again, as after a Delete. */
+static void tomb_add(struct registry *r, const struct entry *e)
+{
+	size_t len = strlen(e->name);
+	struct tomb *t;
+
+	if (r->ntombs >= REGISTRY_TOMBS_MAX)
+		tomb_free(r, r->tomb_list);
+	t = malloc(offsetof(struct tomb, name) + len + 1);
+	if (!t)
+		return;
+	memcpy(t->name, e->name, len + 1);
+	t->last_number = e->last_number;
+	HASH_ADD_KEYPTR(hh, r->tombs, t->name, len, t);
+	DL_APPEND(r->tomb_list, t);
+	r->ntombs++;
+}
+
 static void entry_maybe_free(struct registry *r, struct entry *e)
 {
 	if (e->versions)
 		return;
+	/* Not deleted: its name lives on in its numbers. */
+	if (!e->detached && e->last_number)
+		tomb_add(r, e);
 	if (e->usage) {
 		e->usage->names--;
 		usage_put(r, e->usage);
@@ -391,6 +421,8 @@ void registry_deinit(struct registry *r)
 		entry_destroy(r, e);
 	while (r->detached)
 		entry_destroy(r, r->detached);
+	while (r->tomb_list)
+		tomb_free(r, r->tomb_list);
 	struct uid_usage *u, *utmp;
 	HASH_ITER(hh, r->uids, u, utmp) {
 		HASH_DEL(r->uids, u);
@@ -793,6 +825,14 @@ int registry_add(struct registry *r, struct registry_owner *o,
 			if (strcmp(d->name, e->name) == 0 &&
 			    d->last_number > e->last_number)
 				e->last_number = d->last_number;
+		/* A name that died without a Delete numbers on. */
+		struct tomb *t;
+		HASH_FIND(hh, r->tombs, e->name, len, t);
+		if (t) {
+			if (t->last_number > e->last_number)
+				e->last_number = t->last_number;
+			tomb_free(r, t);
+		}
 		e->owner_uid = o->uid;
 		e->owner_gid = o->gid;
 		e->usage = o->usage;

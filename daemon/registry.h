@@ -277,8 +277,26 @@ struct registry_limits {
 #define REGISTRY_FDS_HOST 2u
 #define REGISTRY_FDS_VMM 1u
 
+/* Most names whose last number the registry remembers after their entry
+ * died without a Delete (struct tomb); past it the oldest is forgotten. */
+#define REGISTRY_TOMBS_MAX 16384u
+
+/* The last version number of a name whose entry died without a Delete
+ * (an exporter left, and later the last lease went): the name's next
+ * version numbers after it, so that (name, number) never names two
+ * different versions of a name nobody deleted. */
+struct tomb {
+	uint64_t last_number;
+	UT_hash_handle hh;       /* registry->tombs, by name */
+	struct tomb *prev, *next; /* registry->tomb_list, oldest first */
+	char name[];
+};
+
 struct registry {
 	struct uid_usage *uids;   /* what each uid holds */
+	struct tomb *tombs;       /* by name */
+	struct tomb *tomb_list;   /* oldest first */
+	uint32_t ntombs;
 	const char *why;          /* which limit the last -EDQUOT/-ENOSPC hit,
 				   * or why the last -EBADF fd was refused */
 	struct entry *names;

@@ -1852,11 +1852,60 @@ static void test_sealing(void **state)
 	assert_charged(up, 1, PAGE, 0, 0, REGISTRY_FDS_HOST); /* "s" */
 }
 
+/* Numbers of a name nobody deleted never go back: when its entry dies
+ * because an exporter left and, later, the last lease went, the next
+ * version numbers after the last (a reader waiting for "newer than 3"
+ * must see 4, and (name, 2) must not name new data). A Delete still
+ * restarts the numbers; past REGISTRY_TOMBS_MAX the oldest name is
+ * forgotten. */
+static void test_numbers_survive_an_exporter(void **state)
+{
+	struct fix *f = *state;
+	struct registry_owner e;
+	struct version *v;
+	struct lease *l;
+	uint64_t lid;
+	char name[32];
+
+	registry_owner_init(&e, 1000, 1000, 11);
+	publish(f, &f->prod, "n", 0);
+	v = publish(f, &f->prod, "n", 0);
+	assert_int_equal(v->number, 2);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l), 0);
+	lid = l->id;
+	assert_int_equal(export(f, &e, "n", 0)->number, 3);
+	registry_owner_drop(&f->r, &e);
+	assert_non_null(registry_entry(&f->r, "n"));
+	assert_int_equal(registry_release(&f->r, &f->cons, lid), 0);
+	assert_null(registry_entry(&f->r, "n"));
+	assert_int_equal(f->r.ntombs, 1);
+	assert_int_equal(publish(f, &f->prod, "n", 0)->number, 4);
+	assert_int_equal(f->r.ntombs, 0);
+
+	assert_int_equal(registry_delete(&f->r, &f->prod, "n"), 0);
+	assert_int_equal(f->r.ntombs, 0);
+	assert_int_equal(publish(f, &f->prod, "n", 0)->number, 1);
+
+	for (unsigned i = 0; i <= REGISTRY_TOMBS_MAX; i++) {
+		snprintf(name, sizeof(name), "t/%u", i);
+		f->rec.npublished = f->rec.nretired = f->rec.nfreed = 0;
+		registry_owner_init(&e, 1000, 1000, 11);
+		assert_int_equal(export(f, &e, name, 0)->number, 1);
+		registry_owner_drop(&f->r, &e);
+	}
+	assert_int_equal(f->r.ntombs, REGISTRY_TOMBS_MAX);
+	registry_owner_init(&e, 1000, 1000, 11);
+	assert_int_equal(export(f, &e, "t/0", 0)->number, 1); /* forgotten */
+	assert_int_equal(export(f, &e, "t/1", 0)->number, 2);
+	registry_owner_drop(&f->r, &e);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fix_setup, fix_teardown)
 	const struct CMUnitTest tests[] = {
 		T(test_store_pending_then_seal),
+		T(test_numbers_survive_an_exporter),
 		T(test_store_event_retired),
 		T(test_seal_errors),
 		T(test_seal_busy_while_mapped),
