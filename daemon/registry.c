@@ -244,7 +244,7 @@ static void tomb_add(struct registry *r, const struct entry *e)
 	if (!t)
 		return;
 	memcpy(t->name, e->name, len + 1);
-	t->last_number = e->last_number;
+	t->last_number = e->last_sealed;
 	HASH_ADD_KEYPTR(hh, r->tombs, t->name, len, t);
 	DL_APPEND(r->tomb_list, t);
 	r->ntombs++;
@@ -254,8 +254,10 @@ static void entry_maybe_free(struct registry *r, struct entry *e)
 {
 	if (e->versions)
 		return;
-	/* Not deleted: its name lives on in its numbers. */
-	if (!e->detached && e->last_number)
+	/* Not deleted, and readers saw its numbers: the name numbers on
+	 * after them. (Numbers only ever handed to writers that aborted
+	 * are nobody's.) */
+	if (!e->detached && e->last_sealed)
 		tomb_add(r, e);
 	if (e->usage) {
 		e->usage->names--;
@@ -340,6 +342,8 @@ static void version_publish(struct registry *r, struct version *v)
 	struct entry *e = v->entry;
 	struct version *old = e->latest;
 
+	if (v->number > e->last_sealed)
+		e->last_sealed = v->number;
 	if (!old || v->number > old->number) {
 		e->latest = v;
 		if (old)
@@ -831,6 +835,7 @@ int registry_add(struct registry *r, struct registry_owner *o,
 		if (t) {
 			if (t->last_number > e->last_number)
 				e->last_number = t->last_number;
+			e->last_sealed = t->last_number;
 			tomb_free(r, t);
 		}
 		e->owner_uid = o->uid;

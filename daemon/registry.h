@@ -153,6 +153,7 @@ struct version {
 
 struct entry {
 	uint64_t last_number;    /* highest version number handed out */
+	uint64_t last_sealed;    /* highest version number made visible */
 	struct version *latest;  /* newest sealed version, or NULL */
 	struct version *versions;
 	struct uid_usage *usage; /* charged for this name */
@@ -281,9 +282,9 @@ struct registry_limits {
  * died without a Delete (struct tomb); past it the oldest is forgotten. */
 #define REGISTRY_TOMBS_MAX 16384u
 
-/* The last version number of a name whose entry died without a Delete
- * (an exporter left, and later the last lease went): the name's next
- * version numbers after it, so that (name, number) never names two
+/* The last sealed (visible) version number of a name whose entry died
+ * without a Delete (an exporter left, and later the last lease went): the
+ * name's next version numbers after it, so that (name, number) never names two
  * different versions of a name nobody deleted. */
 struct tomb {
 	uint64_t last_number;
