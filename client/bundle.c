@@ -23,7 +23,47 @@ struct dlshare_bundle {
 	int cuda_ordinal;        /* a device of the version, -1 for none */
 	int has_event;
 	uint8_t event[CUDA_IPC_HANDLE_BYTES]; /* the producer's, for waits */
+	uint32_t *index;         /* keys → 1 + tensor, open addressing; NULL
+				  * for a handful of tensors (a scan) */
+	size_t index_mask;       /* slots - 1, a power of two minus one */
 };
+
+/* Below this many tensors a key is found by a scan. */
+#define BUNDLE_INDEX_MIN 16
+
+static uint64_t key_hash(const char *k)
+{
+	uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+
+	for (; *k; k++)
+		h = (h ^ (uint8_t)*k) * 0x100000001b3ull;
+	return h;
+}
+
+/* Indexes b's keys so that dlshare_bundle_find is O(1): a state dict has
+ * 10^3-10^5 tensors. Slots are at least twice the tensors; equal keys
+ * (several unnamed tensors) keep their order, so the first one is found. */
+static int bundle_index(struct dlshare_bundle *b)
+{
+	size_t slots = BUNDLE_INDEX_MIN;
+
+	if (b->n < BUNDLE_INDEX_MIN || b->n > UINT32_MAX - 1)
+		return 0;
+	while (slots < 2 * b->n)
+		slots *= 2;
+	b->index = calloc(slots, sizeof(*b->index));
+	if (!b->index)
+		return DLSHARE_ENOMEM;
+	b->index_mask = slots - 1;
+	for (size_t i = 0; i < b->n; i++) {
+		size_t j = key_hash(b->ts[i].key) & b->index_mask;
+
+		while (b->index[j])
+			j = (j + 1) & b->index_mask;
+		b->index[j] = (uint32_t)i + 1;
+	}
+	return 0;
+}
 
 /* What a DLManagedTensor(Versioned) of ours carries. */
 struct managed {
@@ -127,7 +167,7 @@ static int bundle_fill(struct dlshare_bundle *b, Dlshare__GetReply *r,
 		bt->t.shape = bt->shape;
 		bt->t.strides = wt->n_strides ? bt->strides : NULL;
 	}
-	return 0;
+	return bundle_index(b);
 }
 
 static int get_opts_wire(const dlshare_get_opts *o, Dlshare__Get *g)
@@ -227,8 +267,10 @@ int dlshare_get(dlshare_client *c, const char *name,
 fail:
 	/* The daemon gave us a lease: give it back. */
 	client_release(c, gr->lease);
-	if (b)
+	if (b) {
 		btensors_free(b->ts, b->n);
+		free(b->index);
+	}
 	free(b);
 	free(lr);
 	reply_free(c, &r);
@@ -254,6 +296,14 @@ int dlshare_bundle_find(const dlshare_bundle *b, const char *key)
 {
 	if (!b || !key)
 		return DLSHARE_EINVAL;
+	if (b->index) {
+		size_t j = key_hash(key) & b->index_mask;
+
+		for (; b->index[j]; j = (j + 1) & b->index_mask)
+			if (strcmp(b->ts[b->index[j] - 1].key, key) == 0)
+				return (int)(b->index[j] - 1);
+		return DLSHARE_ENOENT;
+	}
 	for (size_t i = 0; i < b->n; i++)
 		if (strcmp(b->ts[i].key, key) == 0)
 			return (int)i;
@@ -289,6 +339,7 @@ void dlshare_bundle_free(dlshare_bundle *b)
 	if (!b)
 		return;
 	btensors_free(b->ts, b->n);
+	free(b->index);
 	lease_ref_unref(b->lr);
 	free(b);
 }

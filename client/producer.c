@@ -803,6 +803,15 @@ static int publish_export(dlshare_client *c, const char *name,
 			xbuf_release(&x);
 		} else if (nb == CLIENT_PINS_MAX) {
 			xbuf_release(&x);
+			char why[CHECK_NAME_MAX + 200];
+
+			snprintf(why, sizeof(why),
+				 "publish %s: the tensors live in more than %d "
+				 "separate allocations, the most one version "
+				 "may share without a copy; allocate them "
+				 "together, or publish with a copy", name,
+				 CLIENT_PINS_MAX);
+			errmsg_set(why);
 			err = DLSHARE_ELIMIT;
 			goto out;
 		} else {

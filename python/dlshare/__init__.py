@@ -406,33 +406,51 @@ class Bundle:
     goes once the bundle, its Tensors and the arrays made from them are
     gone, or at release()."""
 
-    __slots__ = ("_b", "_keys", "_tensors", "_stream", "name", "version")
+    __slots__ = ("_b", "_n", "_keys", "_tensors", "_stream", "name",
+                 "version")
 
+    # A state dict has 10^3-10^5 tensors: nothing per tensor is built up
+    # front. A key is found in O(1) by the library's index; Tensors and the
+    # key list are made when first asked for.
     def __init__(self, bundle, name, stream):
         self._b = bundle
-        self._keys = bundle.keys()
-        self._tensors = [None] * len(self._keys)
+        self._n = bundle.count()
+        self._keys = None
+        self._tensors = {}
         self._stream = stream
         self.name = name
         self.version = bundle.version()
 
     def __len__(self):
-        return len(self._keys)
+        return self._n
+
+    def _key(self, i):
+        if self._keys is not None:
+            return self._keys[i]
+        return self._b.key(i)
 
     def _at(self, i):
-        t = self._tensors[i]
+        t = self._tensors.get(i)
         if t is None:
-            t = Tensor(self._b, i, self.name, self._keys[i], self._stream,
+            t = Tensor(self._b, i, self.name, self._key(i), self._stream,
                        False)
             self._tensors[i] = t
         return t
 
+    def _find(self, key):
+        if self._keys is not None and self._b.released():
+            try:
+                return self._keys.index(key)
+            except ValueError:
+                return -1
+        return self._b.find(key)
+
     def __getitem__(self, k):
         if isinstance(k, str):
-            try:
-                return self._at(self._keys.index(k))
-            except ValueError:
-                raise KeyError(k) from None
+            i = self._find(k)
+            if i < 0:
+                raise KeyError(k)
+            return self._at(i)
         if isinstance(k, slice):
             return [self._at(i) for i in range(len(self))[k]]
         i = range(len(self))[k]            # IndexError, negative indices
@@ -442,23 +460,27 @@ class Bundle:
         return (self._at(i) for i in range(len(self)))
 
     def __contains__(self, key):
-        return key in self._keys
+        return isinstance(key, str) and self._find(key) >= 0
 
     def keys(self):
+        if self._keys is None:
+            self._keys = self._b.keys()
         return list(self._keys)
 
     def values(self):
         return list(self)
 
     def items(self):
-        return [(k, self._at(i)) for i, k in enumerate(self._keys)]
+        return list(zip(self.keys(), self))
 
     def get(self, key, default=None):
-        return self[key] if key in self._keys else default
+        return self[key] if key in self else default
 
     def release(self):
         """Drops the lease now, for every Tensor of this bundle (arrays made
         from them keep theirs)."""
+        if self._keys is None and not self._b.released():
+            self._keys = self._b.keys()    # they go with the lease
         self._b.release()
 
     @property
@@ -472,8 +494,10 @@ class Bundle:
         self.release()
 
     def __repr__(self):
+        keys = self.keys()
+        shown = keys if len(keys) <= 8 else keys[:8] + ["..."]
         return (f"<dlshare.Bundle {self.name!r} v{self.version} "
-                f"keys={self._keys!r}>")
+                f"{len(keys)} tensors keys={shown!r}>")
 
 
 # ---- producer side --------------------------------------------------------

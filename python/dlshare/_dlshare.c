@@ -1148,6 +1148,32 @@ static PyObject *Bundle_keys(BundleObject *s, PyObject *unused)
 	return t;
 }
 
+/* find(key) -> the index of the tensor with that key, or -1: O(1), the
+ * library indexes a bundle's keys. */
+static PyObject *Bundle_find(BundleObject *s, PyObject *arg)
+{
+	Py_ssize_t len;
+	const char *k = PyUnicode_AsUTF8AndSize(arg, &len);
+	int i;
+
+	if (!k)
+		return NULL;
+	if (strlen(k) != (size_t)len)  /* a NUL inside: no key has one */
+		return PyLong_FromLong(-1);
+	i = dlshare_bundle_find(s->b, k);
+	return PyLong_FromLong(i >= 0 ? i : -1);
+}
+
+/* key(i) -> the key of tensor i. */
+static PyObject *Bundle_key(BundleObject *s, PyObject *arg)
+{
+	Py_ssize_t i = PyLong_AsSsize_t(arg);
+
+	if ((i == -1 && PyErr_Occurred()) || bundle_index(s, i))
+		return NULL;
+	return PyUnicode_FromString(dlshare_bundle_key(s->b, (size_t)i));
+}
+
 /* info(i) -> (dtype, shape, strides or None, device_type, device_id,
  *             data pointer, bytes per element) */
 static PyObject *Bundle_info(BundleObject *s, PyObject *arg)
@@ -1242,6 +1268,8 @@ static PyMethodDef Bundle_methods[] = {
 	{ "version", (PyCFunction)Bundle_version, METH_NOARGS, NULL },
 	{ "count", (PyCFunction)Bundle_count, METH_NOARGS, NULL },
 	{ "keys", (PyCFunction)Bundle_keys, METH_NOARGS, NULL },
+	{ "find", (PyCFunction)Bundle_find, METH_O, NULL },
+	{ "key", (PyCFunction)Bundle_key, METH_O, NULL },
 	{ "info", (PyCFunction)Bundle_info, METH_O, NULL },
 	{ "export", (PyCFunction)Bundle_export, METH_VARARGS, NULL },
 	{ "wait", (PyCFunction)Bundle_wait, METH_O, NULL },

@@ -415,6 +415,34 @@ class ClientTest(DaemonTest):
         with self.assertRaises(ValueError):
             self.client.publish(n, host([1.0]), keys=["a", "b"])
 
+    def test_state_dict_by_key(self):
+        # A state dict's keys are 60 bytes; a lookup by key is the
+        # library's (O(1)), and no Tensor is made until asked for.
+        n = self.name()
+        keys = [f"model.layers.{i:04d}.mlp.down_proj.weight.scale.block."
+                f"{i:06d}"[:60] for i in range(1000)]
+        arrays = {k: host([float(i)]) for i, k in enumerate(keys)}
+        # Each in its own allocation: too many to share without a copy.
+        with self.assertRaises(dlshare.LimitExceeded) as e:
+            self.client.publish(n, arrays)
+        self.assertIn("separate allocations", str(e.exception))
+        self.client.publish(n, arrays, copy=True)
+        b = self.client.get(n)
+        self.assertEqual(len(b), 1000)
+        self.assertEqual(b._tensors, {})
+        self.assertEqual(read_back(b[keys[734]]), [734.0])
+        self.assertEqual(len(b._tensors), 1)
+        self.assertIn(keys[999], b)
+        self.assertNotIn(keys[0] + "x", b)
+        self.assertNotIn("ok\0" + keys[0], b)
+        self.assertNotIn(17, b)
+        self.assertIsNone(b.get("missing"))
+        self.assertEqual(b.keys(), keys)
+        b.release()
+        # The keys outlive the lease, as they did before.
+        self.assertEqual(b.keys(), keys)
+        self.assertIn(keys[5], b)
+
     def test_versions(self):
         n = self.name()
         for i in range(1, 4):
