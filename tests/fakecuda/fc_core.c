@@ -654,6 +654,8 @@ int fc_ordinal_of_phys(int phys)
     X(cudaErrorLaunchFailure, "unspecified launch failure")                          \
     X(cudaErrorNotPermitted, "operation not permitted")                              \
     X(cudaErrorNotSupported, "operation not supported")                              \
+    X(cudaErrorDevicesUnavailable, "CUDA-capable device(s) is/are busy or unavailable") \
+    X(cudaErrorContextIsDestroyed, "context is destroyed")                           \
     X(cudaErrorUnknown, "unknown error")
 
 #define FC_DRV_ERRORS(X)                                                             \
@@ -673,6 +675,8 @@ int fc_ordinal_of_phys(int phys)
     X(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered")        \
     X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                           \
     X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                           \
+    X(CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA-capable device(s) is/are busy or unavailable") \
+    X(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context is destroyed")                       \
     X(CUDA_ERROR_ILLEGAL_STATE, "the operation cannot be performed in the present state") \
     X(CUDA_ERROR_UNKNOWN, "unknown error")
 
