@@ -49,6 +49,9 @@ static uint64_t fc_seed_hash;
  * context (NULL until cudaSetDevice, a runtime call or cuCtxSetCurrent). */
 static _Thread_local int tls_dev;
 static _Thread_local struct CUctx_st *tls_ctx;
+/* Inside a driver call served by the runtime's code (fc_drv.c): no lazy
+ * context, no last error. */
+static _Thread_local int tls_drv;
 static _Thread_local cudaError_t tls_last_error;
 
 #define FC_DEFAULT_DELAY_US 2000u
@@ -468,7 +471,7 @@ static int fc_ensure_init(void)
 
 cudaError_t fc_rt_err(cudaError_t e)
 {
-    if (e != cudaSuccess && e != cudaErrorNotReady)
+    if (e != cudaSuccess && e != cudaErrorNotReady && !tls_drv)
         tls_last_error = e;
     return e;
 }
@@ -561,6 +564,9 @@ cudaError_t fc_rt_enter_noctx(void)
 
 cudaError_t fc_rt_enter(void)
 {
+    if (tls_drv)
+        return !tls_ctx ? cudaErrorDeviceUninitialized
+               : atomic_load(&tls_ctx->active) ? cudaSuccess : cudaErrorContextIsDestroyed;
     cudaError_t e = fc_rt_enter_noctx();
     if (e)
         return e;
@@ -599,6 +605,16 @@ CUresult fc_drv_enter_ctx(CUcontext *out)
     if (out)
         *out = tls_ctx;
     return CUDA_SUCCESS;
+}
+
+void fc_drv_begin(void)
+{
+    tls_drv = 1;
+}
+
+void fc_drv_end(void)
+{
+    tls_drv = 0;
 }
 
 CUcontext fc_ctx_current(void)

@@ -266,6 +266,11 @@ CUcontext fc_ctx_current(void);            /* this thread's current context, or 
  * fc_drv_enter, then CUDA_ERROR_INVALID_CONTEXT when none is current (or
  * CUDA_ERROR_CONTEXT_IS_DESTROYED). */
 CUresult fc_drv_enter_ctx(CUcontext *out);
+/* Brackets a driver call that runs the runtime's code (fc_drv.c): inside,
+ * fc_rt_enter creates no context (one must be current) and fc_rt_err
+ * leaves the runtime's last error alone. */
+void fc_drv_begin(void);
+void fc_drv_end(void);
 uint64_t fc_new_id(void);                  /* unique across processes */
 size_t fc_page_size(void);
 bool fc_pid_alive(pid_t pid);

@@ -1712,6 +1712,79 @@ static void test_trap_event_after_exporter_exited(void **state)
              trap_evexit_consumer, NULL, SIGABRT, "exited");
 }
 
+/* The driver's twins of the runtime calls want a current context and
+ * create none; cuGetProcAddress hands out the header's versioned functions
+ * by base name. */
+static void drv_child(int sock, const void *arg)
+{
+    (void)sock;
+    (void)arg;
+    setenv("FAKECUDA_DEVICES", "2", 1);
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    CUevent ev;
+    CUstream st;
+    CUcontext c;
+    CUdriverProcAddressQueryResult q;
+    void *fn;
+    int ord = -1;
+    static unsigned char host[4096];
+
+    CKDE(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING), CUDA_ERROR_NOT_INITIALIZED);
+    CKD(cuInit(0));
+    CKDE(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING), CUDA_ERROR_INVALID_CONTEXT);
+    CKDE(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING), CUDA_ERROR_INVALID_CONTEXT);
+    CKDE(cuMemHostRegister(host, sizeof(host), CU_MEMHOSTREGISTER_PORTABLE),
+         CUDA_ERROR_INVALID_CONTEXT);
+    CK(fakecuda_contexts_created(0) == 0 && fakecuda_contexts_created(1) == 0);
+    CK(cudaGetLastError() == cudaSuccess);
+
+    CKD(cuDevicePrimaryCtxRetain(&c, 1));
+    CKD(cuCtxSetCurrent(c));
+    CKD(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS));
+    CKD(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+    CKD(cuEventRecord(ev, st));
+    CKD(cuEventRecord(ev, CU_STREAM_LEGACY));
+    CKD(cuStreamWaitEvent(CU_STREAM_PER_THREAD, ev, 0));
+    CKD(cuEventSynchronize(ev));
+    CKD(cuEventQuery(ev));
+    CUipcEventHandle eh;
+    CKD(cuIpcGetEventHandle(&eh, ev));
+    CUdeviceptr d;
+    CUipcMemHandle mh;
+    void *p;
+    CKC(cudaMalloc(&p, 4096)); /* in the current context: device 1 */
+    d = (CUdeviceptr)(uintptr_t)p;
+    CKD(cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, d));
+    CK(ord == 1);
+    CKD(cuIpcGetMemHandle(&mh, d));
+    CKDE(cuIpcOpenMemHandle(&d, mh, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+         CUDA_ERROR_INVALID_CONTEXT); /* our own handle: refused */
+    CKD(cuMemcpyDtoDAsync(d, d + 2048, 1024, st));
+    CKD(cuStreamSynchronize(st));
+    CKD(cuMemHostRegister(host, sizeof(host), CU_MEMHOSTREGISTER_PORTABLE));
+    CKD(cuMemHostUnregister(host));
+    CKD(cuStreamDestroy(st));
+    CKD(cuEventDestroy(ev));
+    CK(fakecuda_contexts_created(0) == 0 && fakecuda_contexts_created(1) == 1);
+    CKC(cudaFree(p));
+
+    CKD(cuGetProcAddress("cuIpcOpenMemHandle", &fn, 12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &q));
+    CK(q == CU_GET_PROC_ADDRESS_SUCCESS && fn == (void *)cuIpcOpenMemHandle);
+    CKD(cuGetProcAddress("cuStreamGetCtx", &fn, 12000, 0, &q));
+    CK(fn == (void *)cuStreamGetCtx);
+    CKD(cuGetProcAddress("cuStreamGetCtx", &fn, CUDA_VERSION, 0, &q));
+    CK(fn == NULL); /* a newer ABI the fake does not have */
+    CKD(cuGetProcAddress("cudaMalloc", &fn, 12000, 0, &q));
+    CK(fn == NULL && q == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+    CKDE(cuGetProcAddress("cuInit", &fn, CUDA_VERSION + 10, 0, &q), CUDA_ERROR_INVALID_VALUE);
+}
+
+static void test_driver_calls_want_a_context(void **state)
+{
+    (void)state;
+    run_one(drv_child, NULL, 0, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1735,6 +1808,7 @@ int main(void)
         cmocka_unit_test(test_ipc_event_cap),
         cmocka_unit_test(test_host_register_read_only_attribute),
         cmocka_unit_test(test_trap_event_after_exporter_exited),
+        cmocka_unit_test(test_driver_calls_want_a_context),
     };
     return cmocka_run_group_tests_name("fakecuda", tests, NULL, NULL);
 }
