@@ -9,7 +9,6 @@
 #ifdef DLSHARE_HAVE_CUDA
 
 #include <cuda.h>
-#include <cuda_runtime_api.h>
 
 #include "cudaload.h"
 
@@ -22,52 +21,58 @@
  * destroyed. */
 #define CUDA_EVENT_POOL 64
 
-/* One entry per function: the type comes from the header's prototype, the
- * symbol from its (possibly versioned, e.g. _v2) macro name. */
+/* The ABI asked of cuGetProcAddress: CUDA 12.0's, which every driver
+ * since 525 has. For each base name the driver then hands out the newest
+ * variant of 12.0 (cuIpcOpenMemHandle_v2, cuStreamGetCtx without green
+ * contexts), which is the one this file's CUDA 13 header declares. */
+#define CUDA_ABI 12000
+
+/* The driver functions used, by base name: the type comes from the
+ * header's prototype (its macro names the versioned symbol, e.g.
+ * cuEventDestroy_v2), the function from cuGetProcAddress. */
 #define CUDA_FUNCS(X)                                               \
-	X(rt, cudaIpcGetMemHandle)                                  \
-	X(rt, cudaIpcOpenMemHandle)                                 \
-	X(rt, cudaIpcCloseMemHandle)                                \
-	X(rt, cudaEventCreateWithFlags)                             \
-	X(rt, cudaEventRecord)                                      \
-	X(rt, cudaEventDestroy)                                     \
-	X(rt, cudaIpcGetEventHandle)                                \
-	X(rt, cudaIpcOpenEventHandle)                               \
-	X(rt, cudaStreamWaitEvent)                                  \
-	X(rt, cudaGetLastError)                                     \
-	X(rt, cudaEventQuery)                                       \
-	X(rt, cudaHostRegister)                                     \
-	X(rt, cudaHostUnregister)                                   \
-	X(rt, cudaEventSynchronize)                                 \
-	X(rt, cudaMemcpyAsync)                                      \
-	X(rt, cudaStreamCreateWithFlags)                            \
-	X(rt, cudaStreamDestroy)                                    \
-	X(rt, cudaStreamSynchronize)                                \
-	X(drv, cuInit)                                              \
-	X(drv, cuDeviceGetCount)                                    \
-	X(drv, cuDeviceGet)                                         \
-	X(drv, cuDeviceGetUuid)                                     \
-	X(drv, cuCtxGetCurrent)                                     \
-	X(drv, cuCtxSetCurrent)                                     \
-	X(drv, cuCtxGetDevice)                                      \
-	X(drv, cuDevicePrimaryCtxRetain)                            \
-	X(drv, cuDevicePrimaryCtxGetState)                          \
-	X(drv, cuStreamGetCtx)                                      \
-	X(drv, cuPointerGetAttribute)                               \
-	X(drv, cuMemGetAddressRange)                                \
-	X(drv, cuMemImportFromShareableHandle)                      \
-	X(drv, cuMemAddressReserve)                                 \
-	X(drv, cuMemAddressFree)                                    \
-	X(drv, cuMemMap)                                            \
-	X(drv, cuMemUnmap)                                          \
-	X(drv, cuMemSetAccess)                                      \
-	X(drv, cuMemRelease)
+	X(cuInit)                                                   \
+	X(cuDeviceGetCount)                                         \
+	X(cuDeviceGet)                                              \
+	X(cuDeviceGetUuid)                                          \
+	X(cuDevicePrimaryCtxRetain)                                 \
+	X(cuDevicePrimaryCtxGetState)                               \
+	X(cuCtxGetCurrent)                                          \
+	X(cuCtxSetCurrent)                                          \
+	X(cuCtxGetDevice)                                           \
+	X(cuStreamGetCtx)                                           \
+	X(cuStreamCreate)                                           \
+	X(cuStreamDestroy)                                          \
+	X(cuStreamSynchronize)                                      \
+	X(cuStreamWaitEvent)                                        \
+	X(cuEventCreate)                                            \
+	X(cuEventRecord)                                            \
+	X(cuEventQuery)                                             \
+	X(cuEventSynchronize)                                       \
+	X(cuEventDestroy)                                           \
+	X(cuIpcGetEventHandle)                                      \
+	X(cuIpcOpenEventHandle)                                     \
+	X(cuIpcGetMemHandle)                                        \
+	X(cuIpcOpenMemHandle)                                       \
+	X(cuIpcCloseMemHandle)                                      \
+	X(cuPointerGetAttribute)                                    \
+	X(cuMemGetAddressRange)                                     \
+	X(cuMemcpyDtoDAsync)                                        \
+	X(cuMemHostRegister)                                        \
+	X(cuMemHostUnregister)                                      \
+	X(cuMemImportFromShareableHandle)                           \
+	X(cuMemAddressReserve)                                      \
+	X(cuMemAddressFree)                                         \
+	X(cuMemMap)                                                 \
+	X(cuMemUnmap)                                               \
+	X(cuMemSetAccess)                                           \
+	X(cuMemRelease)
 
 static struct {
-#define DECLARE(lib, fn) __typeof__(&fn) fn;
+#define DECLARE(fn) __typeof__(&fn) fn;
 	CUDA_FUNCS(DECLARE)
 #undef DECLARE
-	void *rt, *drv;
+	void *drv;
 	int ndev;
 	CUdevice dev[CUDA_MAX_DEVICES];
 	uint8_t uuids[CUDA_MAX_DEVICES][CUDA_UUID_BYTES];
@@ -81,7 +86,7 @@ static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
  * pooled), a release marker, or a chain (plain). It lives in ctx, where
  * every call on it is made. */
 struct cuda_event {
-	cudaEvent_t ev;
+	CUevent ev;
 	CUcontext ctx;
 	int ipc;
 	uint8_t handle[CUDA_IPC_HANDLE_BYTES]; /* ipc: its handle */
@@ -89,7 +94,7 @@ struct cuda_event {
 
 struct event_entry {
 	uint8_t handle[CUDA_IPC_HANDLE_BYTES];
-	cudaEvent_t ev;
+	CUevent ev;
 	CUcontext ctx;           /* where it was opened */
 	int used;
 };
@@ -119,7 +124,7 @@ static unsigned long mems_open, mems_opened_total;
  * directly. */
 struct own_entry {
 	uint8_t handle[CUDA_IPC_HANDLE_BYTES];
-	void *ptr;               /* allocation base, or the cudaEvent_t */
+	void *ptr;               /* allocation base, or the CUevent */
 	int refs;
 	struct own_entry *next;
 };
@@ -130,7 +135,7 @@ static struct own_entry *own;
  * it (non-blocking: it never orders anyone else's work). Under ctx_lock. */
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 static CUcontext primary[CUDA_MAX_DEVICES];
-static cudaStream_t lib_stream[CUDA_MAX_DEVICES];
+static CUstream lib_stream[CUDA_MAX_DEVICES];
 
 /* Under cache_lock. */
 static struct own_entry *own_find(const uint8_t *handle)
@@ -185,19 +190,35 @@ void cuda_unexport_alloc(const uint8_t handle[CUDA_IPC_HANDLE_BYTES])
 	own_del(handle);
 }
 
-/* Touches no context: device counts and UUIDs are the driver's, and
- * cuInit creates none. */
+/* Loads the driver, and only the driver: libcuda.so.1 is the one
+ * ABI-stable library every driver ships, and a process's framework brings
+ * its own runtime (of any version), which must not meet a second one. Its
+ * functions come from cuGetProcAddress, asked for CUDA_ABI. Touches no
+ * context: device counts and UUIDs are the driver's, and cuInit creates
+ * none. */
 static void load(void)
 {
-	cu.rt = cudaload_runtime();
+	__typeof__(&cuGetProcAddress) getproc;
+	CUdriverProcAddressQueryResult found;
+
 	cu.drv = cudaload_driver();
-	if (!cu.rt || !cu.drv) {
-		cu.why = !cu.rt ? "the CUDA runtime library cannot be loaded" :
-				  "the CUDA driver library cannot be loaded";
+	if (!cu.drv) {
+		cu.why = "the CUDA driver library (libcuda.so.1) cannot be "
+			 "loaded";
 		return;
 	}
-#define LOAD(lib, fn) \
-	CUDALOAD_SYM(cu.lib, cu.fn, fn, "the CUDA libraries", cu.why);
+	CUDALOAD_SYM(cu.drv, getproc, cuGetProcAddress, "the CUDA driver",
+		     cu.why);
+	/* #fn is the base name, before the header's macro makes it the
+	 * versioned symbol. */
+#define LOAD(fn)                                                        \
+	if (getproc(#fn, (void **)&cu.fn, CUDA_ABI,                     \
+		    CU_GET_PROC_ADDRESS_LEGACY_STREAM, &found) !=       \
+	    CUDA_SUCCESS || !cu.fn) {                                   \
+		cu.why = "the CUDA driver lacks " #fn " (CUDA 12.0 or "  \
+			 "newer is needed)";                            \
+		return;                                                 \
+	}
 	CUDA_FUNCS(LOAD)
 #undef LOAD
 	if (cu.cuInit(0) != CUDA_SUCCESS ||
@@ -338,19 +359,20 @@ static int dev_enter(int ordinal, struct ctx_saved *sv)
 }
 
 /* DLPack stream values: NULL and 1 the legacy default stream, 2 the
- * per-thread default stream, anything else a cudaStream_t. */
+ * per-thread default stream, anything else a CUstream (what a
+ * cudaStream_t is). */
 static int special_stream(void *s)
 {
 	return s == NULL || s == (void *)1 || s == (void *)2;
 }
 
-static cudaStream_t stream_of(void *s)
+static CUstream stream_of(void *s)
 {
 	if (s == NULL || s == (void *)1)
-		return cudaStreamLegacy;
+		return CU_STREAM_LEGACY;
 	if (s == (void *)2)
-		return cudaStreamPerThread;
-	return (cudaStream_t)s;
+		return CU_STREAM_PER_THREAD;
+	return (CUstream)s;
 }
 
 /* The context stream lives in: a created stream's own; for the legacy and
@@ -382,17 +404,18 @@ static int stream_ctx(void *stream, int ordinal, CUcontext *out)
 
 /* The library's stream on device ordinal, made in its primary context
  * (which the caller entered). Returns it or NULL. */
-static cudaStream_t lib_stream_get(int ordinal)
+static CUstream lib_stream_get(int ordinal)
 {
-	cudaStream_t s;
+	CUstream s;
 
 	pthread_mutex_lock(&ctx_lock);
 	s = lib_stream[ordinal];
-	if (!s && cu.cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) ==
-	    cudaSuccess)
+	if (!s) {
+		if (cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) !=
+		    CUDA_SUCCESS)
+			s = NULL;
 		lib_stream[ordinal] = s;
-	else if (!s)
-		cu.cudaGetLastError();
+	}
 	pthread_mutex_unlock(&ctx_lock);
 	return s;
 }
@@ -403,13 +426,12 @@ static cudaStream_t lib_stream_get(int ordinal)
 static struct cuda_event *event_new(CUcontext ctx, int ipc)
 {
 	struct cuda_event *e = calloc(1, sizeof(*e));
-	unsigned flags = cudaEventDisableTiming |
-			 (ipc ? cudaEventInterprocess : 0);
+	unsigned flags = CU_EVENT_DISABLE_TIMING |
+			 (ipc ? CU_EVENT_INTERPROCESS : 0);
 
 	if (!e)
 		return NULL;
-	if (cu.cudaEventCreateWithFlags(&e->ev, flags) != cudaSuccess) {
-		cu.cudaGetLastError();
+	if (cu.cuEventCreate(&e->ev, flags) != CUDA_SUCCESS) {
 		free(e);
 		return NULL;
 	}
@@ -427,8 +449,7 @@ static void event_destroy(struct cuda_event *e)
 	if (!e)
 		return;
 	if (ctx_enter(e->ctx, &sv) == 0) {
-		if (cu.cudaEventDestroy(e->ev) != cudaSuccess)
-			cu.cudaGetLastError();
+		cu.cuEventDestroy(e->ev);
 		ctx_leave(&sv);
 	}
 	free(e);
@@ -439,7 +460,7 @@ static void event_destroy(struct cuda_event *e)
  * js then waits for what each device's stream queued so far. Returns 0 or
  * a DLSHARE_E* code. */
 static int join_devices(void *stream, const int *ordinals, size_t n,
-			cudaStream_t js)
+			CUstream js)
 {
 	for (size_t i = 0; i < n; i++) {
 		struct ctx_saved sv;
@@ -451,19 +472,15 @@ static int join_devices(void *stream, const int *ordinals, size_t n,
 		    (err = ctx_enter(c, &sv)))
 			return err;
 		m = event_new(c, 0);
-		if (m && cu.cudaEventRecord(m->ev, stream_of(stream)) !=
-		    cudaSuccess) {
-			cu.cudaGetLastError();
+		if (m && cu.cuEventRecord(m->ev, stream_of(stream)) !=
+		    CUDA_SUCCESS)
 			err = DLSHARE_EINVAL;
-		}
 		ctx_leave(&sv);
 		if (!m)
 			return DLSHARE_ENOMEM;
 		/* Waits cross devices: from js's context, which is current. */
-		if (!err && cu.cudaStreamWaitEvent(js, m->ev, 0) != cudaSuccess) {
-			cu.cudaGetLastError();
+		if (!err && cu.cuStreamWaitEvent(js, m->ev, 0) != CUDA_SUCCESS)
 			err = DLSHARE_EINVAL;
-		}
 		/* Destroying an event whose record is queued is allowed: it
 		 * goes once the record completed. */
 		event_destroy(m);
@@ -477,8 +494,8 @@ int cuda_event_record(void *stream, const int *ordinals, size_t n, void **evp,
 		      uint8_t handle[CUDA_IPC_HANDLE_BYTES])
 {
 	struct cuda_event *e = NULL;
-	cudaStream_t on = stream_of(stream);
-	cudaIpcEventHandle_t h;
+	CUstream on = stream_of(stream);
+	CUipcEventHandle h;
 	struct ctx_saved sv;
 	CUcontext ctx;
 	int err;
@@ -518,9 +535,8 @@ int cuda_event_record(void *stream, const int *ordinals, size_t n, void **evp,
 		err = DLSHARE_ENOMEM;
 		goto out;
 	}
-	if (cu.cudaEventRecord(e->ev, on) != cudaSuccess ||
-	    cu.cudaIpcGetEventHandle(&h, e->ev) != cudaSuccess) {
-		cu.cudaGetLastError();
+	if (cu.cuEventRecord(e->ev, on) != CUDA_SUCCESS ||
+	    cu.cuIpcGetEventHandle(&h, e->ev) != CUDA_SUCCESS) {
 		err = DLSHARE_EINVAL;
 		goto out;
 	}
@@ -562,7 +578,7 @@ void cuda_event_free(void *ev)
 void cuda_event_pool_drain(void)
 {
 	struct cuda_event *out[CUDA_EVENT_POOL];
-	cudaStream_t ls[CUDA_MAX_DEVICES];
+	CUstream ls[CUDA_MAX_DEVICES];
 	unsigned n;
 
 	/* Never the first CUDA call of a process: a process that forks
@@ -584,8 +600,7 @@ void cuda_event_pool_drain(void)
 
 		/* Like an event, a stream may be destroyed with work queued. */
 		if (ls[i] && dev_enter(i, &sv) == 0) {
-			if (cu.cudaStreamDestroy(ls[i]) != cudaSuccess)
-				cu.cudaGetLastError();
+			cu.cuStreamDestroy(ls[i]);
 			ctx_leave(&sv);
 		}
 	}
@@ -618,9 +633,9 @@ int cuda_export_alloc(const void *p, struct cuda_alloc *out)
 	CUdeviceptr ptr = (CUdeviceptr)(uintptr_t)p, base;
 	unsigned int type = 0;
 	int ordinal = -1, managed = 0, err = 0;
-	cudaIpcMemHandle_t h;
+	CUipcMemHandle h;
 	struct ctx_saved sv;
-	cudaError_t e;
+	CUresult e;
 	size_t size;
 
 	if (cuda_available(NULL))
@@ -645,11 +660,9 @@ int cuda_export_alloc(const void *p, struct cuda_alloc *out)
 		return DLSHARE_ECOPY;
 	}
 	/* Pool and VMM allocations refuse legacy IPC: the caller copies. */
-	e = cu.cudaIpcGetMemHandle(&h, (void *)(uintptr_t)base);
-	if (e != cudaSuccess)
-		cu.cudaGetLastError();
+	e = cu.cuIpcGetMemHandle(&h, base);
 	ctx_leave(&sv);
-	if (e != cudaSuccess)
+	if (e != CUDA_SUCCESS)
 		return DLSHARE_ECOPY;
 	out->base = (uintptr_t)base;
 	out->size = size;
@@ -663,10 +676,11 @@ int cuda_export_alloc(const void *p, struct cuda_alloc *out)
 int cuda_open_mem(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
 		  void **base)
 {
-	cudaIpcMemHandle_t h;
+	CUipcMemHandle h;
 	struct mem_entry *m;
 	struct ctx_saved sv;
-	cudaError_t e;
+	CUdeviceptr dp = 0;
+	CUresult e;
 	int err = 0;
 
 	if (cuda_available(NULL))
@@ -696,16 +710,14 @@ int cuda_open_mem(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
 		free(m);
 		goto out;
 	}
-	e = cu.cudaIpcOpenMemHandle(&m->base, h,
-				    cudaIpcMemLazyEnablePeerAccess);
-	if (e != cudaSuccess)
-		cu.cudaGetLastError();
+	e = cu.cuIpcOpenMemHandle(&dp, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
 	ctx_leave(&sv);
-	if (e != cudaSuccess) {
+	if (e != CUDA_SUCCESS) {
 		free(m);
 		err = DLSHARE_EINVAL;
 		goto out;
 	}
+	m->base = (void *)(uintptr_t)dp;
 opened:
 	memcpy(m->handle, handle, CUDA_IPC_HANDLE_BYTES);
 	m->ordinal = ordinal;
@@ -737,8 +749,7 @@ void cuda_close_mem(void *base, int ordinal)
 		*pp = m->next;
 		mems_open--;
 		if (!m->own && dev_enter(m->ordinal, &sv) == 0) {
-			if (cu.cudaIpcCloseMemHandle(m->base) != cudaSuccess)
-				cu.cudaGetLastError();
+			cu.cuIpcCloseMemHandle((CUdeviceptr)(uintptr_t)m->base);
 			ctx_leave(&sv);
 		}
 		free(m);
@@ -759,14 +770,14 @@ void cuda_cache_stats(unsigned long *open_now, unsigned long *opened_total)
 
 /* The open event of handle, opening (and caching) it the first time, in
  * ctx, which is current. Under cache_lock. */
-static int event_open(const uint8_t *handle, CUcontext ctx, cudaEvent_t *out)
+static int event_open(const uint8_t *handle, CUcontext ctx, CUevent *out)
 {
-	cudaIpcEventHandle_t h;
+	CUipcEventHandle h;
 	struct event_entry *e;
 	struct own_entry *o = own_find(handle);
 
 	if (o) {
-		*out = (cudaEvent_t)o->ptr;
+		*out = (CUevent)o->ptr;
 		return 0;
 	}
 	for (unsigned i = 0; i < CUDA_EVENT_CACHE; i++)
@@ -781,15 +792,13 @@ static int event_open(const uint8_t *handle, CUcontext ctx, cudaEvent_t *out)
 		struct ctx_saved sv;
 
 		if (ctx_enter(e->ctx, &sv) == 0) {
-			cu.cudaEventDestroy(e->ev);
+			cu.cuEventDestroy(e->ev);
 			ctx_leave(&sv);
 		}
 		e->used = 0;
 	}
-	if (cu.cudaIpcOpenEventHandle(&e->ev, h) != cudaSuccess) {
-		cu.cudaGetLastError();
+	if (cu.cuIpcOpenEventHandle(&e->ev, h) != CUDA_SUCCESS)
 		return DLSHARE_EINVAL;
-	}
 	memcpy(e->handle, handle, CUDA_IPC_HANDLE_BYTES);
 	e->ctx = ctx;
 	e->used = 1;
@@ -802,9 +811,9 @@ int cuda_wait_event(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
 {
 	struct cuda_event *mark = NULL;
 	struct ctx_saved sv, sv2;
-	cudaStream_t on;
+	CUstream on;
 	CUcontext pc, sc;
-	cudaEvent_t ev;
+	CUevent ev;
 	int err;
 
 	*chain = NULL;
@@ -834,15 +843,12 @@ int cuda_wait_event(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
 		/* The wait is queued on the stream: the host goes on. The
 		 * mark after it completes only once the producer's record
 		 * did: later waits chain to it. */
-		if (cu.cudaStreamWaitEvent(on, ev, 0) != cudaSuccess) {
-			cu.cudaGetLastError();
+		if (cu.cuStreamWaitEvent(on, ev, 0) != CUDA_SUCCESS)
 			err = DLSHARE_EINVAL;
-		} else if (!(mark = event_new(sc, 0))) {
+		else if (!(mark = event_new(sc, 0)))
 			err = DLSHARE_ENOMEM;
-		} else if (cu.cudaEventRecord(mark->ev, on) != cudaSuccess) {
-			cu.cudaGetLastError();
+		else if (cu.cuEventRecord(mark->ev, on) != CUDA_SUCCESS)
 			err = DLSHARE_EINVAL;
-		}
 		ctx_leave(&sv2);
 	}
 	ctx_leave(&sv);
@@ -868,10 +874,8 @@ int cuda_wait_chain(void *chain, int ordinal, void *stream)
 	if ((err = stream_ctx(stream, ordinal, &sc)) ||
 	    (err = ctx_enter(sc, &sv)))
 		return err;
-	if (cu.cudaStreamWaitEvent(stream_of(stream), e->ev, 0) != cudaSuccess) {
-		cu.cudaGetLastError();
+	if (cu.cuStreamWaitEvent(stream_of(stream), e->ev, 0) != CUDA_SUCCESS)
 		err = DLSHARE_EINVAL;
-	}
 	ctx_leave(&sv);
 	return err;
 }
@@ -899,8 +903,8 @@ static int host_enter(struct ctx_saved *sv)
 
 int cuda_host_register(void *p, size_t n, int readonly)
 {
-	unsigned flags = cudaHostRegisterPortable |
-			 (readonly ? cudaHostRegisterReadOnly : 0);
+	unsigned flags = CU_MEMHOSTREGISTER_PORTABLE |
+			 (readonly ? CU_MEMHOSTREGISTER_READ_ONLY : 0);
 	struct ctx_saved sv;
 	int err;
 
@@ -908,10 +912,8 @@ int cuda_host_register(void *p, size_t n, int readonly)
 		return DLSHARE_ENOTSUP;
 	if ((err = host_enter(&sv)))
 		return err;
-	if (cu.cudaHostRegister(p, n, flags) != cudaSuccess) {
-		cu.cudaGetLastError();
+	if (cu.cuMemHostRegister(p, n, flags) != CUDA_SUCCESS)
 		err = DLSHARE_EINVAL;
-	}
 	ctx_leave(&sv);
 	return err;
 }
@@ -922,8 +924,7 @@ void cuda_host_unregister(void *p)
 
 	if (cuda_available(NULL) || host_enter(&sv))
 		return;
-	if (cu.cudaHostUnregister(p) != cudaSuccess)
-		cu.cudaGetLastError();
+	cu.cuMemHostUnregister(p);
 	ctx_leave(&sv);
 }
 
@@ -941,12 +942,10 @@ int cuda_event_mark(void *stream, int ordinal, void **evp)
 	if ((err = stream_ctx(stream, ordinal, &sc)) ||
 	    (err = ctx_enter(sc, &sv)))
 		return err;
-	if (!(e = event_new(sc, 0))) {
+	if (!(e = event_new(sc, 0)))
 		err = DLSHARE_ENOMEM;
-	} else if (cu.cudaEventRecord(e->ev, stream_of(stream)) != cudaSuccess) {
-		cu.cudaGetLastError();
+	else if (cu.cuEventRecord(e->ev, stream_of(stream)) != CUDA_SUCCESS)
 		err = DLSHARE_EINVAL;
-	}
 	ctx_leave(&sv);
 	if (err) {
 		event_destroy(e);
@@ -960,23 +959,21 @@ int cuda_event_done(void *ev)
 {
 	struct cuda_event *e = ev;
 	struct ctx_saved sv;
-	cudaError_t r;
+	CUresult r;
 
 	/* Its context is gone (destroyed by the application), and the work
 	 * queued in it with it. */
 	if (ctx_enter(e->ctx, &sv))
 		return 1;
-	r = cu.cudaEventQuery(e->ev);
-	if (r != cudaSuccess && r != cudaErrorNotReady) {
+	r = cu.cuEventQuery(e->ev);
+	if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) {
 		/* Not knowing is not done: wait until it is, or until the
 		 * context is broken for good (then nothing runs any more). */
-		cu.cudaGetLastError();
-		if (cu.cudaEventSynchronize(e->ev) != cudaSuccess)
-			cu.cudaGetLastError();
-		r = cudaSuccess;
+		cu.cuEventSynchronize(e->ev);
+		r = CUDA_SUCCESS;
 	}
 	ctx_leave(&sv);
-	return r == cudaSuccess;
+	return r == CUDA_SUCCESS;
 }
 
 void cuda_event_wait(void *ev)
@@ -986,8 +983,7 @@ void cuda_event_wait(void *ev)
 
 	if (!e || ctx_enter(e->ctx, &sv))
 		return;
-	if (cu.cudaEventSynchronize(e->ev) != cudaSuccess)
-		cu.cudaGetLastError();
+	cu.cuEventSynchronize(e->ev);
 	ctx_leave(&sv);
 }
 
@@ -1011,8 +1007,7 @@ void cuda_stream_wait_host(void *stream, int ordinal)
 	}
 	if (stream_ctx(stream, ordinal, &sc) || ctx_enter(sc, &sv))
 		return;
-	if (cu.cudaStreamSynchronize(stream_of(stream)) != cudaSuccess)
-		cu.cudaGetLastError();
+	cu.cuStreamSynchronize(stream_of(stream));
 	ctx_leave(&sv);
 }
 
@@ -1095,11 +1090,10 @@ int cuda_copy_d2d(void *dst, const void *src, size_t n, int ordinal,
 	if ((err = stream_ctx(stream, ordinal, &sc)) ||
 	    (err = ctx_enter(sc, &sv)))
 		return err;
-	if (cu.cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice,
-			       stream_of(stream)) != cudaSuccess) {
-		cu.cudaGetLastError();
+	if (cu.cuMemcpyDtoDAsync((CUdeviceptr)(uintptr_t)dst,
+				 (CUdeviceptr)(uintptr_t)src, n,
+				 stream_of(stream)) != CUDA_SUCCESS)
 		err = DLSHARE_EINVAL;
-	}
 	ctx_leave(&sv);
 	return err;
 }

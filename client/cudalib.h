@@ -1,4 +1,4 @@
-/* cudalib — libdlshare's door to the CUDA runtime and driver.
+/* cudalib — libdlshare's door to CUDA: the driver API only.
  *
  * Every CUDA call runs in the context of the device it concerns (the
  * stream's, the memory's, the event's), made current for the call and then
@@ -8,13 +8,16 @@
  * process). The library keeps the primary context of each device it used
  * retained for the life of the process.
  *
- * The library never links CUDA: it loads the runtime (libcudart) and the
- * driver (libcuda) with dlopen the first time a CUDA tensor shows up, so the
- * same binary runs where there is no toolkit, no driver or no GPU (the CUDA
- * kinds are then DLSHARE_ENOTSUP), and tests can point it at the fake
- * (DLSHARE_CUDA_RUNTIME / DLSHARE_CUDA_DRIVER name the libraries to load).
- * Function types come from the real headers, so a prototype cannot drift.
- * Any thread.
+ * The library never links CUDA: it loads the driver (libcuda.so.1, the one
+ * ABI-stable library every driver ships) with dlopen the first time a CUDA
+ * tensor shows up, and its functions through cuGetProcAddress, so the same
+ * binary runs where there is no toolkit, no driver or no GPU (the CUDA
+ * kinds are then DLSHARE_ENOTSUP), and never meets a second CUDA runtime
+ * beside the framework's (it loads none). Tests point it at the fake
+ * (DLSHARE_CUDA_DRIVER names the library to load). Streams and events are
+ * the driver's CUstream/CUevent, which is what a cudaStream_t/cudaEvent_t
+ * is. Function types come from the real header, so a prototype cannot
+ * drift. Any thread.
  */
 #ifndef DLSHARE_CLIENT_CUDALIB_H
 #define DLSHARE_CLIENT_CUDALIB_H
