@@ -21,11 +21,11 @@ struct dlshare_bundle {
 	size_t n;
 	struct btensor *ts;
 	int cuda_ordinal;        /* a device of the version, -1 for none */
-	int has_event;
-	uint8_t event[CUDA_IPC_HANDLE_BYTES]; /* the producer's, for waits */
 	uint32_t *index;         /* keys → 1 + tensor, open addressing; NULL
 				  * for a handful of tensors (a scan) */
 	size_t index_mask;       /* slots - 1, a power of two minus one */
+	void *chain;             /* ours, after the wait for the producer's
+				  * event: later waits wait for it */
 };
 
 /* Below this many tensors a key is found by a scan. */
@@ -94,8 +94,20 @@ static void lease_ref_unref(struct lease_ref *lr)
 	}
 	/* Release is stream-ordered: the producer may reuse device memory
 	 * only after the kernels this consumer queued on it have run. */
-	if (lr->ordinal >= 0 && lr->stream != DLSHARE_STREAM_NONE &&
-	    cuda_event_mark(lr->stream, lr->ordinal, &lr->event) == 0) {
+	if (lr->ordinal >= 0 && lr->stream != DLSHARE_STREAM_NONE) {
+		void *stream = lr->stream;
+
+		/* Another thread's per-thread stream cannot be named here;
+		 * the legacy stream of its context waits for it (and for
+		 * every other blocking stream there). */
+		if (stream == DLSHARE_STREAM_PER_THREAD &&
+		    !pthread_equal(lr->thread, pthread_self()))
+			stream = DLSHARE_STREAM_LEGACY;
+		/* Without a marker, late rather than early: wait here. */
+		if (cuda_event_mark(stream, lr->ordinal, &lr->event) != 0)
+			cuda_stream_wait_host(stream, lr->ordinal);
+	}
+	if (lr->event) {
 		client_release_after(c, lr); /* frees lr */
 	} else {
 		client_unpin(c, lr->pins, lr->npins);
@@ -241,18 +253,20 @@ int dlshare_get(dlshare_client *c, const char *name,
 			err = DLSHARE_EPROTO;
 			goto fail;
 		}
+		/* Also for DLSHARE_STREAM_NONE (on a stream of the
+		 * library's): the chain is what a later dlshare_bundle_wait
+		 * waits for, once the producer may be gone. */
 		err = cuda_wait_event(gr->event_handle.data, b->cuda_ordinal,
-				      (opts ? opts : &dflt)->stream);
+				      (opts ? opts : &dflt)->stream, &b->chain);
 		if (err)
 			goto fail;
-		memcpy(b->event, gr->event_handle.data, CUDA_IPC_HANDLE_BYTES);
-		b->has_event = 1;
 	}
 	/* The lease and the pins change hands from the reply to lr. */
 	atomic_init(&lr->refs, 1);
 	lr->c = c;
 	lr->lease = gr->lease;
 	lr->stream = (opts ? opts : &dflt)->stream;
+	lr->thread = pthread_self();
 	lr->ordinal = b->cuda_ordinal;
 	lr->npins = r.npins;
 	memcpy(lr->pins, r.pins, r.npins * sizeof(r.pins[0]));
@@ -270,6 +284,8 @@ fail:
 	if (b) {
 		btensors_free(b->ts, b->n);
 		free(b->index);
+		cuda_event_drop(b->chain);
+		btensors_free(b->ts, b->n);
 	}
 	free(b);
 	free(lr);
@@ -325,12 +341,15 @@ int dlshare_bundle_wait(dlshare_bundle *b, void *stream)
 		return fork_refuse();
 	if (b->cuda_ordinal < 0 || stream == DLSHARE_STREAM_NONE)
 		return 0;
-	if (b->has_event &&
-	    (err = cuda_wait_event(b->event, b->cuda_ordinal, stream)))
+	/* Never the producer's event again: ours, recorded after the wait
+	 * for it at get. */
+	if (b->chain && (err = cuda_wait_chain(b->chain, b->cuda_ordinal,
+					       stream)))
 		return err;
 	/* Release after this stream's work: the last stream named wins. A
 	 * consumer reading on two streams joins them itself. */
 	b->lr->stream = stream;
+	b->lr->thread = pthread_self();
 	return 0;
 }
 
@@ -338,6 +357,10 @@ void dlshare_bundle_free(dlshare_bundle *b)
 {
 	if (!b)
 		return;
+	/* A child inherited it: no CUDA here (the chain stays, as does the
+	 * mapping, until the child exits). */
+	if (!client_forked(b->lr->c))
+		cuda_event_drop(b->chain);
 	btensors_free(b->ts, b->n);
 	free(b->index);
 	lease_ref_unref(b->lr);

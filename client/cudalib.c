@@ -9,10 +9,10 @@
 #ifdef DLSHARE_HAVE_CUDA
 
 #include <cuda.h>
-#include <cuda_runtime_api.h>
 
 #include "cudaload.h"
 
+#define CUDA_MAX_DEVICES 64
 /* Imported events kept open, so a consumer that gets version after version
  * of a name opens each producer event once. Evicted entries are destroyed. */
 #define CUDA_EVENT_CACHE 256
@@ -21,67 +21,89 @@
  * destroyed. */
 #define CUDA_EVENT_POOL 64
 
-/* One entry per function: the type comes from the header's prototype, the
- * symbol from its (possibly versioned, e.g. _v2) macro name. */
+/* The ABI asked of cuGetProcAddress: CUDA 12.0's, which every driver
+ * since 525 has. For each base name the driver then hands out the newest
+ * variant of 12.0 (cuIpcOpenMemHandle_v2, cuStreamGetCtx without green
+ * contexts), which is the one this file's CUDA 13 header declares. */
+#define CUDA_ABI 12000
+
+/* The driver functions used, by base name: the type comes from the
+ * header's prototype (its macro names the versioned symbol, e.g.
+ * cuEventDestroy_v2), the function from cuGetProcAddress. */
 #define CUDA_FUNCS(X)                                               \
-	X(rt, cudaGetDeviceCount)                                   \
-	X(rt, cudaGetDevice)                                        \
-	X(rt, cudaSetDevice)                                        \
-	X(rt, cudaPointerGetAttributes)                             \
-	X(rt, cudaIpcGetMemHandle)                                  \
-	X(rt, cudaIpcOpenMemHandle)                                 \
-	X(rt, cudaIpcCloseMemHandle)                                \
-	X(rt, cudaEventCreateWithFlags)                             \
-	X(rt, cudaEventRecord)                                      \
-	X(rt, cudaEventDestroy)                                     \
-	X(rt, cudaIpcGetEventHandle)                                \
-	X(rt, cudaIpcOpenEventHandle)                               \
-	X(rt, cudaStreamWaitEvent)                                  \
-	X(rt, cudaGetLastError)                                     \
-	X(rt, cudaEventQuery)                                       \
-	X(rt, cudaHostRegister)                                     \
-	X(rt, cudaHostUnregister)                                   \
-	X(rt, cudaEventSynchronize)                                 \
-	X(rt, cudaMemcpyAsync)                                      \
-	X(drv, cuInit)                                              \
-	X(drv, cuDeviceGet)                                         \
-	X(drv, cuDeviceGetUuid)                                     \
-	X(drv, cuMemGetAddressRange)                                \
-	X(drv, cuMemImportFromShareableHandle)                      \
-	X(drv, cuMemAddressReserve)                                 \
-	X(drv, cuMemAddressFree)                                    \
-	X(drv, cuMemMap)                                            \
-	X(drv, cuMemUnmap)                                          \
-	X(drv, cuMemSetAccess)                                      \
-	X(drv, cuMemRelease)
+	X(cuInit)                                                   \
+	X(cuDeviceGetCount)                                         \
+	X(cuDeviceGet)                                              \
+	X(cuDeviceGetUuid)                                          \
+	X(cuDevicePrimaryCtxRetain)                                 \
+	X(cuDevicePrimaryCtxGetState)                               \
+	X(cuCtxGetCurrent)                                          \
+	X(cuCtxSetCurrent)                                          \
+	X(cuCtxGetDevice)                                           \
+	X(cuStreamGetCtx)                                           \
+	X(cuStreamCreate)                                           \
+	X(cuStreamDestroy)                                          \
+	X(cuStreamSynchronize)                                      \
+	X(cuStreamWaitEvent)                                        \
+	X(cuEventCreate)                                            \
+	X(cuEventRecord)                                            \
+	X(cuEventQuery)                                             \
+	X(cuEventSynchronize)                                       \
+	X(cuEventDestroy)                                           \
+	X(cuIpcGetEventHandle)                                      \
+	X(cuIpcOpenEventHandle)                                     \
+	X(cuIpcGetMemHandle)                                        \
+	X(cuIpcOpenMemHandle)                                       \
+	X(cuIpcCloseMemHandle)                                      \
+	X(cuPointerGetAttribute)                                    \
+	X(cuMemGetAddressRange)                                     \
+	X(cuMemcpyDtoDAsync)                                        \
+	X(cuMemHostRegister)                                        \
+	X(cuMemHostUnregister)                                      \
+	X(cuMemImportFromShareableHandle)                           \
+	X(cuMemAddressReserve)                                      \
+	X(cuMemAddressFree)                                         \
+	X(cuMemMap)                                                 \
+	X(cuMemUnmap)                                               \
+	X(cuMemSetAccess)                                           \
+	X(cuMemRelease)
 
 static struct {
-#define DECLARE(lib, fn) __typeof__(&fn) fn;
+#define DECLARE(fn) __typeof__(&fn) fn;
 	CUDA_FUNCS(DECLARE)
 #undef DECLARE
-	void *rt, *drv;
+	void *drv;
 	int ndev;
-	uint8_t uuids[64][CUDA_UUID_BYTES];
+	CUdevice dev[CUDA_MAX_DEVICES];
+	uint8_t uuids[CUDA_MAX_DEVICES][CUDA_UUID_BYTES];
 	const char *why;
 } cu;
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* An event of this module: one we record for a version (interprocess,
+ * pooled), a release marker, or a chain (plain). It lives in ctx, where
+ * every call on it is made. */
+struct cuda_event {
+	CUevent ev;
+	CUcontext ctx;
+	int ipc;
+	uint8_t handle[CUDA_IPC_HANDLE_BYTES]; /* ipc: its handle */
+};
+
 struct event_entry {
 	uint8_t handle[CUDA_IPC_HANDLE_BYTES];
-	cudaEvent_t ev;
+	CUevent ev;
+	CUcontext ctx;           /* where it was opened */
 	int used;
 };
 static struct event_entry events[CUDA_EVENT_CACHE];
 static unsigned event_next;
 
-/* Our own events no live version names any more, by device. */
-struct pooled_event {
-	cudaEvent_t ev;
-	int device;
-};
-static struct pooled_event pool[CUDA_EVENT_POOL];
+/* Our own events no live version names any more; each is reused only in
+ * its own context (an event records only on a stream of its context). */
+static struct cuda_event *pool[CUDA_EVENT_POOL];
 static unsigned npool;
 
 /* Opened memory handles: CUDA refuses to open one twice in a process, and
@@ -102,11 +124,18 @@ static unsigned long mems_open, mems_opened_total;
  * directly. */
 struct own_entry {
 	uint8_t handle[CUDA_IPC_HANDLE_BYTES];
-	void *ptr;               /* allocation base, or the cudaEvent_t */
+	void *ptr;               /* allocation base, or the CUevent */
 	int refs;
 	struct own_entry *next;
 };
 static struct own_entry *own;
+
+/* The primary context of each device this process used through us,
+ * retained for the life of the process, and a stream of the library's on
+ * it (non-blocking: it never orders anyone else's work). Under ctx_lock. */
+static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUcontext primary[CUDA_MAX_DEVICES];
+static CUstream lib_stream[CUDA_MAX_DEVICES];
 
 /* Under cache_lock. */
 static struct own_entry *own_find(const uint8_t *handle)
@@ -161,33 +190,50 @@ void cuda_unexport_alloc(const uint8_t handle[CUDA_IPC_HANDLE_BYTES])
 	own_del(handle);
 }
 
+/* Loads the driver, and only the driver: libcuda.so.1 is the one
+ * ABI-stable library every driver ships, and a process's framework brings
+ * its own runtime (of any version), which must not meet a second one. Its
+ * functions come from cuGetProcAddress, asked for CUDA_ABI. Touches no
+ * context: device counts and UUIDs are the driver's, and cuInit creates
+ * none. */
 static void load(void)
 {
-	cu.rt = cudaload_runtime();
+	__typeof__(&cuGetProcAddress) getproc;
+	CUdriverProcAddressQueryResult found;
+
 	cu.drv = cudaload_driver();
-	if (!cu.rt || !cu.drv) {
-		cu.why = !cu.rt ? "the CUDA runtime library cannot be loaded" :
-				  "the CUDA driver library cannot be loaded";
+	if (!cu.drv) {
+		cu.why = "the CUDA driver library (libcuda.so.1) cannot be "
+			 "loaded";
 		return;
 	}
-#define LOAD(lib, fn) \
-	CUDALOAD_SYM(cu.lib, cu.fn, fn, "the CUDA libraries", cu.why);
+	CUDALOAD_SYM(cu.drv, getproc, cuGetProcAddress, "the CUDA driver",
+		     cu.why);
+	/* #fn is the base name, before the header's macro makes it the
+	 * versioned symbol. */
+#define LOAD(fn)                                                        \
+	if (getproc(#fn, (void **)&cu.fn, CUDA_ABI,                     \
+		    CU_GET_PROC_ADDRESS_LEGACY_STREAM, &found) !=       \
+	    CUDA_SUCCESS || !cu.fn) {                                   \
+		cu.why = "the CUDA driver lacks " #fn " (CUDA 12.0 or "  \
+			 "newer is needed)";                            \
+		return;                                                 \
+	}
 	CUDA_FUNCS(LOAD)
 #undef LOAD
 	if (cu.cuInit(0) != CUDA_SUCCESS ||
-	    cu.cudaGetDeviceCount(&cu.ndev) != cudaSuccess || cu.ndev <= 0) {
+	    cu.cuDeviceGetCount(&cu.ndev) != CUDA_SUCCESS || cu.ndev <= 0) {
 		cu.ndev = 0;
 		cu.why = "no CUDA device or driver";
 		return;
 	}
-	if (cu.ndev > 64)
-		cu.ndev = 64;
+	if (cu.ndev > CUDA_MAX_DEVICES)
+		cu.ndev = CUDA_MAX_DEVICES;
 	for (int i = 0; i < cu.ndev; i++) {
-		CUdevice d;
 		CUuuid u;
 
-		if (cu.cuDeviceGet(&d, i) != CUDA_SUCCESS ||
-		    cu.cuDeviceGetUuid(&u, d) != CUDA_SUCCESS) {
+		if (cu.cuDeviceGet(&cu.dev[i], i) != CUDA_SUCCESS ||
+		    cu.cuDeviceGetUuid(&u, cu.dev[i]) != CUDA_SUCCESS) {
 			cu.ndev = 0;
 			cu.why = "cannot read the devices' UUIDs";
 			return;
@@ -204,137 +250,363 @@ int cuda_available(const char **why)
 	return cu.ndev > 0 ? 0 : DLSHARE_ENOTSUP;
 }
 
+/* ---- contexts ------------------------------------------------------------ */
+
+/* The primary context of device ordinal, retained the first time (which
+ * creates it when the process has none there yet: only ever for a device
+ * the caller named). Returns 0, or DLSHARE_ENODEV (no such device, or one
+ * that takes no context of ours: compute mode). */
+static int primary_ctx(int ordinal, CUcontext *out)
+{
+	CUcontext c;
+
+	if (ordinal < 0 || ordinal >= cu.ndev)
+		return DLSHARE_ENODEV;
+	pthread_mutex_lock(&ctx_lock);
+	c = primary[ordinal];
+	if (!c && cu.cuDevicePrimaryCtxRetain(&c, cu.dev[ordinal]) ==
+	    CUDA_SUCCESS)
+		primary[ordinal] = c;
+	pthread_mutex_unlock(&ctx_lock);
+	if (!c)
+		return DLSHARE_ENODEV;
+	*out = c;
+	return 0;
+}
+
+static int is_primary(CUcontext c)
+{
+	int yes = 0;
+
+	pthread_mutex_lock(&ctx_lock);
+	for (int i = 0; i < cu.ndev && !yes; i++)
+		yes = c && primary[i] == c;
+	pthread_mutex_unlock(&ctx_lock);
+	return yes;
+}
+
+/* What was current before ctx_enter, to put back exactly. */
+struct ctx_saved {
+	CUcontext prev;
+	int switched;
+};
+
+/* Makes ctx current on this thread, remembering what was (NULL
+ * included). Returns 0 or DLSHARE_EIO. */
+static int ctx_enter(CUcontext ctx, struct ctx_saved *sv)
+{
+	sv->switched = 0;
+	if (cu.cuCtxGetCurrent(&sv->prev) != CUDA_SUCCESS)
+		return DLSHARE_EIO;
+	if (sv->prev == ctx)
+		return 0;
+	if (cu.cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
+		return DLSHARE_EIO;
+	sv->switched = 1;
+	return 0;
+}
+
+static void ctx_leave(struct ctx_saved *sv)
+{
+	if (sv->switched)
+		cu.cuCtxSetCurrent(sv->prev);
+	sv->switched = 0;
+}
+
+/* Device ordinal of context c, or -1. */
+static int ctx_ordinal(CUcontext c)
+{
+	struct ctx_saved sv;
+	CUdevice d;
+	int ord = -1;
+
+	if (ctx_enter(c, &sv))
+		return -1;
+	if (cu.cuCtxGetDevice(&d) == CUDA_SUCCESS)
+		for (int i = 0; i < cu.ndev; i++)
+			if (cu.dev[i] == d)
+				ord = i;
+	ctx_leave(&sv);
+	return ord;
+}
+
+/* Notes c as a primary context of ours when it is its device's, already
+ * created (retaining it then creates nothing), so that its events pool. */
+static void note_primary(CUcontext c)
+{
+	int ord = ctx_ordinal(c);
+	unsigned flags;
+	int active;
+	CUcontext p;
+
+	if (ord < 0)
+		return;
+	pthread_mutex_lock(&ctx_lock);
+	p = primary[ord];
+	pthread_mutex_unlock(&ctx_lock);
+	if (!p && cu.cuDevicePrimaryCtxGetState(cu.dev[ord], &flags, &active) ==
+	    CUDA_SUCCESS && active)
+		primary_ctx(ord, &p);
+}
+
+/* Enters device ordinal's primary context. */
+static int dev_enter(int ordinal, struct ctx_saved *sv)
+{
+	CUcontext c;
+	int err = primary_ctx(ordinal, &c);
+
+	return err ? err : ctx_enter(c, sv);
+}
+
 /* DLPack stream values: NULL and 1 the legacy default stream, 2 the
- * per-thread default stream, anything else a cudaStream_t. */
-static cudaStream_t stream_of(void *s)
+ * per-thread default stream, anything else a CUstream (what a
+ * cudaStream_t is). */
+static int special_stream(void *s)
+{
+	return s == NULL || s == (void *)1 || s == (void *)2;
+}
+
+static CUstream stream_of(void *s)
 {
 	if (s == NULL || s == (void *)1)
-		return cudaStreamLegacy;
+		return CU_STREAM_LEGACY;
 	if (s == (void *)2)
-		return cudaStreamPerThread;
-	return (cudaStream_t)s;
+		return CU_STREAM_PER_THREAD;
+	return (CUstream)s;
 }
 
-int cuda_export_alloc(const void *p, struct cuda_alloc *out)
+/* The context stream lives in: a created stream's own; for the legacy and
+ * per-thread streams, device ordinal's (the current context when it is on
+ * that device, which is whose default stream the caller means; else the
+ * primary one). Returns 0 or a DLSHARE_E* code. */
+static int stream_ctx(void *stream, int ordinal, CUcontext *out)
 {
-	struct cudaPointerAttributes attr;
-	cudaIpcMemHandle_t h;
-	CUdeviceptr base;
-	size_t size;
-	int prev;
+	CUcontext cur = NULL;
+	CUdevice d;
 
-	if (cuda_available(NULL))
-		return DLSHARE_ENOTSUP;
-	if (cu.cudaPointerGetAttributes(&attr, p) != cudaSuccess ||
-	    attr.type != cudaMemoryTypeDevice || attr.device < 0 ||
-	    attr.device >= cu.ndev) {
-		cu.cudaGetLastError();
+	if (stream == DLSHARE_STREAM_NONE)
 		return DLSHARE_EINVAL;
+	if (!special_stream(stream)) {
+		if (cu.cuStreamGetCtx((CUstream)stream, out) != CUDA_SUCCESS)
+			return DLSHARE_EINVAL;
+		note_primary(*out);
+		return 0;
 	}
-	if (cu.cuMemGetAddressRange(&base, &size, (CUdeviceptr)p) !=
-	    CUDA_SUCCESS)
-		return DLSHARE_ECOPY;
-	cu.cudaGetDevice(&prev);
-	cu.cudaSetDevice(attr.device);
-	/* Pool and VMM allocations refuse legacy IPC: the caller copies. */
-	cudaError_t e = cu.cudaIpcGetMemHandle(&h, (void *)base);
-	cu.cudaSetDevice(prev);
-	if (e != cudaSuccess) {
-		cu.cudaGetLastError();
-		return DLSHARE_ECOPY;
+	if (cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur &&
+	    cu.cuCtxGetDevice(&d) == CUDA_SUCCESS && ordinal >= 0 &&
+	    ordinal < cu.ndev && d == cu.dev[ordinal]) {
+		note_primary(cur);
+		*out = cur;
+		return 0;
 	}
-	out->base = (uintptr_t)base;
-	out->size = size;
-	out->ordinal = attr.device;
-	memcpy(out->uuid, cu.uuids[attr.device], CUDA_UUID_BYTES);
-	memcpy(out->handle, h.reserved, CUDA_IPC_HANDLE_BYTES);
-	/* Undone by cuda_unexport_alloc() when the version is retired. */
-	return own_add(out->handle, (void *)base);
+	return primary_ctx(ordinal, out);
 }
 
-int cuda_event_record(void *stream, void **evp,
+/* The library's stream on device ordinal, made in its primary context
+ * (which the caller entered). Returns it or NULL. */
+static CUstream lib_stream_get(int ordinal)
+{
+	CUstream s;
+
+	pthread_mutex_lock(&ctx_lock);
+	s = lib_stream[ordinal];
+	if (!s) {
+		if (cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) !=
+		    CUDA_SUCCESS)
+			s = NULL;
+		lib_stream[ordinal] = s;
+	}
+	pthread_mutex_unlock(&ctx_lock);
+	return s;
+}
+
+/* ---- our events ------------------------------------------------------------ */
+
+/* A new event in the current context, which is ctx. */
+static struct cuda_event *event_new(CUcontext ctx, int ipc)
+{
+	struct cuda_event *e = calloc(1, sizeof(*e));
+	unsigned flags = CU_EVENT_DISABLE_TIMING |
+			 (ipc ? CU_EVENT_INTERPROCESS : 0);
+
+	if (!e)
+		return NULL;
+	if (cu.cuEventCreate(&e->ev, flags) != CUDA_SUCCESS) {
+		free(e);
+		return NULL;
+	}
+	e->ctx = ctx;
+	e->ipc = ipc;
+	return e;
+}
+
+/* Destroys e in its context. A context that cannot be entered any more
+ * was destroyed, and its events with it. */
+static void event_destroy(struct cuda_event *e)
+{
+	struct ctx_saved sv;
+
+	if (!e)
+		return;
+	if (ctx_enter(e->ctx, &sv) == 0) {
+		cu.cuEventDestroy(e->ev);
+		ctx_leave(&sv);
+	}
+	free(e);
+}
+
+/* Joins the legacy (or per-thread) streams of devices ordinals[1..n-1]
+ * into js, a stream of ordinals[0]'s primary context, which is current:
+ * js then waits for what each device's stream queued so far. Returns 0 or
+ * a DLSHARE_E* code. */
+static int join_devices(void *stream, const int *ordinals, size_t n,
+			CUstream js)
+{
+	for (size_t i = 0; i < n; i++) {
+		struct ctx_saved sv;
+		struct cuda_event *m = NULL;
+		CUcontext c;
+		int err;
+
+		if ((err = stream_ctx(stream, ordinals[i], &c)) ||
+		    (err = ctx_enter(c, &sv)))
+			return err;
+		m = event_new(c, 0);
+		if (m && cu.cuEventRecord(m->ev, stream_of(stream)) !=
+		    CUDA_SUCCESS)
+			err = DLSHARE_EINVAL;
+		ctx_leave(&sv);
+		if (!m)
+			return DLSHARE_ENOMEM;
+		/* Waits cross devices: from js's context, which is current. */
+		if (!err && cu.cuStreamWaitEvent(js, m->ev, 0) != CUDA_SUCCESS)
+			err = DLSHARE_EINVAL;
+		/* Destroying an event whose record is queued is allowed: it
+		 * goes once the record completed. */
+		event_destroy(m);
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+int cuda_event_record(void *stream, const int *ordinals, size_t n, void **evp,
 		      uint8_t handle[CUDA_IPC_HANDLE_BYTES])
 {
-	cudaIpcEventHandle_t h;
-	cudaEvent_t ev = NULL;
-	int dev = 0;
+	struct cuda_event *e = NULL;
+	CUstream on = stream_of(stream);
+	CUipcEventHandle h;
+	struct ctx_saved sv;
+	CUcontext ctx;
+	int err;
 
 	if (cuda_available(NULL))
 		return DLSHARE_ENOTSUP;
+	if (n == 0)
+		return DLSHARE_EINVAL;
+	/* Several devices behind the default streams: the event goes on the
+	 * library's stream of the first device, made to wait for every
+	 * device's default stream. One explicit stream names where all the
+	 * writes were queued. */
+	if (n > 1 && special_stream(stream))
+		err = primary_ctx(ordinals[0], &ctx);
+	else
+		err = stream_ctx(stream, ordinals[0], &ctx);
+	if (err || (err = ctx_enter(ctx, &sv)))
+		return err;
+	if (n > 1 && special_stream(stream)) {
+		on = lib_stream_get(ordinals[0]);
+		err = on ? join_devices(stream, ordinals, n, on) : DLSHARE_ENOMEM;
+		if (err)
+			goto out;
+	}
 	/* A pooled event is named by no live version: it may be recorded
 	 * again (consumers that still have it open wait on the newest
-	 * record, as of their wait). */
-	cu.cudaGetDevice(&dev);
+	 * record, as of their wait). Only one of this context will do. */
 	pthread_mutex_lock(&cache_lock);
 	for (unsigned i = npool; i-- > 0;)
-		if (pool[i].device == dev) {
-			ev = pool[i].ev;
+		if (pool[i]->ctx == ctx) {
+			e = pool[i];
 			pool[i] = pool[--npool];
 			break;
 		}
 	pthread_mutex_unlock(&cache_lock);
-	if (!ev && cu.cudaEventCreateWithFlags(&ev, cudaEventDisableTiming |
-					       cudaEventInterprocess) !=
-		   cudaSuccess) {
-		cu.cudaGetLastError();
-		return DLSHARE_ENOMEM;
+	if (!e && !(e = event_new(ctx, 1))) {
+		err = DLSHARE_ENOMEM;
+		goto out;
 	}
-	if (cu.cudaEventRecord(ev, stream_of(stream)) != cudaSuccess ||
-	    cu.cudaIpcGetEventHandle(&h, ev) != cudaSuccess) {
-		cu.cudaGetLastError();
-		cu.cudaEventDestroy(ev);
-		return DLSHARE_EINVAL;
+	if (cu.cuEventRecord(e->ev, on) != CUDA_SUCCESS ||
+	    cu.cuIpcGetEventHandle(&h, e->ev) != CUDA_SUCCESS) {
+		err = DLSHARE_EINVAL;
+		goto out;
 	}
+	memcpy(e->handle, h.reserved, CUDA_IPC_HANDLE_BYTES);
 	memcpy(handle, h.reserved, CUDA_IPC_HANDLE_BYTES);
-	if (own_add(handle, ev)) {
-		cu.cudaEventDestroy(ev);
-		return DLSHARE_ENOMEM;
-	}
-	*evp = ev;
-	return 0;
+	if ((err = own_add(handle, e->ev)))
+		goto out;
+	*evp = e;
+	e = NULL;
+out:
+	ctx_leave(&sv);
+	event_destroy(e);
+	return err;
 }
 
 void cuda_event_free(void *ev)
 {
-	cudaIpcEventHandle_t h;
-	int dev = 0, pooled = 0;
+	struct cuda_event *e = ev;
+	int pooled = 0;
 
-	if (!ev || cuda_available(NULL))
+	if (!e || cuda_available(NULL))
 		return;
-	if (cu.cudaIpcGetEventHandle(&h, (cudaEvent_t)ev) == cudaSuccess)
-		own_del((const uint8_t *)h.reserved);
-	else
-		cu.cudaGetLastError();
-	/* Events belong to the device current at their creation; ours are
-	 * made and recorded on the caller's current device. */
-	cu.cudaGetDevice(&dev);
-	pthread_mutex_lock(&cache_lock);
-	if (npool < CUDA_EVENT_POOL) {
-		pool[npool].ev = (cudaEvent_t)ev;
-		pool[npool++].device = dev;
-		pooled = 1;
+	own_del(e->handle);
+	/* Pooled only in a primary context of ours: those live as long as
+	 * the process, while an application's own context may be destroyed
+	 * with its events. */
+	if (is_primary(e->ctx)) {
+		pthread_mutex_lock(&cache_lock);
+		if (npool < CUDA_EVENT_POOL) {
+			pool[npool++] = e;
+			pooled = 1;
+		}
+		pthread_mutex_unlock(&cache_lock);
 	}
-	pthread_mutex_unlock(&cache_lock);
 	if (!pooled)
-		cu.cudaEventDestroy((cudaEvent_t)ev);
+		event_destroy(e);
 }
 
 void cuda_event_pool_drain(void)
 {
-	struct pooled_event out[CUDA_EVENT_POOL];
+	struct cuda_event *out[CUDA_EVENT_POOL];
+	CUstream ls[CUDA_MAX_DEVICES];
 	unsigned n;
 
 	/* Never the first CUDA call of a process: a process that forks
 	 * after its first CUDA call has children that cannot use CUDA. An
-	 * event in the pool means CUDA is loaded. */
+	 * event in the pool, or a stream of ours, means CUDA is loaded. */
 	pthread_mutex_lock(&cache_lock);
 	n = npool;
 	memcpy(out, pool, n * sizeof(*out));
 	npool = 0;
 	pthread_mutex_unlock(&cache_lock);
 	for (unsigned i = 0; i < n; i++)
-		cu.cudaEventDestroy(out[i].ev);
+		event_destroy(out[i]);
+	pthread_mutex_lock(&ctx_lock);
+	memcpy(ls, lib_stream, sizeof(ls));
+	memset(lib_stream, 0, sizeof(lib_stream));
+	pthread_mutex_unlock(&ctx_lock);
+	for (int i = 0; i < CUDA_MAX_DEVICES; i++) {
+		struct ctx_saved sv;
+
+		/* Like an event, a stream may be destroyed with work queued. */
+		if (ls[i] && dev_enter(i, &sv) == 0) {
+			cu.cuStreamDestroy(ls[i]);
+			ctx_leave(&sv);
+		}
+	}
 }
+
+/* ---- devices and memory ------------------------------------------------------- */
 
 int cuda_ordinal(const uint8_t uuid[CUDA_UUID_BYTES])
 {
@@ -356,13 +628,60 @@ int cuda_uuid(int ordinal, uint8_t uuid[CUDA_UUID_BYTES])
 	return 0;
 }
 
+int cuda_export_alloc(const void *p, struct cuda_alloc *out)
+{
+	CUdeviceptr ptr = (CUdeviceptr)(uintptr_t)p, base;
+	unsigned int type = 0;
+	int ordinal = -1, managed = 0, err = 0;
+	CUipcMemHandle h;
+	struct ctx_saved sv;
+	CUresult e;
+	size_t size;
+
+	if (cuda_available(NULL))
+		return DLSHARE_ENOTSUP;
+	/* Pointer attributes need no context: a unified address says where
+	 * it lives. Managed memory is not legacy-IPC memory: the caller
+	 * copies it. */
+	if (cu.cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED,
+				     ptr) == CUDA_SUCCESS && managed)
+		return DLSHARE_ECOPY;
+	if (cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+				     ptr) != CUDA_SUCCESS ||
+	    type != CU_MEMORYTYPE_DEVICE ||
+	    cu.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+				     ptr) != CUDA_SUCCESS ||
+	    ordinal < 0 || ordinal >= cu.ndev)
+		return DLSHARE_EINVAL;
+	if ((err = dev_enter(ordinal, &sv)))
+		return err;
+	if (cu.cuMemGetAddressRange(&base, &size, ptr) != CUDA_SUCCESS) {
+		ctx_leave(&sv);
+		return DLSHARE_ECOPY;
+	}
+	/* Pool and VMM allocations refuse legacy IPC: the caller copies. */
+	e = cu.cuIpcGetMemHandle(&h, base);
+	ctx_leave(&sv);
+	if (e != CUDA_SUCCESS)
+		return DLSHARE_ECOPY;
+	out->base = (uintptr_t)base;
+	out->size = size;
+	out->ordinal = ordinal;
+	memcpy(out->uuid, cu.uuids[ordinal], CUDA_UUID_BYTES);
+	memcpy(out->handle, h.reserved, CUDA_IPC_HANDLE_BYTES);
+	/* Undone by cuda_unexport_alloc() when the version is retired. */
+	return own_add(out->handle, (void *)(uintptr_t)base);
+}
+
 int cuda_open_mem(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
 		  void **base)
 {
-	cudaIpcMemHandle_t h;
+	CUipcMemHandle h;
 	struct mem_entry *m;
-	cudaError_t e;
-	int prev, err = 0;
+	struct ctx_saved sv;
+	CUdeviceptr dp = 0;
+	CUresult e;
+	int err = 0;
 
 	if (cuda_available(NULL))
 		return DLSHARE_ENOTSUP;
@@ -387,17 +706,18 @@ int cuda_open_mem(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
 		goto opened;
 	}
 	memcpy(h.reserved, handle, CUDA_IPC_HANDLE_BYTES);
-	cu.cudaGetDevice(&prev);
-	cu.cudaSetDevice(ordinal);
-	e = cu.cudaIpcOpenMemHandle(&m->base, h,
-				    cudaIpcMemLazyEnablePeerAccess);
-	cu.cudaSetDevice(prev);
-	if (e != cudaSuccess) {
-		cu.cudaGetLastError();
+	if ((err = dev_enter(ordinal, &sv))) {
+		free(m);
+		goto out;
+	}
+	e = cu.cuIpcOpenMemHandle(&dp, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+	ctx_leave(&sv);
+	if (e != CUDA_SUCCESS) {
 		free(m);
 		err = DLSHARE_EINVAL;
 		goto out;
 	}
+	m->base = (void *)(uintptr_t)dp;
 opened:
 	memcpy(m->handle, handle, CUDA_IPC_HANDLE_BYTES);
 	m->ordinal = ordinal;
@@ -415,7 +735,7 @@ out:
 void cuda_close_mem(void *base, int ordinal)
 {
 	struct mem_entry **pp, *m = NULL;
-	int prev;
+	struct ctx_saved sv;
 
 	if (cuda_available(NULL))
 		return;
@@ -428,11 +748,9 @@ void cuda_close_mem(void *base, int ordinal)
 	if (m && --m->refs == 0) {
 		*pp = m->next;
 		mems_open--;
-		if (!m->own) {
-			cu.cudaGetDevice(&prev);
-			cu.cudaSetDevice(m->ordinal);
-			cu.cudaIpcCloseMemHandle(m->base);
-			cu.cudaSetDevice(prev);
+		if (!m->own && dev_enter(m->ordinal, &sv) == 0) {
+			cu.cuIpcCloseMemHandle((CUdeviceptr)(uintptr_t)m->base);
+			ctx_leave(&sv);
 		}
 		free(m);
 	}
@@ -448,16 +766,18 @@ void cuda_cache_stats(unsigned long *open_now, unsigned long *opened_total)
 	pthread_mutex_unlock(&cache_lock);
 }
 
-/* The open event of handle, opening (and caching) it the first time.
- * Under cache_lock. */
-static int event_open(const uint8_t *handle, cudaEvent_t *out)
+/* ---- consumers' waits ----------------------------------------------------------- */
+
+/* The open event of handle, opening (and caching) it the first time, in
+ * ctx, which is current. Under cache_lock. */
+static int event_open(const uint8_t *handle, CUcontext ctx, CUevent *out)
 {
-	cudaIpcEventHandle_t h;
+	CUipcEventHandle h;
 	struct event_entry *e;
 	struct own_entry *o = own_find(handle);
 
 	if (o) {
-		*out = (cudaEvent_t)o->ptr;
+		*out = (CUevent)o->ptr;
 		return 0;
 	}
 	for (unsigned i = 0; i < CUDA_EVENT_CACHE; i++)
@@ -469,130 +789,246 @@ static int event_open(const uint8_t *handle, cudaEvent_t *out)
 	memcpy(h.reserved, handle, CUDA_IPC_HANDLE_BYTES);
 	e = &events[event_next++ % CUDA_EVENT_CACHE];
 	if (e->used) {
-		cu.cudaEventDestroy(e->ev);
+		struct ctx_saved sv;
+
+		if (ctx_enter(e->ctx, &sv) == 0) {
+			cu.cuEventDestroy(e->ev);
+			ctx_leave(&sv);
+		}
 		e->used = 0;
 	}
-	if (cu.cudaIpcOpenEventHandle(&e->ev, h) != cudaSuccess) {
-		cu.cudaGetLastError();
+	if (cu.cuIpcOpenEventHandle(&e->ev, h) != CUDA_SUCCESS)
 		return DLSHARE_EINVAL;
-	}
 	memcpy(e->handle, handle, CUDA_IPC_HANDLE_BYTES);
+	e->ctx = ctx;
 	e->used = 1;
 	*out = e->ev;
 	return 0;
 }
 
 int cuda_wait_event(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
-		    void *stream)
+		    void *stream, void **chain)
 {
-	cudaEvent_t ev;
-	int prev, err;
+	struct cuda_event *mark = NULL;
+	struct ctx_saved sv, sv2;
+	CUstream on;
+	CUcontext pc, sc;
+	CUevent ev;
+	int err;
 
+	*chain = NULL;
+	if (cuda_available(NULL))
+		return DLSHARE_ENOTSUP;
+	/* Opened in the device's primary context (ours for the life of the
+	 * process, like the cache); waited on from any. */
+	if ((err = primary_ctx(ordinal, &pc)))
+		return err;
 	if (stream == DLSHARE_STREAM_NONE)
+		sc = pc;
+	else if ((err = stream_ctx(stream, ordinal, &sc)))
+		return err;
+	if ((err = ctx_enter(pc, &sv)))
+		return err;
+	pthread_mutex_lock(&cache_lock);
+	err = event_open(handle, pc, &ev);
+	pthread_mutex_unlock(&cache_lock);
+	if (!err && stream == DLSHARE_STREAM_NONE) {
+		on = lib_stream_get(ordinal);
+		if (!on)
+			err = DLSHARE_ENOMEM;
+	} else {
+		on = stream_of(stream);
+	}
+	if (!err && (err = ctx_enter(sc, &sv2)) == 0) {
+		/* The wait is queued on the stream: the host goes on. The
+		 * mark after it completes only once the producer's record
+		 * did: later waits chain to it. */
+		if (cu.cuStreamWaitEvent(on, ev, 0) != CUDA_SUCCESS)
+			err = DLSHARE_EINVAL;
+		else if (!(mark = event_new(sc, 0)))
+			err = DLSHARE_ENOMEM;
+		else if (cu.cuEventRecord(mark->ev, on) != CUDA_SUCCESS)
+			err = DLSHARE_EINVAL;
+		ctx_leave(&sv2);
+	}
+	ctx_leave(&sv);
+	if (err) {
+		event_destroy(mark);
+		return err;
+	}
+	*chain = mark;
+	return 0;
+}
+
+int cuda_wait_chain(void *chain, int ordinal, void *stream)
+{
+	struct cuda_event *e = chain;
+	struct ctx_saved sv;
+	CUcontext sc;
+	int err;
+
+	if (stream == DLSHARE_STREAM_NONE || !e)
 		return 0;
 	if (cuda_available(NULL))
 		return DLSHARE_ENOTSUP;
-	pthread_mutex_lock(&cache_lock);
-	cu.cudaGetDevice(&prev);
-	cu.cudaSetDevice(ordinal);
-	err = event_open(handle, &ev);
-	/* The wait is queued on the consumer's stream: the host goes on. */
-	if (!err && cu.cudaStreamWaitEvent(stream_of(stream), ev, 0) !=
-		    cudaSuccess) {
-		cu.cudaGetLastError();
+	if ((err = stream_ctx(stream, ordinal, &sc)) ||
+	    (err = ctx_enter(sc, &sv)))
+		return err;
+	if (cu.cuStreamWaitEvent(stream_of(stream), e->ev, 0) != CUDA_SUCCESS)
 		err = DLSHARE_EINVAL;
-	}
-	cu.cudaSetDevice(prev);
-	pthread_mutex_unlock(&cache_lock);
+	ctx_leave(&sv);
 	return err;
+}
+
+/* ---- host memory ---------------------------------------------------------------- */
+
+/* A context to register host memory in (portable registrations are seen
+ * by every context): the current one, else the primary context of a
+ * device this process already has one on; device 0's only when it has
+ * none at all. */
+static int host_enter(struct ctx_saved *sv)
+{
+	CUcontext cur = NULL;
+	unsigned flags;
+	int active;
+
+	if (cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur)
+		return ctx_enter(cur, sv);
+	for (int i = 0; i < cu.ndev; i++)
+		if (cu.cuDevicePrimaryCtxGetState(cu.dev[i], &flags, &active) ==
+		    CUDA_SUCCESS && active)
+			return dev_enter(i, sv);
+	return dev_enter(0, sv);
 }
 
 int cuda_host_register(void *p, size_t n, int readonly)
 {
-	unsigned flags = cudaHostRegisterPortable |
-			 (readonly ? cudaHostRegisterReadOnly : 0);
+	unsigned flags = CU_MEMHOSTREGISTER_PORTABLE |
+			 (readonly ? CU_MEMHOSTREGISTER_READ_ONLY : 0);
+	struct ctx_saved sv;
+	int err;
 
 	if (cuda_available(NULL))
 		return DLSHARE_ENOTSUP;
-	if (cu.cudaHostRegister(p, n, flags) != cudaSuccess) {
-		cu.cudaGetLastError();
-		return DLSHARE_EINVAL;
-	}
-	return 0;
+	if ((err = host_enter(&sv)))
+		return err;
+	if (cu.cuMemHostRegister(p, n, flags) != CUDA_SUCCESS)
+		err = DLSHARE_EINVAL;
+	ctx_leave(&sv);
+	return err;
 }
 
 void cuda_host_unregister(void *p)
 {
-	if (cuda_available(NULL) == 0 &&
-	    cu.cudaHostUnregister(p) != cudaSuccess)
-		cu.cudaGetLastError();
+	struct ctx_saved sv;
+
+	if (cuda_available(NULL) || host_enter(&sv))
+		return;
+	cu.cuMemHostUnregister(p);
+	ctx_leave(&sv);
 }
+
+/* ---- release markers -------------------------------------------------------- */
 
 int cuda_event_mark(void *stream, int ordinal, void **evp)
 {
-	cudaEvent_t ev;
-	int prev, err = 0;
+	struct cuda_event *e = NULL;
+	struct ctx_saved sv;
+	CUcontext sc;
+	int err;
 
 	if (cuda_available(NULL))
 		return DLSHARE_ENOTSUP;
-	cu.cudaGetDevice(&prev);
-	cu.cudaSetDevice(ordinal);
-	if (cu.cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) !=
-	    cudaSuccess) {
+	if ((err = stream_ctx(stream, ordinal, &sc)) ||
+	    (err = ctx_enter(sc, &sv)))
+		return err;
+	if (!(e = event_new(sc, 0)))
 		err = DLSHARE_ENOMEM;
-	} else if (cu.cudaEventRecord(ev, stream_of(stream)) != cudaSuccess) {
-		cu.cudaEventDestroy(ev);
+	else if (cu.cuEventRecord(e->ev, stream_of(stream)) != CUDA_SUCCESS)
 		err = DLSHARE_EINVAL;
+	ctx_leave(&sv);
+	if (err) {
+		event_destroy(e);
+		return err;
 	}
-	if (err)
-		cu.cudaGetLastError();
-	cu.cudaSetDevice(prev);
-	if (!err)
-		*evp = ev;
-	return err;
+	*evp = e;
+	return 0;
 }
 
 int cuda_event_done(void *ev)
 {
-	cudaError_t e = cu.cudaEventQuery((cudaEvent_t)ev);
+	struct cuda_event *e = ev;
+	struct ctx_saved sv;
+	CUresult r;
 
-	if (e == cudaSuccess)
+	/* Its context is gone (destroyed by the application), and the work
+	 * queued in it with it. */
+	if (ctx_enter(e->ctx, &sv))
 		return 1;
-	if (e == cudaErrorNotReady)
-		return 0;
-	cu.cudaGetLastError();
-	return DLSHARE_EIO;
+	r = cu.cuEventQuery(e->ev);
+	if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) {
+		/* Not knowing is not done: wait until it is, or until the
+		 * context is broken for good (then nothing runs any more). */
+		cu.cuEventSynchronize(e->ev);
+		r = CUDA_SUCCESS;
+	}
+	ctx_leave(&sv);
+	return r == CUDA_SUCCESS;
 }
 
 void cuda_event_wait(void *ev)
 {
-	if (cu.cudaEventSynchronize((cudaEvent_t)ev) != cudaSuccess)
-		cu.cudaGetLastError();
+	struct cuda_event *e = ev;
+	struct ctx_saved sv;
+
+	if (!e || ctx_enter(e->ctx, &sv))
+		return;
+	cu.cuEventSynchronize(e->ev);
+	ctx_leave(&sv);
 }
 
 void cuda_event_drop(void *ev)
 {
-	if (ev)
-		cu.cudaEventDestroy((cudaEvent_t)ev);
+	event_destroy(ev);
 }
+
+void cuda_stream_wait_host(void *stream, int ordinal)
+{
+	struct ctx_saved sv;
+	void *mark;
+	CUcontext sc;
+
+	if (stream == DLSHARE_STREAM_NONE || cuda_available(NULL))
+		return;
+	if (cuda_event_mark(stream, ordinal, &mark) == 0) {
+		cuda_event_wait(mark);
+		cuda_event_drop(mark);
+		return;
+	}
+	if (stream_ctx(stream, ordinal, &sc) || ctx_enter(sc, &sv))
+		return;
+	cu.cuStreamSynchronize(stream_of(stream));
+	ctx_leave(&sv);
+}
+
+/* ---- VMM and copies ------------------------------------------------------------ */
 
 int cuda_vmm_import(int fd, uint64_t size, int ordinal, void **ptr)
 {
 	CUmemGenericAllocationHandle h;
 	CUmemAccessDesc access = { 0 };
 	CUdeviceptr va = 0;
-	int prev, err = DLSHARE_EINVAL;
+	struct ctx_saved sv;
+	int err;
 
 	if (cuda_available(NULL))
 		return DLSHARE_ENOTSUP;
 	if (size == 0 || size > SIZE_MAX)
 		return DLSHARE_EPROTO;
 	/* The driver calls want the device's context current. */
-	cu.cudaGetDevice(&prev);
-	if (cu.cudaSetDevice(ordinal) != cudaSuccess) {
-		cu.cudaGetLastError();
-		return DLSHARE_ENODEV;
-	}
+	if ((err = dev_enter(ordinal, &sv)))
+		return err;
+	err = DLSHARE_EINVAL;
 	if (cu.cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd,
 			CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS)
 		goto out;
@@ -623,7 +1059,7 @@ free_va:
 release:
 	cu.cuMemRelease(h);
 out:
-	cu.cudaSetDevice(prev);
+	ctx_leave(&sv);
 	return err;
 }
 
@@ -640,16 +1076,26 @@ void cuda_vmm_unmap(void *ptr, uint64_t size)
 	pthread_mutex_unlock(&cache_lock);
 }
 
-int cuda_copy_d2d(void *dst, const void *src, size_t n, void *stream)
+int cuda_copy_d2d(void *dst, const void *src, size_t n, int ordinal,
+		  void *stream)
 {
+	struct ctx_saved sv;
+	CUcontext sc;
+	int err;
+
 	if (cuda_available(NULL))
 		return DLSHARE_ENOTSUP;
-	if (cu.cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice,
-			       stream_of(stream)) != cudaSuccess) {
-		cu.cudaGetLastError();
-		return DLSHARE_EINVAL;
-	}
-	return 0;
+	/* On the device's default stream when that is the one named: the
+	 * copy is ordered after the writes queued there. */
+	if ((err = stream_ctx(stream, ordinal, &sc)) ||
+	    (err = ctx_enter(sc, &sv)))
+		return err;
+	if (cu.cuMemcpyDtoDAsync((CUdeviceptr)(uintptr_t)dst,
+				 (CUdeviceptr)(uintptr_t)src, n,
+				 stream_of(stream)) != CUDA_SUCCESS)
+		err = DLSHARE_EINVAL;
+	ctx_leave(&sv);
+	return err;
 }
 
 #else /* !DLSHARE_HAVE_CUDA */
@@ -663,7 +1109,8 @@ void cuda_vmm_unmap(void *ptr, uint64_t size)
 {
 }
 
-int cuda_copy_d2d(void *dst, const void *src, size_t n, void *stream)
+int cuda_copy_d2d(void *dst, const void *src, size_t n, int ordinal,
+		  void *stream)
 {
 	return DLSHARE_ENOTSUP;
 }
@@ -695,6 +1142,10 @@ void cuda_event_drop(void *ev)
 {
 }
 
+void cuda_stream_wait_host(void *stream, int ordinal)
+{
+}
+
 
 int cuda_available(const char **why)
 {
@@ -708,7 +1159,7 @@ int cuda_export_alloc(const void *p, struct cuda_alloc *out)
 	return DLSHARE_ENOTSUP;
 }
 
-int cuda_event_record(void *stream, void **ev,
+int cuda_event_record(void *stream, const int *ordinals, size_t n, void **ev,
 		      uint8_t handle[CUDA_IPC_HANDLE_BYTES])
 {
 	return DLSHARE_ENOTSUP;
@@ -753,7 +1204,13 @@ void cuda_unexport_alloc(const uint8_t handle[CUDA_IPC_HANDLE_BYTES])
 }
 
 int cuda_wait_event(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
-		    void *stream)
+		    void *stream, void **chain)
+{
+	*chain = NULL;
+	return DLSHARE_ENOTSUP;
+}
+
+int cuda_wait_chain(void *chain, int ordinal, void *stream)
 {
 	return stream == DLSHARE_STREAM_NONE ? 0 : DLSHARE_ENOTSUP;
 }

@@ -125,6 +125,8 @@ struct lease_ref {
 	dlshare_client *c;
 	uint64_t lease;
 	void *stream;            /* the consumer's stream (CUDA) */
+	pthread_t thread;        /* ...named on this thread (the per-thread
+				  * default stream is that thread's) */
 	int ordinal;             /* a device of the version, -1 for none */
 	void *event;             /* marks the consumer's work, once released */
 	struct lease_ref *next;  /* c->deferred */

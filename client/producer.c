@@ -439,6 +439,8 @@ static void writer_unmap_after(dlshare_writer *w, void *stream)
 {
 	struct lease_ref *lr = calloc(1, sizeof(*lr) + sizeof(struct ibuf *));
 
+	/* Without a marker, the host waits for the stream first: the
+	 * mapping must outlive the writes queued on it. */
 	if (lr && stream != DLSHARE_STREAM_NONE &&
 	    cuda_event_mark(stream, w->ordinal, &lr->event) == 0) {
 		atomic_init(&lr->refs, 1);
@@ -454,6 +456,7 @@ static void writer_unmap_after(dlshare_writer *w, void *stream)
 		return;
 	}
 	free(lr);
+	cuda_stream_wait_host(stream, w->ordinal);
 	writer_unmap(w);
 }
 
@@ -479,7 +482,8 @@ int dlshare_seal(dlshare_writer *w, void *stream, uint64_t *version)
 	if (w->dev) {
 		/* Consumers' streams will wait for what the producer's
 		 * stream has queued so far: the host does not. */
-		err = cuda_event_record(stream, &event, event_handle);
+		err = cuda_event_record(stream, &w->ordinal, 1, &event,
+					event_handle);
 		if (!err && !(kept = seal_event_keep(w, event)))
 			err = DLSHARE_ENOMEM;
 		if (err) {
@@ -643,7 +647,6 @@ static int publish_copy_device(dlshare_client *c, const char *name,
 {
 	DLDevice device = tensors[0]->dl_tensor.device;
 	dlshare_writer *w;
-	void *done = NULL;
 	int err;
 
 	for (size_t i = 0; i < n; i++) {
@@ -677,7 +680,8 @@ static int publish_copy_device(dlshare_client *c, const char *name,
 		if (!tensor_bytes(t, &bytes) && bytes)
 			err = cuda_copy_d2d(w->ts[i].t.data,
 					    (const char *)t->data + t->byte_offset,
-					    (size_t)bytes, o->stream);
+					    (size_t)bytes, device.device_id,
+					    o->stream);
 	}
 	if (err) {
 		errmsg_set("copying a device tensor into the daemon's buffer "
@@ -688,10 +692,9 @@ static int publish_copy_device(dlshare_client *c, const char *name,
 	err = dlshare_seal(w, o->stream, version);
 	if (err)
 		return err;
-	if (cuda_event_mark(o->stream, device.device_id, &done) == 0) {
-		cuda_event_wait(done);
-		cuda_event_drop(done);
-	}
+	/* The copy ran on the device's stream: once it passed, the source
+	 * is the caller's again. */
+	cuda_stream_wait_host(o->stream, device.device_id);
 	for (size_t i = 0; i < n; i++)
 		if (tensors[i]->deleter)
 			tensors[i]->deleter(tensors[i]);
@@ -750,6 +753,15 @@ static void xbuf_release(struct xbuf *x)
 	x->kind = 0;
 }
 
+/* Adds ordinal to the set ords[0..*n). */
+static void ordinal_add(int *ords, unsigned *n, int ordinal)
+{
+	for (unsigned k = 0; k < *n; k++)
+		if (ords[k] == ordinal)
+			return;
+	ords[(*n)++] = ordinal;
+}
+
 /* Publishes tensors that all live in shareable memory, without a copy, or
  * says DLSHARE_ENOENT / DLSHARE_ECOPY when one does not (see xbuf_find). */
 static int publish_export(dlshare_client *c, const char *name,
@@ -765,7 +777,8 @@ static int publish_export(dlshare_client *c, const char *name,
 	int fds[CLIENT_PINS_MAX];
 	struct wire_tensors wt = { 0 };
 	struct export *e = NULL;
-	unsigned nb = 0, nfds = 0, ncuda = 0;
+	unsigned nb = 0, nfds = 0, ncuda = 0, nord = 0;
+	int ordinals[CLIENT_PINS_MAX];
 	void *event = NULL;
 	struct reply r;
 	char msg[160];
@@ -834,6 +847,8 @@ static int publish_export(dlshare_client *c, const char *name,
 				wb->has_ipc_offset = 1;
 				wb->ipc_offset = 0;
 				ncuda++;
+				/* The devices the event must stand for. */
+				ordinal_add(ordinals, &nord, x.cuda.ordinal);
 			} else {
 				devs[nb].type = kDLCPU;
 				wb->has_fd_attached = 1;
@@ -852,7 +867,8 @@ static int publish_export(dlshare_client *c, const char *name,
 	/* Consumers' streams will wait for what the producer's stream has
 	 * queued so far: the data is ready when their kernels run. */
 	if (ncuda) {
-		err = cuda_event_record(o->stream, &event, event_handle);
+		err = cuda_event_record(o->stream, ordinals, nord, &event,
+					event_handle);
 		if (err)
 			goto out;
 		p.has_event_handle = 1;

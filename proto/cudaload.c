@@ -1,11 +1,11 @@
-/* cudaload — the CUDA libraries, found at run time. */
+/* cudaload — the CUDA driver, found at run time. */
 #include "cudaload.h"
 
 #include <dlfcn.h>
 #include <stddef.h>
 #include <stdlib.h>
 
-static void *open_lib(const char *env, const char *const *names)
+void *cudaload_open(const char *env, const char *const *names)
 {
 	const char *path = getenv(env);
 	void *h = NULL;
@@ -21,14 +21,5 @@ void *cudaload_driver(void)
 {
 	static const char *const names[] = { "libcuda.so.1", NULL };
 
-	return open_lib("DLSHARE_CUDA_DRIVER", names);
-}
-
-void *cudaload_runtime(void)
-{
-	static const char *const names[] = {
-		"libcudart.so", "libcudart.so.13", "libcudart.so.12", NULL,
-	};
-
-	return open_lib("DLSHARE_CUDA_RUNTIME", names);
+	return cudaload_open("DLSHARE_CUDA_DRIVER", names);
 }

@@ -2,6 +2,8 @@
  * daemon and in libdlshare: neither links CUDA, so one binary runs where
  * there is no toolkit, driver or GPU. DLSHARE_CUDA_DRIVER and
  * DLSHARE_CUDA_RUNTIME name the file to load instead (the tests' fake).
+ * libdlshare loads the driver only; the runtime is the daemon's fallback
+ * allocator's (cudaload_rt.c).
  */
 #ifndef DLSHARE_CUDALOAD_H
 #define DLSHARE_CUDALOAD_H
@@ -13,6 +15,8 @@
  * counted reference, as dlopen does). */
 void *cudaload_driver(void);
 void *cudaload_runtime(void);
+/* The library $env names, else the first of names that dlopen finds. */
+void *cudaload_open(const char *env, const char *const *names);
 
 #define CUDALOAD_STR_(x) #x
 #define CUDALOAD_STR(x) CUDALOAD_STR_(x)

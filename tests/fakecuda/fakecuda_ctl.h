@@ -67,8 +67,25 @@ struct fakecuda_stats {
     long live_streams;                   /* created, not destroyed */
     long live_events;                    /* created or opened, not destroyed */
     long live_vmm_handles;               /* cuMemCreate/Import, not released */
+    long live_ipc_events;                /* cudaEventInterprocess events created
+                                          * here, not destroyed (see
+                                          * fakecuda_set_ipc_event_limit) */
 };
 void fakecuda_get_stats(struct fakecuda_stats *out);
+
+/* Contexts created on visible device ordinal in this process since it
+ * started (primary contexts each time one is created, cudaSetDevice or the
+ * first runtime call of a thread with no context doing it lazily, and
+ * cuCtxCreate'd ones), never reset: a test asserts with it that a process
+ * never touched a device. Returns the count, or -EINVAL for an ordinal out
+ * of 0..15. */
+long fakecuda_contexts_created(int ordinal);
+
+/* Live interprocess events this process may have created: beyond it
+ * cudaEventCreateWithFlags(cudaEventInterprocess) fails with
+ * cudaErrorMemoryAllocation. 0: no limit. Default: FAKECUDA_IPC_EVENTS_MAX,
+ * else 4096. */
+void fakecuda_set_ipc_event_limit(long max);
 
 /* Zeroes the call counters (the live counts stay: they describe objects that
  * still exist). */

@@ -1,7 +1,9 @@
 /*
  * fakecuda core: lazy initialisation, devices (FAKECUDA_DEVICES,
- * CUDA_VISIBLE_DEVICES, UUIDs), contexts, error strings and last error, the
- * fork rule, traps, shared-memory helpers and the settings/stats half of
+ * CUDA_VISIBLE_DEVICES, UUIDs, compute modes), contexts (primary and
+ * cuCtxCreate'd, the current one per thread, created lazily where the real
+ * runtime creates them, counted), error strings and last error, the fork
+ * rule, traps, shared-memory helpers and the settings/stats half of
  * fakecuda_ctl.h. Any thread may call any function.
  */
 #include <ctype.h>
@@ -16,6 +18,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,17 +33,29 @@ struct fc_counters g_cnt;
 static pthread_once_t fc_once = PTHREAD_ONCE_INIT;
 static _Atomic int fc_ready;
 
-/* The context objects behind CUcontext: one primary context per ordinal. */
-struct CUctx_st {
-    int ordinal;
-};
+/* The primary contexts, one per visible ordinal, and the cuCtxCreate'd
+ * ones (see struct CUctx_st). */
 static struct CUctx_st fc_ctx[FC_MAX_DEVICES];
+static struct CUctx_st *fc_made_ctxs;
 
+/* Per physical device: contexts of this process alive on it, and the
+ * socket that claims an EXCLUSIVE_PROCESS device machine-wide (-1: none).
+ * Under g_fc.mu. */
+static int fc_dev_ctxs[FC_MAX_DEVICES];
+static int fc_excl_fd[FC_MAX_DEVICES] = { [0 ... FC_MAX_DEVICES - 1] = -1 };
+static uint64_t fc_seed_hash;
+
+/* The runtime's device of this thread (cudaSetDevice), and the current
+ * context (NULL until cudaSetDevice, a runtime call or cuCtxSetCurrent). */
 static _Thread_local int tls_dev;
 static _Thread_local struct CUctx_st *tls_ctx;
+/* Inside a driver call served by the runtime's code (fc_drv.c): no lazy
+ * context, no last error. */
+static _Thread_local int tls_drv;
 static _Thread_local cudaError_t tls_last_error;
 
 #define FC_DEFAULT_DELAY_US 2000u
+#define FC_DEFAULT_IPC_EVENTS_MAX 4096L
 
 /* ---- small helpers ------------------------------------------------------- */
 
@@ -222,6 +238,14 @@ static void fc_atfork_parent(void)
 static void fc_atfork_child(void)
 {
     pthread_mutex_unlock(&g_fc.mu);
+    /* A child holds no context of its parent's: its copy of a claim on an
+     * EXCLUSIVE_PROCESS device must not keep the device busy. */
+    for (int i = 0; i < FC_MAX_DEVICES; i++) {
+        if (fc_excl_fd[i] >= 0)
+            close(fc_excl_fd[i]);
+        fc_excl_fd[i] = -1;
+        fc_dev_ctxs[i] = 0;
+    }
     /* Like real CUDA: a child of an initialised process has no usable CUDA
      * state (its stream workers do not exist here). */
     if (atomic_load(&fc_ready))
@@ -258,6 +282,61 @@ static int fc_env_reopen(void)
         return FAKECUDA_REOPEN_REFCOUNT;
     fc_warn("ignoring FAKECUDA_IPC_REOPEN=%s (fail|refcount)", s);
     return FAKECUDA_REOPEN_FAIL;
+}
+
+static long fc_env_ipc_events_max(void)
+{
+    const char *s = getenv("FAKECUDA_IPC_EVENTS_MAX");
+    if (!s || !*s)
+        return FC_DEFAULT_IPC_EVENTS_MAX;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || v < 0) {
+        fc_warn("ignoring FAKECUDA_IPC_EVENTS_MAX=%s", s);
+        return FC_DEFAULT_IPC_EVENTS_MAX;
+    }
+    return v;
+}
+
+long fc_ipc_event_limit(void)
+{
+    return atomic_load(&g_set.ipc_events_max);
+}
+
+/* FAKECUDA_COMPUTE_MODE: one mode per physical device, comma-separated
+ * (default, exclusive_process, prohibited, or their CUcomputemode numbers);
+ * devices not named are in the default mode. */
+static void fc_env_compute_modes(void)
+{
+    const char *s = getenv("FAKECUDA_COMPUTE_MODE");
+    char buf[512], *save = NULL;
+    int i = 0;
+    if (!s || !*s)
+        return;
+    snprintf(buf, sizeof(buf), "%s", s);
+    for (char *tok = strtok_r(buf, ",", &save); tok && i < FC_MAX_DEVICES;
+         tok = strtok_r(NULL, ",", &save), i++) {
+        while (isspace((unsigned char)*tok))
+            tok++;
+        if (!strcasecmp(tok, "default") || !strcmp(tok, "0") || !*tok)
+            g_fc.compute_mode[i] = CU_COMPUTEMODE_DEFAULT;
+        else if (!strcasecmp(tok, "exclusive_process") || !strcmp(tok, "3"))
+            g_fc.compute_mode[i] = CU_COMPUTEMODE_EXCLUSIVE_PROCESS;
+        else if (!strcasecmp(tok, "prohibited") || !strcmp(tok, "2"))
+            g_fc.compute_mode[i] = CU_COMPUTEMODE_PROHIBITED;
+        else
+            fc_warn("ignoring FAKECUDA_COMPUTE_MODE entry %d '%s' "
+                    "(default|exclusive_process|prohibited)", i, tok);
+    }
+}
+
+/* FAKECUDA_HOST_REGISTER_READONLY (default 1): 0 plays a device without
+ * cudaDevAttrHostRegisterReadOnlySupported. */
+bool fc_host_register_readonly_supported(void)
+{
+    const char *s = getenv("FAKECUDA_HOST_REGISTER_READONLY");
+    return !s || strcmp(s, "0") != 0;
 }
 
 bool fc_vmm_fd_supported(void)
@@ -335,7 +414,10 @@ static void fc_init(void)
         memcpy(g_fc.uuid[i] + 8, &b, 8);
         g_fc.uuid[i][6] = (unsigned char)((g_fc.uuid[i][6] & 0x0f) | 0x40);
         fc_ctx[i].ordinal = i;
+        fc_ctx[i].primary = true;
     }
+    fc_seed_hash = h;
+    fc_env_compute_modes();
 
     /* Real CUDA: the list stops at the first invalid entry. */
     const char *vis = getenv("CUDA_VISIBLE_DEVICES");
@@ -369,6 +451,8 @@ static void fc_init(void)
         atomic_store(&g_set.delay_us, fc_env_delay());
     if (!atomic_load(&g_set.reopen_set))
         atomic_store(&g_set.reopen, fc_env_reopen());
+    if (!atomic_load(&g_set.ipc_events_max_set))
+        atomic_store(&g_set.ipc_events_max, fc_env_ipc_events_max());
 
     if (getrandom(&g_fc.id_salt, sizeof(g_fc.id_salt), 0) != sizeof(g_fc.id_salt))
         g_fc.id_salt = (uint64_t)getpid() << 32 ^ (uint64_t)time(NULL);
@@ -387,20 +471,118 @@ static int fc_ensure_init(void)
 
 cudaError_t fc_rt_err(cudaError_t e)
 {
-    if (e != cudaSuccess && e != cudaErrorNotReady)
+    if (e != cudaSuccess && e != cudaErrorNotReady && !tls_drv)
         tls_last_error = e;
     return e;
 }
 
-cudaError_t fc_rt_enter(void)
+/* ---- contexts -------------------------------------------------------------- */
+
+/* Claims physical device phys for one more context of this process: fails
+ * on a PROHIBITED device, and on an EXCLUSIVE_PROCESS device that another
+ * live process holds a context on. The claim is an abstract Unix socket
+ * named after the device (and the UUID seed, so that unrelated tests do not
+ * meet): it goes away with the process, whatever way it dies. Caller holds
+ * g_fc.mu. */
+static CUresult fc_dev_claim(int phys)
+{
+    int mode = g_fc.compute_mode[phys];
+    if (mode == CU_COMPUTEMODE_PROHIBITED)
+        return CUDA_ERROR_DEVICE_UNAVAILABLE;
+    if (mode == CU_COMPUTEMODE_EXCLUSIVE_PROCESS && fc_dev_ctxs[phys] == 0) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        int n = snprintf(sa.sun_path + 1, sizeof(sa.sun_path) - 1,
+                         "fakecuda-exclusive-%u-%016llx-%d", (unsigned)getuid(),
+                         (unsigned long long)fc_seed_hash, phys);
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        if (bind(fd, (struct sockaddr *)&sa,
+                 (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n)) < 0) {
+            close(fd);
+            return CUDA_ERROR_DEVICE_UNAVAILABLE;
+        }
+        fc_excl_fd[phys] = fd;
+    }
+    fc_dev_ctxs[phys]++;
+    return CUDA_SUCCESS;
+}
+
+static void fc_dev_unclaim(int phys)
+{
+    if (--fc_dev_ctxs[phys] == 0 && fc_excl_fd[phys] >= 0) {
+        close(fc_excl_fd[phys]);
+        fc_excl_fd[phys] = -1;
+    }
+}
+
+/* Creates context c (its device claimed, the creation counted) when it is
+ * not active. Caller holds g_fc.mu. */
+static CUresult fc_ctx_activate(struct CUctx_st *c)
+{
+    if (atomic_load(&c->active))
+        return CUDA_SUCCESS;
+    CUresult r = fc_dev_claim(g_fc.visible[c->ordinal]);
+    if (r)
+        return r;
+    atomic_store(&c->active, true);
+    atomic_fetch_add(&g_cnt.ctx_created[c->ordinal], 1);
+    return CUDA_SUCCESS;
+}
+
+static void fc_ctx_deactivate(struct CUctx_st *c)
+{
+    if (!atomic_load(&c->active))
+        return;
+    atomic_store(&c->active, false);
+    fc_dev_unclaim(g_fc.visible[c->ordinal]);
+}
+
+/* The runtime's hold on primary context c: created if need be, and kept
+ * (the runtime never gives a primary context back). */
+static cudaError_t fc_rt_hold(struct CUctx_st *c)
+{
+    pthread_mutex_lock(&g_fc.mu);
+    CUresult r = fc_ctx_activate(c);
+    if (!r)
+        atomic_store(&c->rt_held, true);
+    pthread_mutex_unlock(&g_fc.mu);
+    return r == CUDA_SUCCESS ? cudaSuccess
+           : r == CUDA_ERROR_DEVICE_UNAVAILABLE ? cudaErrorDevicesUnavailable
+                                                : cudaErrorMemoryAllocation;
+}
+
+cudaError_t fc_rt_enter_noctx(void)
 {
     if (fc_ensure_init() < 0)
         return cudaErrorInitializationError;
     g_fc.driver_initialized = true; /* the runtime calls cuInit itself */
     if (g_fc.nvisible == 0)
         return cudaErrorNoDevice;
-    if (!tls_ctx)
-        tls_ctx = &fc_ctx[tls_dev];
+    return cudaSuccess;
+}
+
+cudaError_t fc_rt_enter(void)
+{
+    if (tls_drv)
+        return !tls_ctx ? cudaErrorDeviceUninitialized
+               : atomic_load(&tls_ctx->active) ? cudaSuccess : cudaErrorContextIsDestroyed;
+    cudaError_t e = fc_rt_enter_noctx();
+    if (e)
+        return e;
+    struct CUctx_st *c = tls_ctx;
+    if (c && !c->primary)
+        return atomic_load(&c->active) ? cudaSuccess : cudaErrorContextIsDestroyed;
+    if (c && atomic_load(&c->rt_held) && atomic_load(&c->active))
+        return cudaSuccess;
+    /* No context yet: the runtime creates the primary context of its
+     * device for this thread, which is what costs a process memory on a
+     * GPU it never meant to use. */
+    if (!c)
+        c = &fc_ctx[tls_dev];
+    if ((e = fc_rt_hold(c)))
+        return e;
+    tls_ctx = c;
     return cudaSuccess;
 }
 
@@ -411,9 +593,38 @@ CUresult fc_drv_enter(void)
     return CUDA_SUCCESS;
 }
 
+CUresult fc_drv_enter_ctx(CUcontext *out)
+{
+    CUresult r = fc_drv_enter();
+    if (r)
+        return r;
+    if (!tls_ctx)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!atomic_load(&tls_ctx->active))
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    if (out)
+        *out = tls_ctx;
+    return CUDA_SUCCESS;
+}
+
+void fc_drv_begin(void)
+{
+    tls_drv = 1;
+}
+
+void fc_drv_end(void)
+{
+    tls_drv = 0;
+}
+
+CUcontext fc_ctx_current(void)
+{
+    return tls_ctx;
+}
+
 int fc_current_device(void)
 {
-    return tls_dev;
+    return tls_ctx ? tls_ctx->ordinal : tls_dev;
 }
 
 int fc_phys_of_ordinal(int ordinal)
@@ -459,6 +670,8 @@ int fc_ordinal_of_phys(int phys)
     X(cudaErrorLaunchFailure, "unspecified launch failure")                          \
     X(cudaErrorNotPermitted, "operation not permitted")                              \
     X(cudaErrorNotSupported, "operation not supported")                              \
+    X(cudaErrorDevicesUnavailable, "CUDA-capable device(s) is/are busy or unavailable") \
+    X(cudaErrorContextIsDestroyed, "context is destroyed")                           \
     X(cudaErrorUnknown, "unknown error")
 
 #define FC_DRV_ERRORS(X)                                                             \
@@ -478,6 +691,8 @@ int fc_ordinal_of_phys(int phys)
     X(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered")        \
     X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                           \
     X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                           \
+    X(CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA-capable device(s) is/are busy or unavailable") \
+    X(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context is destroyed")                       \
     X(CUDA_ERROR_ILLEGAL_STATE, "the operation cannot be performed in the present state") \
     X(CUDA_ERROR_UNKNOWN, "unknown error")
 
@@ -549,29 +764,37 @@ FC_API cudaError_t cudaGetDeviceCount(int *count)
 {
     if (!count)
         return fc_rt_err(cudaErrorInvalidValue);
-    cudaError_t e = fc_rt_enter();
+    cudaError_t e = fc_rt_enter_noctx();
     *count = e == cudaSuccess ? g_fc.nvisible : 0;
     return fc_rt_err(e);
 }
 
+/* Never creates a context: the device of the current one, else the
+ * thread's runtime device (0 on a thread that never chose). */
 FC_API cudaError_t cudaGetDevice(int *device)
 {
-    cudaError_t e = fc_rt_enter();
+    cudaError_t e = fc_rt_enter_noctx();
     if (e)
         return fc_rt_err(e);
     if (!device)
         return fc_rt_err(cudaErrorInvalidValue);
-    *device = tls_dev;
+    *device = fc_current_device();
     return cudaSuccess;
 }
 
+/* CUDA >= 12: creates the device's primary context at once (runtime header:
+ * "This function will also immediately initialize the runtime state on the
+ * primary context, and the context will be current on device
+ * immediately"), and fails where the compute mode forbids one. */
 FC_API cudaError_t cudaSetDevice(int device)
 {
-    cudaError_t e = fc_rt_enter();
+    cudaError_t e = fc_rt_enter_noctx();
     if (e)
         return fc_rt_err(e);
     if (device < 0 || device >= g_fc.nvisible)
         return fc_rt_err(cudaErrorInvalidDevice);
+    if ((e = fc_rt_hold(&fc_ctx[device])))
+        return fc_rt_err(e);
     tls_dev = device;
     tls_ctx = &fc_ctx[device];
     return cudaSuccess;
@@ -579,7 +802,7 @@ FC_API cudaError_t cudaSetDevice(int device)
 
 FC_API cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
 {
-    cudaError_t e = fc_rt_enter();
+    cudaError_t e = fc_rt_enter_noctx();
     if (e)
         return fc_rt_err(e);
     if (!prop)
@@ -608,12 +831,13 @@ FC_API cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int devi
     prop->hostRegisterSupported = 1;
     prop->memoryPoolsSupported = 1;
     prop->ipcEventSupported = 1;
+    prop->hostRegisterReadOnlySupported = fc_host_register_readonly_supported();
     return cudaSuccess;
 }
 
 FC_API cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device)
 {
-    cudaError_t e = fc_rt_enter();
+    cudaError_t e = fc_rt_enter_noctx();
     if (e)
         return fc_rt_err(e);
     if (!value)
@@ -638,6 +862,8 @@ FC_API cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, 
     case cudaDevAttrMemoryPoolsSupported: *value = 1; break;
     case cudaDevAttrMemoryPoolSupportedHandleTypes: *value = 0; break;
     case cudaDevAttrIpcEventSupport: *value = 1; break;
+    case cudaDevAttrComputeMode: *value = g_fc.compute_mode[phys]; break;
+    case cudaDevAttrHostRegisterReadOnlySupported: *value = fc_host_register_readonly_supported(); break;
     default: return fc_rt_err(cudaErrorInvalidValue);
     }
     return cudaSuccess;
@@ -765,19 +991,28 @@ FC_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevic
         break;
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *pi = 1; break;
     case CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED: *pi = 1; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: *pi = g_fc.compute_mode[phys]; break;
+    case CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: *pi = fc_host_register_readonly_supported(); break;
     default: return CUDA_ERROR_INVALID_VALUE;
     }
     return CUDA_SUCCESS;
 }
 
-static bool fc_ctx_valid(CUcontext ctx)
+/* A context handle this process made (destroyed or not). Caller holds
+ * g_fc.mu. */
+static bool fc_ctx_known(CUcontext ctx)
 {
     for (int i = 0; i < g_fc.nvisible; i++)
         if (ctx == &fc_ctx[i])
             return true;
+    for (struct CUctx_st *c = fc_made_ctxs; c; c = c->next)
+        if (c == ctx)
+            return true;
     return false;
 }
 
+/* Creates the primary context when it is not active (counted, and refused
+ * where the compute mode forbids it); does not make it current. */
 FC_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     CUresult r = fc_drv_enter();
@@ -787,16 +1022,105 @@ FC_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         return CUDA_ERROR_INVALID_VALUE;
     if (dev < 0 || dev >= g_fc.nvisible)
         return CUDA_ERROR_INVALID_DEVICE;
-    *pctx = &fc_ctx[dev];
-    return CUDA_SUCCESS;
+    pthread_mutex_lock(&g_fc.mu);
+    r = fc_ctx_activate(&fc_ctx[dev]);
+    if (!r)
+        fc_ctx[dev].retains++;
+    pthread_mutex_unlock(&g_fc.mu);
+    if (!r)
+        *pctx = &fc_ctx[dev];
+    return r;
 }
 
+/* The last release destroys the primary context unless the runtime holds
+ * it (the fake's runtime never lets go of one it initialised). */
 FC_API CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
 {
     CUresult r = fc_drv_enter();
     if (r)
         return r;
-    return dev < 0 || dev >= g_fc.nvisible ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+    if (dev < 0 || dev >= g_fc.nvisible)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_fc.mu);
+    struct CUctx_st *c = &fc_ctx[dev];
+    if (c->retains <= 0) {
+        r = CUDA_ERROR_INVALID_CONTEXT;
+    } else if (--c->retains == 0 && !atomic_load(&c->rt_held)) {
+        fc_ctx_deactivate(c);
+    }
+    pthread_mutex_unlock(&g_fc.mu);
+    return r;
+}
+
+FC_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    CUresult r = fc_drv_enter();
+    if (r)
+        return r;
+    if (!flags || !active)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= g_fc.nvisible)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *flags = 0;
+    *active = atomic_load(&fc_ctx[dev].active);
+    return CUDA_SUCCESS;
+}
+
+/* CUDA 13's cuCtxCreate (cuCtxCreate_v4): a new, non-primary context, made
+ * current on the calling thread. The fake keeps one current context per
+ * thread, not a stack: whatever was current is replaced, as with
+ * cuCtxSetCurrent. */
+FC_API CUresult cuCtxCreate(CUcontext *pctx, CUctxCreateParams *ctxCreateParams,
+                            unsigned int flags, CUdevice dev)
+{
+    CUresult r = fc_drv_enter();
+    if (r)
+        return r;
+    (void)ctxCreateParams;
+    (void)flags;
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= g_fc.nvisible)
+        return CUDA_ERROR_INVALID_DEVICE;
+    struct CUctx_st *c = calloc(1, sizeof(*c));
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    c->ordinal = dev;
+    pthread_mutex_lock(&g_fc.mu);
+    r = fc_ctx_activate(c);
+    if (!r) {
+        c->next = fc_made_ctxs;
+        fc_made_ctxs = c;
+    }
+    pthread_mutex_unlock(&g_fc.mu);
+    if (r) {
+        free(c);
+        return r;
+    }
+    tls_ctx = c;
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+/* Destroys a cuCtxCreate'd context (its handle stays known: using it is
+ * CUDA_ERROR_CONTEXT_IS_DESTROYED). Its streams and events are not torn
+ * down: the fake only refuses new work in it. */
+FC_API CUresult cuCtxDestroy(CUcontext ctx)
+{
+    CUresult r = fc_drv_enter();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_fc.mu);
+    if (!ctx || !fc_ctx_known(ctx) || ctx->primary)
+        r = CUDA_ERROR_INVALID_CONTEXT;
+    else if (!atomic_load(&ctx->active))
+        r = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    else
+        fc_ctx_deactivate(ctx);
+    pthread_mutex_unlock(&g_fc.mu);
+    if (!r && tls_ctx == ctx)
+        tls_ctx = NULL;
+    return r;
 }
 
 FC_API CUresult cuCtxGetCurrent(CUcontext *pctx)
@@ -810,29 +1134,36 @@ FC_API CUresult cuCtxGetCurrent(CUcontext *pctx)
     return CUDA_SUCCESS;
 }
 
+/* NULL unbinds the current context. The runtime follows: its calls use the
+ * context made current here (cudaGetDevice answers its device). */
 FC_API CUresult cuCtxSetCurrent(CUcontext ctx)
 {
     CUresult r = fc_drv_enter();
     if (r)
         return r;
-    if (ctx && !fc_ctx_valid(ctx))
-        return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx) {
+        pthread_mutex_lock(&g_fc.mu);
+        bool known = fc_ctx_known(ctx);
+        bool dead = known && !ctx->primary && !atomic_load(&ctx->active);
+        pthread_mutex_unlock(&g_fc.mu);
+        if (!known)
+            return CUDA_ERROR_INVALID_CONTEXT;
+        if (dead)
+            return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    }
     tls_ctx = ctx;
-    if (ctx)
-        tls_dev = ctx->ordinal;
     return CUDA_SUCCESS;
 }
 
 FC_API CUresult cuCtxGetDevice(CUdevice *device)
 {
-    CUresult r = fc_drv_enter();
+    CUcontext c;
+    CUresult r = fc_drv_enter_ctx(&c);
     if (r)
         return r;
     if (!device)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!tls_ctx)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    *device = tls_ctx->ordinal;
+    *device = c->ordinal;
     return CUDA_SUCCESS;
 }
 
@@ -881,7 +1212,21 @@ FC_API void fakecuda_get_stats(struct fakecuda_stats *out)
     L(memcpy_calls); L(memset_calls); L(host_func_calls);
     L(vmm_create_calls); L(vmm_export_calls); L(vmm_import_calls);
     L(live_allocations); L(live_streams); L(live_events); L(live_vmm_handles);
+    L(live_ipc_events);
 #undef L
+}
+
+FC_API long fakecuda_contexts_created(int ordinal)
+{
+    if (ordinal < 0 || ordinal >= FC_MAX_DEVICES)
+        return -EINVAL;
+    return (long)atomic_load(&g_cnt.ctx_created[ordinal]);
+}
+
+FC_API void fakecuda_set_ipc_event_limit(long max)
+{
+    atomic_store(&g_set.ipc_events_max, max < 0 ? 0 : max);
+    atomic_store(&g_set.ipc_events_max_set, 1);
 }
 
 FC_API void fakecuda_reset_stats(void)
@@ -901,8 +1246,10 @@ FC_API void fakecuda_reset(void)
 {
     atomic_store(&g_set.delay_set, 0);
     atomic_store(&g_set.reopen_set, 0);
+    atomic_store(&g_set.ipc_events_max_set, 0);
     atomic_store(&g_set.delay_us, fc_env_delay());
     atomic_store(&g_set.reopen, fc_env_reopen());
+    atomic_store(&g_set.ipc_events_max, fc_env_ipc_events_max());
     tls_last_error = cudaSuccess;
     fakecuda_reset_stats();
 }

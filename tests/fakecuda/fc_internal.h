@@ -134,6 +134,7 @@ struct fc_range {
     uintptr_t base;
     size_t size;
     int phys_dev;           /* -1 for host ranges */
+    CUcontext ctx;          /* MALLOC / IMPORT / HOST: where it was made; else NULL */
     uint64_t buffer_id;     /* process-unique, never reused */
     _Atomic int pending;    /* queued stream operations that touch it */
     struct fc_range *next;
@@ -172,8 +173,22 @@ struct fc_global {
     _Atomic uint64_t next_id; /* allocation / event / buffer ids */
     uint64_t id_salt;
 
-    struct CUstream_st *legacy;
+    int compute_mode[FC_MAX_DEVICES]; /* CUcomputemode, by physical index */
     struct CUstream_st *streams; /* every stream whose worker still runs */
+};
+
+/* A context: the primary context of a device (one per visible ordinal,
+ * created lazily, never freed) or one made with cuCtxCreate (freed never
+ * either: a destroyed context stays known so that its use is an error).
+ * Fields are under g_fc.mu. */
+struct CUctx_st {
+    int ordinal;            /* visible ordinal of its device */
+    bool primary;
+    _Atomic bool active;    /* primary: created and not released; other: not destroyed */
+    int retains;            /* primary: cuDevicePrimaryCtxRetain count */
+    _Atomic bool rt_held;   /* primary: the runtime initialised it (holds it for life) */
+    struct CUstream_st *legacy; /* its legacy default stream, once used */
+    struct CUctx_st *next;  /* list of cuCtxCreate contexts */
 };
 
 extern struct fc_global g_fc;
@@ -181,6 +196,10 @@ extern struct fc_global g_fc;
 /* FAKECUDA_VMM_FD (default 1): 0 plays a driver that cannot export VMM
  * memory as a POSIX fd. */
 bool fc_vmm_fd_supported(void);
+/* FAKECUDA_HOST_REGISTER_READONLY (default 1): 0 plays a device without
+ * cudaDevAttrHostRegisterReadOnlySupported (cudaHostRegisterReadOnly then
+ * fails with cudaErrorNotSupported). */
+bool fc_host_register_readonly_supported(void);
 
 /* Settings that fakecuda_ctl.h changes at run time. */
 struct fc_settings {
@@ -188,6 +207,8 @@ struct fc_settings {
     _Atomic int reopen;          /* enum fakecuda_reopen */
     _Atomic int delay_set;       /* set through the ctl API, beats the env */
     _Atomic int reopen_set;
+    _Atomic long ipc_events_max; /* 0: no limit */
+    _Atomic int ipc_events_max_set;
 };
 extern struct fc_settings g_set;
 
@@ -203,6 +224,8 @@ extern struct fc_counters {
     _Atomic unsigned long memcpy_calls, memset_calls, host_func_calls;
     _Atomic unsigned long vmm_create_calls, vmm_export_calls, vmm_import_calls;
     _Atomic long live_allocations, live_streams, live_events, live_vmm_handles;
+    _Atomic long live_ipc_events;
+    _Atomic unsigned long ctx_created[FC_MAX_DEVICES]; /* by visible ordinal, never reset */
 } g_cnt;
 
 #define FC_COUNT(field) atomic_fetch_add(&g_cnt.field, 1)
@@ -210,10 +233,18 @@ extern struct fc_counters {
 
 /* ---- core (fc_core.c) ---------------------------------------------------- */
 
-/* Lazy init on the first runtime call; also initialises the driver like the
- * real runtime does. Returns cudaSuccess, cudaErrorInitializationError in a
- * child forked after initialisation, or cudaErrorNoDevice. */
+/* Entry of every runtime call that works in a context (most of them): lazy
+ * init on the first runtime call (which also initialises the driver, like
+ * the real runtime), then, when no context is current on this thread, the
+ * primary context of the thread's runtime device is created if need be and
+ * made current, as the real runtime does. Returns cudaSuccess,
+ * cudaErrorInitializationError in a child forked after initialisation,
+ * cudaErrorNoDevice, cudaErrorDevicesUnavailable (compute mode) or
+ * cudaErrorContextIsDestroyed (the current context was destroyed). */
 cudaError_t fc_rt_enter(void);
+/* Entry of the runtime calls that need no context (device count,
+ * properties, attributes, cudaGetDevice): never creates one. */
+cudaError_t fc_rt_enter_noctx(void);
 /* Records a runtime error as the thread's last error; returns it. */
 cudaError_t fc_rt_err(cudaError_t e);
 /* Entry check of driver calls: CUDA_ERROR_NOT_INITIALIZED before cuInit (or
@@ -224,10 +255,22 @@ CUresult fc_drv_enter(void);
 _Noreturn void fc_trap(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void fc_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-int fc_current_device(void);               /* visible ordinal of this thread */
+/* Visible ordinal of this thread's device: its current context's, else the
+ * runtime's per-thread device (0 until cudaSetDevice). */
+int fc_current_device(void);
 int fc_phys_of_ordinal(int ordinal);       /* -1 when out of range */
 int fc_ordinal_of_phys(int phys);          /* cudaInvalidDeviceId when not visible */
-CUcontext fc_ctx_of_ordinal(int ordinal);  /* primary context, or NULL */
+CUcontext fc_ctx_of_ordinal(int ordinal);  /* primary context (maybe inactive), or NULL */
+CUcontext fc_ctx_current(void);            /* this thread's current context, or NULL */
+/* Entry check of driver calls that need a current context: as
+ * fc_drv_enter, then CUDA_ERROR_INVALID_CONTEXT when none is current (or
+ * CUDA_ERROR_CONTEXT_IS_DESTROYED). */
+CUresult fc_drv_enter_ctx(CUcontext *out);
+/* Brackets a driver call that runs the runtime's code (fc_drv.c): inside,
+ * fc_rt_enter creates no context (one must be current) and fc_rt_err
+ * leaves the runtime's last error alone. */
+void fc_drv_begin(void);
+void fc_drv_end(void);
 uint64_t fc_new_id(void);                  /* unique across processes */
 size_t fc_page_size(void);
 bool fc_pid_alive(pid_t pid);
@@ -288,20 +331,28 @@ struct fc_op {
 };
 
 struct fc_op *fc_op_new(enum fc_op_kind kind);
-/* Resolves a stream handle (0, cudaStreamLegacy, cudaStreamPerThread or a
- * created stream) and takes a reference. Traps on a destroyed stream.
- * Returns cudaSuccess or cudaErrorInvalidResourceHandle. */
+/* Resolves a stream handle and takes a reference: 0 and cudaStreamLegacy
+ * name the legacy stream of the current context, cudaStreamPerThread this
+ * thread's stream of the current context (the caller made one current with
+ * fc_rt_enter), anything else a created stream. Traps on a destroyed
+ * stream. Returns cudaSuccess, cudaErrorInvalidResourceHandle, or
+ * cudaErrorMemoryAllocation. */
 cudaError_t fc_stream_get(cudaStream_t h, struct CUstream_st **out);
 void fc_stream_put(struct CUstream_st *s);
-struct CUstream_st *fc_stream_legacy(void);
+/* The context a stream belongs to. */
+CUcontext fc_stream_ctx(const struct CUstream_st *s);
 /* Queues op (taking ownership) behind the implicit dependencies of the
  * legacy default stream; returns its sequence number. */
 uint64_t fc_stream_submit(struct CUstream_st *s, struct fc_op *op);
 void fc_stream_wait_seq(struct CUstream_st *s, uint64_t seq);
-/* Waits until every stream of the process has drained what was queued. */
-void fc_sync_all(void);
+/* Waits until every stream of the process (of ctx only, when not NULL)
+ * has drained what was queued. */
+void fc_sync_all(CUcontext ctx);
 /* Frees a cudaMallocAsync range (executes a FREE op). */
 void fc_pool_free_now(void *ptr);
+/* Live interprocess events this process may create (FAKECUDA_IPC_EVENTS_MAX,
+ * fakecuda_set_ipc_event_limit); 0: no limit. */
+long fc_ipc_event_limit(void);
 
 #pragma GCC visibility pop
 

@@ -129,6 +129,7 @@ FC_API cudaError_t cudaMalloc(void **devPtr, size_t size)
     hdr->size = size;
     hdr->owner_pid = getpid();
     hdr->phys_dev = (uint32_t)r->phys_dev;
+    r->ctx = fc_ctx_current();
     r->fd = fd;
     r->hdr = hdr;
     r->map_len = len;
@@ -175,7 +176,7 @@ FC_API cudaError_t cudaFree(void *devPtr)
     if (!devPtr)
         return cudaSuccess;
     /* cudaFree synchronises the device before it frees. */
-    fc_sync_all();
+    fc_sync_all(NULL);
     pid_t self = getpid();
     pthread_mutex_lock(&g_fc.mu);
     struct fc_range *r = fc_range_find((uintptr_t)devPtr);
@@ -301,6 +302,7 @@ FC_API cudaError_t cudaMallocHost(void **ptr, size_t size)
         return fc_rt_err(cudaErrorMemoryAllocation);
     }
     r->host_alloc = true;
+    r->ctx = fc_ctx_current();
     r->map_len = len;
     pthread_mutex_lock(&g_fc.mu);
     fc_range_insert(r);
@@ -317,7 +319,7 @@ FC_API cudaError_t cudaFreeHost(void *ptr)
         return fc_rt_err(e);
     if (!ptr)
         return cudaSuccess;
-    fc_sync_all();
+    fc_sync_all(NULL);
     pthread_mutex_lock(&g_fc.mu);
     struct fc_range *r = fc_range_find((uintptr_t)ptr);
     if (!r || r->kind != FC_R_HOST || !r->host_alloc || r->base != (uintptr_t)ptr) {
@@ -343,9 +345,13 @@ FC_API cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags)
         return fc_rt_err(cudaErrorInvalidValue);
     if (flags & cudaHostRegisterIoMemory)
         return fc_rt_err(cudaErrorNotSupported);
+    /* Only where cudaDevAttrHostRegisterReadOnlySupported says 1. */
+    if ((flags & cudaHostRegisterReadOnly) && !fc_host_register_readonly_supported())
+        return fc_rt_err(cudaErrorNotSupported);
     struct fc_range *r = fc_range_new(FC_R_HOST, ptr, size, -1);
     if (!r)
         return fc_rt_err(cudaErrorMemoryAllocation);
+    r->ctx = fc_ctx_current();
     pthread_mutex_lock(&g_fc.mu);
     struct fc_range *o = fc_range_overlap((uintptr_t)ptr, size);
     if (o) {
@@ -627,6 +633,7 @@ static cudaError_t fc_import_map(const struct fc_ipc_wire *w, struct fc_range **
     r->map_len = len;
     r->alloc_id = w->id;
     r->exporter_pid = w->pid;
+    r->ctx = fc_ctx_current();
     r->open_refs = 1;
     *out = r;
     return cudaSuccess;
@@ -734,9 +741,10 @@ FC_API cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attrib
     return cudaSuccess;
 }
 
+/* Wants a current context (any: the pointer says where it lives). */
 FC_API CUresult cuMemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
 {
-    CUresult rc = fc_drv_enter();
+    CUresult rc = fc_drv_enter_ctx(NULL);
     if (rc)
         return rc;
     pthread_mutex_lock(&g_fc.mu);
@@ -753,6 +761,8 @@ FC_API CUresult cuMemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdevice
     return CUDA_SUCCESS;
 }
 
+/* Needs no current context: a unified address says where it lives (threads
+ * with none, as in kvikio's pool, ask exactly this). */
 FC_API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
 {
     CUresult rc = fc_drv_enter();
@@ -771,7 +781,8 @@ FC_API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute,
     rc = CUDA_SUCCESS;
     switch (attribute) {
     case CU_POINTER_ATTRIBUTE_CONTEXT:
-        *(CUcontext *)data = fc_ctx_of_ordinal(ordinal);
+        /* Pool and VMM memory belong to no context. */
+        *(CUcontext *)data = r->ctx;
         break;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
         *(unsigned int *)data = dev ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;

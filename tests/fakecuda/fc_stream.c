@@ -1,6 +1,9 @@
 /*
- * fakecuda streams and events. Each stream (the legacy default stream, the
- * per-thread default streams and every created stream) owns a worker thread
+ * fakecuda streams and events. Streams and events belong to the context
+ * current when they were made (a device's primary context, usually): each
+ * context has its own legacy default stream, each thread its own per-thread
+ * default stream in each context, and an event is recorded only on a stream
+ * of its own context, as on CUDA. Each stream owns a worker thread
  * that runs its queue in order, sleeping the configured delay before each copy,
  * memset and host function, so work issued on a stream completes later, as on
  * a GPU. Events keep their state (records issued, records completed) in a
@@ -37,6 +40,7 @@ struct CUstream_st {
     uint64_t issued, completed;
     unsigned flags;
     enum fc_stream_role role;
+    struct CUctx_st *ctx;
     bool closing;
     _Atomic int refs;
     struct CUstream_st *all_next, *all_prev; /* g_fc.streams */
@@ -45,6 +49,8 @@ struct CUstream_st {
 struct CUevent_st {
     unsigned flags;
     bool imported;
+    bool counted_ipc;     /* counts in live_ipc_events */
+    struct CUctx_st *ctx; /* current at its creation (or opening) */
     _Atomic int refs;
     struct fc_ev_shared *sh;
     size_t map_len; /* sh is mmapped when > 0, else heap */
@@ -272,7 +278,8 @@ static void *fc_stream_worker(void *arg)
 
 /* Returns a stream holding two references (its owner's and its worker's),
  * or NULL when out of memory or threads. */
-static struct CUstream_st *fc_stream_new(unsigned flags, enum fc_stream_role role)
+static struct CUstream_st *fc_stream_new(unsigned flags, enum fc_stream_role role,
+                                         struct CUctx_st *ctx)
 {
     struct CUstream_st *s = calloc(1, sizeof(*s));
     if (!s)
@@ -282,6 +289,7 @@ static struct CUstream_st *fc_stream_new(unsigned flags, enum fc_stream_role rol
     pthread_cond_init(&s->done_cv, NULL);
     s->flags = flags;
     s->role = role;
+    s->ctx = ctx;
     atomic_store(&s->refs, 2);
 
     pthread_mutex_lock(&g_fc.mu);
@@ -328,28 +336,52 @@ static void fc_stream_close(struct CUstream_st *s)
     fc_stream_put(s);
 }
 
-static pthread_once_t legacy_once = PTHREAD_ONCE_INIT;
-
-static void fc_legacy_create(void)
+CUcontext fc_stream_ctx(const struct CUstream_st *s)
 {
-    g_fc.legacy = fc_stream_new(0, FC_S_LEGACY);
-    if (!g_fc.legacy)
-        fc_trap("cannot start the legacy default stream's worker");
+    return s->ctx;
 }
 
-struct CUstream_st *fc_stream_legacy(void)
+/* The legacy default stream of ctx, started on first use. Returns it with a
+ * reference taken, or NULL when out of threads. */
+static struct CUstream_st *fc_ctx_legacy_get(struct CUctx_st *ctx)
 {
-    pthread_once(&legacy_once, fc_legacy_create);
-    return g_fc.legacy;
+    pthread_mutex_lock(&g_fc.mu);
+    struct CUstream_st *s = ctx->legacy;
+    if (s)
+        atomic_fetch_add(&s->refs, 1);
+    pthread_mutex_unlock(&g_fc.mu);
+    if (s)
+        return s;
+    struct CUstream_st *n = fc_stream_new(0, FC_S_LEGACY, ctx);
+    if (!n)
+        return NULL;
+    pthread_mutex_lock(&g_fc.mu);
+    if (!ctx->legacy)
+        ctx->legacy = n; /* the context keeps the owner's reference for life */
+    s = ctx->legacy;     /* ...or another thread was first */
+    atomic_fetch_add(&s->refs, 1);
+    pthread_mutex_unlock(&g_fc.mu);
+    if (s != n)
+        fc_stream_close(n);
+    return s;
 }
 
+/* This thread's per-thread default streams, one per context it used. */
+struct fc_pts {
+    size_t n, cap;
+    struct CUstream_st **s;
+};
 static pthread_key_t per_thread_key;
 static pthread_once_t per_thread_once = PTHREAD_ONCE_INIT;
-static _Thread_local struct CUstream_st *tls_stream;
+static _Thread_local struct fc_pts *tls_pts;
 
 static void fc_per_thread_exit(void *p)
 {
-    fc_stream_close(p);
+    struct fc_pts *t = p;
+    for (size_t i = 0; i < t->n; i++)
+        fc_stream_close(t->s[i]);
+    free(t->s);
+    free(t);
 }
 
 static void fc_per_thread_key(void)
@@ -357,20 +389,51 @@ static void fc_per_thread_key(void)
     pthread_key_create(&per_thread_key, fc_per_thread_exit);
 }
 
+static struct CUstream_st *fc_per_thread_get(struct CUctx_st *ctx)
+{
+    if (!tls_pts) {
+        pthread_once(&per_thread_once, fc_per_thread_key);
+        tls_pts = calloc(1, sizeof(*tls_pts));
+        if (!tls_pts)
+            return NULL;
+        pthread_setspecific(per_thread_key, tls_pts);
+    }
+    for (size_t i = 0; i < tls_pts->n; i++)
+        if (tls_pts->s[i]->ctx == ctx)
+            return tls_pts->s[i];
+    if (tls_pts->n == tls_pts->cap) {
+        size_t cap = tls_pts->cap ? tls_pts->cap * 2 : 4;
+        struct CUstream_st **a = realloc(tls_pts->s, cap * sizeof(*a));
+        if (!a)
+            return NULL;
+        tls_pts->s = a;
+        tls_pts->cap = cap;
+    }
+    struct CUstream_st *s = fc_stream_new(0, FC_S_PER_THREAD, ctx);
+    if (s)
+        tls_pts->s[tls_pts->n++] = s;
+    return s;
+}
+
 cudaError_t fc_stream_get(cudaStream_t h, struct CUstream_st **out)
 {
     struct CUstream_st *s;
     if (h == NULL || h == cudaStreamLegacy) {
-        s = fc_stream_legacy();
+        struct CUctx_st *ctx = fc_ctx_current();
+        if (!ctx)
+            fc_trap("the legacy stream named with no current context (fakecuda bug)");
+        s = fc_ctx_legacy_get(ctx);
+        if (!s)
+            return cudaErrorMemoryAllocation;
+        *out = s;
+        return cudaSuccess;
     } else if (h == cudaStreamPerThread) {
-        if (!tls_stream) {
-            pthread_once(&per_thread_once, fc_per_thread_key);
-            tls_stream = fc_stream_new(0, FC_S_PER_THREAD);
-            if (!tls_stream)
-                return cudaErrorMemoryAllocation;
-            pthread_setspecific(per_thread_key, tls_stream);
-        }
-        s = tls_stream;
+        struct CUctx_st *ctx = fc_ctx_current();
+        if (!ctx)
+            fc_trap("the per-thread stream named with no current context (fakecuda bug)");
+        s = fc_per_thread_get(ctx);
+        if (!s)
+            return cudaErrorMemoryAllocation;
     } else {
         pthread_mutex_lock(&g_fc.mu);
         bool live = fc_reg_has(&reg_streams, h);
@@ -401,16 +464,17 @@ static struct fc_op *fc_dep_on(struct CUstream_st *t, uint64_t seq)
     return d;
 }
 
-/* The legacy default stream waits for all earlier work of every blocking
- * stream, and a blocking stream waits for earlier work of the legacy stream
- * (cudaStreamNonBlocking streams do neither). */
+/* The legacy default stream of a context waits for all earlier work of
+ * every blocking stream of that context, and a blocking stream waits for
+ * earlier work of its context's legacy stream (cudaStreamNonBlocking
+ * streams do neither; nothing crosses contexts). */
 uint64_t fc_stream_submit(struct CUstream_st *s, struct fc_op *op)
 {
     struct fc_op *deps = NULL, **dtail = &deps;
     if (s->role == FC_S_LEGACY) {
         pthread_mutex_lock(&g_fc.mu);
         for (struct CUstream_st *t = g_fc.streams; t; t = t->all_next) {
-            if (t == s || (t->flags & cudaStreamNonBlocking))
+            if (t == s || t->ctx != s->ctx || (t->flags & cudaStreamNonBlocking))
                 continue;
             pthread_mutex_lock(&t->mu);
             if (t->issued > t->completed) {
@@ -421,7 +485,11 @@ uint64_t fc_stream_submit(struct CUstream_st *s, struct fc_op *op)
         }
         pthread_mutex_unlock(&g_fc.mu);
     } else if (!(s->flags & cudaStreamNonBlocking)) {
-        struct CUstream_st *l = g_fc.legacy;
+        pthread_mutex_lock(&g_fc.mu);
+        struct CUstream_st *l = s->ctx->legacy;
+        if (l)
+            atomic_fetch_add(&l->refs, 1);
+        pthread_mutex_unlock(&g_fc.mu);
         if (l) {
             pthread_mutex_lock(&l->mu);
             if (l->issued > l->completed) {
@@ -429,6 +497,7 @@ uint64_t fc_stream_submit(struct CUstream_st *s, struct fc_op *op)
                 dtail = &(*dtail)->next;
             }
             pthread_mutex_unlock(&l->mu);
+            fc_stream_put(l);
         }
     }
 
@@ -467,7 +536,7 @@ static void fc_stream_drain(struct CUstream_st *s)
     pthread_mutex_unlock(&s->mu);
 }
 
-void fc_sync_all(void)
+void fc_sync_all(CUcontext ctx)
 {
     pthread_mutex_lock(&g_fc.mu);
     size_t n = 0;
@@ -478,6 +547,8 @@ void fc_sync_all(void)
         fc_trap("out of memory in a device synchronisation");
     n = 0;
     for (struct CUstream_st *t = g_fc.streams; t; t = t->all_next) {
+        if (ctx && t->ctx != ctx)
+            continue;
         atomic_fetch_add(&t->refs, 1);
         all[n++] = t;
     }
@@ -496,8 +567,7 @@ FC_API cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int
         return fc_rt_err(e);
     if (!pStream || (flags & ~(unsigned)cudaStreamNonBlocking))
         return fc_rt_err(cudaErrorInvalidValue);
-    fc_stream_legacy(); /* exists before any stream that must sync with it */
-    struct CUstream_st *s = fc_stream_new(flags, FC_S_USER);
+    struct CUstream_st *s = fc_stream_new(flags, FC_S_USER, fc_ctx_current());
     if (!s)
         return fc_rt_err(cudaErrorMemoryAllocation);
     pthread_mutex_lock(&g_fc.mu);
@@ -575,7 +645,7 @@ FC_API cudaError_t cudaDeviceSynchronize(void)
     if (e)
         return fc_rt_err(e);
     FC_COUNT(device_sync_calls);
-    fc_sync_all();
+    fc_sync_all(fc_ctx_current()); /* the current device's work only */
     return cudaSuccess;
 }
 
@@ -637,12 +707,17 @@ static cudaError_t fc_event_get(cudaEvent_t h, struct CUevent_st **out)
     return cudaSuccess;
 }
 
-/* CUDA: operations on an imported event after its exporter destroyed it are
- * undefined behaviour. */
+/* CUDA: operations on an imported event after its exporter destroyed it, or
+ * exited, are undefined behaviour. */
 static void fc_event_check_exporter(struct CUevent_st *ev, const char *what)
 {
-    if (ev->imported && atomic_load(&ev->sh->owner_destroyed))
+    if (!ev->imported)
+        return;
+    if (atomic_load(&ev->sh->owner_destroyed))
         fc_trap("%s on an imported event whose exporter (pid %d) destroyed it",
+                what, (int)ev->sh->owner_pid);
+    if (!fc_pid_alive(ev->sh->owner_pid))
+        fc_trap("%s on an imported event whose exporter (pid %d) exited",
                 what, (int)ev->sh->owner_pid);
 }
 
@@ -669,16 +744,29 @@ FC_API cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int fla
     if ((flags & cudaEventInterprocess) && !(flags & cudaEventDisableTiming))
         return fc_rt_err(cudaErrorInvalidValue);
 
-    struct CUevent_st *ev = calloc(1, sizeof(*ev));
-    if (!ev)
+    /* Interprocess events are a scarcer resource than plain ones: the fake
+     * caps how many may live (the real limit is not documented). */
+    long cap = fc_ipc_event_limit();
+    if ((flags & cudaEventInterprocess) &&
+        atomic_fetch_add(&g_cnt.live_ipc_events, 1) >= cap && cap > 0) {
+        FC_DROP(live_ipc_events);
         return fc_rt_err(cudaErrorMemoryAllocation);
+    }
+    struct CUevent_st *ev = calloc(1, sizeof(*ev));
+    if (!ev) {
+        if (flags & cudaEventInterprocess)
+            FC_DROP(live_ipc_events);
+        return fc_rt_err(cudaErrorMemoryAllocation);
+    }
     ev->flags = flags;
     ev->fd = -1;
+    ev->ctx = fc_ctx_current();
     atomic_store(&ev->refs, 1);
     if (flags & cudaEventInterprocess) {
         int fd = fc_memfd_new("fakecuda-event", 0);
         if (fd < 0) {
             free(ev);
+            FC_DROP(live_ipc_events);
             return fc_rt_err(cudaErrorMemoryAllocation);
         }
         size_t len = fc_page_size();
@@ -686,6 +774,7 @@ FC_API cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int fla
         if (p == MAP_FAILED) {
             close(fd);
             free(ev);
+            FC_DROP(live_ipc_events);
             return fc_rt_err(cudaErrorMemoryAllocation);
         }
         ev->fd = fd;
@@ -698,11 +787,14 @@ FC_API cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int fla
             return fc_rt_err(cudaErrorMemoryAllocation);
         }
     }
+    ev->counted_ipc = (flags & cudaEventInterprocess) != 0;
     ev->sh->magic = FC_EV_MAGIC;
     ev->sh->interprocess = (flags & cudaEventInterprocess) != 0;
     ev->sh->id = fc_new_id();
     ev->sh->owner_pid = getpid();
     if ((e = fc_event_register(ev))) {
+        if (ev->counted_ipc)
+            FC_DROP(live_ipc_events);
         fc_event_put(ev);
         return fc_rt_err(e);
     }
@@ -742,6 +834,8 @@ FC_API cudaError_t cudaEventDestroy(cudaEvent_t event)
         close(event->fd);
         event->fd = -1;
     }
+    if (event->counted_ipc)
+        FC_DROP(live_ipc_events);
     FC_DROP(live_events);
     fc_event_put(event); /* queued records and waits hold their own refs */
     return cudaSuccess;
@@ -772,6 +866,13 @@ FC_API cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
         return fc_rt_err(e);
     }
     fc_event_check_exporter(ev, "cudaEventRecord");
+    /* CUDA: "event and stream must be on the same CUDA context" (the legacy
+     * and per-thread streams named are the current context's). */
+    if (ev->ctx != fc_stream_ctx(s)) {
+        fc_stream_put(s);
+        fc_event_put(ev);
+        return fc_rt_err(cudaErrorInvalidResourceHandle);
+    }
     struct fc_ev_shared *sh = ev->sh;
     if (sh->interprocess && atomic_load(&sh->pins) > 0 && atomic_load(&sh->issued) > 0 &&
         fc_event_other_holders(ev) > 0)
@@ -860,6 +961,30 @@ FC_API cudaError_t cudaEventQuery(cudaEvent_t event)
     bool done = atomic_load(&ev->sh->completed) >= atomic_load(&ev->sh->issued);
     fc_event_put(ev);
     return done ? cudaSuccess : cudaErrorNotReady;
+}
+
+/* The context a stream belongs to: for the special handles, the current
+ * one (CUDA_ERROR_INVALID_CONTEXT when none is). */
+FC_API CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
+{
+    CUresult r = fc_drv_enter();
+    if (r)
+        return r;
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (hStream == NULL || hStream == CU_STREAM_LEGACY || hStream == CU_STREAM_PER_THREAD) {
+        CUcontext c;
+        if ((r = fc_drv_enter_ctx(&c)))
+            return r;
+        *pctx = c;
+        return CUDA_SUCCESS;
+    }
+    struct CUstream_st *s;
+    if (fc_stream_get(hStream, &s))
+        return CUDA_ERROR_INVALID_HANDLE;
+    *pctx = s->ctx;
+    fc_stream_put(s);
+    return CUDA_SUCCESS;
 }
 
 /* ---- IPC events ------------------------------------------------------------------ */
@@ -954,6 +1079,7 @@ FC_API cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *event, cudaIpcEventHandle
     }
     ev->flags = cudaEventDisableTiming | cudaEventInterprocess;
     ev->imported = true;
+    ev->ctx = fc_ctx_current();
     ev->fd = -1;
     ev->sh = sh;
     ev->map_len = fc_page_size();

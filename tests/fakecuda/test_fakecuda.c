@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -1305,6 +1306,485 @@ static void test_trap_vmm_without_access(void **state)
     run_one(trap_vmm_child, NULL, SIGABRT, "cuMemSetAccess");
 }
 
+/* ==== 9. Devices and contexts ===================================================== */
+
+/* Contexts this process created on each of its first 4 devices. */
+static void ctx_counts(long out[4])
+{
+    for (int i = 0; i < 4; i++)
+        out[i] = fakecuda_contexts_created(i);
+}
+
+#define CK_COUNTS(a, b, c, d)                                                      \
+    do {                                                                           \
+        long n_[4];                                                                \
+        ctx_counts(n_);                                                            \
+        if (n_[0] != (a) || n_[1] != (b) || n_[2] != (c) || n_[3] != (d)) {        \
+            fprintf(stderr, "%s:%d: contexts created %ld %ld %ld %ld, want %d %d %d %d\n", \
+                    __FILE__, __LINE__, n_[0], n_[1], n_[2], n_[3], (a), (b), (c), (d)); \
+            _exit(1);                                                              \
+        }                                                                          \
+    } while (0)
+
+static CUcontext current_ctx(void)
+{
+    CUcontext c = (CUcontext)(uintptr_t)1;
+    CKD(cuCtxGetCurrent(&c));
+    return c;
+}
+
+struct ctx_thread_arg {
+    cudaEvent_t ev;       /* made on device 2 by the main thread */
+    CUcontext use;        /* made current by the thread first, when set */
+    void *dptr;           /* out: a cudaMalloc of the thread */
+    int device;           /* out: cudaGetDevice before any call */
+    CUcontext before;     /* out: current context before any call */
+    cudaError_t query;    /* out: cudaEventQuery(ev) */
+};
+
+/* A thread of a process: nothing is current on it at first. */
+static void *ctx_thread(void *p)
+{
+    struct ctx_thread_arg *a = p;
+    a->before = (CUcontext)(uintptr_t)1;
+    cuCtxGetCurrent(&a->before);
+    cudaGetDevice(&a->device);
+    if (a->use)
+        cuCtxSetCurrent(a->use);
+    if (a->ev)
+        a->query = cudaEventQuery(a->ev);
+    else
+        cudaMalloc(&a->dptr, 64);
+    return NULL;
+}
+
+static void ctx_child(int sock, const void *arg)
+{
+    (void)sock;
+    (void)arg;
+    setenv("FAKECUDA_DEVICES", "4", 1);
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    int n, dev = -1, v;
+    CUcontext c2, c;
+    CUdevice d;
+    CUdeviceptr base;
+    size_t size;
+    struct cudaDeviceProp prop;
+
+    /* What asks about devices creates no context. */
+    CKD(cuInit(0));
+    CK(current_ctx() == NULL);
+    CKC(cudaGetDeviceCount(&n));
+    CK(n == 4);
+    for (int i = 0; i < n; i++) {
+        CKC(cudaGetDeviceProperties(&prop, i));
+        CKC(cudaDeviceGetAttribute(&v, cudaDevAttrComputeMode, i));
+        CK(v == cudaComputeModeDefault);
+    }
+    CKC(cudaGetDevice(&dev));
+    CK(dev == 0);
+    CK_COUNTS(0, 0, 0, 0);
+    CK(current_ctx() == NULL);
+    /* Driver calls that want a context fail without one. */
+    CKDE(cuCtxGetDevice(&d), CUDA_ERROR_INVALID_CONTEXT);
+    CKDE(cuStreamGetCtx(CU_STREAM_LEGACY, &c), CUDA_ERROR_INVALID_CONTEXT);
+    CKDE(cuMemGetAddressRange(&base, &size, (CUdeviceptr)(uintptr_t)&n),
+         CUDA_ERROR_INVALID_CONTEXT);
+
+    /* cudaSetDevice creates the primary context at once. */
+    CKC(cudaSetDevice(2));
+    CK_COUNTS(0, 0, 1, 0);
+    c2 = current_ctx();
+    CK(c2 != NULL);
+    CKD(cuCtxGetDevice(&d));
+    CK(d == 2);
+    CKD(cuStreamGetCtx(CU_STREAM_LEGACY, &c));
+    CK(c == c2);
+    CKC(cudaSetDevice(2)); /* again: the same context */
+    CK_COUNTS(0, 0, 1, 0);
+
+    /* Another thread starts with nothing current and the runtime's
+     * device 0: its first runtime call creates device 0's context, even
+     * for an event of device 2 (the stray context of an 8-GPU node). */
+    cudaEvent_t ev;
+    CKC(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    struct ctx_thread_arg ta = { .ev = ev };
+    pthread_t t;
+    CK(pthread_create(&t, NULL, ctx_thread, &ta) == 0);
+    CK(pthread_join(t, NULL) == 0);
+    CK(ta.before == NULL && ta.device == 0 && ta.query == cudaSuccess);
+    CK_COUNTS(1, 0, 1, 0);
+
+    /* ...unless it makes the right context current first. */
+    struct ctx_thread_arg tb = { .use = c2 };
+    CK(pthread_create(&t, NULL, ctx_thread, &tb) == 0);
+    CK(pthread_join(t, NULL) == 0);
+    CK(tb.before == NULL && tb.dptr != NULL);
+    CK_COUNTS(1, 0, 1, 0);
+    struct cudaPointerAttributes pa;
+    CKC(cudaPointerGetAttributes(&pa, tb.dptr));
+    CK(pa.device == 2);
+    CKD(cuPointerGetAttribute(&c, CU_POINTER_ATTRIBUTE_CONTEXT, (CUdeviceptr)(uintptr_t)tb.dptr));
+    CK(c == c2);
+    CKC(cudaFree(tb.dptr));
+
+    /* Retaining a primary context creates it without making it current;
+     * the last release destroys it, and the next retain creates it again. */
+    CKD(cuDevicePrimaryCtxRetain(&c, 3));
+    CK_COUNTS(1, 0, 1, 1);
+    CK(current_ctx() == c2);
+    unsigned flags;
+    int active;
+    CKD(cuDevicePrimaryCtxGetState(3, &flags, &active));
+    CK(active == 1);
+    CKD(cuDevicePrimaryCtxRelease(3));
+    CKD(cuDevicePrimaryCtxGetState(3, &flags, &active));
+    CK(active == 0);
+    CKDE(cuDevicePrimaryCtxRelease(3), CUDA_ERROR_INVALID_CONTEXT);
+    CKD(cuDevicePrimaryCtxRetain(&c, 3));
+    CK_COUNTS(1, 0, 1, 2);
+    CKD(cuDevicePrimaryCtxRelease(3));
+    /* One the runtime initialised stays. */
+    CKD(cuDevicePrimaryCtxRetain(&c, 2));
+    CKD(cuDevicePrimaryCtxRelease(2));
+    CKD(cuDevicePrimaryCtxGetState(2, &flags, &active));
+    CK(active == 1);
+
+    /* A context of one's own: current once made; the runtime uses it. */
+    CUcontext mine;
+    CKD(cuCtxCreate(&mine, NULL, 0, 1));
+    CK_COUNTS(1, 1, 1, 2);
+    CK(mine != c2 && current_ctx() == mine);
+    CKC(cudaGetDevice(&dev));
+    CK(dev == 1);
+    void *p1;
+    CKC(cudaMalloc(&p1, 64));
+    CKD(cuPointerGetAttribute(&c, CU_POINTER_ATTRIBUTE_CONTEXT, (CUdeviceptr)(uintptr_t)p1));
+    CK(c == mine);
+    CKD(cuMemGetAddressRange(&base, &size, (CUdeviceptr)(uintptr_t)p1));
+    CK(base == (CUdeviceptr)(uintptr_t)p1 && size == 64);
+    CKC(cudaFree(p1));
+    /* Unbound: nothing current; the runtime falls back to its device. */
+    CKD(cuCtxSetCurrent(NULL));
+    CK(current_ctx() == NULL);
+    CKC(cudaGetDevice(&dev));
+    CK(dev == 2);
+    CKD(cuCtxSetCurrent(mine));
+    CKD(cuCtxDestroy(mine));
+    CK(current_ctx() == NULL);
+    CKDE(cuCtxSetCurrent(mine), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    CKDE(cuCtxDestroy(c2), CUDA_ERROR_INVALID_CONTEXT); /* primary */
+    CK_COUNTS(1, 1, 1, 2);
+    CKC(cudaSetDevice(2));
+    CKC(cudaEventDestroy(ev));
+}
+
+static void test_contexts_lazy_and_counted(void **state)
+{
+    (void)state;
+    run_one(ctx_child, NULL, 0, NULL);
+}
+
+static void bump(void *p) { ++*(volatile int *)p; }
+
+/* Streams and events belong to a context: each device has its own legacy
+ * stream, and an event records only on a stream of its own context. */
+static void bound_child(int sock, const void *arg)
+{
+    (void)sock;
+    (void)arg;
+    setenv("FAKECUDA_DEVICES", "2", 1);
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    cudaStream_t s0, s1;
+    cudaEvent_t e0, e1, l0, l1;
+    CUcontext c0, c1, c;
+    static volatile int ran1;
+
+    CKC(cudaSetDevice(1));
+    c1 = current_ctx();
+    CKC(cudaStreamCreate(&s1));
+    CKC(cudaEventCreateWithFlags(&e1, cudaEventDisableTiming));
+    CKC(cudaEventCreateWithFlags(&l1, cudaEventDisableTiming));
+    CKC(cudaSetDevice(0));
+    c0 = current_ctx();
+    CKC(cudaStreamCreate(&s0));
+    CKC(cudaEventCreateWithFlags(&e0, cudaEventDisableTiming | cudaEventInterprocess));
+    CKC(cudaEventCreateWithFlags(&l0, cudaEventDisableTiming));
+    CKD(cuStreamGetCtx(s1, &c));
+    CK(c == c1);
+    CKD(cuStreamGetCtx(s0, &c));
+    CK(c == c0);
+
+    /* Event and stream of device 1, recorded while device 0 is current:
+     * fine. An event of device 0 on a stream of device 1: refused. */
+    CKC(cudaEventRecord(e1, s1));
+    CKE(cudaEventRecord(e0, s1), cudaErrorInvalidResourceHandle);
+    CK(cudaGetLastError() == cudaErrorInvalidResourceHandle);
+    /* The legacy stream is the current device's. */
+    CKE(cudaEventRecord(e1, 0), cudaErrorInvalidResourceHandle);
+    CKE(cudaEventRecord(e1, cudaStreamPerThread), cudaErrorInvalidResourceHandle);
+    CKC(cudaEventRecord(e0, cudaStreamLegacy));
+    cudaGetLastError();
+    /* Waits cross devices. */
+    CKC(cudaStreamWaitEvent(s0, e1, 0));
+    CKC(cudaStreamWaitEvent(s1, e0, 0));
+
+    /* Slow work on device 1's legacy stream holds back only device 1's
+     * legacy stream (and its blocking streams), not device 0's. */
+    CKC(cudaSetDevice(1));
+    fakecuda_set_delay_us(slow_delay_us());
+    CKC(cudaLaunchHostFunc(0, bump, (void *)&ran1));
+    fakecuda_set_delay_us(0);
+    CKC(cudaEventRecord(l1, 0));
+    CKC(cudaEventRecord(e1, s1)); /* s1 waits for device 1's legacy stream */
+    CKC(cudaSetDevice(0));
+    CKC(cudaEventRecord(l0, 0));
+    CKC(cudaEventSynchronize(l0));
+    CK(ran1 == 0);
+    CKE(cudaEventQuery(l1), cudaErrorNotReady);
+    CKE(cudaEventQuery(e1), cudaErrorNotReady);
+    CKC(cudaEventSynchronize(e1));
+    CK(ran1 == 1);
+    CKC(cudaStreamDestroy(s0));
+    CKC(cudaStreamDestroy(s1));
+    CKC(cudaEventDestroy(e0));
+    CKC(cudaEventDestroy(e1));
+    CKC(cudaEventDestroy(l0));
+    CKC(cudaEventDestroy(l1));
+}
+
+static void test_streams_and_events_bound_to_device(void **state)
+{
+    (void)state;
+    run_one(bound_child, NULL, 0, NULL);
+}
+
+/* Compute modes: device 0 EXCLUSIVE_PROCESS, device 1 PROHIBITED. */
+static void excl_env(const void *arg)
+{
+    setenv("FAKECUDA_DEVICES", "2", 1);
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    setenv("FAKECUDA_COMPUTE_MODE", "exclusive_process,prohibited", 1);
+    setenv("FAKECUDA_UUID_SEED", arg, 1); /* names the claim: this test's own */
+}
+
+static void excl_holder(int sock, const void *arg)
+{
+    excl_env(arg);
+    int v;
+    CKC(cudaDeviceGetAttribute(&v, cudaDevAttrComputeMode, 0));
+    CK(v == cudaComputeModeExclusiveProcess);
+    CKC(cudaSetDevice(0));
+    /* Many threads of one process may use it. */
+    struct ctx_thread_arg ta = { 0 };
+    pthread_t t;
+    CK(pthread_create(&t, NULL, ctx_thread, &ta) == 0);
+    CK(pthread_join(t, NULL) == 0);
+    CK(ta.dptr != NULL);
+    CKC(cudaFree(ta.dptr));
+    msg_send(sock, T_OPENED, NULL, -1);
+    expect(sock, T_DONE, NULL, NULL);
+}
+
+static void excl_other(int sock, const void *arg)
+{
+    excl_env(arg);
+    CUcontext c;
+    CUdevice d;
+    int n, v;
+    void *p;
+    expect(sock, T_OPENED, NULL, NULL);
+    /* Asking about the device is fine; a context on it is not. */
+    CKC(cudaGetDeviceCount(&n));
+    CK(n == 2);
+    CKD(cuDeviceGet(&d, 1));
+    CKD(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, d));
+    CK(v == CU_COMPUTEMODE_PROHIBITED);
+    CKE(cudaSetDevice(0), cudaErrorDevicesUnavailable);
+    CKE(cudaMalloc(&p, 64), cudaErrorDevicesUnavailable); /* lazy, device 0 */
+    CKE(cudaSetDevice(1), cudaErrorDevicesUnavailable);
+    CKDE(cuDevicePrimaryCtxRetain(&c, 0), CUDA_ERROR_DEVICE_UNAVAILABLE);
+    CKDE(cuCtxCreate(&c, NULL, 0, 0), CUDA_ERROR_DEVICE_UNAVAILABLE);
+    CKDE(cuDevicePrimaryCtxRetain(&c, 1), CUDA_ERROR_DEVICE_UNAVAILABLE);
+    CK(fakecuda_contexts_created(0) == 0);
+    msg_send(sock, T_DONE, NULL, -1);
+    /* Once the holder is gone, the device is free. */
+    wait_peer_gone(sock);
+    double end = now_ms() + 5000 * timeout_scale();
+    cudaError_t e;
+    while ((e = cudaSetDevice(0)) == cudaErrorDevicesUnavailable && now_ms() < end)
+        sleep_ms(5);
+    CKC(e);
+    CK(fakecuda_contexts_created(0) == 1);
+}
+
+static void test_compute_modes(void **state)
+{
+    (void)state;
+    char seed[64];
+    snprintf(seed, sizeof(seed), "exclusive-%d", (int)getpid());
+    run_pair(excl_holder, seed, 0, NULL, excl_other, seed, 0, NULL);
+}
+
+/* A cap on live interprocess events; plain events are not counted. */
+static void evcap_child(int sock, const void *arg)
+{
+    (void)sock;
+    (void)arg;
+    cudaEvent_t ev[3], extra, plain;
+    struct fakecuda_stats st;
+    const unsigned ipc = cudaEventDisableTiming | cudaEventInterprocess;
+    fakecuda_set_ipc_event_limit(3);
+    for (int i = 0; i < 3; i++)
+        CKC(cudaEventCreateWithFlags(&ev[i], ipc));
+    CKE(cudaEventCreateWithFlags(&extra, ipc), cudaErrorMemoryAllocation);
+    CKC(cudaEventCreateWithFlags(&plain, cudaEventDisableTiming));
+    fakecuda_get_stats(&st);
+    CK(st.live_ipc_events == 3 && st.live_events == 4);
+    CKC(cudaEventDestroy(ev[0]));
+    CKC(cudaEventCreateWithFlags(&ev[0], ipc));
+    CKE(cudaEventCreateWithFlags(&extra, ipc), cudaErrorMemoryAllocation);
+    for (int i = 0; i < 3; i++)
+        CKC(cudaEventDestroy(ev[i]));
+    CKC(cudaEventDestroy(plain));
+    fakecuda_get_stats(&st);
+    CK(st.live_ipc_events == 0 && st.live_events == 0);
+}
+
+static void test_ipc_event_cap(void **state)
+{
+    (void)state;
+    run_one(evcap_child, NULL, 0, NULL);
+}
+
+/* A device without read-only host registration refuses the flag. */
+static void rohost_child(int sock, const void *arg)
+{
+    (void)sock;
+    (void)arg;
+    static unsigned char host[4096];
+    int v = -1;
+    setenv("FAKECUDA_HOST_REGISTER_READONLY", "0", 1);
+    CKC(cudaDeviceGetAttribute(&v, cudaDevAttrHostRegisterReadOnlySupported, 0));
+    CK(v == 0);
+    CKE(cudaHostRegister(host, sizeof(host), cudaHostRegisterReadOnly), cudaErrorNotSupported);
+    CKC(cudaHostRegister(host, sizeof(host), cudaHostRegisterPortable));
+    CKC(cudaHostUnregister(host));
+}
+
+static void test_host_register_read_only_attribute(void **state)
+{
+    (void)state;
+    run_one(rohost_child, NULL, 0, NULL);
+}
+
+/* An imported event whose exporter exited is as dead as a destroyed one. */
+static void trap_evexit_producer(int sock, const void *arg)
+{
+    (void)arg;
+    cudaEvent_t ev;
+    struct msg m = { .size = 0 };
+    CKC(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventInterprocess));
+    CKC(cudaEventRecord(ev, 0));
+    CKC(cudaIpcGetEventHandle(&m.eh, ev));
+    msg_send(sock, T_HANDLES, &m, -1);
+    expect(sock, T_OPENED, NULL, NULL);
+    /* exits without destroying it */
+}
+
+static void trap_evexit_consumer(int sock, const void *arg)
+{
+    (void)arg;
+    struct msg m;
+    cudaEvent_t ev;
+    expect(sock, T_HANDLES, &m, NULL);
+    CKC(cudaIpcOpenEventHandle(&ev, m.eh));
+    msg_send(sock, T_OPENED, NULL, -1);
+    wait_peer_gone(sock); /* it exited (a zombie counts as gone) */
+    cudaStreamWaitEvent(0, ev, 0); /* traps */
+    CK(!"cudaStreamWaitEvent returned");
+}
+
+static void test_trap_event_after_exporter_exited(void **state)
+{
+    (void)state;
+    run_pair(trap_evexit_producer, NULL, 0, NULL,
+             trap_evexit_consumer, NULL, SIGABRT, "exited");
+}
+
+/* The driver's twins of the runtime calls want a current context and
+ * create none; cuGetProcAddress hands out the header's versioned functions
+ * by base name. */
+static void drv_child(int sock, const void *arg)
+{
+    (void)sock;
+    (void)arg;
+    setenv("FAKECUDA_DEVICES", "2", 1);
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    CUevent ev;
+    CUstream st;
+    CUcontext c;
+    CUdriverProcAddressQueryResult q;
+    void *fn;
+    int ord = -1;
+    static unsigned char host[4096];
+
+    CKDE(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING), CUDA_ERROR_NOT_INITIALIZED);
+    CKD(cuInit(0));
+    CKDE(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING), CUDA_ERROR_INVALID_CONTEXT);
+    CKDE(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING), CUDA_ERROR_INVALID_CONTEXT);
+    CKDE(cuMemHostRegister(host, sizeof(host), CU_MEMHOSTREGISTER_PORTABLE),
+         CUDA_ERROR_INVALID_CONTEXT);
+    CK(fakecuda_contexts_created(0) == 0 && fakecuda_contexts_created(1) == 0);
+    CK(cudaGetLastError() == cudaSuccess);
+
+    CKD(cuDevicePrimaryCtxRetain(&c, 1));
+    CKD(cuCtxSetCurrent(c));
+    CKD(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS));
+    CKD(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+    CKD(cuEventRecord(ev, st));
+    CKD(cuEventRecord(ev, CU_STREAM_LEGACY));
+    CKD(cuStreamWaitEvent(CU_STREAM_PER_THREAD, ev, 0));
+    CKD(cuEventSynchronize(ev));
+    CKD(cuEventQuery(ev));
+    CUipcEventHandle eh;
+    CKD(cuIpcGetEventHandle(&eh, ev));
+    CUdeviceptr d;
+    CUipcMemHandle mh;
+    void *p;
+    CKC(cudaMalloc(&p, 4096)); /* in the current context: device 1 */
+    d = (CUdeviceptr)(uintptr_t)p;
+    CKD(cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, d));
+    CK(ord == 1);
+    CKD(cuIpcGetMemHandle(&mh, d));
+    CKDE(cuIpcOpenMemHandle(&d, mh, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+         CUDA_ERROR_INVALID_CONTEXT); /* our own handle: refused */
+    CKD(cuMemcpyDtoDAsync(d, d + 2048, 1024, st));
+    CKD(cuStreamSynchronize(st));
+    CKD(cuMemHostRegister(host, sizeof(host), CU_MEMHOSTREGISTER_PORTABLE));
+    CKD(cuMemHostUnregister(host));
+    CKD(cuStreamDestroy(st));
+    CKD(cuEventDestroy(ev));
+    CK(fakecuda_contexts_created(0) == 0 && fakecuda_contexts_created(1) == 1);
+    CKC(cudaFree(p));
+
+    CKD(cuGetProcAddress("cuIpcOpenMemHandle", &fn, 12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &q));
+    CK(q == CU_GET_PROC_ADDRESS_SUCCESS && fn == (void *)cuIpcOpenMemHandle);
+    CKD(cuGetProcAddress("cuStreamGetCtx", &fn, 12000, 0, &q));
+    CK(fn == (void *)cuStreamGetCtx);
+    CKD(cuGetProcAddress("cuStreamGetCtx", &fn, CUDA_VERSION, 0, &q));
+    CK(fn == NULL); /* a newer ABI the fake does not have */
+    CKD(cuGetProcAddress("cudaMalloc", &fn, 12000, 0, &q));
+    CK(fn == NULL && q == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+    CKDE(cuGetProcAddress("cuInit", &fn, CUDA_VERSION + 10, 0, &q), CUDA_ERROR_INVALID_VALUE);
+}
+
+static void test_driver_calls_want_a_context(void **state)
+{
+    (void)state;
+    run_one(drv_child, NULL, 0, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1322,6 +1802,13 @@ int main(void)
         cmocka_unit_test(test_trap_stream_used_after_destroy),
         cmocka_unit_test(test_trap_unregister_with_pending_copy),
         cmocka_unit_test(test_trap_vmm_without_access),
+        cmocka_unit_test(test_contexts_lazy_and_counted),
+        cmocka_unit_test(test_streams_and_events_bound_to_device),
+        cmocka_unit_test(test_compute_modes),
+        cmocka_unit_test(test_ipc_event_cap),
+        cmocka_unit_test(test_host_register_read_only_attribute),
+        cmocka_unit_test(test_trap_event_after_exporter_exited),
+        cmocka_unit_test(test_driver_calls_want_a_context),
     };
     return cmocka_run_group_tests_name("fakecuda", tests, NULL, NULL);
 }

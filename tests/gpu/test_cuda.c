@@ -31,6 +31,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -40,6 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <dlshare/dlshare.h>
@@ -107,6 +109,60 @@ static int g_nchans;
 			FAIL("%s = %s (%s)", #expr, cudaGetErrorName(ce_),    \
 			     cudaGetErrorString(ce_));                        \
 	} while (0)
+
+/* Driver calls a test makes itself (contexts): the fake links them; on a
+ * GPU they come from libcuda.so.1, which the runtime loaded. */
+#if FAKE
+#define DRV(fn) fn
+#else
+#include <dlfcn.h>
+#define DRV_STR_(x) #x
+#define DRV_STR(x) DRV_STR_(x)
+static void *drv_sym(const char *name)
+{
+	static void *lib;
+	void *p;
+
+	if (!lib)
+		lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	p = lib ? dlsym(lib, name) : NULL;
+	if (!p)
+		FAIL("libcuda.so.1 lacks %s", name);
+	return p;
+}
+#define DRV(fn) ((__typeof__(&fn))drv_sym(DRV_STR(fn)))
+#endif
+
+#define CUD(expr)                                                             \
+	do {                                                                  \
+		CUresult cr_ = (expr);                                        \
+		if (cr_ != CUDA_SUCCESS)                                      \
+			FAIL("%s = CUresult %d", #expr, (int)cr_);            \
+	} while (0)
+
+static CUcontext ctx_current(void)
+{
+	CUcontext c = (CUcontext)(uintptr_t)1;
+
+	CUD(DRV(cuCtxGetCurrent)(&c));
+	return c;
+}
+
+/* No context was ever created on a device other than keep (fake only: a
+ * GPU tells nothing of the kind to the process). */
+static void check_only_device(int keep, int ndev)
+{
+#if FAKE
+	for (int d = 0; d < ndev; d++)
+		if (d != keep && fakecuda_contexts_created(d) != 0)
+			FAIL("%ld context(s) created on device %d; this process "
+			     "uses device %d only",
+			     fakecuda_contexts_created(d), d, keep);
+#else
+	(void)keep;
+	(void)ndev;
+#endif
+}
 
 typedef int (*child_fn)(void *arg);
 
@@ -296,12 +352,17 @@ static atomic_int g_deleted[SLOTS];
 #if FAKE
 static void *g_watch[SLOTS];          /* allocation to look at in the deleter */
 static atomic_int g_importers_at_delete[SLOTS];
+/* Bytes the deleter overwrites at once, from the host (the fake's device
+ * memory is host memory): what a caching allocator's next user would do
+ * to memory given back before the library's copy of it ran. */
+static size_t g_scribble[SLOTS];
 #endif
 
 struct owned {
 	DLManagedTensor m;
 	int64_t shape[2];
 	int slot;
+	DLManagedTensor *inner;  /* handed back after ours, when set */
 };
 
 static void owned_delete(DLManagedTensor *self)
@@ -313,7 +374,12 @@ static void owned_delete(DLManagedTensor *self)
 	if (g_watch[o->slot])
 		atomic_store(&g_importers_at_delete[o->slot],
 			     fakecuda_mem_importers(g_watch[o->slot]));
+	if (g_scribble[o->slot])
+		memset((char *)self->dl_tensor.data + self->dl_tensor.byte_offset,
+		       0xee, g_scribble[o->slot]);
 #endif
+	if (o->inner)
+		o->inner->deleter(o->inner);
 	atomic_fetch_add(&g_deleted[o->slot], 1);
 	free(o);
 }
@@ -348,6 +414,33 @@ static int wait_deleted(int slot, int want, int ms)
 	while (atomic_load(&g_deleted[slot]) != want && now_ms() < end)
 		sleep_ms(5);
 	return atomic_load(&g_deleted[slot]);
+}
+
+/* Returns once the library's thread has freed every export the daemon
+ * retired before this call (so their events are pooled): two host versions
+ * are published and deleted in turn, each waited for until handed back.
+ * That thread frees retired exports in batches, one after the other; the
+ * second version is retired only after the first was handed back, so it
+ * is in a later batch than anything retired before the first. Counts in
+ * slot's deleter runs. */
+static void flush_retired(dlshare_client *c, int slot)
+{
+	dlshare_publish_opts po = { .flags = DLSHARE_PUBLISH_NO_COPY };
+	int64_t shape[1] = { 16 };
+
+	for (int i = 0; i < 2; i++) {
+		int before = atomic_load(&g_deleted[slot]);
+		DLManagedTensor *h, *t;
+
+		DL_OK(dlshare_host_alloc((DLDataType){ kDLFloat, 32, 1 }, 1,
+					 shape, &h));
+		t = owned_new(h->dl_tensor.data, 0, 16, 1, 0, slot);
+		t->dl_tensor.device = (DLDevice){ kDLCPU, 0 };
+		((struct owned *)t->manager_ctx)->inner = h;
+		DL_OK(dlshare_publish(c, "gpu/flush-retired", &t, 1, &po, NULL));
+		DL_OK(dlshare_delete(c, "gpu/flush-retired"));
+		CHECK(wait_deleted(slot, before + 1, 5000) == before + 1);
+	}
 }
 
 /* Writes the pattern of seed to dev (n bytes) on stream s, without waiting:
@@ -490,6 +583,8 @@ static int teardown(void **state)
 	}
 	g_nchans = 0;
 	unsetenv("FAKECUDA_DEVICES");
+	unsetenv("FAKECUDA_COMPUTE_MODE");
+	unsetenv("FAKECUDA_UUID_SEED");
 	if (g_d.pid > 0)
 		st = harness_daemon_stop(&g_d);
 	else
@@ -526,10 +621,20 @@ struct rt_args {
 	int consumer_no_wait;    /* test 2: DLSHARE_STREAM_NONE */
 };
 
+/* libdlshare loads the CUDA driver only: with no runtime to be found, the
+ * round trip works all the same (the test's own calls are linked). */
+static void hide_cuda_runtime(void)
+{
+	setenv("DLSHARE_CUDA_RUNTIME", "/nonexistent/libcudart.so.0", 1);
+}
+
 static int rt_producer(void *arg)
 {
 	struct rt_args *a = arg;
-	dlshare_client *c = child_connect();
+	dlshare_client *c;
+
+	hide_cuda_runtime();
+	c = child_connect();
 	static const char *const keys[] = { "whole", "sub" };
 	DLManagedTensor *ts[2];
 	dlshare_publish_opts po = { .keys = keys,
@@ -580,7 +685,10 @@ static int rt_producer(void *arg)
 static int rt_consumer(void *arg)
 {
 	struct rt_args *a = arg;
-	dlshare_client *c = child_connect();
+	dlshare_client *c;
+
+	hide_cuda_runtime();
+	c = child_connect();
 	dlshare_get_opts go = { .select = DLSHARE_LATEST };
 	const DLTensor *whole, *sub;
 	dlshare_bundle *b;
@@ -621,7 +729,9 @@ static int rt_consumer(void *arg)
 #endif
 	} else {
 #if FAKE
-		CHECK(fstats().stream_wait_event_calls == 0);
+		/* One wait, on a stream of the library's (what a later
+		 * dlshare_bundle_wait would chain to), none on ours. */
+		CHECK(fstats().stream_wait_event_calls == 1);
 #endif
 		/* Nobody waits for the producer's writes: they are still a
 		 * second away, so what we read now is not the data. */
@@ -749,6 +859,11 @@ static void same_process_gets_pointer(void **state)
 struct two_chans {
 	struct chan to_p, to_c, to_parent;
 	const char *name;
+	int dev;                 /* the producer's device (0 unless set) */
+	int cdev;                /* the consumer's stream's device */
+	int per_thread;          /* the consumer reads on its per-thread
+				  * stream, in a thread, and drops the
+				  * tensor on another one */
 };
 
 /* Runs a producer and a consumer child on a, which gets its channels here,
@@ -1111,19 +1226,21 @@ static int ordered_producer(void *arg)
 	cudaStream_t s;
 	uint64_t v;
 
+	if (a->dev)
+		CU(cudaSetDevice(a->dev));
 	CU(cudaStreamCreate(&s));
 	CU(cudaMalloc((void **)&b1, CA_BYTES));
 	CU(cudaMalloc((void **)&b2, CA_BYTES));
 	set_delay_ms(1);
 	po.stream = s;
 	put_pattern(b1, CA_BYTES, 71, s);
-	t = owned_new(b1, 0, CA_ROWS, CA_COLS, 0, 0);
+	t = owned_new(b1, 0, CA_ROWS, CA_COLS, a->dev, 0);
 	DL_OK(dlshare_publish(c, a->name, &t, 1, &po, &v));
 	put_pattern(b2, CA_BYTES, 72, s);
 	CU(cudaStreamSynchronize(s));
 	SEND(a->to_c, '1');
 	RECV(a->to_p, 'h');
-	t = owned_new(b2, 0, CA_ROWS, CA_COLS, 0, 1);
+	t = owned_new(b2, 0, CA_ROWS, CA_COLS, a->dev, 1);
 	DL_OK(dlshare_publish(c, a->name, &t, 1, &po, &v));
 	SEND(a->to_c, '2');
 	/* Ours again: reuse it at once, as an allocator would. */
@@ -1139,41 +1256,77 @@ static int ordered_producer(void *arg)
 	return 0;
 }
 
+struct ordered_read {
+	struct two_chans *a;
+	dlshare_client *c;
+	DLManagedTensor *m;
+	uint8_t *h;
+};
+
+/* Gets version 1 and queues a slow copy of it on the consumer's stream. */
+static void *ordered_read(void *arg)
+{
+	struct ordered_read *r = arg;
+	struct two_chans *a = r->a;
+	dlshare_get_opts go = { .select = DLSHARE_LATEST };
+	cudaStream_t s = cudaStreamPerThread;
+
+	CU(cudaSetDevice(a->cdev));
+	if (!a->per_thread)
+		CU(cudaStreamCreate(&s));
+	go.stream = a->per_thread ? (void *)2 : (void *)s;
+	RECV(a->to_c, '1');
+	DL_OK(dlshare_get_tensor(r->c, a->name, &go, &r->m));
+	SEND(a->to_p, 'h');
+	RECV(a->to_c, '2');
+	memset(r->h, 0xa5, CA_BYTES);
+	set_delay_ms(300);
+	CU(cudaMemcpyAsync(r->h, r->m->dl_tensor.data, CA_BYTES,
+			   cudaMemcpyDeviceToHost, s));
+	/* Dropped while our stream still reads it (legal for DLPack): here,
+	 * or by another thread, which cannot name our per-thread stream. */
+	if (!a->per_thread)
+		r->m->deleter(r->m);
+	return a->per_thread ? NULL : (void *)s;
+}
+
 static int ordered_consumer(void *arg)
 {
 	struct two_chans *a = arg;
-	dlshare_client *c = child_connect();
-	dlshare_get_opts go = { .select = DLSHARE_LATEST };
-	DLManagedTensor *m;
+	struct ordered_read r = { .a = a, .c = child_connect() };
 	cudaStream_t s;
-	uint8_t *h;
+	pthread_t t;
 
-	CU(cudaStreamCreate(&s));
-	CU(cudaMallocHost((void **)&h, CA_BYTES)); /* so the copy is async */
-	go.stream = s;
-	RECV(a->to_c, '1');
-	DL_OK(dlshare_get_tensor(c, a->name, &go, &m));
-	SEND(a->to_p, 'h');
-	RECV(a->to_c, '2');
-	memset(h, 0xa5, CA_BYTES);
-	set_delay_ms(300);
-	CU(cudaMemcpyAsync(h, m->dl_tensor.data, CA_BYTES,
-			   cudaMemcpyDeviceToHost, s));
-	/* Dropped while our stream still reads it: legal for DLPack. */
-	m->deleter(m);
+	CU(cudaSetDevice(a->cdev));
+	CU(cudaMallocHost((void **)&r.h, CA_BYTES)); /* so the copy is async */
+	if (a->per_thread) {
+		void *ret;
+
+		CHECK(pthread_create(&t, NULL, ordered_read, &r) == 0);
+		CHECK(pthread_join(t, &ret) == 0);
+		r.m->deleter(r.m);
+		s = NULL;
+	} else {
+		s = ordered_read(&r);
+	}
 	/* The producer overwrites version 1 as soon as it gets it back:
 	 * with an ordered release, once our copy ran (~300 ms). */
 	if (chan_recv(a->to_c, 'w', 3000) != 0)
 		fprintf(stderr, "NOTE: the producer did not get version 1 "
 			"back within 3 s\n");
-	CU(cudaStreamSynchronize(s));
+	CU(s ? cudaStreamSynchronize(s) : cudaDeviceSynchronize());
 	/* Regression test: the release is stream-ordered. The deleter
 	 * records an event on our stream; the Release goes out, and the
 	 * mapping closes, only once it completed. Before, the producer got
 	 * its memory back and overwrote it before our copy ran. */
-	CHECK(pattern_diff(h, CA_BYTES, 71, "v1 read after release") == 0);
-	CU(cudaFreeHost(h));
-	dlshare_disconnect(c);
+	CHECK(pattern_diff(r.h, CA_BYTES, 71, "v1 read after release") == 0);
+	CU(cudaFreeHost(r.h));
+	dlshare_disconnect(r.c);
+#if FAKE
+	/* Device 0 is someone else's in exclusive_process_device0. */
+	if (a->dev && a->cdev)
+		CHECK(fakecuda_contexts_created(0) == 0);
+#endif
 	SEND(a->to_p, 'c');
 	return 0;
 }
@@ -1655,22 +1808,11 @@ static int pool_ev_producer(void *arg)
 		DL_OK(dlshare_seal(w, s, NULL));
 		if (v == 1)
 			SEND(a->to_c, '1');
-		if (v == 2) {
-			/* Version 1 was retired at this seal; its event
-			 * reaches the pool when the library handles the
-			 * Retired, asynchronously. */
-#if FAKE
-			/* Each record and each free asks for the handle. */
-			int64_t end = now_ms() + harness_ms(5000);
-
-			while (fstats().ipc_get_event_calls < 3 &&
-			       now_ms() < end)
-				sleep_ms(2);
-			CHECK(fstats().ipc_get_event_calls == 3);
-#else
-			sleep_ms(200);
-#endif
-		}
+		/* Version 1 was retired at this seal; its event reaches
+		 * the pool when the library handles the Retired,
+		 * asynchronously. */
+		if (v == 2)
+			flush_retired(c, 7);
 	}
 	SEND(a->to_c, '3');
 	RECV(a->to_p, 'd');
@@ -2002,6 +2144,567 @@ static void cuda_host_buffers(void **state)
 }
 
 /* ======================================================================== */
+/* 11. Devices and contexts: multi-GPU nodes (issue 13).                   */
+/* ======================================================================== */
+
+/* The daemon must see the devices too: the environment is set before it
+ * starts (teardown unsets it). */
+static int setup_2gpu(void **state)
+{
+	setenv("FAKECUDA_DEVICES", "2", 1);
+	return setup(state);
+}
+
+static int setup_8gpu(void **state)
+{
+	setenv("FAKECUDA_DEVICES", "8", 1);
+	return setup(state);
+}
+
+static void need_gpus(int n)
+{
+	if (!FAKE && g_ndev < n)
+		test_skip("needs %d GPUs", n);
+}
+
+static int create_matrix_on(dlshare_client *c, const char *name, int dev,
+			    dlshare_writer **w)
+{
+	int64_t shape[2] = { CA_ROWS, CA_COLS };
+	dlshare_tensor_spec spec = { .dtype = { kDLFloat, 32, 1 }, .ndim = 2,
+				     .shape = shape };
+	dlshare_create_opts co = { .device = { kDLCUDA, dev } };
+
+	return dlshare_create(c, name, &spec, 1, &co, w);
+}
+
+/* Gets name on stream s and checks its data (on whichever device it is). */
+static void get_check(dlshare_client *c, const char *name, cudaStream_t s,
+		      int dev, uint32_t seed)
+{
+	dlshare_get_opts go = { .select = DLSHARE_LATEST, .stream = s };
+	DLManagedTensor *m;
+
+	DL_OK(dlshare_get_tensor(c, name, &go, &m));
+	check_meta(&m->dl_tensor, dev, CA_ROWS, CA_COLS);
+	CHECK(read_check(&m->dl_tensor, CA_BYTES, seed, s, name) == 0);
+	m->deleter(m);
+}
+
+/* 11a. Tensors on GPU 1 published from a thread whose current device is
+ * GPU 0: on the producer's stream of GPU 1, on GPU 1's legacy stream, and
+ * through the copy path (pool memory), whose deleter then overwrites the
+ * source at once: the copy must have read it by then. */
+static int gpu1_producer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	dlshare_publish_opts po = { .flags = DLSHARE_PUBLISH_NO_COPY };
+	DLManagedTensor *t;
+	cudaStream_t s1;
+	char *x, *y, *z;
+
+	CU(cudaSetDevice(1));
+	CU(cudaStreamCreate(&s1));
+	CU(cudaMalloc((void **)&x, CA_BYTES));
+	CU(cudaMalloc((void **)&y, CA_BYTES));
+	CU(cudaMallocAsync((void **)&z, CA_BYTES, s1));
+	CU(cudaStreamSynchronize(s1));
+	set_delay_ms(100);
+	put_pattern(x, CA_BYTES, 81, s1);
+	put_pattern(y, CA_BYTES, 82, NULL);  /* GPU 1's legacy stream */
+	put_pattern(z, CA_BYTES, 83, NULL);
+	CU(cudaSetDevice(0));
+	t = owned_new(x, 0, CA_ROWS, CA_COLS, 1, 0);
+	po.stream = s1;
+	DL_OK(dlshare_publish(c, "gpu/g1x", &t, 1, &po, NULL));
+	t = owned_new(y, 0, CA_ROWS, CA_COLS, 1, 1);
+	po.stream = NULL;  /* the legacy stream: the tensor's device's */
+	DL_OK(dlshare_publish(c, "gpu/g1y", &t, 1, &po, NULL));
+	SEND(a->to_c, 'p');  /* GPU 1 still writes y and z */
+	RECV(a->to_p, 'y');
+#if FAKE
+	g_scribble[2] = CA_BYTES;
+#endif
+	t = owned_new(z, 0, CA_ROWS, CA_COLS, 1, 2);
+	po.flags = 0;      /* pool memory: copied */
+	DL_OK(dlshare_publish(c, "gpu/g1z", &t, 1, &po, NULL));
+	CHECK(atomic_load(&g_deleted[2]) == 1);
+	SEND(a->to_c, 'z');
+	RECV(a->to_p, 'd');
+	dlshare_disconnect(c);
+	wait_no_importers(x);
+	wait_no_importers(y);
+	CU(cudaSetDevice(1));
+	CU(cudaDeviceSynchronize());
+	CU(cudaFree(x));
+	CU(cudaFree(y));
+	CU(cudaFreeAsync(z, s1));
+	CU(cudaStreamDestroy(s1));
+	return 0;
+}
+
+static int gpu1_consumer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	cudaStream_t s;
+
+	CU(cudaSetDevice(0));
+	CU(cudaStreamCreate(&s));
+	set_delay_ms(1);
+	RECV(a->to_c, 'p');
+	get_check(c, "gpu/g1x", s, 1, 81);
+	get_check(c, "gpu/g1y", s, 1, 82);
+	SEND(a->to_p, 'y');
+	RECV(a->to_c, 'z');
+	get_check(c, "gpu/g1z", s, 1, 83);
+	dlshare_disconnect(c);
+	CU(cudaStreamDestroy(s));
+	SEND(a->to_p, 'd');
+	return 0;
+}
+
+static void publish_from_gpu1_while_current_is_gpu0(void **state)
+{
+	struct two_chans a = { .name = "gpu/g1" };
+
+	(void)state;
+	need_gpus(2);
+	run_pair(&a, gpu1_producer, gpu1_consumer);
+}
+
+/* 11b. One version, tensors on two GPUs, written on each GPU's legacy
+ * stream and published with the legacy stream: consumers must wait for
+ * both devices' writes. */
+static int span_producer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	static const char *const keys[] = { "a", "b" };
+	dlshare_publish_opts po = { .keys = keys,
+				    .flags = DLSHARE_PUBLISH_NO_COPY };
+	DLManagedTensor *ts[2];
+	char *x, *y;
+
+	CU(cudaSetDevice(1));
+	CU(cudaMalloc((void **)&y, CA_BYTES));
+	CU(cudaSetDevice(0));
+	CU(cudaMalloc((void **)&x, CA_BYTES));
+	CU(cudaDeviceSynchronize());
+	/* GPU 1's writes end well after GPU 0's. */
+	set_delay_ms(30);
+	put_pattern(x, CA_BYTES, 91, NULL);
+	CU(cudaSetDevice(1));
+	set_delay_ms(300);
+	put_pattern(y, CA_BYTES, 92, NULL);
+	CU(cudaSetDevice(0));
+	ts[0] = owned_new(x, 0, CA_ROWS, CA_COLS, 0, 0);
+	ts[1] = owned_new(y, 0, CA_ROWS, CA_COLS, 1, 1);
+	DL_OK(dlshare_publish(c, a->name, ts, 2, &po, NULL));
+	SEND(a->to_c, 'p');
+	RECV(a->to_p, 'd');
+	dlshare_disconnect(c);
+	wait_no_importers(x);
+	wait_no_importers(y);
+	CU(cudaDeviceSynchronize());
+	CU(cudaFree(x));
+	CU(cudaSetDevice(1));
+	CU(cudaDeviceSynchronize());
+	CU(cudaFree(y));
+	return 0;
+}
+
+static int span_consumer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	dlshare_get_opts go = { .select = DLSHARE_LATEST };
+	dlshare_bundle *b;
+	cudaStream_t s;
+	int bad = 0;
+
+	CU(cudaSetDevice(0));
+	CU(cudaStreamCreate(&s));
+	set_delay_ms(1);
+	go.stream = s;
+	RECV(a->to_c, 'p');
+	DL_OK(dlshare_get(c, a->name, &go, &b));
+	CHECK(dlshare_bundle_count(b) == 2);
+	check_meta(dlshare_bundle_tensor(b, 0), 0, CA_ROWS, CA_COLS);
+	check_meta(dlshare_bundle_tensor(b, 1), 1, CA_ROWS, CA_COLS);
+	bad |= read_check(dlshare_bundle_tensor(b, 0), CA_BYTES, 91, s, "GPU 0");
+	bad |= read_check(dlshare_bundle_tensor(b, 1), CA_BYTES, 92, s, "GPU 1");
+	CHECK(bad == 0);
+	dlshare_bundle_free(b);
+	dlshare_disconnect(c);
+	CU(cudaStreamDestroy(s));
+	SEND(a->to_p, 'd');
+	return 0;
+}
+
+static void version_spanning_two_gpus(void **state)
+{
+	struct two_chans a = { .name = "gpu/span" };
+
+	(void)state;
+	need_gpus(2);
+	run_pair(&a, span_producer, span_consumer);
+}
+
+/* 11c. torchrun on an 8-GPU node: rank 3 sets device 3 and never touches
+ * device 0 (each stray context costs hundreds of MiB there): not the
+ * library's threads, not a thread of the application that calls it with
+ * no context current (which it finds as it left it), nor one with a
+ * context of its own current. */
+#define T8_DEV 3
+
+struct t8_call {
+	dlshare_client *c;
+	cudaStream_t s;          /* the main thread's, on device 3 */
+	int own_ctx;             /* run with a cuCtxCreate'd context current */
+	const char *name;
+	uint32_t seed;
+};
+
+static void *t8_get(void *arg)
+{
+	struct t8_call *k = arg;
+	dlshare_get_opts go = { .select = DLSHARE_LATEST, .stream = k->s };
+	CUcontext mine = NULL;
+	DLManagedTensor *m;
+
+	CHECK(ctx_current() == NULL);
+	if (k->own_ctx)
+		CUD(DRV(cuCtxCreate)(&mine, NULL, 0, T8_DEV));
+	DL_OK(dlshare_get_tensor(k->c, k->name, &go, &m));
+	/* As it was: nothing, or our context (not the primary one). */
+	if (ctx_current() != mine)
+		FAIL("the current context changed across dlshare_get: %p, "
+		     "was %p", (void *)ctx_current(), (void *)mine);
+	check_meta(&m->dl_tensor, T8_DEV, CA_ROWS, CA_COLS);
+	CHECK(read_check(&m->dl_tensor, CA_BYTES, k->seed, k->s, k->name) == 0);
+	if (mine) {
+		CUD(DRV(cuCtxSetCurrent)(mine));
+		m->deleter(m);
+		CHECK(ctx_current() == mine);
+		CUD(DRV(cuCtxDestroy)(mine));
+	} else {
+		CUD(DRV(cuCtxSetCurrent)(NULL));
+		m->deleter(m);  /* the release marker, from a bare thread */
+		CHECK(ctx_current() == NULL);
+	}
+	return NULL;
+}
+
+static int t8_producer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	dlshare_publish_opts po = { .flags = DLSHARE_PUBLISH_NO_COPY };
+	DLManagedTensor *t;
+	dlshare_writer *w;
+	cudaStream_t s;
+	char *x, *y;
+	int n;
+
+	CU(cudaGetDeviceCount(&n));
+	CHECK(n >= 8);
+	CU(cudaSetDevice(T8_DEV));
+	CU(cudaStreamCreate(&s));
+	CU(cudaMalloc((void **)&x, CA_BYTES));
+	CU(cudaMalloc((void **)&y, CA_BYTES));
+	set_delay_ms(50);
+	/* Export mode, on the producer's stream and on the legacy one. */
+	put_pattern(x, CA_BYTES, 111, s);
+	t = owned_new(x, 0, CA_ROWS, CA_COLS, T8_DEV, 0);
+	po.stream = s;
+	DL_OK(dlshare_publish(c, "gpu/t8x", &t, 1, &po, NULL));
+	put_pattern(y, CA_BYTES, 112, NULL);
+	t = owned_new(y, 0, CA_ROWS, CA_COLS, T8_DEV, 1);
+	po.stream = NULL;
+	DL_OK(dlshare_publish(c, "gpu/t8y", &t, 1, &po, NULL));
+	/* Store mode, in daemon-owned memory on device 3. */
+	DL_OK(create_matrix_on(c, "gpu/t8s", T8_DEV, &w));
+	CHECK(dlshare_writer_tensor(w, 0)->device.device_id == T8_DEV);
+	put_pattern(dlshare_writer_tensor(w, 0)->data, CA_BYTES, 113, s);
+	DL_OK(dlshare_seal(w, s, NULL));
+	SEND(a->to_c, 'p');
+	RECV(a->to_p, 'd');
+	/* Retired: the library's thread frees the events, and a second
+	 * round reuses them from the pool. */
+	DL_OK(dlshare_delete(c, "gpu/t8x"));
+	DL_OK(dlshare_delete(c, "gpu/t8y"));
+	CHECK(wait_deleted(0, 1, 5000) == 1 && wait_deleted(1, 1, 5000) == 1);
+	t = owned_new(x, 0, CA_ROWS, CA_COLS, T8_DEV, 2);
+	po.stream = s;
+	DL_OK(dlshare_publish(c, "gpu/t8x", &t, 1, &po, NULL));
+	dlshare_disconnect(c);
+	CHECK(wait_deleted(2, 1, 5000) == 1);
+	CU(cudaStreamSynchronize(s));
+	wait_no_importers(x);
+	wait_no_importers(y);
+	CU(cudaFree(x));
+	CU(cudaFree(y));
+	CU(cudaStreamDestroy(s));
+	check_only_device(T8_DEV, 8);
+	return 0;
+}
+
+static int t8_consumer(void *arg)
+{
+	struct two_chans *a = arg;
+	struct t8_call k = { .c = child_connect() };
+	dlshare_stats st;
+	pthread_t t;
+
+	CU(cudaSetDevice(T8_DEV));
+	CU(cudaStreamCreate(&k.s));
+	set_delay_ms(1);
+	RECV(a->to_c, 'p');
+	k.name = "gpu/t8x";
+	k.seed = 111;
+	CHECK(pthread_create(&t, NULL, t8_get, &k) == 0);
+	CHECK(pthread_join(t, NULL) == 0);
+	k.name = "gpu/t8y";
+	k.seed = 112;
+	k.own_ctx = 1;
+	CHECK(pthread_create(&t, NULL, t8_get, &k) == 0);
+	CHECK(pthread_join(t, NULL) == 0);
+	k.name = "gpu/t8s";
+	k.seed = 113;
+	k.own_ctx = 0;
+	CHECK(pthread_create(&t, NULL, t8_get, &k) == 0);
+	CHECK(pthread_join(t, NULL) == 0);
+	/* The releases went once our stream passed the reads: the library's
+	 * thread watched the markers. */
+	if (harness_wait_stats(k.c, 0, -1, &st) != 0)
+		FAIL("%llu lease(s) left", (unsigned long long)st.leases);
+	dlshare_disconnect(k.c);
+	CU(cudaStreamDestroy(k.s));
+	check_only_device(T8_DEV, 8);
+	SEND(a->to_p, 'd');
+	return 0;
+}
+
+static void torchrun_rank_never_touches_gpu0(void **state)
+{
+	struct two_chans a = { .name = "gpu/t8" };
+
+	(void)state;
+	need_gpus(8);
+	run_pair(&a, t8_producer, t8_consumer);
+}
+
+/* 11d. Device 0 is EXCLUSIVE_PROCESS and another process holds it (a job
+ * on the same node). Producer and consumer use device 1: nothing of theirs
+ * may need device 0, and the release, still stream-ordered, must not take
+ * a failed query for a finished one. */
+static struct chan g_hold[2];  /* parent -> holder, holder -> parent */
+
+static int excl_holder(void *arg)
+{
+	(void)arg;
+	CU(cudaSetDevice(0));
+	SEND(g_hold[1], 'h');
+	RECV(g_hold[0], 'q');
+	return 0;
+}
+
+static void exclusive_process_device0(void **state)
+{
+	struct two_chans a = { .name = "gpu/excl", .dev = 1, .cdev = 1 };
+	char seed[64];
+	pid_t h;
+
+	(void)state;
+	if (!FAKE)
+		test_skip("needs an EXCLUSIVE_PROCESS GPU held by another job");
+	/* A seed of its own names the device's claim (tests/fakecuda). */
+	snprintf(seed, sizeof(seed), "dlshare-excl-%d", (int)getpid());
+	setenv("FAKECUDA_UUID_SEED", seed, 1);
+	setenv("FAKECUDA_COMPUTE_MODE", "exclusive_process", 1);
+	g_hold[0] = chan_new();
+	g_hold[1] = chan_new();
+	h = spawn(excl_holder, NULL);
+	assert_int_equal(chan_wait(g_hold[1], 'h', 10000, h), 0);
+	run_pair(&a, ordered_producer, ordered_consumer);
+	assert_int_equal(chan_send(g_hold[0], 'q'), 0);
+	assert_int_equal(reap(h), 0);
+	unsetenv("FAKECUDA_COMPUTE_MODE");
+	unsetenv("FAKECUDA_UUID_SEED");
+}
+
+/* 11e. The release marker goes on the consumer's stream, in that stream's
+ * context, even when the tensor is on another GPU; and a tensor read on
+ * the per-thread default stream of one thread, dropped on another, is
+ * released only after the reading thread's stream passed the read. */
+static void release_marker_on_stream_of_other_gpu(void **state)
+{
+	struct two_chans a = { .name = "gpu/xrel", .dev = 1, .cdev = 0 };
+
+	(void)state;
+	if (!FAKE)
+		test_skip("a GPU copy of 64 KiB is done before the release");
+	run_pair(&a, ordered_producer, ordered_consumer);
+}
+
+static void release_after_per_thread_stream_of_reader(void **state)
+{
+	struct two_chans a = { .name = "gpu/ptrel", .per_thread = 1 };
+
+	(void)state;
+	if (!FAKE)
+		test_skip("a GPU copy of 64 KiB is done before the release");
+	run_pair(&a, ordered_producer, ordered_consumer);
+}
+
+/* 11f. Pooled events belong to a device: an event of GPU 1, freed by the
+ * library's thread, is not reused for a publish on GPU 0, and a process on
+ * GPU 1 reuses its own instead of making new ones. */
+static int pool_dev_child(void *arg)
+{
+	dlshare_client *c = child_connect();
+	dlshare_publish_opts po = { .flags = DLSHARE_PUBLISH_NO_COPY };
+	DLManagedTensor *t;
+	cudaStream_t s0, s1;
+	char *p0, *p1, name[32];
+
+	(void)arg;
+	CU(cudaSetDevice(0));
+	CU(cudaStreamCreate(&s0));
+	CU(cudaMalloc((void **)&p0, CA_BYTES));
+	CU(cudaSetDevice(1));
+	CU(cudaStreamCreate(&s1));
+	CU(cudaMalloc((void **)&p1, CA_BYTES));
+	set_delay_ms(1);
+	for (int i = 0; i < 4; i++) {
+		t = owned_new(p1, 0, CA_ROWS, CA_COLS, 1, 0);
+		po.stream = s1;
+		snprintf(name, sizeof(name), "gpu/pd%d", i);
+		DL_OK(dlshare_publish(c, name, &t, 1, &po, NULL));
+		DL_OK(dlshare_delete(c, name));
+		CHECK(wait_deleted(0, i + 1, 5000) == i + 1);
+	}
+#if FAKE
+	/* One event, recorded again and again. */
+	if (fstats().live_ipc_events != 1)
+		FAIL("%ld interprocess events live after 4 publishes on GPU 1, "
+		     "one at a time", fstats().live_ipc_events);
+#endif
+	CU(cudaSetDevice(0));
+	t = owned_new(p0, 0, CA_ROWS, CA_COLS, 0, 1);
+	po.stream = s0;
+	DL_OK(dlshare_publish(c, "gpu/pd0x", &t, 1, &po, NULL));
+	dlshare_disconnect(c);
+	CU(cudaDeviceSynchronize());
+	CU(cudaFree(p0));
+	CU(cudaSetDevice(1));
+	CU(cudaDeviceSynchronize());
+	CU(cudaFree(p1));
+	return 0;
+}
+
+static void pooled_events_keyed_by_device(void **state)
+{
+	(void)state;
+	need_gpus(2);
+	assert_int_equal(reap(spawn(pool_dev_child, NULL)), 0);
+}
+
+/* 11g. A store version outlives its producer, and so must a consumer's
+ * later waits: they chain to an event of the consumer's own, never to the
+ * producer's (gone with it, and reopening it is undefined). One consumer
+ * waited at get and waits again; the other got it with no stream and
+ * waits only afterwards: the data is complete, so that is no error. */
+struct late_chans {
+	struct chan to_p, to_a, to_b;
+};
+
+static int late_producer(void *arg)
+{
+	struct late_chans *l = arg;
+	dlshare_client *c = child_connect();
+	dlshare_writer *w;
+	cudaStream_t s;
+
+	CU(cudaStreamCreate(&s));
+	DL_OK(create_matrix_on(c, "gpu/late", 0, &w));
+	set_delay_ms(100);
+	put_pattern(dlshare_writer_tensor(w, 0)->data, CA_BYTES, 121, s);
+	DL_OK(dlshare_seal(w, s, NULL));
+	SEND(l->to_a, '1');
+	SEND(l->to_b, '1');
+	RECV(l->to_p, 'g');
+	RECV(l->to_p, 'g');
+	/* Waits for the seal's writes, then the event goes with us. */
+	dlshare_disconnect(c);
+	CU(cudaStreamDestroy(s));
+	return 0;
+}
+
+static int late_consumer(struct chan in, struct chan out, int wait_at_get)
+{
+	dlshare_client *c = child_connect();
+	dlshare_get_opts go = { .select = DLSHARE_LATEST };
+	dlshare_bundle *b;
+	cudaStream_t s, s2;
+
+	CU(cudaStreamCreate(&s));
+	CU(cudaStreamCreate(&s2));
+	set_delay_ms(1);
+	go.stream = wait_at_get ? (void *)s : DLSHARE_STREAM_NONE;
+	RECV(in, '1');
+	DL_OK(dlshare_get(c, "gpu/late", &go, &b));
+	if (wait_at_get)
+		CHECK(read_check(dlshare_bundle_tensor(b, 0), CA_BYTES, 121, s,
+				 "at get") == 0);
+	SEND(out, 'g');
+	RECV(in, 'x');  /* the producer has exited */
+	DL_OK(dlshare_bundle_wait(b, s2));
+	CHECK(read_check(dlshare_bundle_tensor(b, 0), CA_BYTES, 121, s2,
+			 "after the producer left") == 0);
+	dlshare_bundle_free(b);
+	dlshare_disconnect(c);
+	CU(cudaStreamDestroy(s));
+	CU(cudaStreamDestroy(s2));
+	return 0;
+}
+
+static int late_consumer_a(void *arg)
+{
+	struct late_chans *l = arg;
+
+	return late_consumer(l->to_a, l->to_p, 1);
+}
+
+static int late_consumer_b(void *arg)
+{
+	struct late_chans *l = arg;
+
+	return late_consumer(l->to_b, l->to_p, 0);
+}
+
+static void bundle_wait_after_store_producer_left(void **state)
+{
+	struct late_chans l;
+	pid_t p, qa, qb;
+
+	(void)state;
+	l.to_p = chan_new();
+	l.to_a = chan_new();
+	l.to_b = chan_new();
+	p = spawn(late_producer, &l);
+	qa = spawn(late_consumer_a, &l);
+	qb = spawn(late_consumer_b, &l);
+	assert_int_equal(reap(p), 0);
+	assert_int_equal(chan_send(l.to_a, 'x'), 0);
+	assert_int_equal(chan_send(l.to_b, 'x'), 0);
+	assert_int_equal(reap(qa), 0);
+	assert_int_equal(reap(qb), 0);
+}
+
+/* ======================================================================== */
 
 /* Asks a child how many devices CUDA sees (the parent must not ask). */
 static int probe_devices(char *why, size_t len)
@@ -2086,6 +2789,22 @@ int main(void)
 		cmocka_unit_test_setup_teardown(store_on_device_refusals,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(pool_memory_copied,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(publish_from_gpu1_while_current_is_gpu0,
+						setup_2gpu, teardown),
+		cmocka_unit_test_setup_teardown(version_spanning_two_gpus,
+						setup_2gpu, teardown),
+		cmocka_unit_test_setup_teardown(torchrun_rank_never_touches_gpu0,
+						setup_8gpu, teardown),
+		cmocka_unit_test_setup_teardown(exclusive_process_device0,
+						setup_2gpu, teardown),
+		cmocka_unit_test_setup_teardown(release_marker_on_stream_of_other_gpu,
+						setup_2gpu, teardown),
+		cmocka_unit_test_setup_teardown(release_after_per_thread_stream_of_reader,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(pooled_events_keyed_by_device,
+						setup_2gpu, teardown),
+		cmocka_unit_test_setup_teardown(bundle_wait_after_store_producer_left,
 						setup, teardown),
 	};
 	char why[256] = "";
