@@ -5,6 +5,7 @@
 
 #include "cudalib.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +28,9 @@ struct dlshare_bundle {
 	void *chain;             /* ours, after the wait for the producer's
 				  * event: later waits wait for it */
 };
+
+/* Where a tensor with no bytes points: never read, never NULL. */
+static const max_align_t empty_data;
 
 /* Below this many tensors a key is found by a scan. */
 #define BUNDLE_INDEX_MIN 16
@@ -156,8 +160,12 @@ static int bundle_fill(struct dlshare_bundle *b, Dlshare__GetReply *r,
 			if (wt->n_strides)
 				bt->strides[k] = wt->strides[k];
 		}
+		/* An empty buffer has no mapping, but consumers want a
+		 * pointer: libtorch's at::fromDLPack never calls the deleter
+		 * of a tensor whose data is NULL, which leaks its lease. */
 		bt->t.data = pins[wt->buffer]->base ?
-			(char *)pins[wt->buffer]->base + wt->offset : NULL;
+			(char *)pins[wt->buffer]->base + wt->offset :
+			(void *)&empty_data;
 		bt->t.byte_offset = 0;
 		if (pins[wt->buffer]->kind ==
 		    DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC ||

@@ -457,9 +457,14 @@ static void conn_fail(dlshare_client *c, int err, struct wakeq *wq)
  * held. */
 static int flush_releases(dlshare_client *c)
 {
+	/* A lease id takes at most 10 bytes on the wire: a frame of fit ids
+	 * fits the daemon's packet, whatever --max-packet it was given. */
+	size_t fit = c->send_max > 640 ? (c->send_max - 64) / 10 : 57;
+
+	if (fit > CLIENT_RELEASE_BATCH)
+		fit = CLIENT_RELEASE_BATCH;
 	while (c->nrel) {
-		size_t n = c->nrel < CLIENT_RELEASE_BATCH ? c->nrel :
-			   CLIENT_RELEASE_BATCH;
+		size_t n = c->nrel < fit ? c->nrel : fit;
 		Dlshare__Frame f = DLSHARE__FRAME__INIT;
 		Dlshare__Release r = DLSHARE__RELEASE__INIT;
 		uint8_t *data;

@@ -298,7 +298,9 @@ DLSHARE_API const DLTensor *dlshare_bundle_tensor(const dlshare_bundle *b,
  * release reaches the daemon with this client's next request, or within
  * 20 ms when none comes (a device tensor's once the consumer's stream
  * passed its work).
- * The memory is mapped read-only. Returns 0, DLSHARE_EINVAL, DLSHARE_ENOMEM. */
+ * The memory is mapped read-only. data is never NULL, also for a tensor of
+ * no bytes (libtorch's at::fromDLPack never runs the deleter of a tensor
+ * whose data is NULL). Returns 0, DLSHARE_EINVAL, DLSHARE_ENOMEM. */
 DLSHARE_API int dlshare_bundle_export(dlshare_bundle *b, size_t i,
 				      DLManagedTensor **out);
 /* The same as a DLPack 1.x DLManagedTensorVersioned, flagged read-only. */

@@ -144,6 +144,21 @@ static void zero_size_and_scalar(void **state)
 
 	for (size_t i = 0; i < sizeof(js) / sizeof(js[0]); i++)
 		produce_consume(&fx->d, &js[i]);
+
+	/* Never a NULL data pointer, also for no bytes: libtorch's
+	 * at::fromDLPack does not call the deleter of a tensor whose data
+	 * is NULL, and its lease would leak. */
+	dlshare_client *c = harness_connect(&fx->d);
+	int64_t shape[2] = { 0, 7 };
+	DLManagedTensor *m;
+
+	assert_int_equal(util_store(c, "e2e/empty", DT_I16, 2, shape, 1, NULL),
+			 0);
+	assert_int_equal(dlshare_get_tensor(c, "e2e/empty", NULL, &m), 0);
+	assert_non_null(m->dl_tensor.data);
+	m->deleter(m);
+	assert_int_equal(harness_wait_stats(c, 0, 1, NULL), 0);
+	dlshare_disconnect(c);
 }
 
 /* A 0-d tensor has no dimensions, so its shape may be NULL, in a spec, in

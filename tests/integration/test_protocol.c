@@ -736,6 +736,34 @@ static void library_releases_ride(void **state)
 	dlshare_disconnect(c);
 }
 
+/* ---- many releases at once ---------------------------------------------------- */
+
+/* A process drops ten thousand tensors at once (a state dict's): the
+ * releases go in frames that each fit the daemon's packet (16 KiB here),
+ * none is lost, and the connection lives. */
+static void ten_thousand_releases(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	const char *w = getenv("DLSHARE_TEST_WRAPPER");
+	size_t n = w && strstr(w, "valgrind") ? 2000 : 10000;
+	int64_t shape[1] = { 4 };
+	DLManagedTensor **held = calloc(n, sizeof(*held));
+
+	assert_non_null(held);
+	assert_int_equal(util_store(c, "many/x", DT_F32, 1, shape, 1, NULL), 0);
+	for (size_t i = 0; i < n; i++)
+		assert_int_equal(dlshare_get_tensor(c, "many/x", NULL,
+						    &held[i]), 0);
+	assert_int_equal(util_stats(c).leases, n);
+	for (size_t i = 0; i < n; i++)
+		held[i]->deleter(held[i]);
+	free(held);
+	assert_int_equal(harness_wait_stats(c, 0, 1, NULL), 0);
+	assert_int_equal(util_store(c, "many/x", DT_F32, 1, shape, 2, NULL), 0);
+	dlshare_disconnect(c);
+}
+
 /* ---- Goodbye: a producer's events are forgotten before it goes (1.2) ----------- */
 
 /* Seals version 1 of name, created on sock, with a (made-up) event handle. */
@@ -1069,6 +1097,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(releases_ride_on_requests, setup, teardown),
 		cmocka_unit_test_setup_teardown(library_releases_ride, setup, teardown),
 		cmocka_unit_test_setup_teardown(goodbye_forgets_events, setup, teardown),
+		cmocka_unit_test_setup_teardown(ten_thousand_releases, setup, teardown),
 		cmocka_unit_test_setup_teardown(strings_and_keys, setup, teardown),
 	};
 
