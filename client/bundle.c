@@ -229,7 +229,7 @@ int dlshare_get(dlshare_client *c, const char *name,
 
 	errmsg_set(NULL);
 
-	if (!c || !out || check_name(name))
+	if (!c || !out || client_bad_name(name))
 		return DLSHARE_EINVAL;
 	*out = NULL;
 	g.name = (char *)name;
@@ -568,7 +568,7 @@ int dlshare_stat(dlshare_client *c, const char *name, dlshare_name_info *info,
 
 	if (manifest)
 		*manifest = NULL;
-	if (!c || !info || check_name(name))
+	if (!c || !info || client_bad_name(name))
 		return DLSHARE_EINVAL;
 	s.name = (char *)name;
 	f.body_case = DLSHARE__FRAME__BODY_STAT;
@@ -693,7 +693,7 @@ int dlshare_delete(dlshare_client *c, const char *name)
 
 	errmsg_set(NULL);
 
-	if (!c || check_name(name))
+	if (!c || client_bad_name(name))
 		return DLSHARE_EINVAL;
 	d.name = (char *)name;
 	f.body_case = DLSHARE__FRAME__BODY_DELETE;

@@ -1153,6 +1153,19 @@ static void connect_msg(const char *path, const char *why)
 	snprintf(errmsg, sizeof(errmsg), "connect %s: %s", path, why);
 }
 
+int client_bad_name(const char *name)
+{
+	const char *why = check_name_why(name);
+	char msg[256];
+
+	if (!why)
+		return 0;
+	snprintf(msg, sizeof(msg), "invalid name \"%.*s\": %s",
+		 name ? 64 : 0, name ? name : "", why);
+	errmsg_set(msg);
+	return 1;
+}
+
 int dlshare_connect(const char *path, dlshare_client **out)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };

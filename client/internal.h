@@ -180,6 +180,9 @@ void export_free(struct export *e);
 
 /* Remembers the daemon's message for dlshare_last_error() of this thread. */
 void errmsg_set(const char *msg);
+/* Whether name is refused (check_name); if so, dlshare_last_error() says
+ * which rule it breaks. Returns 0, or 1. */
+int client_bad_name(const char *name);
 
 /* Maps a -errno from a system call to a DLSHARE_E* code. */
 int client_errno(int err);

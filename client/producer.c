@@ -201,7 +201,7 @@ int dlshare_create(dlshare_client *c, const char *name,
 	if (!out)
 		return DLSHARE_EINVAL;
 	*out = NULL;
-	if (!c || check_name(name) || !specs || n == 0)
+	if (!c || client_bad_name(name) || !specs || n == 0)
 		return DLSHARE_EINVAL;
 	if (client_forked(c))
 		return fork_refuse();
@@ -945,7 +945,7 @@ int dlshare_publish(dlshare_client *c, const char *name,
 
 	errmsg_set(NULL);
 
-	if (!c || check_name(name) || !tensors || n == 0 ||
+	if (!c || client_bad_name(name) || !tensors || n == 0 ||
 	    (o->mode & ~CHECK_MODE_MASK))
 		return DLSHARE_EINVAL;
 	if (client_forked(c))

@@ -55,6 +55,37 @@ int check_name(const char *name)
 	return check_segments(name, n, 0);
 }
 
+const char *check_name_why(const char *name)
+{
+	size_t n, seg = 0;
+
+	if (!name)
+		return "no name (NULL)";
+	n = strnlen(name, CHECK_NAME_MAX + 1);
+	if (n == 0)
+		return "a name is 1-255 bytes; this one is empty";
+	if (n > CHECK_NAME_MAX)
+		return "a name is 1-255 bytes; this one is longer";
+	for (size_t i = 0; i <= n; i++) {
+		if (i < n && !name_char_ok(name[i]))
+			return "a name is made of A-Z a-z 0-9 . _ - and /; this "
+			       "one has another character";
+		if (i == n || name[i] == '/') {
+			size_t len = i - seg;
+
+			if (len == 0)
+				return "a name has no empty segment (no leading "
+				       "or trailing /, no //)";
+			if ((len == 1 && name[seg] == '.') ||
+			    (len == 2 && name[seg] == '.' &&
+			     name[seg + 1] == '.'))
+				return "a name has no . or .. segment";
+			seg = i + 1;
+		}
+	}
+	return NULL;
+}
+
 int check_prefix(const char *prefix)
 {
 	size_t n;

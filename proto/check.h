@@ -19,6 +19,9 @@
 /* 0 when name is 1..255 bytes of [A-Za-z0-9._/-] with no leading or trailing
  * '/' and no empty, "." or ".." segment; else -EINVAL. */
 int check_name(const char *name);
+/* Why check_name refuses name, in a sentence naming the rule; NULL when it
+ * is a valid name. */
+const char *check_name_why(const char *name);
 
 /* 0 when prefix is empty or could start a valid name; else -EINVAL. */
 int check_prefix(const char *prefix);

@@ -60,16 +60,21 @@ static void invalid_names(void **state)
 	for (size_t i = 0; i < NBAD; i++) {
 		const char *n = bad_names[i];
 
-		assert_int_equal(dlshare_create(c, n, &spec, 1, NULL, &w),
-				 DLSHARE_EINVAL);
+		/* Each says which rule the name breaks. */
+#define NAME_REFUSED(call)                                                   \
+	do {                                                                 \
+		assert_int_equal((call), DLSHARE_EINVAL);                     \
+		assert_non_null(strstr(dlshare_last_error(), "invalid name")); \
+		assert_non_null(strstr(dlshare_last_error(), "a name "));      \
+	} while (0)
+		NAME_REFUSED(dlshare_create(c, n, &spec, 1, NULL, &w));
 		assert_null(w);
-		assert_int_equal(dlshare_publish(c, n, &t, 1, NULL, NULL),
-				 DLSHARE_EINVAL);
-		assert_int_equal(dlshare_get(c, n, NULL, &b), DLSHARE_EINVAL);
-		assert_int_equal(dlshare_get_tensor(c, n, NULL, &mt),
-				 DLSHARE_EINVAL);
-		assert_int_equal(dlshare_stat(c, n, &info, &m), DLSHARE_EINVAL);
-		assert_int_equal(dlshare_delete(c, n), DLSHARE_EINVAL);
+		NAME_REFUSED(dlshare_publish(c, n, &t, 1, NULL, NULL));
+		NAME_REFUSED(dlshare_get(c, n, NULL, &b));
+		NAME_REFUSED(dlshare_get_tensor(c, n, NULL, &mt));
+		NAME_REFUSED(dlshare_stat(c, n, &info, &m));
+		NAME_REFUSED(dlshare_delete(c, n));
+#undef NAME_REFUSED
 	}
 	assert_int_equal(dlshare_get(c, NULL, NULL, &b), DLSHARE_EINVAL);
 	assert_int_equal(dlshare_delete(c, NULL), DLSHARE_EINVAL);
