@@ -203,7 +203,11 @@ def _capsule_of(obj, stream):
         if dev in _STREAM_DEVICES:
             # The producer makes this stream wait for its work; the library
             # records its event there.
-            kw["stream"] = 1 if stream is None else stream
+            # DLPack takes an int: a stream object (torch.cuda.Stream,
+            # CuPy's) gives its handle, and its 0 is the legacy default.
+            if hasattr(stream, "cuda_stream"):
+                stream = stream.cuda_stream or 1
+            kw["stream"] = 1 if stream is None else int(stream)
     try:
         return obj.__dlpack__(max_version=(1, 0), **kw)
     except TypeError:

@@ -415,6 +415,28 @@ class ClientTest(DaemonTest):
         with self.assertRaises(ValueError):
             self.client.publish(n, host([1.0]), keys=["a", "b"])
 
+    def test_publish_takes_a_stream_object(self):
+        # publish(stream=torch.cuda.Stream(...)) hands the producer's
+        # __dlpack__ the stream's handle, an int, as DLPack wants.
+        seen = []
+
+        class Stream:
+            cuda_stream = 0x1234
+
+        class OnDevice:
+            def __dlpack_device__(self):
+                return (2, 0)          # kDLCUDA
+
+            def __dlpack__(self, stream=None, max_version=None):
+                seen.append(stream)
+                raise BufferError("stop here")
+
+        for stream, want in ((Stream(), 0x1234), (None, 1), (7, 7)):
+            with self.assertRaises(BufferError):
+                self.client.publish(self.name(), OnDevice(), stream=stream)
+            self.assertEqual(seen[-1], want)
+            self.assertIs(type(seen[-1]), int)
+
     def test_state_dict_by_key(self):
         # A state dict's keys are 60 bytes; a lookup by key is the
         # library's (O(1)), and no Tensor is made until asked for.
