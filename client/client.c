@@ -202,7 +202,8 @@ static int ibuf_map_host(struct ibuf *b, const Dlshare__Buffer *wb, int fd)
 }
 
 /* Maps a cuda-vmm buffer from its fd on the local device of its UUID. */
-static int ibuf_map_vmm(struct ibuf *b, const Dlshare__Buffer *wb, int fd)
+static int ibuf_map_vmm(struct ibuf *b, const Dlshare__Buffer *wb, int fd,
+			int writable)
 {
 	int ordinal, e;
 
@@ -213,15 +214,17 @@ static int ibuf_map_vmm(struct ibuf *b, const Dlshare__Buffer *wb, int fd)
 	if (ordinal < 0)
 		return ordinal;
 	b->ordinal = ordinal;
-	e = cuda_vmm_import(fd, wb->size, ordinal, &b->cuda_base);
+	e = cuda_vmm_import(fd, wb->size, ordinal, writable, &b->cuda_base);
 	b->base = b->cuda_base;
 	return e;
 }
 
 /* Under c->lock: the cached buffer wb names, or a new one mapped from fd
- * (-1 when none came) and added to the cache. Does not pin. */
+ * (-1 when none came) and added to the cache. Does not pin. A cuda-vmm
+ * buffer is mapped writable only for its writer (the first to map it:
+ * readers see it only once it is sealed). */
 static int ibuf_get(dlshare_client *c, const Dlshare__Buffer *wb, int fd,
-		    struct ibuf **out)
+		    int writable, struct ibuf **out)
 {
 	struct ibuf *b = NULL;
 	int e;
@@ -245,7 +248,7 @@ static int ibuf_get(dlshare_client *c, const Dlshare__Buffer *wb, int fd,
 	if (wb->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC)
 		e = ibuf_open_cuda(b, wb);
 	else if (wb->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM)
-		e = ibuf_map_vmm(b, wb, fd);
+		e = ibuf_map_vmm(b, wb, fd, writable);
 	else
 		e = ibuf_map_host(b, wb, fd);
 	if (e) {
@@ -263,7 +266,7 @@ int client_pin_buffer(dlshare_client *c, const Dlshare__Buffer *wb, int fd,
 	int err;
 
 	pthread_mutex_lock(&c->lock);
-	err = ibuf_get(c, wb, fd, out);
+	err = ibuf_get(c, wb, fd, 1, out);
 	if (!err)
 		(*out)->refs++;
 	pthread_mutex_unlock(&c->lock);
@@ -297,7 +300,7 @@ static int import_buffers(dlshare_client *c, Dlshare__GetReply *r, int *fds,
 			fd = fds[k];
 			fds[k++] = -1;
 		}
-		e = ibuf_get(c, wb, fd, &b);
+		e = ibuf_get(c, wb, fd, 0, &b);
 		/* The mapping keeps the memory; the fd is no longer needed
 		 * (and a duplicate one was never needed). */
 		if (fd >= 0)

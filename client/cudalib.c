@@ -1013,7 +1013,8 @@ void cuda_stream_wait_host(void *stream, int ordinal)
 
 /* ---- VMM and copies ------------------------------------------------------------ */
 
-int cuda_vmm_import(int fd, uint64_t size, int ordinal, void **ptr)
+int cuda_vmm_import(int fd, uint64_t size, int ordinal, int writable,
+		    void **ptr)
 {
 	CUmemGenericAllocationHandle h;
 	CUmemAccessDesc access = { 0 };
@@ -1040,7 +1041,10 @@ int cuda_vmm_import(int fd, uint64_t size, int ordinal, void **ptr)
 		goto free_va;
 	access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 	access.location.id = ordinal;
-	access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	/* A reader's mapping is read-only: its kernels cannot write the
+	 * version that every other reader sees. */
+	access.flags = writable ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE :
+				  CU_MEM_ACCESS_FLAGS_PROT_READ;
 	if (cu.cuMemSetAccess(va, (size_t)size, &access, 1) != CUDA_SUCCESS) {
 		cu.cuMemUnmap(va, (size_t)size);
 		goto free_va;
@@ -1100,7 +1104,8 @@ int cuda_copy_d2d(void *dst, const void *src, size_t n, int ordinal,
 
 #else /* !DLSHARE_HAVE_CUDA */
 
-int cuda_vmm_import(int fd, uint64_t size, int ordinal, void **ptr)
+int cuda_vmm_import(int fd, uint64_t size, int ordinal, int writable,
+		    void **ptr)
 {
 	return DLSHARE_ENOTSUP;
 }

@@ -84,10 +84,11 @@ int cuda_open_mem(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
 /* Drops one count of an opened base; the last closes the handle. */
 void cuda_close_mem(void *base, int ordinal);
 /* Maps a cuda-vmm buffer (cuMemCreate memory exported as a POSIX fd) of
- * size bytes, its whole allocation, on device ordinal, readable and
- * writable there. The caller keeps fd. Returns 0 with the device pointer,
+ * size bytes, its whole allocation, on device ordinal: readable there, and
+ * writable when writable is set (a writer's; a reader's is read-only). The caller keeps fd. Returns 0 with the device pointer,
  * or a DLSHARE_E* code. Counted with the open handles. */
-int cuda_vmm_import(int fd, uint64_t size, int ordinal, void **ptr);
+int cuda_vmm_import(int fd, uint64_t size, int ordinal, int writable,
+		    void **ptr);
 void cuda_vmm_unmap(void *ptr, uint64_t size);
 
 /* Queues a device-to-device copy of n bytes, between buffers of device

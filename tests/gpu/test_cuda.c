@@ -1742,6 +1742,19 @@ static int store_consumer(void *arg)
 	DL_OK(dlshare_get_tensor(c, ST_NAME, &go, &m));
 	check_meta(&m->dl_tensor, 0, CA_ROWS, CA_COLS);
 	CHECK(read_check(&m->dl_tensor, CA_BYTES, 404, s, "store") == 0);
+#if FAKE
+	{
+		/* A reader's mapping of daemon-owned device memory is
+		 * read-only (the writer's was read-write). */
+		unsigned int flags = 0;
+
+		CHECK(cuPointerGetAttribute(&flags,
+				CU_POINTER_ATTRIBUTE_ACCESS_FLAGS,
+				(CUdeviceptr)(uintptr_t)m->dl_tensor.data) ==
+		      CUDA_SUCCESS);
+		CHECK(flags == CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ);
+	}
+#endif
 	DL_OK(dlshare_stat(c, ST_NAME, &info, NULL));
 	CHECK(info.kind == DLSHARE_KIND_CUDA_VMM && !info.exported);
 	SEND(a->to_p, 'g');
