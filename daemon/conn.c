@@ -11,6 +11,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <dlshare/dlshare.h>
+
 #include "dispatch.h"
 #include "log.h"
 #include "server.h"
@@ -286,8 +288,7 @@ static void conn_protocol_error(struct conn *c, const char *why)
 	/* why is a static string. */
 	log_warn("conn %llu (pid %d): protocol error: %s",
 		 (unsigned long long)c->id, (int)c->owner.pid, why);
-	conn_send_error(c, 0, -7 /* DLSHARE_EPROTO */, "protocol error: %s",
-			why);
+	conn_send_error(c, 0, DLSHARE_EPROTO, "protocol error: %s", why);
 	conn_fail(c, why);
 }
 

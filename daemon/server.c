@@ -19,6 +19,8 @@
 #include <systemd/sd-daemon.h>
 #endif
 
+#include <dlshare/dlshare.h>
+
 #include "conn.h"
 #include "dispatch.h"
 #include "log.h"
@@ -147,7 +149,7 @@ static void refuse(int fd, const char *why)
 	uint8_t *data;
 	size_t len;
 
-	e.code = -6; /* DLSHARE_ELIMIT */
+	e.code = DLSHARE_ELIMIT;
 	e.message = (char *)why;
 	f.body_case = DLSHARE__FRAME__BODY_ERROR;
 	f.error = &e;
