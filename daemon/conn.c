@@ -41,7 +41,7 @@ static void outpkt_free(struct conn *c, struct outpkt *p)
 	free(p);
 }
 
-int conn_may_queue_fds(struct conn *c, unsigned nfds)
+int conn_may_queue_fds(struct conn *c, unsigned nfds, const char **why)
 {
 	struct server *s = c->srv;
 	struct uid_usage *u = c->owner.usage;
@@ -51,11 +51,11 @@ int conn_may_queue_fds(struct conn *c, unsigned nfds)
 	/* fds wait in the queue only while the peer does not read; each is
 	 * an open file of the daemon's. */
 	if (c->out_fds + nfds > s->cfg.limits.max_out_fds) {
-		s->reg.why = "fds queued to one connection";
+		*why = "fds queued to one connection";
 		return -EDQUOT;
 	}
 	if (u && u->fds_queued + nfds > s->reg.limits.uid_fds) {
-		s->reg.why = "fds queued per uid";
+		*why = "fds queued per uid";
 		return -EDQUOT;
 	}
 	return 0;
@@ -173,6 +173,7 @@ int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
 	      unsigned nfds)
 {
 	struct server *s = c->srv;
+	const char *why;
 	struct outpkt *p;
 	uint8_t *data;
 	size_t len;
@@ -214,7 +215,7 @@ int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
 	}
 	/* Requests that attach fds check conn_may_queue_fds first and answer
 	 * with an error; this is the backstop. */
-	if (conn_may_queue_fds(c, nfds)) {
+	if (conn_may_queue_fds(c, nfds, &why)) {
 		free(data);
 		conn_fail(c, "fd limit reached: peer does not read");
 		return -ENOBUFS;
@@ -384,6 +385,7 @@ int conn_new(struct server *s, int fd)
 {
 	struct ucred cred;
 	socklen_t clen = sizeof(cred);
+	const char *why = NULL;
 	struct conn *c;
 	int err;
 
@@ -403,10 +405,10 @@ int conn_new(struct server *s, int fd)
 	c->state = CONN_OPEN;
 	c->born_ms = uv_now(s->loop);
 	registry_owner_init(&c->owner, cred.uid, cred.gid, cred.pid);
-	err = registry_owner_attach(&s->reg, &c->owner);
+	err = registry_owner_attach(&s->reg, &c->owner, &why);
 	if (err == -EDQUOT) {
 		log_warn("uid %u: %s reached (%u); refused a connection",
-			 (unsigned)cred.uid, s->reg.why,
+			 (unsigned)cred.uid, why,
 			 s->reg.limits.uid_connections);
 		free(c);
 		return err; /* the caller refuses fd */

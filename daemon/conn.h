@@ -90,9 +90,9 @@ static inline int conn_open(const struct conn *c)
 int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
 	      unsigned nfds);
 
-/* Whether nfds more fds may be queued to c: 0, or -EDQUOT with
- * c->srv->reg.why naming the limit (per connection, or per uid). */
-int conn_may_queue_fds(struct conn *c, unsigned nfds);
+/* Whether nfds more fds may be queued to c: 0, or -EDQUOT with *why
+ * naming the limit (per connection, or per uid; a static string). */
+int conn_may_queue_fds(struct conn *c, unsigned nfds, const char **why);
 
 /* Sends an Error frame answering request id. Returns as conn_send. */
 int conn_send_error(struct conn *c, uint64_t id, int dlshare_code,

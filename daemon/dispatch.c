@@ -132,8 +132,11 @@ static void reply_ok(struct conn *c, uint64_t id)
 	reply(c, id, &f);
 }
 
-static void reply_err(struct conn *c, uint64_t id, int err, const char *what,
-		      const char *name)
+/* Answers request id of c with an Error for err: "WHAT NAME: why", naming
+ * the limit and the uid for a quota, or what is wrong with a refused fd,
+ * when the refusal gave a reason (why, a static string, may be NULL). */
+static void reply_err_why(struct conn *c, uint64_t id, int err,
+			  const char *why, const char *what, const char *name)
 {
 	struct entry *e;
 
@@ -146,11 +149,11 @@ static void reply_err(struct conn *c, uint64_t id, int err, const char *what,
 			 (unsigned long long)c->id, (int)c->owner.pid, what,
 			 name ? name : "", errno_text(err));
 	/* For a limit, name it: which one, and that it is this uid's. */
-	if ((err == -EDQUOT || err == -ENOSPC) && c->srv->reg.why)
+	if ((err == -EDQUOT || err == -ENOSPC) && why)
 		conn_send_error(c, id, dispatch_code(err),
 				"%s%s%s: limit reached: %s (uid %u)", what,
 				name ? " " : "", name ? name : "",
-				c->srv->reg.why, (unsigned)c->owner.uid);
+				why, (unsigned)c->owner.uid);
 	/* For a refusal, whose name it is and what its mode lets whom:
 	 * the caller sees neither. get and stat read; the rest write. */
 	else if (err == -EPERM && name &&
@@ -164,15 +167,20 @@ static void reply_err(struct conn *c, uint64_t id, int err, const char *what,
 				(unsigned)c->owner.gid,
 				strncmp(what, "get", 3) && strcmp(what, "stat") ?
 				"write" : "read");
-	else if (err == -EBADF && c->srv->reg.why)
+	else if (err == -EBADF && why)
 		conn_send_error(c, id, dispatch_code(err),
 				"%s%s%s: a buffer's fd is refused: %s", what,
-				name ? " " : "", name ? name : "",
-				c->srv->reg.why);
+				name ? " " : "", name ? name : "", why);
 	else
 		conn_send_error(c, id, dispatch_code(err), "%s%s%s: %s", what,
 				name ? " " : "", name ? name : "",
 				errno_text(err));
+}
+
+static void reply_err(struct conn *c, uint64_t id, int err, const char *what,
+		      const char *name)
+{
+	reply_err_why(c, id, err, NULL, what, name);
 }
 
 void dispatch_reply_err(struct conn *c, uint64_t id, int err,
@@ -482,13 +490,14 @@ static void create_finish(struct conn *c, uint64_t id,
 	Dlshare__CreateReply r = DLSHARE__CREATE_REPLY__INIT;
 	int attach[REGISTRY_BUFFERS_HARD_MAX];
 	struct wire_version w;
+	const char *why = NULL;
 	struct version *v;
 	struct lease *l;
 	int err, ipc = 0;
 
-	err = registry_add(&s->reg, &c->owner, &spec, 0, &v);
+	err = registry_add(&s->reg, &c->owner, &spec, 0, &v, &why);
 	if (err) {
-		reply_err(c, id, err, "create", m->name);
+		reply_err_why(c, id, err, why, "create", m->name);
 		return;
 	}
 	for (size_t i = 0; j && i < v->nbuffers; i++) {
@@ -510,7 +519,7 @@ static void create_finish(struct conn *c, uint64_t id,
 		j->made[i] = 0; /* freed with the buffer from here */
 		ipc = 1;
 	}
-	err = ipc ? registry_lease(&s->reg, &c->owner, v, &l) : 0;
+	err = ipc ? registry_lease(&s->reg, &c->owner, v, &l, &why) : 0;
 	for (size_t i = 0; i < v->nbuffers; i++)
 		attach[i] = 1;
 	if (!err && wire_version_fill(&w, v, attach))
@@ -518,7 +527,7 @@ static void create_finish(struct conn *c, uint64_t id,
 	if (err) {
 		registry_abort(&s->reg, &c->owner, m->name, v->number,
 			       v->writer);
-		reply_err(c, id, err, "create", m->name);
+		reply_err_why(c, id, err, why, "create", m->name);
 		return;
 	}
 	r.version = v->number;
@@ -660,6 +669,7 @@ static void create_gpu(struct conn *c, uint64_t id, const Dlshare__Create *m)
 		.buffers = m->buffers, .nbuffers = m->n_buffers,
 		.precheck = 1,
 	};
+	const char *why = NULL;
 	struct gpu_job *j;
 	uint8_t *packed;
 	size_t len;
@@ -673,9 +683,9 @@ static void create_gpu(struct conn *c, uint64_t id, const Dlshare__Create *m)
 				DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM;
 			m->buffers[i]->has_ipc_handle = 0;
 		}
-	err = registry_precheck(&s->reg, &c->owner, &spec, 0);
+	err = registry_precheck(&s->reg, &c->owner, &spec, 0, &why);
 	if (err) {
-		reply_err(c, id, err, "create", m->name);
+		reply_err_why(c, id, err, why, "create", m->name);
 		return;
 	}
 	if (c->nparked >= s->cfg.limits.max_inflight) {
@@ -814,6 +824,7 @@ static void handle_publish(struct conn *c, const Dlshare__Frame *f,
 	Dlshare__Frame out = DLSHARE__FRAME__INIT;
 	Dlshare__PublishReply r = DLSHARE__PUBLISH_REPLY__INIT;
 	int bfds[REGISTRY_BUFFERS_HARD_MAX];
+	const char *why = NULL;
 	struct version *v;
 	unsigned k = 0;
 	int err;
@@ -849,12 +860,12 @@ static void handle_publish(struct conn *c, const Dlshare__Frame *f,
 		}
 	spec.fds = bfds;
 	err = fits_reply(c, f) ? registry_add(&c->srv->reg, &c->owner, &spec,
-					       1, &v) : -EMSGSIZE;
+					       1, &v, &why) : -EMSGSIZE;
 	for (size_t i = 0; i < m->n_buffers; i++)
 		if (bfds[i] >= 0)
 			close(bfds[i]); /* not taken: failure */
 	if (err) {
-		reply_err(c, f->id, err, "publish", m->name);
+		reply_err_why(c, f->id, err, why, "publish", m->name);
 		return;
 	}
 	r.version = v->number;
@@ -872,6 +883,7 @@ static void reply_get(struct conn *c, uint64_t id, struct version *v)
 	Dlshare__GetReply r = DLSHARE__GET_REPLY__INIT;
 	int attach[REGISTRY_BUFFERS_HARD_MAX];
 	struct wire_version w;
+	const char *why = NULL;
 	struct lease *l;
 	int err;
 
@@ -885,11 +897,11 @@ static void reply_get(struct conn *c, uint64_t id, struct version *v)
 	}
 	/* A peer that does not read its replies must not make the daemon
 	 * hold fds for it without bound. */
-	err = conn_may_queue_fds(c, nattach);
+	err = conn_may_queue_fds(c, nattach, &why);
 	if (!err)
-		err = registry_lease(&s->reg, &c->owner, v, &l);
+		err = registry_lease(&s->reg, &c->owner, v, &l, &why);
 	if (err) {
-		reply_err(c, id, err, "get", v->entry->name);
+		reply_err_why(c, id, err, why, "get", v->entry->name);
 		return;
 	}
 	if (wire_version_fill(&w, v, attach)) {

@@ -415,7 +415,7 @@ static void peer_connect(struct session *z, int i, unsigned identity,
 		registry_owner_init(o, o->uid + 1000,
 				    o->gid + (identity == 2 ? 1000 : 0),
 				    o->pid);
-		FUZZ_ASSERT(registry_owner_attach(&z->s.reg, o) == 0,
+		FUZZ_ASSERT(registry_owner_attach(&z->s.reg, o, NULL) == 0,
 			    "registry_owner_attach");
 	}
 }
