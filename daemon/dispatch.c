@@ -11,19 +11,19 @@
 #include "check.h"
 #include "gpu.h"
 #include "log.h"
+#include "peer.h"
 #include "seal.h"
-#include "server.h"
 
 /* A get waiting for a version that does not exist yet. */
 struct park {
-	struct conn *conn;
+	struct peer *peer;
 	struct waitq *q;
 	uint64_t req_id;
 	enum registry_select sel;
 	uint64_t number;
 	int has_timer;
 	uv_timer_t timer;
-	struct park *prev, *next;   /* conn->parked */
+	struct park *prev, *next;   /* peer->parked */
 	struct park *wprev, *wnext; /* q->parks */
 };
 
@@ -114,13 +114,13 @@ static const char *errno_text(int err)
 	}
 }
 
-static int reply(struct conn *c, uint64_t id, Dlshare__Frame *f)
+static int reply(struct peer *peer, uint64_t id, Dlshare__Frame *f)
 {
 	f->id = id;
-	return conn_send(c, f, NULL, 0);
+	return conn_send(&peer->conn, f, NULL, 0);
 }
 
-static void reply_ok(struct conn *c, uint64_t id)
+static void reply_ok(struct peer *peer, uint64_t id)
 {
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Ok ok = DLSHARE__OK__INIT;
@@ -129,13 +129,13 @@ static void reply_ok(struct conn *c, uint64_t id)
 		return;
 	f.body_case = DLSHARE__FRAME__BODY_OK;
 	f.ok = &ok;
-	reply(c, id, &f);
+	reply(peer, id, &f);
 }
 
 /* Answers request id of c with an Error for err: "WHAT NAME: why", naming
  * the limit and the uid for a quota, or what is wrong with a refused fd,
  * when the refusal gave a reason (why, a static string, may be NULL). */
-static void reply_err_why(struct conn *c, uint64_t id, int err,
+static void reply_err_why(struct peer *peer, uint64_t id, int err,
 			  const char *why, const char *what, const char *name)
 {
 	struct entry *e;
@@ -146,47 +146,48 @@ static void reply_err_why(struct conn *c, uint64_t id, int err,
 		return;
 	if (err != -ENOENT && err != -ETIMEDOUT)
 		log_info("conn %llu (pid %d): %s %s: %s",
-			 (unsigned long long)c->id, (int)c->owner.pid, what,
-			 name ? name : "", errno_text(err));
+			 (unsigned long long)peer->conn.id,
+			 (int)peer->owner.pid, what, name ? name : "",
+			 errno_text(err));
 	/* For a limit, name it: which one, and that it is this uid's. */
 	if ((err == -EDQUOT || err == -ENOSPC) && why)
-		conn_send_error(c, id, dispatch_code(err),
+		conn_send_error(&peer->conn, id, dispatch_code(err),
 				"%s%s%s: limit reached: %s (uid %u)", what,
 				name ? " " : "", name ? name : "",
-				why, (unsigned)c->owner.uid);
+				why, (unsigned)peer->owner.uid);
 	/* For a refusal, whose name it is and what its mode lets whom:
 	 * the caller sees neither. get and stat read; the rest write. */
 	else if (err == -EPERM && name &&
-		 (e = registry_entry(&c->srv->reg, name)))
-		conn_send_error(c, id, dispatch_code(err),
+		 (e = registry_entry(&peer->d->reg, name)))
+		conn_send_error(&peer->conn, id, dispatch_code(err),
 				"%s %s: permission denied: owned by uid %u "
 				"(gid %u) with mode %04o, which does not let "
 				"uid %u (gid %u) %s it", what, name,
 				(unsigned)e->owner_uid, (unsigned)e->owner_gid,
-				(unsigned)e->mode, (unsigned)c->owner.uid,
-				(unsigned)c->owner.gid,
+				(unsigned)e->mode, (unsigned)peer->owner.uid,
+				(unsigned)peer->owner.gid,
 				strncmp(what, "get", 3) && strcmp(what, "stat") ?
 				"write" : "read");
 	else if (err == -EBADF && why)
-		conn_send_error(c, id, dispatch_code(err),
+		conn_send_error(&peer->conn, id, dispatch_code(err),
 				"%s%s%s: a buffer's fd is refused: %s", what,
 				name ? " " : "", name ? name : "", why);
 	else
-		conn_send_error(c, id, dispatch_code(err), "%s%s%s: %s", what,
-				name ? " " : "", name ? name : "",
-				errno_text(err));
+		conn_send_error(&peer->conn, id, dispatch_code(err),
+				"%s%s%s: %s", what, name ? " " : "",
+				name ? name : "", errno_text(err));
 }
 
-static void reply_err(struct conn *c, uint64_t id, int err, const char *what,
+static void reply_err(struct peer *peer, uint64_t id, int err, const char *what,
 		      const char *name)
 {
-	reply_err_why(c, id, err, NULL, what, name);
+	reply_err_why(peer, id, err, NULL, what, name);
 }
 
-void dispatch_reply_err(struct conn *c, uint64_t id, int err,
+void dispatch_reply_err(struct peer *peer, uint64_t id, int err,
 			const char *what, const char *name)
 {
-	reply_err(c, id, err, what, name);
+	reply_err(peer, id, err, what, name);
 }
 
 /* ---- encoding the model ------------------------------------------------ */
@@ -340,67 +341,49 @@ static void name_info_fill(Dlshare__NameInfo *ni, const struct entry *e)
 
 /* ---- requests ----------------------------------------------------------- */
 
-static void handle_hello(struct conn *c, uint64_t id, const Dlshare__Hello *h)
+static void handle_hello(struct peer *peer, uint64_t id,
+			 const Dlshare__Hello *h)
 {
-	const struct server *s = c->srv;
+	const struct daemon *d = peer->d;
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__HelloReply r = DLSHARE__HELLO_REPLY__INIT;
 
-	if (c->hello) {
-		conn_send_error(c, id, DLSHARE_EPROTO, "Hello sent twice");
-		conn_fail(c, "Hello sent twice");
+	if (peer->conn.hello) {
+		conn_send_error(&peer->conn, id, DLSHARE_EPROTO,
+				"Hello sent twice");
+		conn_fail(&peer->conn, "Hello sent twice");
 		return;
 	}
 	if (h->major != WIRE_PROTO_MAJOR) {
-		conn_send_error(c, id, DLSHARE_EVERSION,
+		conn_send_error(&peer->conn, id, DLSHARE_EVERSION,
 				"protocol %u.%u not supported; this daemon speaks %u.%u",
 				h->major, h->minor, WIRE_PROTO_MAJOR,
 				WIRE_PROTO_MINOR);
-		conn_fail(c, "unsupported protocol major");
+		conn_fail(&peer->conn, "unsupported protocol major");
 		return;
 	}
-	c->hello = 1;
+	peer->conn.hello = 1;
 	log_debug("conn %llu: hello from %s, protocol %u.%u",
-		  (unsigned long long)c->id, h->agent ? h->agent : "?",
+		  (unsigned long long)peer->conn.id, h->agent ? h->agent : "?",
 		  h->major, h->minor);
 	r.major = WIRE_PROTO_MAJOR;
 	r.minor = WIRE_PROTO_MINOR;
 	r.server = "dlshared " DLSHARE_VERSION_STRING;
-	r.max_packet = s->cfg.limits.max_packet;
-	r.max_fds = s->cfg.limits.max_fds;
-	r.max_inflight = s->cfg.limits.max_inflight;
-	r.max_tensors = s->cfg.registry.max_tensors;
-	r.max_buffers = s->cfg.registry.max_buffers;
+	r.max_packet = d->limits->max_packet;
+	r.max_fds = d->limits->max_fds;
+	r.max_inflight = d->limits->max_inflight;
+	r.max_tensors = d->reg.limits.max_tensors;
+	r.max_buffers = d->reg.limits.max_buffers;
 	f.body_case = DLSHARE__FRAME__BODY_HELLO_REPLY;
 	f.hello_reply = &r;
-	reply(c, id, &f);
-}
-
-/* Records that c received rb's fd: c hears when rb goes, and is not sent
- * the fd again. Returns 0, or -ENOMEM after which c is failing. */
-static int sent_add(struct conn *c, struct rbuffer *rb)
-{
-	struct sent_buf *sb = calloc(1, sizeof(*sb)), *h;
-
-	if (!sb) {
-		conn_fail(c, "out of memory");
-		return -ENOMEM;
-	}
-	sb->id = rb->id;
-	sb->conn = c;
-	sb->buf = rb;
-	HASH_ADD(hh, c->sent, id, sizeof(sb->id), sb);
-	h = rb->holders;
-	DL_APPEND2(h, sb, bprev, bnext);
-	rb->holders = h;
-	return 0;
+	reply(peer, id, &f);
 }
 
 /* A version description must fit in a reply too. */
-static int fits_reply(struct conn *c, const Dlshare__Frame *f)
+static int fits_reply(struct peer *peer, const Dlshare__Frame *f)
 {
 	return dlshare__frame__get_packed_size(f) + REPLY_OVERHEAD <=
-	       c->srv->cfg.limits.max_packet;
+	       peer->d->limits->max_packet;
 }
 
 /* ---- daemon-owned cuda-ipc memory ---------------------------------------
@@ -424,9 +407,9 @@ struct devmem_free {
 
 static void devmem_free_work(uv_work_t *req)
 {
-	struct devmem_free *d = req->data;
+	struct devmem_free *df = req->data;
 
-	gpu_free_ipc(d->ptr, d->ordinal);
+	gpu_free_ipc(df->ptr, df->ordinal);
 }
 
 static void devmem_free_done(uv_work_t *req, int status)
@@ -437,30 +420,30 @@ static void devmem_free_done(uv_work_t *req, int status)
 
 /* Frees a cuda-ipc allocation off the loop (cudaFree waits for the
  * device); at once when that cannot be queued. */
-static void devmem_free(struct server *s, void *ptr, int ordinal)
+static void devmem_free(struct daemon *d, void *ptr, int ordinal)
 {
-	struct devmem_free *d = calloc(1, sizeof(*d));
+	struct devmem_free *df = calloc(1, sizeof(*df));
 
-	if (d) {
-		d->ptr = ptr;
-		d->ordinal = ordinal;
-		d->req.data = d;
-		if (uv_queue_work(s->loop, &d->req, devmem_free_work,
+	if (df) {
+		df->ptr = ptr;
+		df->ordinal = ordinal;
+		df->req.data = df;
+		if (uv_queue_work(d->loop, &df->req, devmem_free_work,
 				  devmem_free_done) == 0)
 			return;
-		free(d);
+		free(df);
 	}
 	gpu_free_ipc(ptr, ordinal);
 }
 
 /* A Create whose GPU buffers are being made on the thread pool: a GPU
  * allocation may take long (the driver's first call, a full device), and
- * the loop never waits. It counts as a request in flight of its conn. */
+ * the loop never waits. It counts as a request in flight of its peer. */
 struct gpu_job {
 	uv_work_t req;
-	struct server *srv;
-	struct conn *conn;        /* NULL once the conn went */
-	struct gpu_job *prev, *next; /* conn->jobs */
+	struct daemon *d;
+	struct peer *peer;        /* NULL once the peer went */
+	struct gpu_job *prev, *next; /* peer->jobs */
 	uint64_t id;
 	Dlshare__Create *create;  /* a copy of the request */
 	int made[REGISTRY_BUFFERS_HARD_MAX];     /* mem[i] is ours to free */
@@ -475,10 +458,10 @@ struct gpu_job {
  * producer among their holders: it maps them, and must hear when they go.
  * With cuda-ipc buffers the producer gets a writer lease. What the
  * registry did not take stays j's. */
-static void create_finish(struct conn *c, uint64_t id,
+static void create_finish(struct peer *peer, uint64_t id,
 			  const Dlshare__Create *m, struct gpu_job *j)
 {
-	struct server *s = c->srv;
+	struct daemon *d = peer->d;
 	struct registry_spec spec = {
 		.name = m->name, .mode = m->mode,
 		.tensors = m->tensors, .ntensors = m->n_tensors,
@@ -495,39 +478,39 @@ static void create_finish(struct conn *c, uint64_t id,
 	struct lease *l;
 	int err, ipc = 0;
 
-	err = registry_add(&s->reg, &c->owner, &spec, 0, &v, &why);
+	err = registry_add(&d->reg, &peer->owner, &spec, 0, &v, &why);
 	if (err) {
-		reply_err_why(c, id, err, why, "create", m->name);
+		reply_err_why(peer, id, err, why, "create", m->name);
 		return;
 	}
 	for (size_t i = 0; j && i < v->nbuffers; i++) {
-		struct devmem *d;
+		struct devmem *dm;
 
 		if (!j->made[i] || j->mem[i].kind != GPU_CUDA_IPC)
 			continue;
-		d = calloc(1, sizeof(*d));
-		if (!d) {
-			registry_abort(&s->reg, &c->owner, m->name, v->number,
-				       v->writer);
-			reply_err(c, id, -ENOMEM, "create", m->name);
+		dm = calloc(1, sizeof(*dm));
+		if (!dm) {
+			registry_abort(&d->reg, &peer->owner, m->name,
+				       v->number, v->writer);
+			reply_err(peer, id, -ENOMEM, "create", m->name);
 			return;
 		}
-		d->id = v->buffers[i]->id;
-		d->ptr = j->mem[i].ptr;
-		d->ordinal = j->mem[i].ordinal;
-		HASH_ADD(hh, s->devmem, id, sizeof(d->id), d);
+		dm->id = v->buffers[i]->id;
+		dm->ptr = j->mem[i].ptr;
+		dm->ordinal = j->mem[i].ordinal;
+		HASH_ADD(hh, d->devmem, id, sizeof(dm->id), dm);
 		j->made[i] = 0; /* freed with the buffer from here */
 		ipc = 1;
 	}
-	err = ipc ? registry_lease(&s->reg, &c->owner, v, &l, &why) : 0;
+	err = ipc ? registry_lease(&d->reg, &peer->owner, v, &l, &why) : 0;
 	for (size_t i = 0; i < v->nbuffers; i++)
 		attach[i] = 1;
 	if (!err && wire_version_fill(&w, v, attach))
 		err = -ENOMEM;
 	if (err) {
-		registry_abort(&s->reg, &c->owner, m->name, v->number,
+		registry_abort(&d->reg, &peer->owner, m->name, v->number,
 			       v->writer);
-		reply_err_why(c, id, err, why, "create", m->name);
+		reply_err_why(peer, id, err, why, "create", m->name);
 		return;
 	}
 	r.version = v->number;
@@ -543,13 +526,13 @@ static void create_finish(struct conn *c, uint64_t id,
 	out.body_case = DLSHARE__FRAME__BODY_CREATE_REPLY;
 	out.create_reply = &r;
 	/* A failed send dooms c, and its pending version goes with it. */
-	err = conn_send(c, &out, w.fds, w.nfds);
+	err = conn_send(&peer->conn, &out, w.fds, w.nfds);
 	wire_version_free(&w);
-	if (err || !conn_open(c))
+	if (err || !conn_open(&peer->conn))
 		return;
 	for (size_t i = 0; i < v->nbuffers; i++)
 		if (v->buffers[i]->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM &&
-		    sent_add(c, v->buffers[i]))
+		    peer_sent_add(peer, v->buffers[i]))
 			return;
 }
 
@@ -602,29 +585,29 @@ static void gpu_job_free(struct gpu_job *j)
 	wire_close_fds(j->fds, REGISTRY_BUFFERS_HARD_MAX);
 	for (size_t i = 0; i < REGISTRY_BUFFERS_HARD_MAX; i++)
 		if (j->made[i] && j->mem[i].kind == GPU_CUDA_IPC)
-			devmem_free(j->srv, j->mem[i].ptr, j->mem[i].ordinal);
+			devmem_free(j->d, j->mem[i].ptr, j->mem[i].ordinal);
 	dlshare__create__free_unpacked(j->create, NULL);
 	free(j);
 }
 
-/* Loop: answers the Create, unless its conn went meanwhile. */
+/* Loop: answers the Create, unless its peer went meanwhile. */
 static void gpu_job_done(uv_work_t *req, int status)
 {
 	struct gpu_job *j = req->data;
-	struct conn *c = j->conn;
+	struct peer *peer = j->peer;
 	Dlshare__Create *m = j->create;
-	struct server *s = j->srv;
+	struct daemon *d = j->d;
 
-	if (!c) {
+	if (!peer) {
 		gpu_job_free(j);
 		return;
 	}
-	DL_DELETE(c->jobs, j);
-	c->nparked--;
-	if (!conn_open(c)) {
+	DL_DELETE(peer->jobs, j);
+	peer->inflight--;
+	if (!conn_open(&peer->conn)) {
 		/* Doomed meanwhile: nothing to answer. */
 	} else if (status || j->err) {
-		conn_send_error(c, j->id, status ? DLSHARE_EIO :
+		conn_send_error(&peer->conn, j->id, status ? DLSHARE_EIO :
 				dispatch_code(j->err), "create %s: %s",
 				m->name, status ? uv_strerror(status) : j->why);
 	} else {
@@ -645,7 +628,7 @@ static void gpu_job_done(uv_work_t *req, int status)
 			b->has_ipc_offset = 1;
 			b->ipc_offset = 0;
 		}
-		create_finish(c, j->id, m, j);
+		create_finish(peer, j->id, m, j);
 		/* The copy frees what it unpacked, not j's handle bytes (a
 		 * GPU buffer of the copy had none: create_gpu). */
 		for (size_t i = 0; i < m->n_buffers; i++)
@@ -655,14 +638,14 @@ static void gpu_job_done(uv_work_t *req, int status)
 			}
 	}
 	gpu_job_free(j);
-	server_reap(s);
+	conn_reap(&d->conns);
 }
 
 /* Starts making m's GPU buffers. The request is checked first, so that
  * nothing is allocated for a create that would be refused anyway. */
-static void create_gpu(struct conn *c, uint64_t id, const Dlshare__Create *m)
+static void create_gpu(struct peer *peer, uint64_t id, const Dlshare__Create *m)
 {
-	struct server *s = c->srv;
+	struct daemon *d = peer->d;
 	struct registry_spec spec = {
 		.name = m->name, .mode = m->mode,
 		.tensors = m->tensors, .ntensors = m->n_tensors,
@@ -683,15 +666,15 @@ static void create_gpu(struct conn *c, uint64_t id, const Dlshare__Create *m)
 				DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM;
 			m->buffers[i]->has_ipc_handle = 0;
 		}
-	err = registry_precheck(&s->reg, &c->owner, &spec, 0, &why);
+	err = registry_precheck(&d->reg, &peer->owner, &spec, 0, &why);
 	if (err) {
-		reply_err_why(c, id, err, why, "create", m->name);
+		reply_err_why(peer, id, err, why, "create", m->name);
 		return;
 	}
-	if (c->nparked >= s->cfg.limits.max_inflight) {
-		conn_send_error(c, id, DLSHARE_ELIMIT,
+	if (peer->inflight >= d->limits->max_inflight) {
+		conn_send_error(&peer->conn, id, DLSHARE_ELIMIT,
 				"create %s: too many requests in flight on this connection (limit %u)",
-				m->name, s->cfg.limits.max_inflight);
+				m->name, d->limits->max_inflight);
 		return;
 	}
 	j = calloc(1, sizeof(*j));
@@ -700,7 +683,7 @@ static void create_gpu(struct conn *c, uint64_t id, const Dlshare__Create *m)
 	if (!j || !packed) {
 		free(j);
 		free(packed);
-		reply_err(c, id, -ENOMEM, "create", m->name);
+		reply_err(peer, id, -ENOMEM, "create", m->name);
 		return;
 	}
 	/* The request's memory goes with its packet: keep a copy. */
@@ -709,109 +692,111 @@ static void create_gpu(struct conn *c, uint64_t id, const Dlshare__Create *m)
 	free(packed);
 	if (!j->create) {
 		free(j);
-		reply_err(c, id, -ENOMEM, "create", m->name);
+		reply_err(peer, id, -ENOMEM, "create", m->name);
 		return;
 	}
 	for (size_t i = 0; i < REGISTRY_BUFFERS_HARD_MAX; i++)
 		j->fds[i] = -1;
 	j->id = id;
-	j->srv = s;
-	j->conn = c;
+	j->d = d;
+	j->peer = peer;
 	j->req.data = j;
-	err = uv_queue_work(s->loop, &j->req, gpu_job_work, gpu_job_done);
+	err = uv_queue_work(d->loop, &j->req, gpu_job_work, gpu_job_done);
 	if (err) {
 		gpu_job_free(j);
-		reply_err(c, id, -ENOMEM, "create", m->name);
+		reply_err(peer, id, -ENOMEM, "create", m->name);
 		return;
 	}
-	DL_APPEND(c->jobs, j);
-	c->nparked++;
+	DL_APPEND(peer->jobs, j);
+	peer->inflight++;
 }
 
 /* Refuses a version two of whose tensors share a key: the second would be
  * reachable only by its index. Over max_tensors the registry refuses it
  * anyway, and nothing is allocated for it here. Returns 1 when it
  * answered. */
-static int refuse_same_keys(struct conn *c, uint64_t id, const char *what,
+static int refuse_same_keys(struct peer *peer, uint64_t id, const char *what,
 			    const char *name, Dlshare__Tensor *const *t,
 			    size_t n)
 {
 	size_t a, b;
 	int err;
 
-	if (n > c->srv->reg.limits.max_tensors)
+	if (n > peer->d->reg.limits.max_tensors)
 		return 0;
 	err = check_keys(t, n, &a, &b);
 	if (!err)
 		return 0;
 	if (err == -EINVAL)
-		conn_send_error(c, id, DLSHARE_EINVAL,
+		conn_send_error(&peer->conn, id, DLSHARE_EINVAL,
 				"%s %s: tensors %zu and %zu have the same key \"%s\"",
 				what, name, a, b, t[a]->key);
 	else
-		reply_err(c, id, err, what, name);
+		reply_err(peer, id, err, what, name);
 	return 1;
 }
 
-static void handle_create(struct conn *c, const Dlshare__Frame *f,
+static void handle_create(struct peer *peer, const Dlshare__Frame *f,
 			  const Dlshare__Create *m)
 {
-	if (!fits_reply(c, f)) {
-		reply_err(c, f->id, -EMSGSIZE, "create", m->name);
+	if (!fits_reply(peer, f)) {
+		reply_err(peer, f->id, -EMSGSIZE, "create", m->name);
 		return;
 	}
 	if (m->n_buffers > REGISTRY_BUFFERS_HARD_MAX) {
-		reply_err(c, f->id, -E2BIG, "create", m->name);
+		reply_err(peer, f->id, -E2BIG, "create", m->name);
 		return;
 	}
-	if (refuse_same_keys(c, f->id, "create", m->name, m->tensors,
+	if (refuse_same_keys(peer, f->id, "create", m->name, m->tensors,
 			     m->n_tensors))
 		return;
 	for (size_t i = 0; i < m->n_buffers; i++)
 		if (is_gpu_buffer(m->buffers[i])) {
-			create_gpu(c, f->id, m);
+			create_gpu(peer, f->id, m);
 			return;
 		}
-	create_finish(c, f->id, m, NULL);
+	create_finish(peer, f->id, m, NULL);
 }
 
-void dispatch_reply_no_pending(struct conn *c, uint64_t id, const char *what,
+void dispatch_reply_no_pending(struct peer *peer, uint64_t id, const char *what,
 			       const char *name, uint64_t number,
 			       uint64_t writer)
 {
 	if (writer)
-		conn_send_error(c, id, DLSHARE_ENOENT,
+		conn_send_error(&peer->conn, id, DLSHARE_ENOENT,
 				"%s %s version %llu: writer %llu has no pending version on this connection (sealed, aborted, or its name was deleted)",
 				what, name, (unsigned long long)number,
 				(unsigned long long)writer);
 	else
-		conn_send_error(c, id, DLSHARE_ENOENT,
+		conn_send_error(&peer->conn, id, DLSHARE_ENOENT,
 				"%s %s version %llu: no pending version of this connection",
 				what, name, (unsigned long long)number);
 }
 
 /* The write seal may wait on pinned pages: daemon/seal.c does it off the
  * loop and answers. */
-static void handle_seal(struct conn *c, uint64_t id, const Dlshare__Seal *m)
+static void handle_seal(struct peer *peer, uint64_t id, const Dlshare__Seal *m)
 {
-	seal_request(c, id, m);
+	seal_request(peer, id, m);
 }
 
-static void handle_abort(struct conn *c, uint64_t id, const Dlshare__Abort *m)
+static void handle_abort(struct peer *peer, uint64_t id,
+			 const Dlshare__Abort *m)
 {
 	uint64_t writer = m->has_writer ? m->writer : 0;
-	int err = registry_abort(&c->srv->reg, &c->owner, m->name, m->version,
-				 writer);
+	int err = registry_abort(&peer->d->reg, &peer->owner, m->name,
+				 m->version, writer);
 
 	if (err == -ENOENT)
-		dispatch_reply_no_pending(c, id, "abort", m->name, m->version, writer);
+		dispatch_reply_no_pending(peer, id, "abort", m->name,
+					  m->version, writer);
 	else if (err)
-		reply_err(c, id, err, "abort", m->name);
+		reply_err(peer, id, err, "abort", m->name);
 	else
-		reply_ok(c, id);
+		reply_ok(peer, id);
 }
 
-static void handle_publish(struct conn *c, const Dlshare__Frame *f,
+static void handle_publish(struct peer *peer, const Dlshare__Frame *f,
 			   const Dlshare__Publish *m, int *fds, unsigned nfds)
 {
 	struct registry_spec spec = {
@@ -831,10 +816,10 @@ static void handle_publish(struct conn *c, const Dlshare__Frame *f,
 
 	if (m->n_buffers > REGISTRY_BUFFERS_HARD_MAX) {
 		wire_close_fds(fds, nfds);
-		reply_err(c, f->id, -E2BIG, "publish", m->name);
+		reply_err(peer, f->id, -E2BIG, "publish", m->name);
 		return;
 	}
-	if (refuse_same_keys(c, f->id, "publish", m->name, m->tensors,
+	if (refuse_same_keys(peer, f->id, "publish", m->name, m->tensors,
 			     m->n_tensors)) {
 		wire_close_fds(fds, nfds);
 		return;
@@ -849,8 +834,8 @@ static void handle_publish(struct conn *c, const Dlshare__Frame *f,
 	}
 	if (claimed != nfds) {
 		wire_close_fds(fds, nfds);
-		reply_err(c, f->id, -EINVAL, "publish (fds do not match buffers)",
-			  m->name);
+		reply_err(peer, f->id, -EINVAL,
+			  "publish (fds do not match buffers)", m->name);
 		return;
 	}
 	for (size_t i = 0; i < m->n_buffers; i++)
@@ -859,26 +844,27 @@ static void handle_publish(struct conn *c, const Dlshare__Frame *f,
 			fds[k++] = -1;
 		}
 	spec.fds = bfds;
-	err = fits_reply(c, f) ? registry_add(&c->srv->reg, &c->owner, &spec,
-					       1, &v, &why) : -EMSGSIZE;
+	err = fits_reply(peer, f) ?
+	      registry_add(&peer->d->reg, &peer->owner, &spec, 1, &v, &why) :
+	      -EMSGSIZE;
 	for (size_t i = 0; i < m->n_buffers; i++)
 		if (bfds[i] >= 0)
 			close(bfds[i]); /* not taken: failure */
 	if (err) {
-		reply_err_why(c, f->id, err, why, "publish", m->name);
+		reply_err_why(peer, f->id, err, why, "publish", m->name);
 		return;
 	}
 	r.version = v->number;
 	out.body_case = DLSHARE__FRAME__BODY_PUBLISH_REPLY;
 	out.publish_reply = &r;
-	reply(c, f->id, &out);
+	reply(peer, f->id, &out);
 }
 
 /* Answers a get with v: takes a lease and sends each buffer's fd the first
- * time this conn needs it. */
-static void reply_get(struct conn *c, uint64_t id, struct version *v)
+ * time this peer needs it. */
+static void reply_get(struct peer *peer, uint64_t id, struct version *v)
 {
-	struct server *s = c->srv;
+	struct daemon *d = peer->d;
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__GetReply r = DLSHARE__GET_REPLY__INIT;
 	int attach[REGISTRY_BUFFERS_HARD_MAX];
@@ -891,22 +877,23 @@ static void reply_get(struct conn *c, uint64_t id, struct version *v)
 	for (size_t i = 0; i < v->nbuffers; i++) {
 		struct sent_buf *sb = NULL;
 
-		HASH_FIND(hh, c->sent, &v->buffers[i]->id, sizeof(uint64_t), sb);
+		HASH_FIND(hh, peer->sent, &v->buffers[i]->id, sizeof(uint64_t),
+			  sb);
 		attach[i] = !sb;
 		nattach += attach[i] && v->buffers[i]->fd >= 0;
 	}
 	/* A peer that does not read its replies must not make the daemon
 	 * hold fds for it without bound. */
-	err = conn_may_queue_fds(c, nattach, &why);
+	err = conn_may_queue_fds(&peer->conn, nattach, &why);
 	if (!err)
-		err = registry_lease(&s->reg, &c->owner, v, &l, &why);
+		err = registry_lease(&d->reg, &peer->owner, v, &l, &why);
 	if (err) {
-		reply_err_why(c, id, err, why, "get", v->entry->name);
+		reply_err_why(peer, id, err, why, "get", v->entry->name);
 		return;
 	}
 	if (wire_version_fill(&w, v, attach)) {
-		reply_err(c, id, -ENOMEM, "get", v->entry->name);
-		registry_release(&s->reg, &c->owner, l->id);
+		reply_err(peer, id, -ENOMEM, "get", v->entry->name);
+		registry_release(&d->reg, &peer->owner, l->id);
 		return;
 	}
 	r.version = v->number;
@@ -926,13 +913,13 @@ static void reply_get(struct conn *c, uint64_t id, struct version *v)
 	f.get_reply = &r;
 	/* Sending frees no buffer; a failed send dooms c, after which its
 	 * sent set no longer matters. */
-	err = conn_send(c, &f, w.fds, w.nfds);
+	err = conn_send(&peer->conn, &f, w.fds, w.nfds);
 	wire_version_free(&w);
-	if (err || !conn_open(c))
+	if (err || !conn_open(&peer->conn))
 		return;
 	for (size_t i = 0; i < v->nbuffers; i++)
 		if (attach[i] && v->buffers[i]->fd >= 0 &&
-		    sent_add(c, v->buffers[i]))
+		    peer_sent_add(peer, v->buffers[i]))
 			return;
 }
 
@@ -941,18 +928,18 @@ static void park_free_cb(uv_handle_t *h)
 	free(h->data);
 }
 
-static void park_remove(struct server *s, struct park *p)
+static void park_remove(struct daemon *d, struct park *p)
 {
 	struct waitq *q = p->q;
 
-	DL_DELETE(p->conn->parked, p);
-	p->conn->nparked--;
+	DL_DELETE(p->peer->parked, p);
+	p->peer->inflight--;
 	DL_DELETE2(q->parks, p, wprev, wnext);
 	if (!q->parks) {
-		HASH_DEL(s->waiters, q);
+		HASH_DEL(d->waiters, q);
 		free(q);
 	}
-	s->nparked--;
+	d->nparked--;
 	if (p->has_timer) {
 		uv_timer_stop(&p->timer);
 		uv_close((uv_handle_t *)&p->timer, park_free_cb);
@@ -964,29 +951,29 @@ static void park_remove(struct server *s, struct park *p)
 static void on_park_timeout(uv_timer_t *t)
 {
 	struct park *p = t->data;
-	struct conn *c = p->conn;
-	struct server *s = c->srv;
+	struct peer *peer = p->peer;
+	struct daemon *d = peer->d;
 	uint64_t id = p->req_id;
 
-	park_remove(s, p);
-	conn_send_error(c, id, DLSHARE_ETIMEDOUT,
+	park_remove(d, p);
+	conn_send_error(&peer->conn, id, DLSHARE_ETIMEDOUT,
 			"get: no matching version before the timeout");
-	server_reap(s);
+	conn_reap(&d->conns);
 }
 
-static int park(struct conn *c, uint64_t id, const char *name,
+static int park(struct peer *peer, uint64_t id, const char *name,
 		enum registry_select sel, uint64_t number, uint32_t timeout)
 {
-	struct server *s = c->srv;
+	struct daemon *d = peer->d;
 	struct waitq *q = NULL;
 	struct park *p;
 
-	if (c->nparked >= s->cfg.limits.max_inflight)
+	if (peer->inflight >= d->limits->max_inflight)
 		return -EDQUOT;
 	p = calloc(1, sizeof(*p));
 	if (!p)
 		return -ENOMEM;
-	HASH_FIND_STR(s->waiters, name, q);
+	HASH_FIND_STR(d->waiters, name, q);
 	if (!q) {
 		q = calloc(1, sizeof(*q));
 		if (!q) {
@@ -994,27 +981,27 @@ static int park(struct conn *c, uint64_t id, const char *name,
 			return -ENOMEM;
 		}
 		memcpy(q->name, name, strlen(name) + 1);
-		HASH_ADD_STR(s->waiters, name, q);
+		HASH_ADD_STR(d->waiters, name, q);
 	}
-	p->conn = c;
+	p->peer = peer;
 	p->q = q;
 	p->req_id = id;
 	p->sel = sel;
 	p->number = number;
-	DL_APPEND(c->parked, p);
-	c->nparked++;
+	DL_APPEND(peer->parked, p);
+	peer->inflight++;
 	DL_APPEND2(q->parks, p, wprev, wnext);
-	s->nparked++;
+	d->nparked++;
 	if (timeout != UINT32_MAX) {
 		p->has_timer = 1;
-		uv_timer_init(s->loop, &p->timer);
+		uv_timer_init(d->loop, &p->timer);
 		p->timer.data = p;
 		uv_timer_start(&p->timer, on_park_timeout, timeout, 0);
 	}
 	return 0;
 }
 
-static void handle_get(struct conn *c, uint64_t id, const Dlshare__Get *m)
+static void handle_get(struct peer *peer, uint64_t id, const Dlshare__Get *m)
 {
 	enum registry_select sel;
 	struct version *v;
@@ -1031,71 +1018,71 @@ static void handle_get(struct conn *c, uint64_t id, const Dlshare__Get *m)
 		sel = REG_NEWER_THAN;
 		break;
 	default:
-		reply_err(c, id, -EINVAL, "get (unknown selector)", m->name);
+		reply_err(peer, id, -EINVAL, "get (unknown selector)", m->name);
 		return;
 	}
 	if (check_name(m->name)) {
-		reply_err(c, id, -EINVAL, "get (invalid name)", NULL);
+		reply_err(peer, id, -EINVAL, "get (invalid name)", NULL);
 		return;
 	}
-	v = registry_find(&c->srv->reg, &c->owner, m->name, sel, m->version,
+	v = registry_find(&peer->d->reg, &peer->owner, m->name, sel, m->version,
 			  &err);
 	if (v) {
-		reply_get(c, id, v);
+		reply_get(peer, id, v);
 		return;
 	}
 	if (err == -ENOENT && m->timeout_ms > 0 && id != 0) {
-		err = park(c, id, m->name, sel, m->version, m->timeout_ms);
+		err = park(peer, id, m->name, sel, m->version, m->timeout_ms);
 		if (!err)
 			return;
 		if (err == -EDQUOT) {
-			conn_send_error(c, id, DLSHARE_ELIMIT,
+			conn_send_error(&peer->conn, id, DLSHARE_ELIMIT,
 					"get %s: too many waiting gets on this connection (limit %u)",
-					m->name, c->srv->cfg.limits.max_inflight);
+					m->name, peer->d->limits->max_inflight);
 			return;
 		}
 	}
-	reply_err(c, id, err, "get", m->name);
+	reply_err(peer, id, err, "get", m->name);
 }
 
 /* Drops c's leases ids (a Release, or Frame.releases). Returns how many
  * were unknown, after logging them. */
-static size_t release_leases(struct conn *c, const uint64_t *ids, size_t n)
+static size_t release_leases(struct peer *peer, const uint64_t *ids, size_t n)
 {
 	size_t unknown = 0;
 
 	for (size_t i = 0; i < n; i++)
-		if (registry_release(&c->srv->reg, &c->owner, ids[i]))
+		if (registry_release(&peer->d->reg, &peer->owner, ids[i]))
 			unknown++;
 	if (unknown)
 		log_info("conn %llu: release of %zu unknown lease(s)",
-			 (unsigned long long)c->id, unknown);
+			 (unsigned long long)peer->conn.id, unknown);
 	return unknown;
 }
 
-static void handle_release(struct conn *c, uint64_t id,
+static void handle_release(struct peer *peer, uint64_t id,
 			   const Dlshare__Release *m)
 {
-	size_t unknown = release_leases(c, m->leases, m->n_leases);
+	size_t unknown = release_leases(peer, m->leases, m->n_leases);
 
 	if (unknown) {
 		if (id)
-			conn_send_error(c, id, DLSHARE_EINVAL,
+			conn_send_error(&peer->conn, id, DLSHARE_EINVAL,
 					"release: %zu unknown lease(s)", unknown);
 		return;
 	}
-	reply_ok(c, id);
+	reply_ok(peer, id);
 }
 
-static void handle_delete(struct conn *c, uint64_t id,
+static void handle_delete(struct peer *peer, uint64_t id,
 			  const Dlshare__Delete *m)
 {
-	int err = registry_delete(&c->srv->reg, &c->owner, m->name);
+	int err = registry_delete(&peer->d->reg, &peer->owner, m->name);
 
 	if (err)
-		reply_err(c, id, err, "delete", m->name);
+		reply_err(peer, id, err, "delete", m->name);
 	else
-		reply_ok(c, id);
+		reply_ok(peer, id);
 }
 
 static int entry_cmp(const void *a, const void *b)
@@ -1140,20 +1127,20 @@ static void heap_up(struct entry **h, size_t i)
 	}
 }
 
-static void handle_list(struct conn *c, uint64_t id, const Dlshare__List *m)
+static void handle_list(struct peer *peer, uint64_t id, const Dlshare__List *m)
 {
-	struct server *s = c->srv;
+	struct daemon *d = peer->d;
 	const char *prefix = m->prefix ? m->prefix : "";
 	const char *after = m->after ? m->after : "";
 	size_t plen = strlen(prefix), n = 0, matches = 0;
-	uint32_t limit = s->cfg.limits.list_page;
+	uint32_t limit = d->limits->list_page;
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__ListReply r = DLSHARE__LIST_REPLY__INIT;
 	Dlshare__NameInfo *infos = NULL, **ip = NULL;
 	struct entry **page, *e, *tmp;
 
 	if (check_prefix(prefix)) {
-		reply_err(c, id, -EINVAL, "list (invalid prefix)", NULL);
+		reply_err(peer, id, -EINVAL, "list (invalid prefix)", NULL);
 		return;
 	}
 	if (m->has_limit && m->limit > 0 && m->limit < limit)
@@ -1168,12 +1155,13 @@ static void handle_list(struct conn *c, uint64_t id, const Dlshare__List *m)
 		free(page);
 		free(infos);
 		free(ip);
-		reply_err(c, id, -ENOMEM, "list", NULL);
+		reply_err(peer, id, -ENOMEM, "list", NULL);
 		return;
 	}
-	HASH_ITER(hh, s->reg.names, e, tmp) {
+	HASH_ITER(hh, d->reg.names, e, tmp) {
 		if (strncmp(e->name, prefix, plen) != 0 ||
-		    strcmp(e->name, after) <= 0 || !registry_may(e, &c->owner, 4))
+		    strcmp(e->name, after) <= 0 ||
+		    !registry_may(e, &peer->owner, 4))
 			continue;
 		matches++;
 		if (n < limit) {
@@ -1195,15 +1183,15 @@ static void handle_list(struct conn *c, uint64_t id, const Dlshare__List *m)
 	r.more = matches > n;
 	f.body_case = DLSHARE__FRAME__BODY_LIST_REPLY;
 	f.list_reply = &r;
-	reply(c, id, &f);
+	reply(peer, id, &f);
 	free(infos);
 	free(ip);
 	free(page);
 }
 
-static void handle_stat(struct conn *c, uint64_t id, const Dlshare__Stat *m)
+static void handle_stat(struct peer *peer, uint64_t id, const Dlshare__Stat *m)
 {
-	struct entry *e = registry_entry(&c->srv->reg, m->name);
+	struct entry *e = registry_entry(&peer->d->reg, m->name);
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__StatReply r = DLSHARE__STAT_REPLY__INIT;
 	Dlshare__NameInfo ni;
@@ -1211,18 +1199,18 @@ static void handle_stat(struct conn *c, uint64_t id, const Dlshare__Stat *m)
 	int have_w = 0;
 
 	if (!e) {
-		reply_err(c, id, -ENOENT, "stat", m->name);
+		reply_err(peer, id, -ENOENT, "stat", m->name);
 		return;
 	}
-	if (!registry_may(e, &c->owner, 4)) {
-		reply_err(c, id, -EPERM, "stat", m->name);
+	if (!registry_may(e, &peer->owner, 4)) {
+		reply_err(peer, id, -EPERM, "stat", m->name);
 		return;
 	}
 	name_info_fill(&ni, e);
 	r.info = &ni;
 	if (e->latest) {
 		if (wire_version_fill(&w, e->latest, NULL)) {
-			reply_err(c, id, -ENOMEM, "stat", m->name);
+			reply_err(peer, id, -ENOMEM, "stat", m->name);
 			return;
 		}
 		have_w = 1;
@@ -1231,34 +1219,34 @@ static void handle_stat(struct conn *c, uint64_t id, const Dlshare__Stat *m)
 	}
 	f.body_case = DLSHARE__FRAME__BODY_STAT_REPLY;
 	f.stat_reply = &r;
-	reply(c, id, &f);
+	reply(peer, id, &f);
 	if (have_w)
 		wire_version_free(&w);
 }
 
-static void handle_stats(struct conn *c, uint64_t id)
+static void handle_stats(struct peer *peer, uint64_t id)
 {
-	struct server *s = c->srv;
+	struct daemon *d = peer->d;
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__StatsReply r = DLSHARE__STATS_REPLY__INIT;
 
-	r.connections = s->nconns;
-	r.names = s->reg.nnames;
-	r.versions = s->reg.nversions;
-	r.leases = s->reg.nleases;
-	r.buffers = s->reg.nbuffers;
-	r.bytes = s->reg.bytes;
-	r.parked = s->nparked;
-	r.requests = s->requests;
-	r.uptime_ms = server_uptime_ms(s);
+	r.connections = d->conns.n;
+	r.names = d->reg.nnames;
+	r.versions = d->reg.nversions;
+	r.leases = d->reg.nleases;
+	r.buffers = d->reg.nbuffers;
+	r.bytes = d->reg.bytes;
+	r.parked = d->nparked;
+	r.requests = d->requests;
+	r.uptime_ms = daemon_uptime_ms(d);
 	f.body_case = DLSHARE__FRAME__BODY_STATS_REPLY;
 	f.stats_reply = &r;
-	reply(c, id, &f);
+	reply(peer, id, &f);
 }
 
 /* Refuses a request with a NUL inside one of its strings: the daemon reads
  * strings up to their first NUL, and "ok\0../x" must not pass as "ok". */
-static int refuse_nul(struct conn *c, const struct wire_msg *m)
+static int refuse_nul(struct peer *peer, const struct wire_msg *m)
 {
 	const Dlshare__Frame *f = m->frame;
 	const ProtobufCFieldDescriptor *body;
@@ -1268,124 +1256,132 @@ static int refuse_nul(struct conn *c, const struct wire_msg *m)
 	body = protobuf_c_message_descriptor_get_field(
 		&dlshare__frame__descriptor, (unsigned)f->body_case);
 	if (f->id)
-		conn_send_error(c, f->id, DLSHARE_EINVAL,
+		conn_send_error(&peer->conn, f->id, DLSHARE_EINVAL,
 				"%s: the string %s.%s holds a NUL byte",
 				body ? body->name : "request",
 				m->nul_in->short_name, m->nul_field->name);
 	return 1;
 }
 
-void dispatch_frame(struct conn *c, const struct wire_msg *m, int *fds,
-		    unsigned nfds)
+/* Handles one decoded frame of peer (a request with a NUL inside a string
+ * is refused, see wire_msg.nul_field). Takes over fds (closed or kept).
+ * peer may be failing on return. */
+static void dispatch_frame(struct peer *peer, const struct wire_msg *m,
+			   int *fds, unsigned nfds)
 {
 	Dlshare__Frame *f = m->frame;
 
-	if (!c->hello && f->body_case != DLSHARE__FRAME__BODY_HELLO) {
+	peer->d->requests++;
+	if (!peer->conn.hello && f->body_case != DLSHARE__FRAME__BODY_HELLO) {
 		wire_close_fds(fds, nfds);
-		conn_send_error(c, f->id, DLSHARE_EPROTO,
+		conn_send_error(&peer->conn, f->id, DLSHARE_EPROTO,
 				"the first message must be Hello");
-		conn_fail(c, "no Hello");
+		conn_fail(&peer->conn, "no Hello");
 		return;
 	}
 	/* Every request but Release wants its reply, so it needs an id. */
 	if (f->id == 0 && f->body_case != DLSHARE__FRAME__BODY_RELEASE) {
 		wire_close_fds(fds, nfds);
-		conn_send_error(c, 0, DLSHARE_EPROTO,
+		conn_send_error(&peer->conn, 0, DLSHARE_EPROTO,
 				"request id 0 is only for Release");
-		conn_fail(c, "request with id 0");
+		conn_fail(&peer->conn, "request with id 0");
 		return;
 	}
 	/* Only Publish carries fds. */
 	if (nfds && f->body_case != DLSHARE__FRAME__BODY_PUBLISH) {
 		wire_close_fds(fds, nfds);
-		conn_send_error(c, f->id, DLSHARE_EPROTO,
+		conn_send_error(&peer->conn, f->id, DLSHARE_EPROTO,
 				"unexpected file descriptors");
-		conn_fail(c, "unexpected fds");
+		conn_fail(&peer->conn, "unexpected fds");
 		return;
 	}
 	/* Releases riding on a request go first, as if sent before it; an
 	 * unknown one is only logged (the request has its own answer). */
-	release_leases(c, f->releases, f->n_releases);
-	if (refuse_nul(c, m)) {
+	release_leases(peer, f->releases, f->n_releases);
+	if (refuse_nul(peer, m)) {
 		wire_close_fds(fds, nfds);
 		return;
 	}
 	switch (f->body_case) {
 	case DLSHARE__FRAME__BODY_HELLO:
-		handle_hello(c, f->id, f->hello);
+		handle_hello(peer, f->id, f->hello);
 		break;
 	case DLSHARE__FRAME__BODY_CREATE:
-		handle_create(c, f, f->create);
+		handle_create(peer, f, f->create);
 		break;
 	case DLSHARE__FRAME__BODY_SEAL:
-		handle_seal(c, f->id, f->seal);
+		handle_seal(peer, f->id, f->seal);
 		break;
 	case DLSHARE__FRAME__BODY_ABORT:
-		handle_abort(c, f->id, f->abort);
+		handle_abort(peer, f->id, f->abort);
 		break;
 	case DLSHARE__FRAME__BODY_PUBLISH:
-		handle_publish(c, f, f->publish, fds, nfds);
+		handle_publish(peer, f, f->publish, fds, nfds);
 		break;
 	case DLSHARE__FRAME__BODY_GET:
-		handle_get(c, f->id, f->get);
+		handle_get(peer, f->id, f->get);
 		break;
 	case DLSHARE__FRAME__BODY_RELEASE:
-		handle_release(c, f->id, f->release);
+		handle_release(peer, f->id, f->release);
 		break;
 	case DLSHARE__FRAME__BODY_DELETE:
-		handle_delete(c, f->id, f->delete_);
+		handle_delete(peer, f->id, f->delete_);
 		break;
 	case DLSHARE__FRAME__BODY_LIST:
-		handle_list(c, f->id, f->list);
+		handle_list(peer, f->id, f->list);
 		break;
 	case DLSHARE__FRAME__BODY_STAT:
-		handle_stat(c, f->id, f->stat);
+		handle_stat(peer, f->id, f->stat);
 		break;
 	case DLSHARE__FRAME__BODY_STATS:
-		handle_stats(c, f->id);
+		handle_stats(peer, f->id);
 		break;
 	case DLSHARE__FRAME__BODY_GOODBYE:
-		registry_owner_forget_events(&c->srv->reg, &c->owner);
-		reply_ok(c, f->id);
+		registry_owner_forget_events(&peer->d->reg, &peer->owner);
+		reply_ok(peer, f->id);
 		break;
 	default:
-		conn_send_error(c, f->id, DLSHARE_EINVAL,
+		conn_send_error(&peer->conn, f->id, DLSHARE_EINVAL,
 				"unknown request (body %d)", (int)f->body_case);
 		break;
 	}
 }
 
-void dispatch_conn_closed(struct conn *c)
+/* peer's conn is closing: its parked gets and waiting seals are
+ * cancelled, its running jobs and seals end without it, and then it lets go
+ * of its stake in the registry. */
+static void dispatch_peer_closed(struct peer *peer)
 {
 	struct gpu_job *j, *tmp;
 
-	while (c->parked)
-		park_remove(c->srv, c->parked);
-	seal_conn_closed(c);
-	/* A job in the pool finishes on its own, and then finds no conn. */
-	DL_FOREACH_SAFE(c->jobs, j, tmp) {
-		DL_DELETE(c->jobs, j);
-		c->nparked--;
-		j->conn = NULL;
+	while (peer->parked)
+		park_remove(peer->d, peer->parked);
+	seal_peer_closed(peer);
+	/* A job in the pool finishes on its own, and then finds no peer. */
+	DL_FOREACH_SAFE(peer->jobs, j, tmp) {
+		DL_DELETE(peer->jobs, j);
+		peer->inflight--;
+		j->peer = NULL;
 	}
+	peer_drop(peer);
 }
 
-void dispatch_deinit(struct server *s)
+void dispatch_deinit(struct daemon *d)
 {
 	struct waitq *q, *tmp;
-	struct devmem *d, *dtmp;
+	struct devmem *dm, *dtmp;
 
-	seal_deinit(s);
+	seal_deinit(d);
 	/* Conns are all closed, so every park is gone; this is a backstop. */
-	HASH_ITER(hh, s->waiters, q, tmp) {
-		HASH_DEL(s->waiters, q);
+	HASH_ITER(hh, d->waiters, q, tmp) {
+		HASH_DEL(d->waiters, q);
 		free(q);
 	}
 	/* cuda-ipc memory of versions still alive goes with the process (its
 	 * readers may still map it: freeing it under them would be worse). */
-	HASH_ITER(hh, s->devmem, d, dtmp) {
-		HASH_DEL(s->devmem, d);
-		free(d);
+	HASH_ITER(hh, d->devmem, dm, dtmp) {
+		HASH_DEL(d->devmem, dm);
+		free(dm);
 	}
 }
 
@@ -1393,34 +1389,34 @@ void dispatch_deinit(struct server *s)
 
 static void on_published(void *ud, struct entry *e, struct version *v)
 {
-	struct server *s = ud;
+	struct daemon *d = ud;
 	struct waitq *q = NULL;
 	struct park *p, *tmp;
 
-	HASH_FIND_STR(s->waiters, e->name, q);
+	HASH_FIND_STR(d->waiters, e->name, q);
 	if (!q)
 		return;
 	/* Answering may empty and free q: iterate with a saved next, and stop
 	 * once the last park took q with it. */
 	DL_FOREACH_SAFE2(q->parks, p, tmp, wnext) {
-		struct conn *c = p->conn;
+		struct peer *peer = p->peer;
 		uint64_t id = p->req_id;
 		int last = !tmp, err;
 		struct version *found;
 
-		if (!conn_open(c)) {
+		if (!conn_open(&peer->conn)) {
 			if (last)
 				break;
 			continue;
 		}
-		found = registry_find(&s->reg, &c->owner, e->name, p->sel,
+		found = registry_find(&d->reg, &peer->owner, e->name, p->sel,
 				      p->number, &err);
 		if (found || err != -ENOENT) {
-			park_remove(s, p);
+			park_remove(d, p);
 			if (found)
-				reply_get(c, id, found);
+				reply_get(peer, id, found);
 			else
-				reply_err(c, id, err, "get", e->name);
+				reply_err(peer, id, err, "get", e->name);
 		}
 		if (last)
 			break;
@@ -1431,51 +1427,72 @@ static void on_published(void *ud, struct entry *e, struct version *v)
 static void on_retired(void *ud, struct registry_owner *producer,
 		       const char *name, uint64_t number)
 {
-	struct conn *c = conn_of_owner(producer);
+	struct peer *peer = peer_of_owner(producer);
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Retired r = DLSHARE__RETIRED__INIT;
 
-	if (!conn_open(c))
+	if (!conn_open(&peer->conn))
 		return;
 	r.name = (char *)name;
 	r.version = number;
 	f.body_case = DLSHARE__FRAME__BODY_RETIRED;
 	f.retired = &r;
-	conn_send(c, &f, NULL, 0);
+	conn_send(&peer->conn, &f, NULL, 0);
 }
 
 static void on_buffer_freed(void *ud, struct rbuffer *b)
 {
-	struct server *s = ud;
-	struct devmem *d = NULL;
+	struct daemon *d = ud;
+	struct devmem *dm = NULL;
 
 	if (b->daemon_owned && b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC)
-		HASH_FIND(hh, s->devmem, &b->id, sizeof(b->id), d);
-	if (d) {
-		HASH_DEL(s->devmem, d);
-		devmem_free(s, d->ptr, d->ordinal);
-		free(d);
+		HASH_FIND(hh, d->devmem, &b->id, sizeof(b->id), dm);
+	if (dm) {
+		HASH_DEL(d->devmem, dm);
+		devmem_free(d, dm->ptr, dm->ordinal);
+		free(dm);
 	}
-	/* Only the peers that have the buffer's fd hear of it. */
-	while (b->holders) {
-		Dlshare__Frame f = DLSHARE__FRAME__INIT;
-		Dlshare__BufferGone g = DLSHARE__BUFFER_GONE__INIT;
-		struct sent_buf *sb = b->holders;
-		struct conn *c = sb->conn;
-
-		conn_sent_drop(sb);
-		if (!conn_open(c))
-			continue;
-		g.n_ids = 1;
-		g.ids = &b->id;
-		f.body_case = DLSHARE__FRAME__BODY_BUFFER_GONE;
-		f.buffer_gone = &g;
-		conn_send(c, &f, NULL, 0);
-	}
+	peer_buffer_freed(b);
 }
 
 const struct registry_ops dispatch_registry_ops = {
 	.published = on_published,
 	.retired = on_retired,
 	.buffer_freed = on_buffer_freed,
+};
+
+/* ---- conn callbacks ---------------------------------------------------- */
+
+static void on_frame(struct conn *c, const struct wire_msg *m, int *fds,
+		     unsigned nfds)
+{
+	dispatch_frame(peer_of_conn(c), m, fds, nfds);
+}
+
+static int on_may_queue_fds(struct conn *c, unsigned nfds, const char **why)
+{
+	return peer_may_queue_fds(peer_of_conn(c), nfds, why);
+}
+
+static void on_queued_fds(struct conn *c, int delta)
+{
+	peer_queued_fds(peer_of_conn(c), delta);
+}
+
+static void on_closed(struct conn *c)
+{
+	dispatch_peer_closed(peer_of_conn(c));
+}
+
+static void on_free(struct conn *c)
+{
+	peer_free(peer_of_conn(c));
+}
+
+const struct conn_ops dispatch_conn_ops = {
+	.frame = on_frame,
+	.may_queue_fds = on_may_queue_fds,
+	.queued_fds = on_queued_fds,
+	.closed = on_closed,
+	.free = on_free,
 };
