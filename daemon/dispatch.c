@@ -12,6 +12,7 @@
 #include "gpu.h"
 #include "log.h"
 #include "peer.h"
+#include "reply.h"
 #include "seal.h"
 
 /* A get waiting for a version that does not exist yet. */
@@ -33,162 +34,6 @@ struct waitq {
 	struct park *parks;
 	UT_hash_handle hh;
 };
-
-/* Room a reply needs beyond the request that described the same version. */
-#define REPLY_OVERHEAD 1024u
-
-int dispatch_code(int err)
-{
-	switch (err) {
-	case 0:
-		return DLSHARE_OK;
-	case -EINVAL:
-	case -EBADF:
-		return DLSHARE_EINVAL;
-	case -ENOENT:
-		return DLSHARE_ENOENT;
-	case -ETIMEDOUT:
-		return DLSHARE_ETIMEDOUT;
-	case -EPERM:
-	case -EACCES:
-		return DLSHARE_EPERM;
-	case -ENOMEM:
-		return DLSHARE_ENOMEM;
-	case -EMSGSIZE:
-		return DLSHARE_E2BIG;
-	case -E2BIG:
-	case -ENOSPC:
-	case -EDQUOT:
-	case -EFBIG:
-	case -EMFILE:
-	case -ENFILE:
-		return DLSHARE_ELIMIT;
-	case -EPROTO:
-		return DLSHARE_EPROTO;
-	case -EOPNOTSUPP:
-		return DLSHARE_ENOTSUP;
-	case -ENODEV:
-		return DLSHARE_ENODEV;
-	case -EBUSY:
-		return DLSHARE_EBUSY;
-	case -EALREADY:
-	case -EINPROGRESS:
-		return DLSHARE_ESTATE;
-	default:
-		return DLSHARE_EIO;
-	}
-}
-
-static const char *errno_text(int err)
-{
-	switch (err) {
-	case -EMSGSIZE:
-		return "the version's description does not fit in one packet";
-	case -E2BIG:
-		return "too many tensors or buffers in one version";
-	case -ENOSPC:
-		return "the daemon's byte limit is reached";
-	case -EDQUOT:
-		return "a quota is reached";
-	case -EFBIG:
-		return "buffer larger than the daemon allows";
-	case -EOPNOTSUPP:
-		return "buffer kind not supported by this daemon";
-	case -EBUSY:
-		return "a writable mapping or pinned pages (e.g. vmsplice, "
-		       "O_DIRECT, RDMA) of a buffer still exist";
-	case -EALREADY:
-		return "version already sealed";
-	case -EINPROGRESS:
-		return "a seal of this version is in progress";
-	case -EBADF:
-		return "a buffer's fd is refused";
-	case -EPERM:
-		return "permission denied";
-	case -ENOENT:
-		return "no such name or version";
-	case -ETIMEDOUT:
-		return "no matching version before the timeout";
-	default:
-		return strerror(-err);
-	}
-}
-
-static int reply(struct peer *peer, uint64_t id, Dlshare__Frame *f)
-{
-	f->id = id;
-	return conn_send(&peer->conn, f, NULL, 0);
-}
-
-static void reply_ok(struct peer *peer, uint64_t id)
-{
-	Dlshare__Frame f = DLSHARE__FRAME__INIT;
-	Dlshare__Ok ok = DLSHARE__OK__INIT;
-
-	if (id == 0)
-		return;
-	f.body_case = DLSHARE__FRAME__BODY_OK;
-	f.ok = &ok;
-	reply(peer, id, &f);
-}
-
-/* Answers request id of c with an Error for err: "WHAT NAME: why", naming
- * the limit and the uid for a quota, or what is wrong with a refused fd,
- * when the refusal gave a reason (why, a static string, may be NULL). */
-static void reply_err_why(struct peer *peer, uint64_t id, int err,
-			  const char *why, const char *what, const char *name)
-{
-	struct entry *e;
-
-	/* Id 0 wants no reply (Release); an Error with id 0 would read as
-	 * the notice the daemon sends before it hangs up. */
-	if (id == 0)
-		return;
-	if (err != -ENOENT && err != -ETIMEDOUT)
-		log_info("conn %llu (pid %d): %s %s: %s",
-			 (unsigned long long)peer->conn.id,
-			 (int)peer->owner.pid, what, name ? name : "",
-			 errno_text(err));
-	/* For a limit, name it: which one, and that it is this uid's. */
-	if ((err == -EDQUOT || err == -ENOSPC) && why)
-		conn_send_error(&peer->conn, id, dispatch_code(err),
-				"%s%s%s: limit reached: %s (uid %u)", what,
-				name ? " " : "", name ? name : "",
-				why, (unsigned)peer->owner.uid);
-	/* For a refusal, whose name it is and what its mode lets whom:
-	 * the caller sees neither. get and stat read; the rest write. */
-	else if (err == -EPERM && name &&
-		 (e = registry_entry(&peer->d->reg, name)))
-		conn_send_error(&peer->conn, id, dispatch_code(err),
-				"%s %s: permission denied: owned by uid %u "
-				"(gid %u) with mode %04o, which does not let "
-				"uid %u (gid %u) %s it", what, name,
-				(unsigned)e->owner_uid, (unsigned)e->owner_gid,
-				(unsigned)e->mode, (unsigned)peer->owner.uid,
-				(unsigned)peer->owner.gid,
-				strncmp(what, "get", 3) && strcmp(what, "stat") ?
-				"write" : "read");
-	else if (err == -EBADF && why)
-		conn_send_error(&peer->conn, id, dispatch_code(err),
-				"%s%s%s: a buffer's fd is refused: %s", what,
-				name ? " " : "", name ? name : "", why);
-	else
-		conn_send_error(&peer->conn, id, dispatch_code(err),
-				"%s%s%s: %s", what, name ? " " : "",
-				name ? name : "", errno_text(err));
-}
-
-static void reply_err(struct peer *peer, uint64_t id, int err, const char *what,
-		      const char *name)
-{
-	reply_err_why(peer, id, err, NULL, what, name);
-}
-
-void dispatch_reply_err(struct peer *peer, uint64_t id, int err,
-			const char *what, const char *name)
-{
-	reply_err(peer, id, err, what, name);
-}
 
 /* ---- encoding the model ------------------------------------------------ */
 
@@ -376,14 +221,7 @@ static void handle_hello(struct peer *peer, uint64_t id,
 	r.max_buffers = d->reg.limits.max_buffers;
 	f.body_case = DLSHARE__FRAME__BODY_HELLO_REPLY;
 	f.hello_reply = &r;
-	reply(peer, id, &f);
-}
-
-/* A version description must fit in a reply too. */
-static int fits_reply(struct peer *peer, const Dlshare__Frame *f)
-{
-	return dlshare__frame__get_packed_size(f) + REPLY_OVERHEAD <=
-	       peer->d->limits->max_packet;
+	reply_send(peer, id, &f);
 }
 
 /* ---- daemon-owned cuda-ipc memory ---------------------------------------
@@ -608,7 +446,7 @@ static void gpu_job_done(uv_work_t *req, int status)
 		/* Doomed meanwhile: nothing to answer. */
 	} else if (status || j->err) {
 		conn_send_error(&peer->conn, j->id, status ? DLSHARE_EIO :
-				dispatch_code(j->err), "create %s: %s",
+				reply_code(j->err), "create %s: %s",
 				m->name, status ? uv_strerror(status) : j->why);
 	} else {
 		for (size_t i = 0; i < m->n_buffers; i++) {
@@ -711,35 +549,10 @@ static void create_gpu(struct peer *peer, uint64_t id, const Dlshare__Create *m)
 	peer->inflight++;
 }
 
-/* Refuses a version two of whose tensors share a key: the second would be
- * reachable only by its index. Over max_tensors the registry refuses it
- * anyway, and nothing is allocated for it here. Returns 1 when it
- * answered. */
-static int refuse_same_keys(struct peer *peer, uint64_t id, const char *what,
-			    const char *name, Dlshare__Tensor *const *t,
-			    size_t n)
-{
-	size_t a, b;
-	int err;
-
-	if (n > peer->d->reg.limits.max_tensors)
-		return 0;
-	err = check_keys(t, n, &a, &b);
-	if (!err)
-		return 0;
-	if (err == -EINVAL)
-		conn_send_error(&peer->conn, id, DLSHARE_EINVAL,
-				"%s %s: tensors %zu and %zu have the same key \"%s\"",
-				what, name, a, b, t[a]->key);
-	else
-		reply_err(peer, id, err, what, name);
-	return 1;
-}
-
 static void handle_create(struct peer *peer, const Dlshare__Frame *f,
 			  const Dlshare__Create *m)
 {
-	if (!fits_reply(peer, f)) {
+	if (!reply_fits(peer, f)) {
 		reply_err(peer, f->id, -EMSGSIZE, "create", m->name);
 		return;
 	}
@@ -747,7 +560,7 @@ static void handle_create(struct peer *peer, const Dlshare__Frame *f,
 		reply_err(peer, f->id, -E2BIG, "create", m->name);
 		return;
 	}
-	if (refuse_same_keys(peer, f->id, "create", m->name, m->tensors,
+	if (reply_refuse_same_keys(peer, f->id, "create", m->name, m->tensors,
 			     m->n_tensors))
 		return;
 	for (size_t i = 0; i < m->n_buffers; i++)
@@ -756,21 +569,6 @@ static void handle_create(struct peer *peer, const Dlshare__Frame *f,
 			return;
 		}
 	create_finish(peer, f->id, m, NULL);
-}
-
-void dispatch_reply_no_pending(struct peer *peer, uint64_t id, const char *what,
-			       const char *name, uint64_t number,
-			       uint64_t writer)
-{
-	if (writer)
-		conn_send_error(&peer->conn, id, DLSHARE_ENOENT,
-				"%s %s version %llu: writer %llu has no pending version on this connection (sealed, aborted, or its name was deleted)",
-				what, name, (unsigned long long)number,
-				(unsigned long long)writer);
-	else
-		conn_send_error(&peer->conn, id, DLSHARE_ENOENT,
-				"%s %s version %llu: no pending version of this connection",
-				what, name, (unsigned long long)number);
 }
 
 /* The write seal may wait on pinned pages: daemon/seal.c does it off the
@@ -788,7 +586,7 @@ static void handle_abort(struct peer *peer, uint64_t id,
 				 m->version, writer);
 
 	if (err == -ENOENT)
-		dispatch_reply_no_pending(peer, id, "abort", m->name,
+		reply_no_pending(peer, id, "abort", m->name,
 					  m->version, writer);
 	else if (err)
 		reply_err(peer, id, err, "abort", m->name);
@@ -819,7 +617,7 @@ static void handle_publish(struct peer *peer, const Dlshare__Frame *f,
 		reply_err(peer, f->id, -E2BIG, "publish", m->name);
 		return;
 	}
-	if (refuse_same_keys(peer, f->id, "publish", m->name, m->tensors,
+	if (reply_refuse_same_keys(peer, f->id, "publish", m->name, m->tensors,
 			     m->n_tensors)) {
 		wire_close_fds(fds, nfds);
 		return;
@@ -844,7 +642,7 @@ static void handle_publish(struct peer *peer, const Dlshare__Frame *f,
 			fds[k++] = -1;
 		}
 	spec.fds = bfds;
-	err = fits_reply(peer, f) ?
+	err = reply_fits(peer, f) ?
 	      registry_add(&peer->d->reg, &peer->owner, &spec, 1, &v, &why) :
 	      -EMSGSIZE;
 	for (size_t i = 0; i < m->n_buffers; i++)
@@ -857,7 +655,7 @@ static void handle_publish(struct peer *peer, const Dlshare__Frame *f,
 	r.version = v->number;
 	out.body_case = DLSHARE__FRAME__BODY_PUBLISH_REPLY;
 	out.publish_reply = &r;
-	reply(peer, f->id, &out);
+	reply_send(peer, f->id, &out);
 }
 
 /* Answers a get with v: takes a lease and sends each buffer's fd the first
@@ -1183,7 +981,7 @@ static void handle_list(struct peer *peer, uint64_t id, const Dlshare__List *m)
 	r.more = matches > n;
 	f.body_case = DLSHARE__FRAME__BODY_LIST_REPLY;
 	f.list_reply = &r;
-	reply(peer, id, &f);
+	reply_send(peer, id, &f);
 	free(infos);
 	free(ip);
 	free(page);
@@ -1219,7 +1017,7 @@ static void handle_stat(struct peer *peer, uint64_t id, const Dlshare__Stat *m)
 	}
 	f.body_case = DLSHARE__FRAME__BODY_STAT_REPLY;
 	f.stat_reply = &r;
-	reply(peer, id, &f);
+	reply_send(peer, id, &f);
 	if (have_w)
 		wire_version_free(&w);
 }
@@ -1241,7 +1039,7 @@ static void handle_stats(struct peer *peer, uint64_t id)
 	r.uptime_ms = daemon_uptime_ms(d);
 	f.body_case = DLSHARE__FRAME__BODY_STATS_REPLY;
 	f.stats_reply = &r;
-	reply(peer, id, &f);
+	reply_send(peer, id, &f);
 }
 
 /* Refuses a request with a NUL inside one of its strings: the daemon reads

@@ -10,8 +10,8 @@
 #include <dlshare/dlshare.h>
 
 #include "check.h"
-#include "dispatch.h"
 #include "host.h"
+#include "reply.h"
 
 /* The seals of one uid: how many run on the pool, and those waiting for
  * their turn. Lives while it has either. */
@@ -79,7 +79,7 @@ static void seal_finish(struct seal_job *j, int err)
 	err = registry_seal_end(&d->reg, j->v, err, j->event, j->event_len);
 	if (peer && conn_open(&peer->conn)) {
 		if (err) {
-			dispatch_reply_err(peer, j->id, err, "seal", j->label);
+			reply_err(peer, j->id, err, "seal", j->label);
 		} else {
 			Dlshare__Frame f = DLSHARE__FRAME__INIT;
 			Dlshare__SealReply r = DLSHARE__SEAL_REPLY__INIT;
@@ -144,12 +144,12 @@ void seal_request(struct peer *peer, uint64_t id, const Dlshare__Seal *m)
 	err = registry_seal_begin(&d->reg, &peer->owner, m->name, m->version,
 				  m->has_writer ? m->writer : 0, &v);
 	if (err == -ENOENT) {
-		dispatch_reply_no_pending(peer, id, "seal", m->name, m->version,
+		reply_no_pending(peer, id, "seal", m->name, m->version,
 					  m->has_writer ? m->writer : 0);
 		return;
 	}
 	if (err) {
-		dispatch_reply_err(peer, id, err, "seal", m->name);
+		reply_err(peer, id, err, "seal", m->name);
 		return;
 	}
 	/* v is sealing from here: every way out ends the seal. */
@@ -169,7 +169,7 @@ void seal_request(struct peer *peer, uint64_t id, const Dlshare__Seal *m)
 		if (q)
 			seal_uid_put(d, q);
 		err = registry_seal_end(&d->reg, v, err, NULL, 0);
-		dispatch_reply_err(peer, id, err, "seal", m->name);
+		reply_err(peer, id, err, "seal", m->name);
 		return;
 	}
 	j->d = d;
