@@ -9,6 +9,7 @@
 #include <dlshare/dlshare.h>
 
 #include "check.h"
+#include "encode.h"
 #include "gpu.h"
 #include "log.h"
 #include "peer.h"
@@ -34,155 +35,6 @@ struct waitq {
 	struct park *parks;
 	UT_hash_handle hh;
 };
-
-/* ---- encoding the model ------------------------------------------------ */
-
-/* Versions of at most this many tensors are described without a malloc
- * (the common get of a tensor or a small bundle). */
-#define WIRE_VERSION_SMALL 4
-
-/* The wire form of some tensors and buffers; lives for one reply. */
-struct wire_version {
-	Dlshare__Tensor *t;
-	Dlshare__Tensor **tp;
-	Dlshare__DataType *dt;
-	Dlshare__Buffer *b;
-	Dlshare__Buffer **bp;
-	Dlshare__Device *dev;
-	void *block;              /* t .. dev when they did not fit below */
-	int fds[REGISTRY_BUFFERS_HARD_MAX];
-	unsigned nfds;
-	struct {
-		Dlshare__Tensor t[WIRE_VERSION_SMALL];
-		Dlshare__Tensor *tp[WIRE_VERSION_SMALL];
-		Dlshare__DataType dt[WIRE_VERSION_SMALL];
-		Dlshare__Buffer b[WIRE_VERSION_SMALL];
-		Dlshare__Buffer *bp[WIRE_VERSION_SMALL];
-		Dlshare__Device dev[WIRE_VERSION_SMALL];
-	} small;
-};
-
-static void wire_version_free(struct wire_version *w)
-{
-	free(w->block);
-	w->block = NULL;
-}
-
-/* Fills w from v. Buffers get fd_attached (and their fd in w->fds) when
- * attach says so for them (NULL: never). Returns 0 or -ENOMEM. */
-static int wire_version_fill(struct wire_version *w, const struct version *v,
-			     const int *attach)
-{
-	size_t nt = v->ntensors, nb = v->nbuffers;
-
-	w->block = NULL;
-	w->nfds = 0;
-	if (nt <= WIRE_VERSION_SMALL && nb <= WIRE_VERSION_SMALL) {
-		w->t = w->small.t;
-		w->tp = w->small.tp;
-		w->dt = w->small.dt;
-		w->b = w->small.b;
-		w->bp = w->small.bp;
-		w->dev = w->small.dev;
-	} else {
-		/* One block, each part aligned as its type wants: pointers
-		 * and the protobuf-c structs are all pointer-aligned. */
-		char *p = calloc(1, nt * (sizeof(*w->t) + sizeof(*w->tp) +
-					  sizeof(*w->dt)) +
-				    nb * (sizeof(*w->b) + sizeof(*w->bp) +
-					  sizeof(*w->dev)));
-
-		if (!p)
-			return -ENOMEM;
-		w->block = p;
-		w->t = (Dlshare__Tensor *)p;
-		p += nt * sizeof(*w->t);
-		w->tp = (Dlshare__Tensor **)p;
-		p += nt * sizeof(*w->tp);
-		w->dt = (Dlshare__DataType *)p;
-		p += nt * sizeof(*w->dt);
-		w->b = (Dlshare__Buffer *)p;
-		p += nb * sizeof(*w->b);
-		w->bp = (Dlshare__Buffer **)p;
-		p += nb * sizeof(*w->bp);
-		w->dev = (Dlshare__Device *)p;
-	}
-	for (size_t i = 0; i < v->ntensors; i++) {
-		const struct rtensor *rt = &v->tensors[i];
-		Dlshare__Tensor *t = &w->t[i];
-
-		dlshare__tensor__init(t);
-		dlshare__data_type__init(&w->dt[i]);
-		w->dt[i].code = rt->code;
-		w->dt[i].bits = rt->bits;
-		w->dt[i].lanes = rt->lanes;
-		t->key = rt->key;
-		t->buffer = rt->buffer;
-		t->offset = rt->offset;
-		t->dtype = &w->dt[i];
-		t->n_shape = rt->ndim;
-		t->shape = rt->shape;
-		if (rt->has_strides) {
-			t->n_strides = rt->ndim;
-			t->strides = rt->strides;
-		}
-		w->tp[i] = t;
-	}
-	for (size_t i = 0; i < v->nbuffers; i++) {
-		struct rbuffer *rb = v->buffers[i];
-		Dlshare__Buffer *b = &w->b[i];
-
-		dlshare__buffer__init(b);
-		dlshare__device__init(&w->dev[i]);
-		w->dev[i].type = rb->dev_type;
-		if (rb->has_uuid) {
-			w->dev[i].has_uuid = 1;
-			w->dev[i].uuid.data = rb->cuda->uuid;
-			w->dev[i].uuid.len = sizeof(rb->cuda->uuid);
-		}
-		b->id = rb->id;
-		b->kind = rb->kind;
-		b->size = rb->size;
-		b->device = &w->dev[i];
-		if (rb->ipc_handle_len) {
-			b->has_ipc_handle = 1;
-			b->ipc_handle.data = rb->cuda->ipc_handle;
-			b->ipc_handle.len = rb->ipc_handle_len;
-			b->has_ipc_offset = 1;
-			b->ipc_offset = rb->cuda->ipc_offset;
-		}
-		if (attach && attach[i] && rb->fd >= 0) {
-			b->has_fd_attached = 1;
-			b->fd_attached = 1;
-			/* Readers of a sealed version get the read-only fd;
-			 * the producer of a pending one the writable one. */
-			w->fds[w->nfds++] = registry_reader_fd(rb);
-		}
-		w->bp[i] = b;
-	}
-	return 0;
-}
-
-static void name_info_fill(Dlshare__NameInfo *ni, const struct entry *e)
-{
-	const struct version *v = e->latest;
-
-	dlshare__name_info__init(ni);
-	ni->name = (char *)e->name;
-	ni->latest = v ? v->number : 0;
-	ni->versions = e->nversions;
-	ni->tensors = v ? (uint32_t)v->ntensors : 0;
-	ni->bytes = v ? v->bytes : 0;
-	ni->leases = e->leases;
-	ni->owner_uid = e->owner_uid;
-	ni->mode = e->mode;
-	if (v) {
-		ni->has_kind = 1;
-		ni->kind = v->buffers[0]->kind;
-		ni->has_exported = 1;
-		ni->exported = v->exported;
-	}
-}
 
 /* ---- requests ----------------------------------------------------------- */
 
@@ -310,7 +162,7 @@ static void create_finish(struct peer *peer, uint64_t id,
 	Dlshare__Frame out = DLSHARE__FRAME__INIT;
 	Dlshare__CreateReply r = DLSHARE__CREATE_REPLY__INIT;
 	int attach[REGISTRY_BUFFERS_HARD_MAX];
-	struct wire_version w;
+	struct encode_version w;
 	const char *why = NULL;
 	struct version *v;
 	struct lease *l;
@@ -343,7 +195,7 @@ static void create_finish(struct peer *peer, uint64_t id,
 	err = ipc ? registry_lease(&d->reg, &peer->owner, v, &l, &why) : 0;
 	for (size_t i = 0; i < v->nbuffers; i++)
 		attach[i] = 1;
-	if (!err && wire_version_fill(&w, v, attach))
+	if (!err && encode_version_init(&w, v, attach))
 		err = -ENOMEM;
 	if (err) {
 		registry_abort(&d->reg, &peer->owner, m->name, v->number,
@@ -365,7 +217,7 @@ static void create_finish(struct peer *peer, uint64_t id,
 	out.create_reply = &r;
 	/* A failed send dooms c, and its pending version goes with it. */
 	err = conn_send(&peer->conn, &out, w.fds, w.nfds);
-	wire_version_free(&w);
+	encode_version_deinit(&w);
 	if (err || !conn_open(&peer->conn))
 		return;
 	for (size_t i = 0; i < v->nbuffers; i++)
@@ -666,7 +518,7 @@ static void reply_get(struct peer *peer, uint64_t id, struct version *v)
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__GetReply r = DLSHARE__GET_REPLY__INIT;
 	int attach[REGISTRY_BUFFERS_HARD_MAX];
-	struct wire_version w;
+	struct encode_version w;
 	const char *why = NULL;
 	struct lease *l;
 	int err;
@@ -689,7 +541,7 @@ static void reply_get(struct peer *peer, uint64_t id, struct version *v)
 		reply_err_why(peer, id, err, why, "get", v->entry->name);
 		return;
 	}
-	if (wire_version_fill(&w, v, attach)) {
+	if (encode_version_init(&w, v, attach)) {
 		reply_err(peer, id, -ENOMEM, "get", v->entry->name);
 		registry_release(&d->reg, &peer->owner, l->id);
 		return;
@@ -712,7 +564,7 @@ static void reply_get(struct peer *peer, uint64_t id, struct version *v)
 	/* Sending frees no buffer; a failed send dooms c, after which its
 	 * sent set no longer matters. */
 	err = conn_send(&peer->conn, &f, w.fds, w.nfds);
-	wire_version_free(&w);
+	encode_version_deinit(&w);
 	if (err || !conn_open(&peer->conn))
 		return;
 	for (size_t i = 0; i < v->nbuffers; i++)
@@ -972,7 +824,7 @@ static void handle_list(struct peer *peer, uint64_t id, const Dlshare__List *m)
 	}
 	qsort(page, n, sizeof(*page), entry_cmp);
 	for (size_t i = 0; i < n; i++) {
-		name_info_fill(&infos[i], page[i]);
+		encode_name_info(&infos[i], page[i]);
 		ip[i] = &infos[i];
 	}
 	r.n_names = n;
@@ -993,7 +845,7 @@ static void handle_stat(struct peer *peer, uint64_t id, const Dlshare__Stat *m)
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__StatReply r = DLSHARE__STAT_REPLY__INIT;
 	Dlshare__NameInfo ni;
-	struct wire_version w;
+	struct encode_version w;
 	int have_w = 0;
 
 	if (!e) {
@@ -1004,10 +856,10 @@ static void handle_stat(struct peer *peer, uint64_t id, const Dlshare__Stat *m)
 		reply_err(peer, id, -EPERM, "stat", m->name);
 		return;
 	}
-	name_info_fill(&ni, e);
+	encode_name_info(&ni, e);
 	r.info = &ni;
 	if (e->latest) {
-		if (wire_version_fill(&w, e->latest, NULL)) {
+		if (encode_version_init(&w, e->latest, NULL)) {
 			reply_err(peer, id, -ENOMEM, "stat", m->name);
 			return;
 		}
@@ -1019,7 +871,7 @@ static void handle_stat(struct peer *peer, uint64_t id, const Dlshare__Stat *m)
 	f.stat_reply = &r;
 	reply_send(peer, id, &f);
 	if (have_w)
-		wire_version_free(&w);
+		encode_version_deinit(&w);
 }
 
 static void handle_stats(struct peer *peer, uint64_t id)
