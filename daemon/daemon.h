@@ -40,8 +40,8 @@ struct daemon {
 	struct registry reg;
 	struct conn_limits conn_limits; /* from limits, for conns */
 	struct conn_set conns;    /* every peer's conn (struct peer) */
-	struct waitq *waiters;    /* parked gets by name (dispatch.c) */
-	struct devmem *devmem;    /* daemon-owned cuda-ipc memory (dispatch.c) */
+	struct waitq *waiters;    /* parked gets by name (get.c) */
+	struct devmem *devmem;    /* daemon-owned cuda-ipc memory (create.c) */
 	struct seal_uid *seal_uids; /* seals by uid (seal.c) */
 	uint64_t nparked;         /* parked gets of every peer */
 	uint64_t requests;        /* packets handled */

@@ -38,8 +38,8 @@ struct peer {
 	struct daemon *d;
 	struct registry_owner owner; /* peer_of_owner() */
 	struct sent_buf *sent;
-	struct park *parked;      /* gets waiting for a version (dispatch.c) */
-	struct gpu_job *jobs;     /* creates making GPU memory (dispatch.c) */
+	struct park *parked;      /* gets waiting for a version (get.c) */
+	struct gpu_job *jobs;     /* creates making GPU memory (create.c) */
 	struct seal_job *seals;   /* seals waiting or running (seal.c) */
 	uint32_t inflight;        /* requests in flight: parks, jobs, seals */
 };
