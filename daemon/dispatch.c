@@ -1,4 +1,5 @@
-/* dispatch — routing requests, the small ones, and the callbacks. */
+/* dispatch — requests to their handlers; Hello, Publish, Abort, Release,
+ * Delete, Stat, Stats and Goodbye; the registry's and the conns' callbacks. */
 #include "dispatch.h"
 
 #include <errno.h>
@@ -70,8 +71,8 @@ static void handle_abort(struct peer *peer, uint64_t id,
 				 m->version, writer);
 
 	if (err == -ENOENT)
-		reply_no_pending(peer, id, "abort", m->name,
-					  m->version, writer);
+		reply_no_pending(peer, id, "abort", m->name, m->version,
+				 writer);
 	else if (err)
 		reply_err(peer, id, err, "abort", m->name);
 	else

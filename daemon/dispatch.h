@@ -1,7 +1,12 @@
-/* dispatch — what the daemon does with each request: the meaning layer
- * between conn (packets) and registry (model), including parked gets and the
- * events pushed to peers. Its callbacks are what server.c gives the
- * registry and the conns. Loop thread only.
+/* dispatch — the front door of the meaning layer between conn (packets)
+ * and registry (model). Its conn callbacks take each whole frame of a peer
+ * (the framing rules: Hello first, ids, which requests carry fds, no NUL
+ * inside a string) to the module that handles it: get.c, list.c, create.c,
+ * seal.c, or the small requests here (Hello, Publish, Abort, Release,
+ * Delete, Stat, Stats, Goodbye); and cancel a closing peer's requests.
+ * Its registry callbacks push what the registry tells: parked gets
+ * answered, Retired to an exporter, BufferGone to the peers holding a
+ * freed buffer. server.c gives both tables. Loop thread only.
  */
 #ifndef DLSHARE_DISPATCH_H
 #define DLSHARE_DISPATCH_H
