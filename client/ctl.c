@@ -311,41 +311,9 @@ static int parse_version(const struct ctl_cmd *cmd, const char *opt,
 
 /* ---- tensors ---------------------------------------------------------- */
 
-/* The bytes of a compact tensor: prod(shape) * bits * lanes / 8. A zero
- * dimension makes it 0 even when the others would overflow.
- * Returns 0, -EINVAL (a negative dimension, or elements that are not whole
- * bytes) or -EOVERFLOW (more than INT64_MAX bytes). */
-static int tensor_nbytes(DLDataType dtype, const int64_t *shape, int32_t ndim,
-			 uint64_t *out)
-{
-	uint64_t bits = (uint64_t)dtype.bits * dtype.lanes;
-	uint64_t n = bits / 8;
-	bool zero = false, overflow = false;
-	int32_t i;
-
-	if (bits == 0 || bits % 8 != 0)
-		return -EINVAL;
-	for (i = 0; i < ndim; i++) {
-		if (shape[i] < 0)
-			return -EINVAL;
-		if (shape[i] == 0)
-			zero = true;
-		else if (__builtin_mul_overflow(n, (uint64_t)shape[i], &n))
-			overflow = true;
-	}
-	if (zero) {
-		*out = 0;
-		return 0;
-	}
-	if (overflow || n > INT64_MAX)
-		return -EOVERFLOW;
-	*out = n;
-	return 0;
-}
-
 /* Whether t's strides (counted in elements) are the row-major compact ones.
  * Dimensions of size 1 may have any stride: no step is ever taken in them.
- * Only for tensors whose element count tensor_nbytes() accepted. */
+ * Only for tensors whose size dlshare_tensor_nbytes() accepted. */
 static bool tensor_is_compact(const DLTensor *t)
 {
 	int64_t want = 1;
@@ -1075,7 +1043,7 @@ static int cmd_put(const struct ctl *ctl)
 	dlshare_writer *w = NULL;
 	uint64_t nbytes, have, version;
 	char *dst = NULL;
-	DLTensor *t;
+	DLTensor *t, want = { 0 };
 	struct stat st;
 	bool more;
 	int fd = -1, err, ret;
@@ -1097,11 +1065,13 @@ static int cmd_put(const struct ctl *ctl)
 		if (ret < 0)
 			return ret;
 	}
-	err = tensor_nbytes(spec.dtype, shape, spec.ndim, &nbytes);
-	if (err == -EINVAL)
-		return usage_error(ctl->cmd, "--dtype: '%s' elements are not a "
-				   "whole number of bytes", ctl->dtype);
-	if (err < 0)
+	/* The dtype is one dlshare_dtype_parse knows, and the shape has no
+	 * negative dimension (parse_shape): what is left to refuse is a size
+	 * past INT64_MAX bytes. */
+	want.dtype = spec.dtype;
+	want.ndim = spec.ndim;
+	want.shape = shape;
+	if (dlshare_tensor_nbytes(&want, &nbytes) < 0)
 		return usage_error(ctl->cmd, "--shape: a %s tensor of shape %s "
 				   "does not fit in memory", ctl->dtype,
 				   ctl->shape);
@@ -1214,7 +1184,7 @@ static int cat_tensor(const char *what, const DLTensor *t)
 		       "supported", what, (int)t->ndim, CTL_MAX_NDIM);
 		return CTL_EFAIL;
 	}
-	err = tensor_nbytes(t->dtype, t->shape, t->ndim, &nbytes);
+	err = dlshare_tensor_nbytes(t, &nbytes);
 	if (err < 0) {
 		format_dtype(t->dtype, buf, sizeof(buf));
 		errmsg("cat", "%s: cannot write a %s tensor of this shape", what,
@@ -1224,7 +1194,7 @@ static int cat_tensor(const char *what, const DLTensor *t)
 	if (nbytes == 0)
 		return CTL_OK;
 
-	esz = (size_t)t->dtype.bits * t->dtype.lanes / 8;
+	esz = dlshare_dtype_size(t->dtype);
 	base = (const char *)t->data + t->byte_offset;
 	if (tensor_is_compact(t))
 		err = write_all(STDOUT_FILENO, base, (size_t)nbytes);
