@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "child.h"
+#include "fds.h"
 
 #ifndef DLSHARED_PATH
 #error "DLSHARED_PATH must name the daemon binary"
@@ -170,20 +171,7 @@ dlshare_client *harness_connect(const struct daemon_proc *d)
 
 int harness_fd_count(pid_t pid)
 {
-	char p[64];
-	DIR *dd;
-	struct dirent *de;
-	int n = 0;
-
-	snprintf(p, sizeof(p), "/proc/%d/fd", (int)pid);
-	dd = opendir(p);
-	if (!dd)
-		return -1;
-	while ((de = readdir(dd)))
-		if (de->d_name[0] != '.')
-			n++;
-	closedir(dd);
-	return n - (pid == getpid()); /* our own opendir fd */
+	return fds_count(pid);
 }
 
 int harness_wait_stats(dlshare_client *c, int64_t want_leases,

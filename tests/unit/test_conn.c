@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "fds.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -72,22 +74,6 @@ static struct tconn *tconn_of(struct conn *c)
 static int fd_open(int fd)
 {
 	return fcntl(fd, F_GETFD) >= 0;
-}
-
-/* Open fds of this process (the directory's own fd included, which is the
- * same for every call). */
-static int fd_count(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	struct dirent *de;
-	int n = 0;
-
-	assert_non_null(d);
-	while ((de = readdir(d)))
-		if (de->d_name[0] != '.')
-			n++;
-	closedir(d);
-	return n;
 }
 
 static void on_frame(struct conn *c, const struct wire_msg *m, int *fds,
@@ -180,7 +166,7 @@ static int setup(void **state)
 	if (!f)
 		return -1;
 	log_set_level(LOG_ERR);
-	f->fd_base = fd_count();
+	f->fd_base = fds_count(getpid());
 	f->quota = 1000;
 	f->lim = (struct conn_limits){
 		.max_packet = T_MAX_PACKET,
@@ -193,7 +179,7 @@ static int setup(void **state)
 	if (uv_loop_init(&f->loop) ||
 	    conn_set_init(&f->set, &f->loop, &ops, &f->lim))
 		return -1;
-	f->fd_loop = fd_count();
+	f->fd_loop = fds_count(getpid());
 	f->peer = -1;
 	cur = f;
 	*state = f;
@@ -219,7 +205,7 @@ static int teardown(void **state)
 	if (f->peer >= 0)
 		close(f->peer);
 	/* Every fd a conn received, queued or held is closed. */
-	assert_int_equal(fd_count(), f->fd_base);
+	assert_int_equal(fds_count(getpid()), f->fd_base);
 	cur = NULL;
 	free(f);
 	return 0;
@@ -412,7 +398,7 @@ static void test_malformed_packet(void **state)
 	assert_int_equal(wire_send(fx->peer, junk, sizeof(junk), fds, 2, 0), 0);
 	wire_close_fds(fds, 2);
 	assert_protocol_error(fx, t);
-	assert_int_equal(fd_count(), fx->fd_loop + 1); /* fx->peer */
+	assert_int_equal(fds_count(getpid()), fx->fd_loop + 1); /* fx->peer */
 }
 
 /* ---- fds ---------------------------------------------------------------- */
@@ -430,7 +416,7 @@ static void test_fd_count_mismatch(void **state)
 	send_padded(fx, 1, 10, fds, 3, 2);
 	wire_close_fds(fds, 3);
 	assert_protocol_error(fx, t);
-	assert_int_equal(fd_count(), fx->fd_loop + 1);
+	assert_int_equal(fds_count(getpid()), fx->fd_loop + 1);
 }
 
 static void test_fds_claimed_not_sent(void **state)
@@ -456,7 +442,7 @@ static void test_too_many_fds(void **state)
 	send_padded(fx, 1, 10, fds, T_MAX_FDS + 3, T_MAX_FDS + 3);
 	wire_close_fds(fds, T_MAX_FDS + 3);
 	assert_protocol_error(fx, t);
-	assert_int_equal(fd_count(), fx->fd_loop + 1);
+	assert_int_equal(fds_count(getpid()), fx->fd_loop + 1);
 }
 
 /* Before Hello no fd is taken at all. */
@@ -470,7 +456,7 @@ static void test_fds_before_hello(void **state)
 	send_padded(fx, 1, 10, &fd, 1, 1);
 	close(fd);
 	assert_protocol_error(fx, t);
-	assert_int_equal(fd_count(), fx->fd_loop + 1);
+	assert_int_equal(fds_count(getpid()), fx->fd_loop + 1);
 }
 
 /* ---- output ------------------------------------------------------------- */

@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "fds.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -22,20 +24,6 @@
 #include "registry.h"
 
 #define PAGE 4096u
-
-static int fd_count(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	struct dirent *de;
-	int n = 0;
-
-	assert_non_null(d);
-	while ((de = readdir(d)))
-		if (de->d_name[0] != '.')
-			n++;
-	closedir(d);
-	return n;
-}
 
 static int fd_open(int fd)
 {
@@ -199,7 +187,7 @@ static int fix_setup(void **state)
 
 	if (!f)
 		return -1;
-	f->fd_base = fd_count();
+	f->fd_base = fds_count(getpid());
 	registry_limits_default(&f->lim);
 	f->lim.max_bytes = UINT64_C(1) << 30;
 	registry_init(&f->r, &f->lim, &rec_ops, &f->rec);
@@ -225,7 +213,7 @@ static int fix_teardown(void **state)
 		registry_owner_drop(&f->r, &f->prod);
 		registry_deinit(&f->r);
 	}
-	leaked = fd_count() - f->fd_base;
+	leaked = fds_count(getpid()) - f->fd_base;
 	free(f);
 	if (leaked) {
 		print_error("%d fd(s) leaked\n", leaked);
@@ -341,7 +329,7 @@ static void test_store_pending_then_seal(void **state)
 	 * resizing but still writable. */
 	fd = v->buffers[0]->fd;
 	assert_true(fd >= 0);
-	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 1);
 	assert_int_equal(fstat(fd, &st), 0);
 	assert_int_equal(st.st_size, 2 * PAGE);
 	assert_int_equal(seals_of(fd) & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE),
@@ -521,7 +509,7 @@ static void test_versions_supersede(void **state)
 	assert_counts(f, 1, 1, 1, PAGE, 0);
 	assert_int_equal(f->r.owned_bytes, PAGE);
 	assert_int_equal(registry_entry(&f->r, "w")->nversions, 1);
-	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 1);
 
 	/* Leased v2 outlives v3's arrival... */
 	id2 = v2->buffers[0]->id;
@@ -538,7 +526,7 @@ static void test_versions_supersede(void **state)
 	assert_int_equal(f->rec.nfreed, 1);
 	assert_counts(f, 1, 2, 2, 2 * PAGE, 1);
 	assert_int_equal(registry_entry(&f->r, "w")->leases, 1);
-	assert_int_equal(fd_count(), f->fd_base + 2);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 2);
 
 	/* ...and dies at its release. Nobody else can release it. */
 	assert_int_equal(registry_release(&f->r, &f->other, lid), -ENOENT);
@@ -551,7 +539,7 @@ static void test_versions_supersede(void **state)
 	assert_int_equal(registry_entry(&f->r, "w")->leases, 0);
 	assert_int_equal(registry_release(&f->r, &f->cons, lid), -ENOENT);
 	assert_not_found(f, &f->cons, "w", REG_EXACT, 2, -ENOENT);
-	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 1);
 	/* Store versions are never "retired". */
 	assert_int_equal(f->rec.nretired, 0);
 	assert_int_equal(f->rec.npublished, 3);
@@ -670,7 +658,7 @@ static void test_abort(void **state)
 	assert_int_equal(registry_abort(&f->r, &f->prod, "solo", 1, 0), 0);
 	assert_null(registry_entry(&f->r, "solo"));
 	assert_counts(f, 1, 1, 1, PAGE, 0);
-	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 1);
 }
 
 /* Seal and Abort name a pending version by its writer id: numbers restart
@@ -823,7 +811,7 @@ static void test_delete(void **state)
 	assert_int_equal(v1->leases, 1);
 	assert_true(v1->entry->detached);
 	assert_true(fd_open(fd1));
-	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 1);
 
 	/* The name is free for a new entry meanwhile. */
 	n1 = publish(f, &f->other, "d", 0600);
@@ -834,11 +822,11 @@ static void test_delete(void **state)
 	assert_int_equal(registry_release(&f->r, &f->cons, lid), 0);
 	assert_counts(f, 1, 1, 1, PAGE, 0);
 	assert_int_equal(f->rec.nfreed, 3);
-	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 1);
 	assert_int_equal(registry_delete(&f->r, &f->other, "d"), 0);
 	assert_counts(f, 0, 0, 0, 0, 0);
 	assert_int_equal(f->r.owned_bytes, 0);
-	assert_int_equal(fd_count(), f->fd_base);
+	assert_int_equal(fds_count(getpid()), f->fd_base);
 }
 
 static void test_owner_drop(void **state)
@@ -864,7 +852,7 @@ static void test_owner_drop(void **state)
 	(void)x1;
 	assert_counts(f, 4, 5, 5, 5 * PAGE, 4);
 	assert_int_equal(f->cons.nleases, 4);
-	assert_int_equal(fd_count(), f->fd_base + 5);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 5);
 	freed = f->rec.nfreed;
 
 	registry_owner_drop(&f->r, &f->prod);
@@ -885,7 +873,7 @@ static void test_owner_drop(void **state)
 	/* Sealed store versions are the daemon's: untouched. */
 	assert_found(f, &f->cons, "s", REG_LATEST, 0, s2);
 	assert_counts(f, 2, 3, 3, 3 * PAGE, 4);
-	assert_int_equal(fd_count(), f->fd_base + 3);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 3);
 
 	registry_owner_drop(&f->r, &f->cons);
 	assert_int_equal(f->cons.nleases, 0);
@@ -896,7 +884,7 @@ static void test_owner_drop(void **state)
 	assert_found(f, &f->cons, "s", REG_LATEST, 0, s2);
 	assert_counts(f, 1, 1, 1, PAGE, 0);
 	assert_int_equal(f->rec.nfreed, freed + 4);
-	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 1);
 	/* A dropped owner may be dropped again, harmlessly. */
 	registry_owner_drop(&f->r, &f->cons);
 	registry_owner_drop(&f->r, &f->prod);
@@ -931,7 +919,7 @@ static void test_export_retired(void **state)
 	/* Producer memory does not count as the daemon's bytes. */
 	assert_int_equal(f->r.owned_bytes, 0);
 	assert_counts(f, 1, 1, 1, PAGE, 0);
-	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 1);
 
 	/* Superseded and unleased: retired to its producer at once, and the
 	 * registry's fd is closed. */
@@ -941,7 +929,7 @@ static void test_export_retired(void **state)
 	assert_string_equal(f->rec.ret_name[0], "x");
 	assert_int_equal(f->rec.ret_number[0], 1);
 	assert_int_equal(f->rec.nfreed, 1);
-	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 1);
 	assert_false(fd_open(fd1));
 
 	/* Superseded but leased: retired only at the release. */
@@ -954,7 +942,7 @@ static void test_export_retired(void **state)
 	assert_int_equal(f->rec.nretired, 2);
 	assert_ptr_equal(f->rec.ret_producer[1], &f->prod);
 	assert_int_equal(f->rec.ret_number[1], 2);
-	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 1);
 
 	/* A store version superseding an export retires it too. */
 	publish(f, &f->cons, "x", 0);
@@ -968,7 +956,7 @@ static void test_export_retired(void **state)
 	assert_int_equal(f->rec.nretired, 4);
 	assert_string_equal(f->rec.ret_name[3], "y");
 	assert_int_equal(f->rec.ret_number[3], 1);
-	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 1);
 }
 
 static void refuse_export(struct fix *f, int fd, uint64_t claim)
@@ -977,7 +965,7 @@ static void refuse_export(struct fix *f, int fd, uint64_t claim)
 	struct tspec ts;
 	struct version *v = &sentinel;
 	int real = fd >= 0 && fd_open(fd);
-	int before = fd_count();
+	int before = fds_count(getpid());
 
 	spec(&ts, "r", 0, 1, 1, claim);
 	ts.fds[0] = fd;
@@ -992,7 +980,7 @@ static void refuse_export(struct fix *f, int fd, uint64_t claim)
 	assert_ptr_equal(v, &sentinel);
 	if (real)
 		assert_true(fd_open(fd));
-	assert_int_equal(fd_count(), before);
+	assert_int_equal(fds_count(getpid()), before);
 	assert_null(registry_entry(&f->r, "r"));
 	assert_counts(f, 0, 0, 0, 0, 0);
 }
@@ -1085,7 +1073,7 @@ static void expect_add(struct fix *f, struct registry_owner *o,
 		       struct registry_spec *s, int exported, int want)
 {
 	struct version *v = NULL;
-	int before = fd_count();
+	int before = fds_count(getpid());
 	uint64_t names = f->r.nnames, versions = f->r.nversions;
 	uint64_t buffers = f->r.nbuffers, bytes = f->r.bytes;
 	int ret = registry_add(&f->r, o, s, exported, &v, NULL);
@@ -1101,7 +1089,7 @@ static void expect_add(struct fix *f, struct registry_owner *o,
 	if (ret)
 		assert_null(v);
 	/* A refusal leaves no trace. */
-	assert_int_equal(fd_count(), before);
+	assert_int_equal(fds_count(getpid()), before);
 	assert_int_equal(f->r.nnames, names);
 	assert_int_equal(f->r.nversions, versions);
 	assert_int_equal(f->r.nbuffers, buffers);
@@ -1513,12 +1501,12 @@ static void test_deinit_frees_everything(void **state)
 	add_ok(f, &f->cons, spec(&ts, "sealed", 0, 1, 1, PAGE), 0);
 	export(f, &f->prod, "exported", 0);
 	export(f, &f->prod, "exported", 0600);
-	assert_int_equal(fd_count(), f->fd_base + 6);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 6);
 	freed = f->rec.nfreed;
 	registry_deinit(&f->r);
 	f->done = 1;
 	/* Every fd closed, every counter zero, no callback. */
-	assert_int_equal(fd_count(), f->fd_base);
+	assert_int_equal(fds_count(getpid()), f->fd_base);
 	assert_counts(f, 0, 0, 0, 0, 0);
 	assert_int_equal(f->r.owned_bytes, 0);
 	assert_null(f->r.names);
@@ -1546,7 +1534,7 @@ static void test_deinit_with_leases(void **state)
 
 	registry_deinit(&f->r);
 	f->done = 1;
-	assert_int_equal(fd_count(), f->fd_base);
+	assert_int_equal(fds_count(getpid()), f->fd_base);
 	assert_int_equal(f->r.nnames, 0);
 	assert_int_equal(f->r.nversions, 0);
 	assert_int_equal(f->r.nbuffers, 0);
