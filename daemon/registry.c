@@ -909,7 +909,10 @@ struct version *registry_pending(struct registry *r, struct registry_owner *o,
 	return NULL;
 }
 
-int registry_seal_begin(struct registry *r, struct registry_owner *o,
+/* The pending version a Seal or an Abort names, when no seal of it is
+ * under way. Returns 0 with *out, registry_pending's errors, or
+ * -EINPROGRESS. */
+static int pending_idle(struct registry *r, struct registry_owner *o,
 			const char *name, uint64_t number, uint64_t writer,
 			struct version **out)
 {
@@ -920,9 +923,19 @@ int registry_seal_begin(struct registry *r, struct registry_owner *o,
 		return err;
 	if (v->sealing)
 		return -EINPROGRESS;
-	v->sealing = 1;
 	*out = v;
 	return 0;
+}
+
+int registry_seal_begin(struct registry *r, struct registry_owner *o,
+			const char *name, uint64_t number, uint64_t writer,
+			struct version **out)
+{
+	int err = pending_idle(r, o, name, number, writer, out);
+
+	if (!err)
+		(*out)->sealing = 1;
+	return err;
 }
 
 int registry_seal_end(struct registry *r, struct version *v, int err,
@@ -988,13 +1001,11 @@ int registry_seal(struct registry *r, struct registry_owner *o,
 int registry_abort(struct registry *r, struct registry_owner *o,
 		   const char *name, uint64_t number, uint64_t writer)
 {
-	struct version *v;
-	int err;
+	struct version *v = NULL;
+	int err = pending_idle(r, o, name, number, writer, &v);
 
-	if (!(v = registry_pending(r, o, name, number, writer, &err)))
+	if (err)
 		return err;
-	if (v->sealing)
-		return -EINPROGRESS;
 	/* A writer lease (daemon-owned cuda-ipc memory) goes with it. */
 	version_kill(r, v);
 	return 0;
