@@ -1,5 +1,5 @@
 /* test_check — module tests of proto/check (names, dtypes, tensor
- * descriptions) and proto/paths (the default socket path rule).
+ * descriptions) and util/paths (the default socket path rule).
  */
 #include <stdarg.h>
 #include <stddef.h>

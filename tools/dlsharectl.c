@@ -1,4 +1,4 @@
-/* ctl.c — dlsharectl, the command-line tool of dlshare.
+/* dlsharectl — the command-line tool of dlshare.
  *
  * Lists, describes, publishes, reads and deletes the names a dlshared daemon
  * holds, through libdlshare's public API only. Single-threaded. Each
