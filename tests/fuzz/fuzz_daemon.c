@@ -4,7 +4,7 @@
  *
  * Each input is a short session against a fresh struct server (server_init
  * with small limits, nothing listens) on one loop kept across inputs. Two
- * peers are connected with conn_new(); the input says what they send:
+ * peers are connected with peer_new(); the input says what they send:
  *
  *   byte 0      flags: bit 0, bit 1: no automatic Hello from peer 0, 1;
  *               bits 2-3: peer 1's identity: 0 the same uid and gid as
