@@ -133,7 +133,7 @@ static int floor_run(char *out, size_t cap, ...)
 	if (util_read_all(p[0], out, cap) < 0)
 		out[0] = '\0';
 	close(p[0]);
-	if (util_wait(pid) != 0) {
+	if (child_wait(pid) != 0) {
 		fprintf(stderr, "bench: dlshare-floor %s failed\n", argv[1]);
 		return -1;
 	}

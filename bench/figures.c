@@ -79,7 +79,7 @@ static int in_child(int (*fn)(void *arg, double *out, int max), void *arg,
 		got += (size_t)r;
 	}
 	close(p[0]);
-	if (util_wait(pid) != 0)
+	if (child_wait(pid) != 0)
 		n = -1;
 	return n;
 }
@@ -387,7 +387,7 @@ static int throughput_child(void *arg, double *out, int max)
 			total += ops;
 	}
 	for (int i = 0; i < a->n; i++)
-		if (util_wait(pids[i]) != 0)
+		if (child_wait(pids[i]) != 0)
 			ok = 0;
 	free(pids);
 	if (!ok) {
@@ -545,7 +545,7 @@ static int handoff_child(void *arg, double *out, int max)
 	dlshare_delete(c, a->name);
 	dlshare_disconnect(c);
 	close(p[0]);
-	if (util_wait(pid) != 0 || n != a->iters)
+	if (child_wait(pid) != 0 || n != a->iters)
 		return -1;
 	return n;
 }
@@ -741,7 +741,7 @@ pid_t fig_idle_start(const struct daemon_proc *d, int n)
 	close(ready[1]);
 	if (read(ready[0], &b, 1) != 1) {
 		close(ready[0]);
-		util_wait(pid);
+		child_wait(pid);
 		return -1;
 	}
 	close(ready[0]);
@@ -753,7 +753,7 @@ void fig_holder_stop(pid_t holder)
 	if (holder <= 0)
 		return;
 	kill(holder, SIGTERM);
-	util_wait(holder);
+	child_wait(holder);
 }
 
 /* ---- wire level: the daemon without libdlshare ----------------------------- */
@@ -914,7 +914,7 @@ pid_t fig_raw_register(const struct daemon_proc *d, const char *prefix,
 	close(ready[1]);
 	if (read(ready[0], seconds, sizeof(*seconds)) != sizeof(*seconds)) {
 		close(ready[0]);
-		util_wait(pid);
+		child_wait(pid);
 		return -1;
 	}
 	close(ready[0]);
@@ -1083,7 +1083,7 @@ static int storm_child(void *arg, double *out, int max)
 	dlshare_disconnect(c);
 	close(hold[1]);
 	for (int i = 0; i < a->n; i++)
-		util_wait(pids[i]);
+		child_wait(pids[i]);
 	close(ready[0]);
 	free(pids);
 	if (!ok)

@@ -186,7 +186,7 @@ static int floor_rt(int type, int with_fd, size_t req, size_t rep, long iters,
 			die("samples");
 	}
 	close(sv[0]);
-	if (util_wait(pid) != 0) {
+	if (child_wait(pid) != 0) {
 		fprintf(stderr, "dlshare-floor: server failed\n");
 		return 1;
 	}
@@ -312,7 +312,7 @@ static int floor_server(int nclients, size_t req, size_t rep, long ms)
 		total += ops;
 	}
 	for (int i = 0; i < nclients; i++)
-		if (util_wait(pids[i]) != 0)
+		if (child_wait(pids[i]) != 0)
 			return 1;
 	printf("ops=%llu ms=%ld ops_per_s=%.0f clients=%d\n",
 	       (unsigned long long)total, ms, (double)total * 1000.0 / (double)ms,
@@ -389,7 +389,7 @@ static int floor_storm(int nclients)
 	printf("ms=%.3f clients=%d\n", (double)(util_now_ns() - t0) / 1e6,
 	       nclients);
 	for (int i = 0; i < nclients; i++)
-		util_wait(pids[i]);
+		child_wait(pids[i]);
 	free(pids);
 	return 0;
 }
@@ -465,7 +465,7 @@ static int floor_handoff(uint64_t bytes, long iters, int huge)
 		samples_add(&pass, (double)(*t_map - t2));
 	}
 	close(sv[0]);
-	if (util_wait(pid) != 0)
+	if (child_wait(pid) != 0)
 		return 1;
 	printf("total_ns=%.0f munmap_ns=%.0f seal_ns=%.0f pass_ns=%.0f n=%ld\n",
 	       samples_quantile(&tot, 0.5), samples_quantile(&unmap, 0.5),

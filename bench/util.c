@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -104,29 +103,9 @@ double samples_max(const struct samples *s)
 
 pid_t util_fork(void)
 {
-	pid_t parent = getpid();
-	pid_t pid;
-
+	/* What stdio holds is printed once, not once more by each child. */
 	fflush(NULL);
-	pid = fork();
-	if (pid == 0) {
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != parent)
-			_exit(99);
-	}
-	return pid;
-}
-
-int util_wait(pid_t pid)
-{
-	int st;
-
-	while (waitpid(pid, &st, 0) < 0)
-		if (errno != EINTR)
-			return -1;
-	if (WIFEXITED(st))
-		return WEXITSTATUS(st);
-	return 128 + WTERMSIG(st);
+	return child_fork();
 }
 
 uint64_t util_raise_nofile(uint64_t want)
@@ -263,7 +242,7 @@ int daemon_setup(const char *bin)
 		buf = NULL;
 	}
 	close(p[0]);
-	util_wait(pid);
+	child_wait(pid);
 	daemon_help = buf;
 	return buf ? 0 : -1;
 }
@@ -428,22 +407,8 @@ int daemon_stop(struct daemon_proc *d)
 	int st = -1;
 
 	if (d->pid > 0) {
-		kill(d->pid, SIGTERM);
-		for (int i = 0; i < 2000; i++) {
-			int w;
-
-			if (waitpid(d->pid, &w, WNOHANG) == d->pid) {
-				st = WIFEXITED(w) ? WEXITSTATUS(w) : -1;
-				d->pid = 0;
-				break;
-			}
-			util_sleep_ms(5);
-		}
-		if (d->pid > 0) {
-			kill(d->pid, SIGKILL);
-			util_wait(d->pid);
-			d->pid = 0;
-		}
+		st = child_stop(d->pid, 10000, 5);
+		d->pid = 0;
 	}
 	if (d->dir[0])
 		dir_remove(d);

@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "child.h"
+
 /* CLOCK_MONOTONIC in nanoseconds; comparable across processes. */
 uint64_t util_now_ns(void);
 void util_sleep_ms(int ms);
@@ -32,10 +34,9 @@ double samples_quantile(struct samples *s, double q);
 double samples_min(const struct samples *s);
 double samples_max(const struct samples *s);
 
-/* fork() whose child gets SIGKILL when its parent dies. Returns as fork(). */
+/* child_fork() (util/child.h: the child gets SIGKILL when its parent
+ * dies), after flushing stdio. Returns as fork(). Wait with child_wait(). */
 pid_t util_fork(void);
-/* Waits for pid; returns its exit status, or 128 + signal, or -1. */
-int util_wait(pid_t pid);
 
 /* Raises RLIMIT_NOFILE (soft and, when allowed, hard) to at least want.
  * Returns the soft limit in effect afterwards. */

@@ -97,7 +97,7 @@ int tensor_bytes(const DLTensor *t, uint64_t *out)
 int tensor_extent(const DLTensor *t, int64_t *lo, int64_t *hi)
 {
 	uint64_t elem, bytes;
-	int64_t l = 0, h = 0;
+	int64_t l, h;
 
 	if (tensor_bytes(t, &bytes))
 		return DLSHARE_EINVAL;
@@ -107,20 +107,21 @@ int tensor_extent(const DLTensor *t, int64_t *lo, int64_t *hi)
 		*hi = (int64_t)(t->byte_offset + bytes);
 		return 0;
 	}
-	for (int32_t k = 0; k < t->ndim; k++) {
-		int64_t reach;
-
-		if (__builtin_mul_overflow(t->strides[k], t->shape[k] - 1, &reach))
-			return DLSHARE_EINVAL;
-		if (reach < 0 ? __builtin_add_overflow(l, reach, &l) :
-				__builtin_add_overflow(h, reach, &h))
-			return DLSHARE_EINVAL;
-	}
-	if (__builtin_add_overflow(h, 1, &h) ||
-	    __builtin_mul_overflow(l, (int64_t)elem, &l) ||
-	    __builtin_mul_overflow(h, (int64_t)elem, &h))
+	if (check_extent(t->shape, t->strides, (size_t)t->ndim, elem, &l, &h))
 		return DLSHARE_EINVAL;
 	*lo = (int64_t)t->byte_offset + l;
 	*hi = (int64_t)t->byte_offset + h;
 	return 0;
+}
+
+size_t dlshare_dtype_size(DLDataType dtype)
+{
+	return (size_t)check_dtype_size(dtype.code, dtype.bits, dtype.lanes);
+}
+
+int dlshare_tensor_nbytes(const DLTensor *t, uint64_t *nbytes)
+{
+	if (!t || !nbytes)
+		return DLSHARE_EINVAL;
+	return tensor_bytes(t, nbytes);
 }

@@ -4,16 +4,16 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "dispatch.h"
+#include <dlshare/dlshare.h>
+#include <utlist.h>
+
 #include "log.h"
-#include "server.h"
 
 /* At most this many packets read or written per wakeup, so one busy peer
  * cannot starve the others. */
@@ -22,41 +22,54 @@
  * the stack and sent at once (conn_send). */
 #define CONN_DIRECT_MAX 1024
 
-struct conn *conn_of_owner(struct registry_owner *o)
+int conn_set_init(struct conn_set *set, uv_loop_t *loop,
+		  const struct conn_ops *ops, const struct conn_limits *limits)
 {
-	return (struct conn *)((char *)o - offsetof(struct conn, owner));
+	memset(set, 0, sizeof(*set));
+	set->loop = loop;
+	set->ops = ops;
+	set->limits = limits;
+	set->rbuf = malloc(limits->max_packet);
+	return set->rbuf ? 0 : -ENOMEM;
+}
+
+void conn_set_deinit(struct conn_set *set)
+{
+	free(set->rbuf);
+	set->rbuf = NULL;
+}
+
+/* fds entered (delta > 0) or left c's queue: counted here and, through
+ * ops->queued_fds, wherever the user charges them. */
+static void queued_fds(struct conn *c, int delta)
+{
+	c->out_fds += delta;
+	if (c->set->ops->queued_fds)
+		c->set->ops->queued_fds(c, delta);
 }
 
 /* Frees a packet that left the queue, giving back its fds' quota. */
 static void outpkt_free(struct conn *c, struct outpkt *p)
 {
-	c->out_fds -= p->nfds;
-	c->srv->reg.fds_queued -= p->nfds;
-	if (c->owner.usage)
-		c->owner.usage->fds_queued -= p->nfds;
+	queued_fds(c, -(int)p->nfds);
 	wire_close_fds(p->fds, p->nfds);
 	free(p->data);
 	free(p);
 }
 
-int conn_may_queue_fds(struct conn *c, unsigned nfds)
+int conn_may_queue_fds(struct conn *c, unsigned nfds, const char **why)
 {
-	struct server *s = c->srv;
-	struct uid_usage *u = c->owner.usage;
+	const struct conn_ops *ops = c->set->ops;
 
 	if (!nfds)
 		return 0;
 	/* fds wait in the queue only while the peer does not read; each is
 	 * an open file of the daemon's. */
-	if (c->out_fds + nfds > s->cfg.limits.max_out_fds) {
-		s->reg.why = "fds queued to one connection";
+	if (c->out_fds + nfds > c->set->limits->max_out_fds) {
+		*why = "fds queued to one connection";
 		return -EDQUOT;
 	}
-	if (u && u->fds_queued + nfds > s->reg.limits.uid_fds) {
-		s->reg.why = "fds queued per uid";
-		return -EDQUOT;
-	}
-	return 0;
+	return ops->may_queue_fds ? ops->may_queue_fds(c, nfds, why) : 0;
 }
 
 static void on_poll(uv_poll_t *h, int status, int events);
@@ -84,17 +97,7 @@ static void on_closed(uv_handle_t *h)
 {
 	struct conn *c = h->data;
 
-	free(c);
-}
-
-void conn_sent_drop(struct sent_buf *sb)
-{
-	struct sent_buf *h = sb->buf->holders;
-
-	HASH_DEL(sb->conn->sent, sb);
-	DL_DELETE2(h, sb, bprev, bnext);
-	sb->buf->holders = h;
-	free(sb);
+	c->set->ops->free(c);
 }
 
 void conn_fail(struct conn *c, const char *why)
@@ -105,25 +108,23 @@ void conn_fail(struct conn *c, const char *why)
 	c->why = why;
 	c->armed = 0;
 	uv_poll_stop(&c->poll);
-	c->doomed_next = c->srv->doomed;
-	c->srv->doomed = c;
+	c->doomed_next = c->set->doomed;
+	c->set->doomed = c;
 }
 
 void conn_close(struct conn *c, const char *why)
 {
-	struct server *s = c->srv;
-	struct sent_buf *b, *tmp;
+	struct conn_set *set = c->set;
 
 	if (c->state == CONN_CLOSING)
 		return;
 	log_info("conn %llu (pid %d uid %u) closed: %s",
-		 (unsigned long long)c->id, (int)c->owner.pid,
-		 (unsigned)c->owner.uid, why);
+		 (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid,
+		 why);
 	c->state = CONN_CLOSING;
 	uv_poll_stop(&c->poll);
-	dispatch_conn_closed(c);
-	/* The queue first: its fds are charged to the uid record that
-	 * dropping the stake may free. */
+	/* The queue first: its fds are charged where ops->closed may free
+	 * the record (the peer's uid's, in the daemon). */
 	while (c->out_head) {
 		struct outpkt *p = c->out_head;
 
@@ -132,18 +133,26 @@ void conn_close(struct conn *c, const char *why)
 	}
 	c->out_tail = NULL;
 	c->out_bytes = 0;
-	/* Dropping the stake may free buffers: buffer_freed skips closing
-	 * conns, and our sent set goes below. */
-	registry_owner_drop(&s->reg, &c->owner);
-	HASH_ITER(hh, c->sent, b, tmp)
-		conn_sent_drop(b);
-	DL_DELETE(s->conns, c);
-	s->nconns--;
+	set->ops->closed(c);
+	DL_DELETE(set->conns, c);
+	set->n--;
 	/* The memory goes in on_closed, after the loop let go of the handle;
 	 * the fd only after libuv forgot it. */
 	uv_close((uv_handle_t *)&c->poll, on_closed);
 	close(c->fd);
 	c->fd = -1;
+}
+
+void conn_reap(struct conn_set *set)
+{
+	/* Closing one conn may doom others (their pushes overflow). */
+	while (set->doomed) {
+		struct conn *c = set->doomed;
+
+		set->doomed = c->doomed_next;
+		c->doomed_next = NULL;
+		conn_close(c, c->why);
+	}
 }
 
 /* Sends queued packets, at most CONN_BATCH. Returns 0 or -errno (fatal). */
@@ -170,7 +179,8 @@ static int conn_flush(struct conn *c)
 int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
 	      unsigned nfds)
 {
-	struct server *s = c->srv;
+	const struct conn_limits *lim = c->set->limits;
+	const char *why;
 	struct outpkt *p;
 	uint8_t *data;
 	size_t len;
@@ -185,8 +195,7 @@ int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
 	 * caller's fds (the kernel takes its own references), and no queue
 	 * entry when it goes at once. */
 	len = dlshare__frame__get_packed_size(f);
-	if (!c->out_head && len <= CONN_DIRECT_MAX &&
-	    len <= s->cfg.limits.max_packet) {
+	if (!c->out_head && len <= CONN_DIRECT_MAX && len <= lim->max_packet) {
 		uint8_t buf[CONN_DIRECT_MAX];
 
 		dlshare__frame__pack(f, buf);
@@ -198,21 +207,21 @@ int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
 			return err;
 		}
 	}
-	err = wire_encode(f, s->cfg.limits.max_packet, &data, &len);
+	err = wire_encode(f, lim->max_packet, &data, &len);
 	if (err) {
 		log_warn("conn %llu: reply does not fit a packet (%d)",
 			(unsigned long long)c->id, err);
 		conn_fail(c, "reply too large");
 		return err;
 	}
-	if (c->out_bytes + len > s->cfg.limits.max_output) {
+	if (c->out_bytes + len > lim->max_output) {
 		free(data);
 		conn_fail(c, "output limit reached: peer does not read");
 		return -ENOBUFS;
 	}
 	/* Requests that attach fds check conn_may_queue_fds first and answer
 	 * with an error; this is the backstop. */
-	if (conn_may_queue_fds(c, nfds)) {
+	if (conn_may_queue_fds(c, nfds, &why)) {
 		free(data);
 		conn_fail(c, "fd limit reached: peer does not read");
 		return -ENOBUFS;
@@ -225,20 +234,14 @@ int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
 	}
 	p->data = data;
 	p->len = len;
-	c->out_fds += nfds;
-	s->reg.fds_queued += nfds;
-	if (c->owner.usage)
-		c->owner.usage->fds_queued += nfds;
+	queued_fds(c, (int)nfds);
 	/* Our dups: the originals may be closed before this packet leaves. */
 	for (unsigned i = 0; i < nfds; i++) {
 		p->fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 3);
 		if (p->fds[i] < 0) {
 			err = -errno;
 			/* Give back the quota of the dups never made. */
-			c->out_fds -= nfds - i;
-			s->reg.fds_queued -= nfds - i;
-			if (c->owner.usage)
-				c->owner.usage->fds_queued -= nfds - i;
+			queued_fds(c, -(int)(nfds - i));
 			p->nfds = i;
 			outpkt_free(c, p);
 			conn_fail(c, "cannot duplicate fd");
@@ -285,15 +288,15 @@ static void conn_protocol_error(struct conn *c, const char *why)
 {
 	/* why is a static string. */
 	log_warn("conn %llu (pid %d): protocol error: %s",
-		 (unsigned long long)c->id, (int)c->owner.pid, why);
-	conn_send_error(c, 0, -7 /* DLSHARE_EPROTO */, "protocol error: %s",
-			why);
+		 (unsigned long long)c->id, (int)c->pid, why);
+	conn_send_error(c, 0, DLSHARE_EPROTO, "protocol error: %s", why);
 	conn_fail(c, why);
 }
 
 static void conn_read(struct conn *c)
 {
-	struct server *s = c->srv;
+	struct conn_set *set = c->set;
+	const struct conn_limits *lim = set->limits;
 
 	for (int i = 0; i < CONN_BATCH && conn_open(c); i++) {
 		int fds[WIRE_FDS_MAX];
@@ -303,11 +306,10 @@ static void conn_read(struct conn *c)
 		int err;
 
 		/* Before Hello a peer is unknown: it gets a small packet. */
-		cap = c->hello ? s->cfg.limits.max_packet :
-				 SERVER_HELLO_PACKET_MAX;
-		err = wire_recv(c->fd, s->rbuf, cap, fds,
-				c->hello ? s->cfg.limits.max_fds : 0, &len,
-				&nfds, MSG_DONTWAIT);
+		cap = c->hello ? lim->max_packet : lim->hello_packet;
+		err = wire_recv(c->fd, set->rbuf, cap, fds,
+				c->hello ? lim->max_fds : 0, &len, &nfds,
+				MSG_DONTWAIT);
 		if (err == -EAGAIN)
 			return;
 		if (err == -EMSGSIZE) {
@@ -326,7 +328,7 @@ static void conn_read(struct conn *c)
 			conn_fail(c, "peer hung up");
 			return;
 		}
-		if (wire_decode(s->rbuf, len, &m)) {
+		if (wire_decode(set->rbuf, len, &m)) {
 			wire_close_fds(fds, nfds);
 			conn_protocol_error(c, "malformed packet");
 			return;
@@ -337,8 +339,7 @@ static void conn_read(struct conn *c)
 			conn_protocol_error(c, "fd count does not match the packet");
 			return;
 		}
-		s->requests++;
-		dispatch_frame(c, m, fds, nfds);
+		set->ops->frame(c, m, fds, nfds);
 		wire_msg_free(m);
 	}
 }
@@ -359,75 +360,58 @@ static void on_poll(uv_poll_t *h, int status, int events)
 			conn_read(c);
 		conn_update_poll(c);
 	}
-	server_reap(c->srv);
+	/* c is not freed before the loop runs its close callback. */
+	conn_reap(c->set);
 }
 
-void conn_sweep(struct server *s)
+void conn_sweep(struct conn_set *set)
 {
-	uint64_t now = uv_now(s->loop);
-	uint32_t limit = s->cfg.limits.hello_timeout_ms;
+	uint64_t now = uv_now(set->loop);
+	uint32_t limit = set->limits->hello_timeout_ms;
 	struct conn *c;
 
 	/* A peer that never says Hello holds a slot for nothing. */
-	DL_FOREACH(s->conns, c)
+	DL_FOREACH(set->conns, c)
 		if (conn_open(c) && !c->hello && now - c->born_ms >= limit) {
 			log_info("conn %llu (pid %d uid %u): no Hello within %u ms",
-				 (unsigned long long)c->id, (int)c->owner.pid,
-				 (unsigned)c->owner.uid, limit);
+				 (unsigned long long)c->id, (int)c->pid,
+				 (unsigned)c->uid, limit);
 			conn_fail(c, "no Hello in time");
 		}
-	server_reap(s);
+	conn_reap(set);
 }
 
-int conn_new(struct server *s, int fd)
+int conn_init(struct conn *c, struct conn_set *set, int fd)
 {
 	struct ucred cred;
 	socklen_t clen = sizeof(cred);
-	struct conn *c;
-	int err;
 
-	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {
-		err = -errno;
-		close(fd);
-		return err;
-	}
-	c = calloc(1, sizeof(*c));
-	if (!c) {
-		close(fd);
-		return -ENOMEM;
-	}
-	c->srv = s;
-	c->id = ++s->next_conn_id;
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0)
+		return -errno;
+	c->set = set;
+	c->id = ++set->next_id;
 	c->fd = fd;
 	c->state = CONN_OPEN;
-	c->born_ms = uv_now(s->loop);
-	registry_owner_init(&c->owner, cred.uid, cred.gid, cred.pid);
-	err = registry_owner_attach(&s->reg, &c->owner);
-	if (err == -EDQUOT) {
-		log_warn("uid %u: %s reached (%u); refused a connection",
-			 (unsigned)cred.uid, s->reg.why,
-			 s->reg.limits.uid_connections);
-		free(c);
-		return err; /* the caller refuses fd */
-	}
-	if (err) {
-		close(fd);
-		free(c);
+	c->pid = cred.pid;
+	c->uid = cred.uid;
+	c->gid = cred.gid;
+	c->born_ms = uv_now(set->loop);
+	return 0;
+}
+
+int conn_start(struct conn *c)
+{
+	struct conn_set *set = c->set;
+	int err = uv_poll_init(set->loop, &c->poll, c->fd);
+
+	if (err)
 		return err;
-	}
-	err = uv_poll_init(s->loop, &c->poll, fd);
-	if (err) {
-		registry_owner_drop(&s->reg, &c->owner);
-		close(fd);
-		free(c);
-		return err;
-	}
 	c->poll.data = c;
-	DL_APPEND(s->conns, c);
-	s->nconns++;
+	DL_APPEND(set->conns, c);
+	set->n++;
 	log_debug("conn %llu: pid %d uid %u gid %u",
-		  (unsigned long long)c->id, (int)cred.pid,
-		  (unsigned)cred.uid, (unsigned)cred.gid);
+		  (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid,
+		  (unsigned)c->gid);
 	c->armed = UV_READABLE;
 	uv_poll_start(&c->poll, UV_READABLE, on_poll);
 	return 0;

@@ -1,12 +1,18 @@
-/* conn — one peer of the daemon: packet I/O under a uv_poll_t, a bounded
- * output queue and the peer's stake in the registry.
+/* conn — packet I/O of one peer: a SOCK_SEQPACKET socket under a uv_poll_t,
+ * whole packets in (one Frame and the fds it says it carries), and a
+ * bounded output queue.
+ *
+ * A conn knows nothing of what packets mean. Its user embeds it in a
+ * per-peer struct of its own (container_of) and gives every conn of a
+ * struct conn_set the same table of callbacks (struct conn_ops) and the same
+ * limits (struct conn_limits).
  *
  * A conn is OPEN; then FAILING when something went wrong (it no longer reads
- * or sends and waits on the server's doomed list); then CLOSING once
- * server_reap() dropped its queue and registry stake and closed its handle;
- * its memory goes in the close callback. A conn never dies in the middle of
- * a callback that could reach it from the registry: failures only doom it,
- * and the event callbacks reap at their end. Loop thread only.
+ * or sends and waits on its set's doomed list); then CLOSING once
+ * conn_reap() dropped its queue, told ops->closed and closed its handle;
+ * ops->free gets it in the handle's close callback. A conn never dies in the
+ * middle of a callback: failures only doom it, and whoever runs a libuv
+ * callback that may doom one calls conn_reap() at its end. Loop thread only.
  */
 #ifndef DLSHARE_CONN_H
 #define DLSHARE_CONN_H
@@ -15,29 +21,58 @@
 #include <sys/types.h>
 #include <uv.h>
 
-#include "registry.h"
 #include "wire.h"
 
-struct server;
-struct park;
-struct gpu_job;
-struct seal_job;
+struct conn;
 
 enum conn_state { CONN_OPEN, CONN_FAILING, CONN_CLOSING };
 
-/* A buffer whose fd this peer already received: in the conn's map by id
- * and on the buffer's list of holders (rbuffer.holders), so that freeing a
- * buffer reaches the peers that have it without a scan of every peer. */
-struct sent_buf {
-	uint64_t id;
-	struct conn *conn;
-	struct rbuffer *buf;      /* alive while on its holders list */
-	UT_hash_handle hh;        /* conn->sent */
-	struct sent_buf *bprev, *bnext; /* buf->holders */
+/* What a conn may cost and receive; the conn_set's user keeps it alive. */
+struct conn_limits {
+	uint32_t max_packet;      /* bytes in one packet, either way */
+	uint32_t max_fds;         /* fds in one packet from a peer */
+	uint32_t hello_packet;    /* bytes in one packet before Hello (which
+				   * carries no fds); <= max_packet */
+	uint32_t hello_timeout_ms; /* a peer must say Hello within this */
+	uint64_t max_output;      /* bytes queued to a peer before it is cut */
+	uint32_t max_out_fds;     /* fds queued to a peer, not yet sent */
 };
 
-/* Forgets that sb's peer has sb's buffer, and frees sb. */
-void conn_sent_drop(struct sent_buf *sb);
+/* What a conn tells its user. Every callback runs on the loop thread, from
+ * a conn's own poll callback or from conn_reap(). */
+struct conn_ops {
+	/* A whole packet from c: decoded, with exactly the fds its frame says
+	 * it carries, which the callee takes over (closes or keeps). c may
+	 * be failing on return; it is not freed before conn_reap(). */
+	void (*frame)(struct conn *c, const struct wire_msg *m, int *fds,
+		      unsigned nfds);
+	/* Whether nfds more fds may be queued to c as far as limits beyond
+	 * c's own go (quotas shared with other conns): 0, or -EDQUOT with
+	 * *why naming the limit (a static string). May be NULL. */
+	int (*may_queue_fds)(struct conn *c, unsigned nfds, const char **why);
+	/* delta fds entered (> 0) or left (< 0) c's queue: charge or refund
+	 * them where may_queue_fds counts them. May be NULL. */
+	void (*queued_fds)(struct conn *c, int delta);
+	/* c is closing: its queue is gone, its handle not yet. The user
+	 * drops what the peer held; c must not be sent to any more. */
+	void (*closed)(struct conn *c);
+	/* The loop let go of c's handle: free the struct that embeds c. */
+	void (*free)(struct conn *c);
+};
+
+/* The conns of one loop: their callbacks and limits, the one receive
+ * buffer they share (each packet is handled as soon as it is read), the
+ * list of them, and the doomed ones conn_reap() closes. */
+struct conn_set {
+	uv_loop_t *loop;
+	const struct conn_ops *ops;
+	const struct conn_limits *limits;
+	uint8_t *rbuf;            /* limits->max_packet bytes */
+	struct conn *conns;       /* started, not yet closing */
+	uint32_t n;               /* of them */
+	struct conn *doomed;      /* failing, closed by conn_reap() */
+	uint64_t next_id;
+};
 
 struct outpkt {
 	struct outpkt *next;
@@ -48,36 +83,45 @@ struct outpkt {
 };
 
 struct conn {
-	struct server *srv;
-	uint64_t id;
+	struct conn_set *set;
+	uint64_t id;              /* daemon-wide, never reused */
 	int fd;
 	enum conn_state state;
-	int hello;                /* the handshake is done */
+	int hello;                /* the peer said Hello (its user sets it):
+				   * max_packet and max_fds apply, and
+				   * hello_timeout_ms no longer does */
+	pid_t pid;                /* SO_PEERCRED at accept */
+	uid_t uid;
+	gid_t gid;
 	uv_poll_t poll;
-	struct registry_owner owner;
-	struct sent_buf *sent;
 	struct outpkt *out_head, *out_tail;
 	uint64_t out_bytes;
 	uint32_t out_fds;         /* fds in the queue (our dups) */
-	struct park *parked;
-	struct gpu_job *jobs;     /* creates making GPU memory (dispatch.c) */
-	struct seal_job *seals;   /* seals waiting or running (seal.c) */
-	uint32_t nparked;         /* requests in flight: parks, jobs, seals */
-	struct conn *prev, *next; /* server->conns */
-	struct conn *doomed_next; /* server->doomed */
-	uint64_t born_ms;         /* loop time of accept */
+	struct conn *prev, *next; /* set->conns */
+	struct conn *doomed_next; /* set->doomed */
+	uint64_t born_ms;         /* loop time of conn_init */
 	int armed;                /* events the poll handle waits for */
 	const char *why;          /* why it is failing (a static string) */
 };
 
-/* Takes over fd, an accepted socket, and starts reading from it.
- * Returns 0; -EDQUOT when the peer's uid has its quota of connections (fd
- * stays the caller's, to refuse politely); or another -errno (fd is closed
- * then). */
-int conn_new(struct server *s, int fd);
+/* Prepares set for conns on loop with ops and limits (both kept by
+ * reference). Returns 0 or -ENOMEM. */
+int conn_set_init(struct conn_set *set, uv_loop_t *loop,
+		  const struct conn_ops *ops, const struct conn_limits *limits);
 
-/* Closes conns that did not say Hello within hello_timeout_ms. */
-void conn_sweep(struct server *s);
+/* Frees what set holds; its conns must be closed and their handles too
+ * (the loop ran). Safe on a set that conn_set_init failed on or never saw,
+ * if it was zeroed. */
+void conn_set_deinit(struct conn_set *set);
+
+/* Makes c (zeroed by the caller) the conn of fd, an accepted socket, and
+ * reads its peer's credentials (SO_PEERCRED). Nothing polls yet. Returns 0
+ * or -errno; fd stays the caller's either way until conn_start. */
+int conn_init(struct conn *c, struct conn_set *set, int fd);
+
+/* Starts reading from c's fd; c joins its set, and its fd is c's from now
+ * on. Returns 0 or a libuv error (then nothing changed). */
+int conn_start(struct conn *c);
 
 static inline int conn_open(const struct conn *c)
 {
@@ -90,23 +134,29 @@ static inline int conn_open(const struct conn *c)
 int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
 	      unsigned nfds);
 
-/* Whether nfds more fds may be queued to c: 0, or -EDQUOT with
- * c->srv->reg.why naming the limit (per connection, or per uid). */
-int conn_may_queue_fds(struct conn *c, unsigned nfds);
+/* Whether nfds more fds may be queued to c: 0, or -EDQUOT with *why
+ * naming the limit (per connection, or ops->may_queue_fds's; a static
+ * string). */
+int conn_may_queue_fds(struct conn *c, unsigned nfds, const char **why);
 
 /* Sends an Error frame answering request id. Returns as conn_send. */
 int conn_send_error(struct conn *c, uint64_t id, int dlshare_code,
 		    const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
-/* Dooms c: it stops reading and sending and is closed by server_reap().
+/* Dooms c: it stops reading and sending and is closed by conn_reap().
  * why must be a static string. Safe to call on a failing conn. */
 void conn_fail(struct conn *c, const char *why);
 
-/* Drops everything the peer held and closes it now. Only for server_reap()
- * and server_shutdown(); safe to call twice. */
+/* Drops c's queue, tells ops->closed and closes it now. Only for
+ * conn_reap() and a daemon shutting down; safe to call twice. */
 void conn_close(struct conn *c, const char *why);
 
-/* Of a registry owner embedded in a conn, the conn. */
-struct conn *conn_of_owner(struct registry_owner *o);
+/* Closes every doomed conn of set. Called at the end of each libuv
+ * callback that may doom one, never inside the registry. */
+void conn_reap(struct conn_set *set);
+
+/* Dooms the conns of set that did not say Hello within hello_timeout_ms,
+ * and reaps. */
+void conn_sweep(struct conn_set *set);
 
 #endif

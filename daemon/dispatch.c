@@ -1,807 +1,85 @@
-/* dispatch — requests, parked gets and pushed events. */
+/* dispatch — requests to their handlers; Hello, Publish, Abort, Release,
+ * Delete, Stat, Stats and Goodbye; the registry's and the conns' callbacks. */
 #include "dispatch.h"
 
 #include <errno.h>
-#include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
 #include <dlshare/dlshare.h>
 
-#include "check.h"
-#include "gpu.h"
+#include "create.h"
+#include "encode.h"
+#include "get.h"
+#include "list.h"
 #include "log.h"
+#include "peer.h"
+#include "reply.h"
 #include "seal.h"
-#include "server.h"
-
-/* A get waiting for a version that does not exist yet. */
-struct park {
-	struct conn *conn;
-	struct waitq *q;
-	uint64_t req_id;
-	enum registry_select sel;
-	uint64_t number;
-	int has_timer;
-	uv_timer_t timer;
-	struct park *prev, *next;   /* conn->parked */
-	struct park *wprev, *wnext; /* q->parks */
-};
-
-/* The parked gets of one name (which may not exist yet). */
-struct waitq {
-	char name[CHECK_NAME_MAX + 1];
-	struct park *parks;
-	UT_hash_handle hh;
-};
-
-/* Room a reply needs beyond the request that described the same version. */
-#define REPLY_OVERHEAD 1024u
-
-int dispatch_code(int err)
-{
-	switch (err) {
-	case 0:
-		return DLSHARE_OK;
-	case -EINVAL:
-	case -EBADF:
-		return DLSHARE_EINVAL;
-	case -ENOENT:
-		return DLSHARE_ENOENT;
-	case -ETIMEDOUT:
-		return DLSHARE_ETIMEDOUT;
-	case -EPERM:
-	case -EACCES:
-		return DLSHARE_EPERM;
-	case -ENOMEM:
-		return DLSHARE_ENOMEM;
-	case -EMSGSIZE:
-		return DLSHARE_E2BIG;
-	case -E2BIG:
-	case -ENOSPC:
-	case -EDQUOT:
-	case -EFBIG:
-	case -EMFILE:
-	case -ENFILE:
-		return DLSHARE_ELIMIT;
-	case -EPROTO:
-		return DLSHARE_EPROTO;
-	case -EOPNOTSUPP:
-		return DLSHARE_ENOTSUP;
-	case -ENODEV:
-		return DLSHARE_ENODEV;
-	case -EBUSY:
-		return DLSHARE_EBUSY;
-	case -EALREADY:
-	case -EINPROGRESS:
-		return DLSHARE_ESTATE;
-	default:
-		return DLSHARE_EIO;
-	}
-}
-
-static const char *errno_text(int err)
-{
-	switch (err) {
-	case -EMSGSIZE:
-		return "the version's description does not fit in one packet";
-	case -E2BIG:
-		return "too many tensors or buffers in one version";
-	case -ENOSPC:
-		return "the daemon's byte limit is reached";
-	case -EDQUOT:
-		return "a quota is reached";
-	case -EFBIG:
-		return "buffer larger than the daemon allows";
-	case -EOPNOTSUPP:
-		return "buffer kind not supported by this daemon";
-	case -EBUSY:
-		return "a writable mapping or pinned pages (e.g. vmsplice, "
-		       "O_DIRECT, RDMA) of a buffer still exist";
-	case -EALREADY:
-		return "version already sealed";
-	case -EINPROGRESS:
-		return "a seal of this version is in progress";
-	case -EBADF:
-		return "a buffer's fd is refused";
-	case -EPERM:
-		return "permission denied";
-	case -ENOENT:
-		return "no such name or version";
-	case -ETIMEDOUT:
-		return "no matching version before the timeout";
-	default:
-		return strerror(-err);
-	}
-}
-
-static int reply(struct conn *c, uint64_t id, Dlshare__Frame *f)
-{
-	f->id = id;
-	return conn_send(c, f, NULL, 0);
-}
-
-static void reply_ok(struct conn *c, uint64_t id)
-{
-	Dlshare__Frame f = DLSHARE__FRAME__INIT;
-	Dlshare__Ok ok = DLSHARE__OK__INIT;
-
-	if (id == 0)
-		return;
-	f.body_case = DLSHARE__FRAME__BODY_OK;
-	f.ok = &ok;
-	reply(c, id, &f);
-}
-
-static void reply_err(struct conn *c, uint64_t id, int err, const char *what,
-		      const char *name)
-{
-	struct entry *e;
-
-	/* Id 0 wants no reply (Release); an Error with id 0 would read as
-	 * the notice the daemon sends before it hangs up. */
-	if (id == 0)
-		return;
-	if (err != -ENOENT && err != -ETIMEDOUT)
-		log_info("conn %llu (pid %d): %s %s: %s",
-			 (unsigned long long)c->id, (int)c->owner.pid, what,
-			 name ? name : "", errno_text(err));
-	/* For a limit, name it: which one, and that it is this uid's. */
-	if ((err == -EDQUOT || err == -ENOSPC) && c->srv->reg.why)
-		conn_send_error(c, id, dispatch_code(err),
-				"%s%s%s: limit reached: %s (uid %u)", what,
-				name ? " " : "", name ? name : "",
-				c->srv->reg.why, (unsigned)c->owner.uid);
-	/* For a refusal, whose name it is and what its mode lets whom:
-	 * the caller sees neither. get and stat read; the rest write. */
-	else if (err == -EPERM && name &&
-		 (e = registry_entry(&c->srv->reg, name)))
-		conn_send_error(c, id, dispatch_code(err),
-				"%s %s: permission denied: owned by uid %u "
-				"(gid %u) with mode %04o, which does not let "
-				"uid %u (gid %u) %s it", what, name,
-				(unsigned)e->owner_uid, (unsigned)e->owner_gid,
-				(unsigned)e->mode, (unsigned)c->owner.uid,
-				(unsigned)c->owner.gid,
-				strncmp(what, "get", 3) && strcmp(what, "stat") ?
-				"write" : "read");
-	else if (err == -EBADF && c->srv->reg.why)
-		conn_send_error(c, id, dispatch_code(err),
-				"%s%s%s: a buffer's fd is refused: %s", what,
-				name ? " " : "", name ? name : "",
-				c->srv->reg.why);
-	else
-		conn_send_error(c, id, dispatch_code(err), "%s%s%s: %s", what,
-				name ? " " : "", name ? name : "",
-				errno_text(err));
-}
-
-void dispatch_reply_err(struct conn *c, uint64_t id, int err,
-			const char *what, const char *name)
-{
-	reply_err(c, id, err, what, name);
-}
-
-/* ---- encoding the model ------------------------------------------------ */
-
-/* Versions of at most this many tensors are described without a malloc
- * (the common get of a tensor or a small bundle). */
-#define WIRE_VERSION_SMALL 4
-
-/* The wire form of some tensors and buffers; lives for one reply. */
-struct wire_version {
-	Dlshare__Tensor *t;
-	Dlshare__Tensor **tp;
-	Dlshare__DataType *dt;
-	Dlshare__Buffer *b;
-	Dlshare__Buffer **bp;
-	Dlshare__Device *dev;
-	void *block;              /* t .. dev when they did not fit below */
-	int fds[REGISTRY_BUFFERS_HARD_MAX];
-	unsigned nfds;
-	struct {
-		Dlshare__Tensor t[WIRE_VERSION_SMALL];
-		Dlshare__Tensor *tp[WIRE_VERSION_SMALL];
-		Dlshare__DataType dt[WIRE_VERSION_SMALL];
-		Dlshare__Buffer b[WIRE_VERSION_SMALL];
-		Dlshare__Buffer *bp[WIRE_VERSION_SMALL];
-		Dlshare__Device dev[WIRE_VERSION_SMALL];
-	} small;
-};
-
-static void wire_version_free(struct wire_version *w)
-{
-	free(w->block);
-	w->block = NULL;
-}
-
-/* Fills w from v. Buffers get fd_attached (and their fd in w->fds) when
- * attach says so for them (NULL: never). Returns 0 or -ENOMEM. */
-static int wire_version_fill(struct wire_version *w, const struct version *v,
-			     const int *attach)
-{
-	size_t nt = v->ntensors, nb = v->nbuffers;
-
-	w->block = NULL;
-	w->nfds = 0;
-	if (nt <= WIRE_VERSION_SMALL && nb <= WIRE_VERSION_SMALL) {
-		w->t = w->small.t;
-		w->tp = w->small.tp;
-		w->dt = w->small.dt;
-		w->b = w->small.b;
-		w->bp = w->small.bp;
-		w->dev = w->small.dev;
-	} else {
-		/* One block, each part aligned as its type wants: pointers
-		 * and the protobuf-c structs are all pointer-aligned. */
-		char *p = calloc(1, nt * (sizeof(*w->t) + sizeof(*w->tp) +
-					  sizeof(*w->dt)) +
-				    nb * (sizeof(*w->b) + sizeof(*w->bp) +
-					  sizeof(*w->dev)));
-
-		if (!p)
-			return -ENOMEM;
-		w->block = p;
-		w->t = (Dlshare__Tensor *)p;
-		p += nt * sizeof(*w->t);
-		w->tp = (Dlshare__Tensor **)p;
-		p += nt * sizeof(*w->tp);
-		w->dt = (Dlshare__DataType *)p;
-		p += nt * sizeof(*w->dt);
-		w->b = (Dlshare__Buffer *)p;
-		p += nb * sizeof(*w->b);
-		w->bp = (Dlshare__Buffer **)p;
-		p += nb * sizeof(*w->bp);
-		w->dev = (Dlshare__Device *)p;
-	}
-	for (size_t i = 0; i < v->ntensors; i++) {
-		const struct rtensor *rt = &v->tensors[i];
-		Dlshare__Tensor *t = &w->t[i];
-
-		dlshare__tensor__init(t);
-		dlshare__data_type__init(&w->dt[i]);
-		w->dt[i].code = rt->code;
-		w->dt[i].bits = rt->bits;
-		w->dt[i].lanes = rt->lanes;
-		t->key = rt->key;
-		t->buffer = rt->buffer;
-		t->offset = rt->offset;
-		t->dtype = &w->dt[i];
-		t->n_shape = rt->ndim;
-		t->shape = rt->shape;
-		if (rt->has_strides) {
-			t->n_strides = rt->ndim;
-			t->strides = rt->strides;
-		}
-		w->tp[i] = t;
-	}
-	for (size_t i = 0; i < v->nbuffers; i++) {
-		struct rbuffer *rb = v->buffers[i];
-		Dlshare__Buffer *b = &w->b[i];
-
-		dlshare__buffer__init(b);
-		dlshare__device__init(&w->dev[i]);
-		w->dev[i].type = rb->dev_type;
-		if (rb->has_uuid) {
-			w->dev[i].has_uuid = 1;
-			w->dev[i].uuid.data = rb->cuda->uuid;
-			w->dev[i].uuid.len = sizeof(rb->cuda->uuid);
-		}
-		b->id = rb->id;
-		b->kind = rb->kind;
-		b->size = rb->size;
-		b->device = &w->dev[i];
-		if (rb->ipc_handle_len) {
-			b->has_ipc_handle = 1;
-			b->ipc_handle.data = rb->cuda->ipc_handle;
-			b->ipc_handle.len = rb->ipc_handle_len;
-			b->has_ipc_offset = 1;
-			b->ipc_offset = rb->cuda->ipc_offset;
-		}
-		if (attach && attach[i] && rb->fd >= 0) {
-			b->has_fd_attached = 1;
-			b->fd_attached = 1;
-			/* Readers of a sealed version get the read-only fd;
-			 * the producer of a pending one the writable one. */
-			w->fds[w->nfds++] = registry_reader_fd(rb);
-		}
-		w->bp[i] = b;
-	}
-	return 0;
-}
-
-static void name_info_fill(Dlshare__NameInfo *ni, const struct entry *e)
-{
-	const struct version *v = e->latest;
-
-	dlshare__name_info__init(ni);
-	ni->name = (char *)e->name;
-	ni->latest = v ? v->number : 0;
-	ni->versions = e->nversions;
-	ni->tensors = v ? (uint32_t)v->ntensors : 0;
-	ni->bytes = v ? v->bytes : 0;
-	ni->leases = e->leases;
-	ni->owner_uid = e->owner_uid;
-	ni->mode = e->mode;
-	if (v) {
-		ni->has_kind = 1;
-		ni->kind = v->buffers[0]->kind;
-		ni->has_exported = 1;
-		ni->exported = v->exported;
-	}
-}
 
 /* ---- requests ----------------------------------------------------------- */
 
-static void handle_hello(struct conn *c, uint64_t id, const Dlshare__Hello *h)
+static void handle_hello(struct peer *peer, uint64_t id,
+			 const Dlshare__Hello *h)
 {
-	const struct server *s = c->srv;
+	const struct daemon *d = peer->d;
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__HelloReply r = DLSHARE__HELLO_REPLY__INIT;
 
-	if (c->hello) {
-		conn_send_error(c, id, DLSHARE_EPROTO, "Hello sent twice");
-		conn_fail(c, "Hello sent twice");
+	if (peer->conn.hello) {
+		conn_send_error(&peer->conn, id, DLSHARE_EPROTO,
+				"Hello sent twice");
+		conn_fail(&peer->conn, "Hello sent twice");
 		return;
 	}
 	if (h->major != WIRE_PROTO_MAJOR) {
-		conn_send_error(c, id, DLSHARE_EVERSION,
+		conn_send_error(&peer->conn, id, DLSHARE_EVERSION,
 				"protocol %u.%u not supported; this daemon speaks %u.%u",
 				h->major, h->minor, WIRE_PROTO_MAJOR,
 				WIRE_PROTO_MINOR);
-		conn_fail(c, "unsupported protocol major");
+		conn_fail(&peer->conn, "unsupported protocol major");
 		return;
 	}
-	c->hello = 1;
+	peer->conn.hello = 1;
 	log_debug("conn %llu: hello from %s, protocol %u.%u",
-		  (unsigned long long)c->id, h->agent ? h->agent : "?",
+		  (unsigned long long)peer->conn.id, h->agent ? h->agent : "?",
 		  h->major, h->minor);
 	r.major = WIRE_PROTO_MAJOR;
 	r.minor = WIRE_PROTO_MINOR;
 	r.server = "dlshared " DLSHARE_VERSION_STRING;
-	r.max_packet = s->cfg.limits.max_packet;
-	r.max_fds = s->cfg.limits.max_fds;
-	r.max_inflight = s->cfg.limits.max_inflight;
-	r.max_tensors = s->cfg.registry.max_tensors;
-	r.max_buffers = s->cfg.registry.max_buffers;
+	r.max_packet = d->limits->max_packet;
+	r.max_fds = d->limits->max_fds;
+	r.max_inflight = d->limits->max_inflight;
+	r.max_tensors = d->reg.limits.max_tensors;
+	r.max_buffers = d->reg.limits.max_buffers;
 	f.body_case = DLSHARE__FRAME__BODY_HELLO_REPLY;
 	f.hello_reply = &r;
-	reply(c, id, &f);
-}
-
-/* Records that c received rb's fd: c hears when rb goes, and is not sent
- * the fd again. Returns 0, or -ENOMEM after which c is failing. */
-static int sent_add(struct conn *c, struct rbuffer *rb)
-{
-	struct sent_buf *sb = calloc(1, sizeof(*sb)), *h;
-
-	if (!sb) {
-		conn_fail(c, "out of memory");
-		return -ENOMEM;
-	}
-	sb->id = rb->id;
-	sb->conn = c;
-	sb->buf = rb;
-	HASH_ADD(hh, c->sent, id, sizeof(sb->id), sb);
-	h = rb->holders;
-	DL_APPEND2(h, sb, bprev, bnext);
-	rb->holders = h;
-	return 0;
-}
-
-/* A version description must fit in a reply too. */
-static int fits_reply(struct conn *c, const Dlshare__Frame *f)
-{
-	return dlshare__frame__get_packed_size(f) + REPLY_OVERHEAD <=
-	       c->srv->cfg.limits.max_packet;
-}
-
-/* ---- daemon-owned cuda-ipc memory ---------------------------------------
- * cudaMalloc memory of the daemon (the fallback where the driver cannot
- * export VMM memory as an fd), by buffer id: freed on the thread pool when
- * the registry frees the buffer. By then every process closed it: readers
- * close their mapping before they release their lease, and the writer
- * holds a lease until it closed its own. */
-struct devmem {
-	uint64_t id;              /* the buffer's */
-	void *ptr;
-	int ordinal;
-	UT_hash_handle hh;        /* server->devmem */
-};
-
-struct devmem_free {
-	uv_work_t req;
-	void *ptr;
-	int ordinal;
-};
-
-static void devmem_free_work(uv_work_t *req)
-{
-	struct devmem_free *d = req->data;
-
-	gpu_free_ipc(d->ptr, d->ordinal);
-}
-
-static void devmem_free_done(uv_work_t *req, int status)
-{
-	(void)status;
-	free(req->data);
-}
-
-/* Frees a cuda-ipc allocation off the loop (cudaFree waits for the
- * device); at once when that cannot be queued. */
-static void devmem_free(struct server *s, void *ptr, int ordinal)
-{
-	struct devmem_free *d = calloc(1, sizeof(*d));
-
-	if (d) {
-		d->ptr = ptr;
-		d->ordinal = ordinal;
-		d->req.data = d;
-		if (uv_queue_work(s->loop, &d->req, devmem_free_work,
-				  devmem_free_done) == 0)
-			return;
-		free(d);
-	}
-	gpu_free_ipc(ptr, ordinal);
-}
-
-/* A Create whose GPU buffers are being made on the thread pool: a GPU
- * allocation may take long (the driver's first call, a full device), and
- * the loop never waits. It counts as a request in flight of its conn. */
-struct gpu_job {
-	uv_work_t req;
-	struct server *srv;
-	struct conn *conn;        /* NULL once the conn went */
-	struct gpu_job *prev, *next; /* conn->jobs */
-	uint64_t id;
-	Dlshare__Create *create;  /* a copy of the request */
-	int made[REGISTRY_BUFFERS_HARD_MAX];     /* mem[i] is ours to free */
-	struct gpu_mem mem[REGISTRY_BUFFERS_HARD_MAX];
-	int fds[REGISTRY_BUFFERS_HARD_MAX];      /* cuda-vmm: mem[i].fd */
-	int err;
-	const char *why;
-};
-
-/* Registers a store version whose GPU memory (if any, in j) is made, and
- * answers with every buffer's fd. The version's cuda-vmm buffers count the
- * producer among their holders: it maps them, and must hear when they go.
- * With cuda-ipc buffers the producer gets a writer lease. What the
- * registry did not take stays j's. */
-static void create_finish(struct conn *c, uint64_t id,
-			  const Dlshare__Create *m, struct gpu_job *j)
-{
-	struct server *s = c->srv;
-	struct registry_spec spec = {
-		.name = m->name, .mode = m->mode,
-		.tensors = m->tensors, .ntensors = m->n_tensors,
-		.buffers = m->buffers, .nbuffers = m->n_buffers,
-		.fds = j ? j->fds : NULL,
-		.made = j ? j->made : NULL,
-	};
-	Dlshare__Frame out = DLSHARE__FRAME__INIT;
-	Dlshare__CreateReply r = DLSHARE__CREATE_REPLY__INIT;
-	int attach[REGISTRY_BUFFERS_HARD_MAX];
-	struct wire_version w;
-	struct version *v;
-	struct lease *l;
-	int err, ipc = 0;
-
-	err = registry_add(&s->reg, &c->owner, &spec, 0, &v);
-	if (err) {
-		reply_err(c, id, err, "create", m->name);
-		return;
-	}
-	for (size_t i = 0; j && i < v->nbuffers; i++) {
-		struct devmem *d;
-
-		if (!j->made[i] || j->mem[i].kind != GPU_CUDA_IPC)
-			continue;
-		d = calloc(1, sizeof(*d));
-		if (!d) {
-			registry_abort(&s->reg, &c->owner, m->name, v->number,
-				       v->writer);
-			reply_err(c, id, -ENOMEM, "create", m->name);
-			return;
-		}
-		d->id = v->buffers[i]->id;
-		d->ptr = j->mem[i].ptr;
-		d->ordinal = j->mem[i].ordinal;
-		HASH_ADD(hh, s->devmem, id, sizeof(d->id), d);
-		j->made[i] = 0; /* freed with the buffer from here */
-		ipc = 1;
-	}
-	err = ipc ? registry_lease(&s->reg, &c->owner, v, &l) : 0;
-	for (size_t i = 0; i < v->nbuffers; i++)
-		attach[i] = 1;
-	if (!err && wire_version_fill(&w, v, attach))
-		err = -ENOMEM;
-	if (err) {
-		registry_abort(&s->reg, &c->owner, m->name, v->number,
-			       v->writer);
-		reply_err(c, id, err, "create", m->name);
-		return;
-	}
-	r.version = v->number;
-	r.has_writer = 1;
-	r.writer = v->writer;
-	r.n_buffers = v->nbuffers;
-	r.buffers = w.bp;
-	if (ipc) {
-		r.has_writer_lease = 1;
-		r.writer_lease = l->id;
-	}
-	out.id = id;
-	out.body_case = DLSHARE__FRAME__BODY_CREATE_REPLY;
-	out.create_reply = &r;
-	/* A failed send dooms c, and its pending version goes with it. */
-	err = conn_send(c, &out, w.fds, w.nfds);
-	wire_version_free(&w);
-	if (err || !conn_open(c))
-		return;
-	for (size_t i = 0; i < v->nbuffers; i++)
-		if (v->buffers[i]->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM &&
-		    sent_add(c, v->buffers[i]))
-			return;
-}
-
-static int is_gpu_buffer(const Dlshare__Buffer *b)
-{
-	return b->device && b->device->type == kDLCUDA &&
-	       (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_UNSPECIFIED ||
-		b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM);
-}
-
-/* Frees what j made and nobody took (any thread: cudaFree blocks). */
-static void gpu_job_unmake(struct gpu_job *j)
-{
-	for (size_t i = 0; i < REGISTRY_BUFFERS_HARD_MAX; i++) {
-		if (!j->made[i])
-			continue;
-		if (j->mem[i].kind == GPU_CUDA_IPC)
-			gpu_free_ipc(j->mem[i].ptr, j->mem[i].ordinal);
-		j->made[i] = 0;
-	}
-	wire_close_fds(j->fds, REGISTRY_BUFFERS_HARD_MAX);
-}
-
-/* Thread pool: makes the GPU buffers, all or none. */
-static void gpu_job_work(uv_work_t *req)
-{
-	struct gpu_job *j = req->data;
-	const Dlshare__Create *m = j->create;
-
-	for (size_t i = 0; i < m->n_buffers && !j->err; i++) {
-		const Dlshare__Buffer *b = m->buffers[i];
-
-		if (!is_gpu_buffer(b))
-			continue;
-		j->err = gpu_alloc(b->device->uuid.data, b->size, &j->mem[i],
-				   &j->why);
-		if (!j->err) {
-			j->made[i] = 1;
-			j->fds[i] = j->mem[i].fd;
-		}
-	}
-	if (j->err)
-		gpu_job_unmake(j);
-}
-
-/* Loop thread: frees j, and what it made that nobody took (off the loop:
- * cudaFree waits for the device). */
-static void gpu_job_free(struct gpu_job *j)
-{
-	wire_close_fds(j->fds, REGISTRY_BUFFERS_HARD_MAX);
-	for (size_t i = 0; i < REGISTRY_BUFFERS_HARD_MAX; i++)
-		if (j->made[i] && j->mem[i].kind == GPU_CUDA_IPC)
-			devmem_free(j->srv, j->mem[i].ptr, j->mem[i].ordinal);
-	dlshare__create__free_unpacked(j->create, NULL);
-	free(j);
-}
-
-/* Loop: answers the Create, unless its conn went meanwhile. */
-static void gpu_job_done(uv_work_t *req, int status)
-{
-	struct gpu_job *j = req->data;
-	struct conn *c = j->conn;
-	Dlshare__Create *m = j->create;
-	struct server *s = j->srv;
-
-	if (!c) {
-		gpu_job_free(j);
-		return;
-	}
-	DL_DELETE(c->jobs, j);
-	c->nparked--;
-	if (!conn_open(c)) {
-		/* Doomed meanwhile: nothing to answer. */
-	} else if (status || j->err) {
-		conn_send_error(c, j->id, status ? DLSHARE_EIO :
-				dispatch_code(j->err), "create %s: %s",
-				m->name, status ? uv_strerror(status) : j->why);
-	} else {
-		for (size_t i = 0; i < m->n_buffers; i++) {
-			Dlshare__Buffer *b = m->buffers[i];
-
-			if (!j->made[i])
-				continue;
-			b->size = j->mem[i].size;
-			if (j->mem[i].kind == GPU_CUDA_VMM) {
-				b->kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM;
-				continue;
-			}
-			b->kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC;
-			b->has_ipc_handle = 1;
-			b->ipc_handle.data = j->mem[i].handle;
-			b->ipc_handle.len = GPU_IPC_HANDLE_LEN;
-			b->has_ipc_offset = 1;
-			b->ipc_offset = 0;
-		}
-		create_finish(c, j->id, m, j);
-		/* The copy frees what it unpacked, not j's handle bytes (a
-		 * GPU buffer of the copy had none: create_gpu). */
-		for (size_t i = 0; i < m->n_buffers; i++)
-			if (m->buffers[i]->ipc_handle.data == j->mem[i].handle) {
-				m->buffers[i]->has_ipc_handle = 0;
-				m->buffers[i]->ipc_handle.data = NULL;
-			}
-	}
-	gpu_job_free(j);
-	server_reap(s);
-}
-
-/* Starts making m's GPU buffers. The request is checked first, so that
- * nothing is allocated for a create that would be refused anyway. */
-static void create_gpu(struct conn *c, uint64_t id, const Dlshare__Create *m)
-{
-	struct server *s = c->srv;
-	struct registry_spec spec = {
-		.name = m->name, .mode = m->mode,
-		.tensors = m->tensors, .ntensors = m->n_tensors,
-		.buffers = m->buffers, .nbuffers = m->n_buffers,
-		.precheck = 1,
-	};
-	struct gpu_job *j;
-	uint8_t *packed;
-	size_t len;
-	int err;
-
-	/* A GPU buffer is the daemon's to describe: whatever handle the
-	 * peer put on it is not kept (nor copied below). */
-	for (size_t i = 0; i < m->n_buffers; i++)
-		if (is_gpu_buffer(m->buffers[i])) {
-			m->buffers[i]->kind =
-				DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM;
-			m->buffers[i]->has_ipc_handle = 0;
-		}
-	err = registry_precheck(&s->reg, &c->owner, &spec, 0);
-	if (err) {
-		reply_err(c, id, err, "create", m->name);
-		return;
-	}
-	if (c->nparked >= s->cfg.limits.max_inflight) {
-		conn_send_error(c, id, DLSHARE_ELIMIT,
-				"create %s: too many requests in flight on this connection (limit %u)",
-				m->name, s->cfg.limits.max_inflight);
-		return;
-	}
-	j = calloc(1, sizeof(*j));
-	len = dlshare__create__get_packed_size(m);
-	packed = malloc(len ? len : 1);
-	if (!j || !packed) {
-		free(j);
-		free(packed);
-		reply_err(c, id, -ENOMEM, "create", m->name);
-		return;
-	}
-	/* The request's memory goes with its packet: keep a copy. */
-	dlshare__create__pack(m, packed);
-	j->create = dlshare__create__unpack(NULL, len, packed);
-	free(packed);
-	if (!j->create) {
-		free(j);
-		reply_err(c, id, -ENOMEM, "create", m->name);
-		return;
-	}
-	for (size_t i = 0; i < REGISTRY_BUFFERS_HARD_MAX; i++)
-		j->fds[i] = -1;
-	j->id = id;
-	j->srv = s;
-	j->conn = c;
-	j->req.data = j;
-	err = uv_queue_work(s->loop, &j->req, gpu_job_work, gpu_job_done);
-	if (err) {
-		gpu_job_free(j);
-		reply_err(c, id, -ENOMEM, "create", m->name);
-		return;
-	}
-	DL_APPEND(c->jobs, j);
-	c->nparked++;
-}
-
-/* Refuses a version two of whose tensors share a key: the second would be
- * reachable only by its index. Over max_tensors the registry refuses it
- * anyway, and nothing is allocated for it here. Returns 1 when it
- * answered. */
-static int refuse_same_keys(struct conn *c, uint64_t id, const char *what,
-			    const char *name, Dlshare__Tensor *const *t,
-			    size_t n)
-{
-	size_t a, b;
-	int err;
-
-	if (n > c->srv->reg.limits.max_tensors)
-		return 0;
-	err = check_keys(t, n, &a, &b);
-	if (!err)
-		return 0;
-	if (err == -EINVAL)
-		conn_send_error(c, id, DLSHARE_EINVAL,
-				"%s %s: tensors %zu and %zu have the same key \"%s\"",
-				what, name, a, b, t[a]->key);
-	else
-		reply_err(c, id, err, what, name);
-	return 1;
-}
-
-static void handle_create(struct conn *c, const Dlshare__Frame *f,
-			  const Dlshare__Create *m)
-{
-	if (!fits_reply(c, f)) {
-		reply_err(c, f->id, -EMSGSIZE, "create", m->name);
-		return;
-	}
-	if (m->n_buffers > REGISTRY_BUFFERS_HARD_MAX) {
-		reply_err(c, f->id, -E2BIG, "create", m->name);
-		return;
-	}
-	if (refuse_same_keys(c, f->id, "create", m->name, m->tensors,
-			     m->n_tensors))
-		return;
-	for (size_t i = 0; i < m->n_buffers; i++)
-		if (is_gpu_buffer(m->buffers[i])) {
-			create_gpu(c, f->id, m);
-			return;
-		}
-	create_finish(c, f->id, m, NULL);
-}
-
-void dispatch_reply_no_pending(struct conn *c, uint64_t id, const char *what,
-			       const char *name, uint64_t number,
-			       uint64_t writer)
-{
-	if (writer)
-		conn_send_error(c, id, DLSHARE_ENOENT,
-				"%s %s version %llu: writer %llu has no pending version on this connection (sealed, aborted, or its name was deleted)",
-				what, name, (unsigned long long)number,
-				(unsigned long long)writer);
-	else
-		conn_send_error(c, id, DLSHARE_ENOENT,
-				"%s %s version %llu: no pending version of this connection",
-				what, name, (unsigned long long)number);
+	reply_send(peer, id, &f);
 }
 
 /* The write seal may wait on pinned pages: daemon/seal.c does it off the
  * loop and answers. */
-static void handle_seal(struct conn *c, uint64_t id, const Dlshare__Seal *m)
+static void handle_seal(struct peer *peer, uint64_t id, const Dlshare__Seal *m)
 {
-	seal_request(c, id, m);
+	seal_request(peer, id, m);
 }
 
-static void handle_abort(struct conn *c, uint64_t id, const Dlshare__Abort *m)
+static void handle_abort(struct peer *peer, uint64_t id,
+			 const Dlshare__Abort *m)
 {
 	uint64_t writer = m->has_writer ? m->writer : 0;
-	int err = registry_abort(&c->srv->reg, &c->owner, m->name, m->version,
-				 writer);
+	int err = registry_abort(&peer->d->reg, &peer->owner, m->name,
+				 m->version, writer);
 
 	if (err == -ENOENT)
-		dispatch_reply_no_pending(c, id, "abort", m->name, m->version, writer);
+		reply_no_pending(peer, id, "abort", m->name, m->version,
+				 writer);
 	else if (err)
-		reply_err(c, id, err, "abort", m->name);
+		reply_err(peer, id, err, "abort", m->name);
 	else
-		reply_ok(c, id);
+		reply_ok(peer, id);
 }
 
-static void handle_publish(struct conn *c, const Dlshare__Frame *f,
+static void handle_publish(struct peer *peer, const Dlshare__Frame *f,
 			   const Dlshare__Publish *m, int *fds, unsigned nfds)
 {
 	struct registry_spec spec = {
@@ -814,16 +92,17 @@ static void handle_publish(struct conn *c, const Dlshare__Frame *f,
 	Dlshare__Frame out = DLSHARE__FRAME__INIT;
 	Dlshare__PublishReply r = DLSHARE__PUBLISH_REPLY__INIT;
 	int bfds[REGISTRY_BUFFERS_HARD_MAX];
+	const char *why = NULL;
 	struct version *v;
 	unsigned k = 0;
 	int err;
 
 	if (m->n_buffers > REGISTRY_BUFFERS_HARD_MAX) {
 		wire_close_fds(fds, nfds);
-		reply_err(c, f->id, -E2BIG, "publish", m->name);
+		reply_err(peer, f->id, -E2BIG, "publish", m->name);
 		return;
 	}
-	if (refuse_same_keys(c, f->id, "publish", m->name, m->tensors,
+	if (reply_refuse_same_keys(peer, f->id, "publish", m->name, m->tensors,
 			     m->n_tensors)) {
 		wire_close_fds(fds, nfds);
 		return;
@@ -838,8 +117,8 @@ static void handle_publish(struct conn *c, const Dlshare__Frame *f,
 	}
 	if (claimed != nfds) {
 		wire_close_fds(fds, nfds);
-		reply_err(c, f->id, -EINVAL, "publish (fds do not match buffers)",
-			  m->name);
+		reply_err(peer, f->id, -EINVAL,
+			  "publish (fds do not match buffers)", m->name);
 		return;
 	}
 	for (size_t i = 0; i < m->n_buffers; i++)
@@ -848,369 +127,84 @@ static void handle_publish(struct conn *c, const Dlshare__Frame *f,
 			fds[k++] = -1;
 		}
 	spec.fds = bfds;
-	err = fits_reply(c, f) ? registry_add(&c->srv->reg, &c->owner, &spec,
-					       1, &v) : -EMSGSIZE;
+	err = reply_fits(peer, f) ?
+	      registry_add(&peer->d->reg, &peer->owner, &spec, 1, &v, &why) :
+	      -EMSGSIZE;
 	for (size_t i = 0; i < m->n_buffers; i++)
 		if (bfds[i] >= 0)
 			close(bfds[i]); /* not taken: failure */
 	if (err) {
-		reply_err(c, f->id, err, "publish", m->name);
+		reply_err_why(peer, f->id, err, why, "publish", m->name);
 		return;
 	}
 	r.version = v->number;
 	out.body_case = DLSHARE__FRAME__BODY_PUBLISH_REPLY;
 	out.publish_reply = &r;
-	reply(c, f->id, &out);
-}
-
-/* Answers a get with v: takes a lease and sends each buffer's fd the first
- * time this conn needs it. */
-static void reply_get(struct conn *c, uint64_t id, struct version *v)
-{
-	struct server *s = c->srv;
-	Dlshare__Frame f = DLSHARE__FRAME__INIT;
-	Dlshare__GetReply r = DLSHARE__GET_REPLY__INIT;
-	int attach[REGISTRY_BUFFERS_HARD_MAX];
-	struct wire_version w;
-	struct lease *l;
-	int err;
-
-	unsigned nattach = 0;
-	for (size_t i = 0; i < v->nbuffers; i++) {
-		struct sent_buf *sb = NULL;
-
-		HASH_FIND(hh, c->sent, &v->buffers[i]->id, sizeof(uint64_t), sb);
-		attach[i] = !sb;
-		nattach += attach[i] && v->buffers[i]->fd >= 0;
-	}
-	/* A peer that does not read its replies must not make the daemon
-	 * hold fds for it without bound. */
-	err = conn_may_queue_fds(c, nattach);
-	if (!err)
-		err = registry_lease(&s->reg, &c->owner, v, &l);
-	if (err) {
-		reply_err(c, id, err, "get", v->entry->name);
-		return;
-	}
-	if (wire_version_fill(&w, v, attach)) {
-		reply_err(c, id, -ENOMEM, "get", v->entry->name);
-		registry_release(&s->reg, &c->owner, l->id);
-		return;
-	}
-	r.version = v->number;
-	r.lease = l->id;
-	r.read_only = 1;
-	r.n_tensors = v->ntensors;
-	r.tensors = w.tp;
-	r.n_buffers = v->nbuffers;
-	r.buffers = w.bp;
-	if (v->event_len) {
-		r.has_event_handle = 1;
-		r.event_handle.data = v->event_handle;
-		r.event_handle.len = v->event_len;
-	}
-	f.id = id;
-	f.body_case = DLSHARE__FRAME__BODY_GET_REPLY;
-	f.get_reply = &r;
-	/* Sending frees no buffer; a failed send dooms c, after which its
-	 * sent set no longer matters. */
-	err = conn_send(c, &f, w.fds, w.nfds);
-	wire_version_free(&w);
-	if (err || !conn_open(c))
-		return;
-	for (size_t i = 0; i < v->nbuffers; i++)
-		if (attach[i] && v->buffers[i]->fd >= 0 &&
-		    sent_add(c, v->buffers[i]))
-			return;
-}
-
-static void park_free_cb(uv_handle_t *h)
-{
-	free(h->data);
-}
-
-static void park_remove(struct server *s, struct park *p)
-{
-	struct waitq *q = p->q;
-
-	DL_DELETE(p->conn->parked, p);
-	p->conn->nparked--;
-	DL_DELETE2(q->parks, p, wprev, wnext);
-	if (!q->parks) {
-		HASH_DEL(s->waiters, q);
-		free(q);
-	}
-	s->nparked--;
-	if (p->has_timer) {
-		uv_timer_stop(&p->timer);
-		uv_close((uv_handle_t *)&p->timer, park_free_cb);
-	} else {
-		free(p);
-	}
-}
-
-static void on_park_timeout(uv_timer_t *t)
-{
-	struct park *p = t->data;
-	struct conn *c = p->conn;
-	struct server *s = c->srv;
-	uint64_t id = p->req_id;
-
-	park_remove(s, p);
-	conn_send_error(c, id, DLSHARE_ETIMEDOUT,
-			"get: no matching version before the timeout");
-	server_reap(s);
-}
-
-static int park(struct conn *c, uint64_t id, const char *name,
-		enum registry_select sel, uint64_t number, uint32_t timeout)
-{
-	struct server *s = c->srv;
-	struct waitq *q = NULL;
-	struct park *p;
-
-	if (c->nparked >= s->cfg.limits.max_inflight)
-		return -EDQUOT;
-	p = calloc(1, sizeof(*p));
-	if (!p)
-		return -ENOMEM;
-	HASH_FIND_STR(s->waiters, name, q);
-	if (!q) {
-		q = calloc(1, sizeof(*q));
-		if (!q) {
-			free(p);
-			return -ENOMEM;
-		}
-		memcpy(q->name, name, strlen(name) + 1);
-		HASH_ADD_STR(s->waiters, name, q);
-	}
-	p->conn = c;
-	p->q = q;
-	p->req_id = id;
-	p->sel = sel;
-	p->number = number;
-	DL_APPEND(c->parked, p);
-	c->nparked++;
-	DL_APPEND2(q->parks, p, wprev, wnext);
-	s->nparked++;
-	if (timeout != UINT32_MAX) {
-		p->has_timer = 1;
-		uv_timer_init(s->loop, &p->timer);
-		p->timer.data = p;
-		uv_timer_start(&p->timer, on_park_timeout, timeout, 0);
-	}
-	return 0;
-}
-
-static void handle_get(struct conn *c, uint64_t id, const Dlshare__Get *m)
-{
-	enum registry_select sel;
-	struct version *v;
-	int err;
-
-	switch (m->select) {
-	case DLSHARE__SELECT__SELECT_LATEST:
-		sel = REG_LATEST;
-		break;
-	case DLSHARE__SELECT__SELECT_EXACT:
-		sel = REG_EXACT;
-		break;
-	case DLSHARE__SELECT__SELECT_NEWER_THAN:
-		sel = REG_NEWER_THAN;
-		break;
-	default:
-		reply_err(c, id, -EINVAL, "get (unknown selector)", m->name);
-		return;
-	}
-	if (check_name(m->name)) {
-		reply_err(c, id, -EINVAL, "get (invalid name)", NULL);
-		return;
-	}
-	v = registry_find(&c->srv->reg, &c->owner, m->name, sel, m->version,
-			  &err);
-	if (v) {
-		reply_get(c, id, v);
-		return;
-	}
-	if (err == -ENOENT && m->timeout_ms > 0 && id != 0) {
-		err = park(c, id, m->name, sel, m->version, m->timeout_ms);
-		if (!err)
-			return;
-		if (err == -EDQUOT) {
-			conn_send_error(c, id, DLSHARE_ELIMIT,
-					"get %s: too many waiting gets on this connection (limit %u)",
-					m->name, c->srv->cfg.limits.max_inflight);
-			return;
-		}
-	}
-	reply_err(c, id, err, "get", m->name);
+	reply_send(peer, f->id, &out);
 }
 
 /* Drops c's leases ids (a Release, or Frame.releases). Returns how many
  * were unknown, after logging them. */
-static size_t release_leases(struct conn *c, const uint64_t *ids, size_t n)
+static size_t release_leases(struct peer *peer, const uint64_t *ids, size_t n)
 {
 	size_t unknown = 0;
 
 	for (size_t i = 0; i < n; i++)
-		if (registry_release(&c->srv->reg, &c->owner, ids[i]))
+		if (registry_release(&peer->d->reg, &peer->owner, ids[i]))
 			unknown++;
 	if (unknown)
 		log_info("conn %llu: release of %zu unknown lease(s)",
-			 (unsigned long long)c->id, unknown);
+			 (unsigned long long)peer->conn.id, unknown);
 	return unknown;
 }
 
-static void handle_release(struct conn *c, uint64_t id,
+static void handle_release(struct peer *peer, uint64_t id,
 			   const Dlshare__Release *m)
 {
-	size_t unknown = release_leases(c, m->leases, m->n_leases);
+	size_t unknown = release_leases(peer, m->leases, m->n_leases);
 
 	if (unknown) {
 		if (id)
-			conn_send_error(c, id, DLSHARE_EINVAL,
+			conn_send_error(&peer->conn, id, DLSHARE_EINVAL,
 					"release: %zu unknown lease(s)", unknown);
 		return;
 	}
-	reply_ok(c, id);
+	reply_ok(peer, id);
 }
 
-static void handle_delete(struct conn *c, uint64_t id,
+static void handle_delete(struct peer *peer, uint64_t id,
 			  const Dlshare__Delete *m)
 {
-	int err = registry_delete(&c->srv->reg, &c->owner, m->name);
+	int err = registry_delete(&peer->d->reg, &peer->owner, m->name);
 
 	if (err)
-		reply_err(c, id, err, "delete", m->name);
+		reply_err(peer, id, err, "delete", m->name);
 	else
-		reply_ok(c, id);
+		reply_ok(peer, id);
 }
 
-static int entry_cmp(const void *a, const void *b)
+static void handle_stat(struct peer *peer, uint64_t id, const Dlshare__Stat *m)
 {
-	const struct entry *const *x = a, *const *y = b;
-
-	return strcmp((*x)->name, (*y)->name);
-}
-
-/* Max-heap by name of at most cap entries: sift e down from slot i. */
-static void heap_down(struct entry **h, size_t n, size_t i)
-{
-	for (;;) {
-		size_t l = 2 * i + 1, r = l + 1, big = i;
-		struct entry *t;
-
-		if (l < n && strcmp(h[l]->name, h[big]->name) > 0)
-			big = l;
-		if (r < n && strcmp(h[r]->name, h[big]->name) > 0)
-			big = r;
-		if (big == i)
-			return;
-		t = h[i];
-		h[i] = h[big];
-		h[big] = t;
-		i = big;
-	}
-}
-
-static void heap_up(struct entry **h, size_t i)
-{
-	while (i > 0) {
-		size_t p = (i - 1) / 2;
-		struct entry *t;
-
-		if (strcmp(h[p]->name, h[i]->name) >= 0)
-			return;
-		t = h[p];
-		h[p] = h[i];
-		h[i] = t;
-		i = p;
-	}
-}
-
-static void handle_list(struct conn *c, uint64_t id, const Dlshare__List *m)
-{
-	struct server *s = c->srv;
-	const char *prefix = m->prefix ? m->prefix : "";
-	const char *after = m->after ? m->after : "";
-	size_t plen = strlen(prefix), n = 0, matches = 0;
-	uint32_t limit = s->cfg.limits.list_page;
-	Dlshare__Frame f = DLSHARE__FRAME__INIT;
-	Dlshare__ListReply r = DLSHARE__LIST_REPLY__INIT;
-	Dlshare__NameInfo *infos = NULL, **ip = NULL;
-	struct entry **page, *e, *tmp;
-
-	if (check_prefix(prefix)) {
-		reply_err(c, id, -EINVAL, "list (invalid prefix)", NULL);
-		return;
-	}
-	if (m->has_limit && m->limit > 0 && m->limit < limit)
-		limit = m->limit;
-	/* One page, not every name: the smallest `limit` names after `after`
-	 * are kept in a max-heap while the map is walked once, so a page costs
-	 * O(names log page) time and O(page) memory on the loop. */
-	page = malloc(limit * sizeof(*page));
-	infos = calloc(limit, sizeof(*infos));
-	ip = calloc(limit, sizeof(*ip));
-	if (!page || !infos || !ip) {
-		free(page);
-		free(infos);
-		free(ip);
-		reply_err(c, id, -ENOMEM, "list", NULL);
-		return;
-	}
-	HASH_ITER(hh, s->reg.names, e, tmp) {
-		if (strncmp(e->name, prefix, plen) != 0 ||
-		    strcmp(e->name, after) <= 0 || !registry_may(e, &c->owner, 4))
-			continue;
-		matches++;
-		if (n < limit) {
-			page[n] = e;
-			heap_up(page, n++);
-		} else if (strcmp(e->name, page[0]->name) < 0) {
-			page[0] = e;
-			heap_down(page, n, 0);
-		}
-	}
-	qsort(page, n, sizeof(*page), entry_cmp);
-	for (size_t i = 0; i < n; i++) {
-		name_info_fill(&infos[i], page[i]);
-		ip[i] = &infos[i];
-	}
-	r.n_names = n;
-	r.names = ip;
-	r.has_more = 1;
-	r.more = matches > n;
-	f.body_case = DLSHARE__FRAME__BODY_LIST_REPLY;
-	f.list_reply = &r;
-	reply(c, id, &f);
-	free(infos);
-	free(ip);
-	free(page);
-}
-
-static void handle_stat(struct conn *c, uint64_t id, const Dlshare__Stat *m)
-{
-	struct entry *e = registry_entry(&c->srv->reg, m->name);
+	struct entry *e = registry_entry(&peer->d->reg, m->name);
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__StatReply r = DLSHARE__STAT_REPLY__INIT;
 	Dlshare__NameInfo ni;
-	struct wire_version w;
+	struct encode_version w;
 	int have_w = 0;
 
 	if (!e) {
-		reply_err(c, id, -ENOENT, "stat", m->name);
+		reply_err(peer, id, -ENOENT, "stat", m->name);
 		return;
 	}
-	if (!registry_may(e, &c->owner, 4)) {
-		reply_err(c, id, -EPERM, "stat", m->name);
+	if (!registry_may(e, &peer->owner, 4)) {
+		reply_err(peer, id, -EPERM, "stat", m->name);
 		return;
 	}
-	name_info_fill(&ni, e);
+	encode_name_info(&ni, e);
 	r.info = &ni;
 	if (e->latest) {
-		if (wire_version_fill(&w, e->latest, NULL)) {
-			reply_err(c, id, -ENOMEM, "stat", m->name);
+		if (encode_version_init(&w, e->latest, NULL)) {
+			reply_err(peer, id, -ENOMEM, "stat", m->name);
 			return;
 		}
 		have_w = 1;
@@ -1219,34 +213,34 @@ static void handle_stat(struct conn *c, uint64_t id, const Dlshare__Stat *m)
 	}
 	f.body_case = DLSHARE__FRAME__BODY_STAT_REPLY;
 	f.stat_reply = &r;
-	reply(c, id, &f);
+	reply_send(peer, id, &f);
 	if (have_w)
-		wire_version_free(&w);
+		encode_version_deinit(&w);
 }
 
-static void handle_stats(struct conn *c, uint64_t id)
+static void handle_stats(struct peer *peer, uint64_t id)
 {
-	struct server *s = c->srv;
+	struct daemon *d = peer->d;
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__StatsReply r = DLSHARE__STATS_REPLY__INIT;
 
-	r.connections = s->nconns;
-	r.names = s->reg.nnames;
-	r.versions = s->reg.nversions;
-	r.leases = s->reg.nleases;
-	r.buffers = s->reg.nbuffers;
-	r.bytes = s->reg.bytes;
-	r.parked = s->nparked;
-	r.requests = s->requests;
-	r.uptime_ms = server_uptime_ms(s);
+	r.connections = d->conns.n;
+	r.names = d->reg.nnames;
+	r.versions = d->reg.nversions;
+	r.leases = d->reg.nleases;
+	r.buffers = d->reg.nbuffers;
+	r.bytes = d->reg.bytes;
+	r.parked = d->nparked;
+	r.requests = d->requests;
+	r.uptime_ms = daemon_uptime_ms(d);
 	f.body_case = DLSHARE__FRAME__BODY_STATS_REPLY;
 	f.stats_reply = &r;
-	reply(c, id, &f);
+	reply_send(peer, id, &f);
 }
 
 /* Refuses a request with a NUL inside one of its strings: the daemon reads
  * strings up to their first NUL, and "ok\0../x" must not pass as "ok". */
-static int refuse_nul(struct conn *c, const struct wire_msg *m)
+static int refuse_nul(struct peer *peer, const struct wire_msg *m)
 {
 	const Dlshare__Frame *f = m->frame;
 	const ProtobufCFieldDescriptor *body;
@@ -1256,214 +250,183 @@ static int refuse_nul(struct conn *c, const struct wire_msg *m)
 	body = protobuf_c_message_descriptor_get_field(
 		&dlshare__frame__descriptor, (unsigned)f->body_case);
 	if (f->id)
-		conn_send_error(c, f->id, DLSHARE_EINVAL,
+		conn_send_error(&peer->conn, f->id, DLSHARE_EINVAL,
 				"%s: the string %s.%s holds a NUL byte",
 				body ? body->name : "request",
 				m->nul_in->short_name, m->nul_field->name);
 	return 1;
 }
 
-void dispatch_frame(struct conn *c, const struct wire_msg *m, int *fds,
-		    unsigned nfds)
+/* Handles one decoded frame of peer (a request with a NUL inside a string
+ * is refused, see wire_msg.nul_field). Takes over fds (closed or kept).
+ * peer may be failing on return. */
+static void dispatch_frame(struct peer *peer, const struct wire_msg *m,
+			   int *fds, unsigned nfds)
 {
 	Dlshare__Frame *f = m->frame;
 
-	if (!c->hello && f->body_case != DLSHARE__FRAME__BODY_HELLO) {
+	peer->d->requests++;
+	if (!peer->conn.hello && f->body_case != DLSHARE__FRAME__BODY_HELLO) {
 		wire_close_fds(fds, nfds);
-		conn_send_error(c, f->id, DLSHARE_EPROTO,
+		conn_send_error(&peer->conn, f->id, DLSHARE_EPROTO,
 				"the first message must be Hello");
-		conn_fail(c, "no Hello");
+		conn_fail(&peer->conn, "no Hello");
 		return;
 	}
 	/* Every request but Release wants its reply, so it needs an id. */
 	if (f->id == 0 && f->body_case != DLSHARE__FRAME__BODY_RELEASE) {
 		wire_close_fds(fds, nfds);
-		conn_send_error(c, 0, DLSHARE_EPROTO,
+		conn_send_error(&peer->conn, 0, DLSHARE_EPROTO,
 				"request id 0 is only for Release");
-		conn_fail(c, "request with id 0");
+		conn_fail(&peer->conn, "request with id 0");
 		return;
 	}
 	/* Only Publish carries fds. */
 	if (nfds && f->body_case != DLSHARE__FRAME__BODY_PUBLISH) {
 		wire_close_fds(fds, nfds);
-		conn_send_error(c, f->id, DLSHARE_EPROTO,
+		conn_send_error(&peer->conn, f->id, DLSHARE_EPROTO,
 				"unexpected file descriptors");
-		conn_fail(c, "unexpected fds");
+		conn_fail(&peer->conn, "unexpected fds");
 		return;
 	}
 	/* Releases riding on a request go first, as if sent before it; an
 	 * unknown one is only logged (the request has its own answer). */
-	release_leases(c, f->releases, f->n_releases);
-	if (refuse_nul(c, m)) {
+	release_leases(peer, f->releases, f->n_releases);
+	if (refuse_nul(peer, m)) {
 		wire_close_fds(fds, nfds);
 		return;
 	}
 	switch (f->body_case) {
 	case DLSHARE__FRAME__BODY_HELLO:
-		handle_hello(c, f->id, f->hello);
+		handle_hello(peer, f->id, f->hello);
 		break;
 	case DLSHARE__FRAME__BODY_CREATE:
-		handle_create(c, f, f->create);
+		create_request(peer, f, f->create);
 		break;
 	case DLSHARE__FRAME__BODY_SEAL:
-		handle_seal(c, f->id, f->seal);
+		handle_seal(peer, f->id, f->seal);
 		break;
 	case DLSHARE__FRAME__BODY_ABORT:
-		handle_abort(c, f->id, f->abort);
+		handle_abort(peer, f->id, f->abort);
 		break;
 	case DLSHARE__FRAME__BODY_PUBLISH:
-		handle_publish(c, f, f->publish, fds, nfds);
+		handle_publish(peer, f, f->publish, fds, nfds);
 		break;
 	case DLSHARE__FRAME__BODY_GET:
-		handle_get(c, f->id, f->get);
+		get_request(peer, f->id, f->get);
 		break;
 	case DLSHARE__FRAME__BODY_RELEASE:
-		handle_release(c, f->id, f->release);
+		handle_release(peer, f->id, f->release);
 		break;
 	case DLSHARE__FRAME__BODY_DELETE:
-		handle_delete(c, f->id, f->delete_);
+		handle_delete(peer, f->id, f->delete_);
 		break;
 	case DLSHARE__FRAME__BODY_LIST:
-		handle_list(c, f->id, f->list);
+		list_request(peer, f->id, f->list);
 		break;
 	case DLSHARE__FRAME__BODY_STAT:
-		handle_stat(c, f->id, f->stat);
+		handle_stat(peer, f->id, f->stat);
 		break;
 	case DLSHARE__FRAME__BODY_STATS:
-		handle_stats(c, f->id);
+		handle_stats(peer, f->id);
 		break;
 	case DLSHARE__FRAME__BODY_GOODBYE:
-		registry_owner_forget_events(&c->srv->reg, &c->owner);
-		reply_ok(c, f->id);
+		registry_owner_forget_events(&peer->d->reg, &peer->owner);
+		reply_ok(peer, f->id);
 		break;
 	default:
-		conn_send_error(c, f->id, DLSHARE_EINVAL,
+		conn_send_error(&peer->conn, f->id, DLSHARE_EINVAL,
 				"unknown request (body %d)", (int)f->body_case);
 		break;
 	}
 }
 
-void dispatch_conn_closed(struct conn *c)
+/* peer's conn is closing: its parked gets and waiting seals are
+ * cancelled, its running jobs and seals end without it, and then it lets go
+ * of its stake in the registry. */
+static void dispatch_peer_closed(struct peer *peer)
 {
-	struct gpu_job *j, *tmp;
-
-	while (c->parked)
-		park_remove(c->srv, c->parked);
-	seal_conn_closed(c);
-	/* A job in the pool finishes on its own, and then finds no conn. */
-	DL_FOREACH_SAFE(c->jobs, j, tmp) {
-		DL_DELETE(c->jobs, j);
-		c->nparked--;
-		j->conn = NULL;
-	}
+	get_peer_closed(peer);
+	seal_peer_closed(peer);
+	create_peer_closed(peer);
+	peer_drop(peer);
 }
 
-void dispatch_deinit(struct server *s)
+void dispatch_deinit(struct daemon *d)
 {
-	struct waitq *q, *tmp;
-	struct devmem *d, *dtmp;
-
-	seal_deinit(s);
-	/* Conns are all closed, so every park is gone; this is a backstop. */
-	HASH_ITER(hh, s->waiters, q, tmp) {
-		HASH_DEL(s->waiters, q);
-		free(q);
-	}
-	/* cuda-ipc memory of versions still alive goes with the process (its
-	 * readers may still map it: freeing it under them would be worse). */
-	HASH_ITER(hh, s->devmem, d, dtmp) {
-		HASH_DEL(s->devmem, d);
-		free(d);
-	}
+	seal_deinit(d);
+	get_deinit(d);
+	create_deinit(d);
 }
 
 /* ---- registry callbacks --------------------------------------------------- */
 
 static void on_published(void *ud, struct entry *e, struct version *v)
 {
-	struct server *s = ud;
-	struct waitq *q = NULL;
-	struct park *p, *tmp;
-
-	HASH_FIND_STR(s->waiters, e->name, q);
-	if (!q)
-		return;
-	/* Answering may empty and free q: iterate with a saved next, and stop
-	 * once the last park took q with it. */
-	DL_FOREACH_SAFE2(q->parks, p, tmp, wnext) {
-		struct conn *c = p->conn;
-		uint64_t id = p->req_id;
-		int last = !tmp, err;
-		struct version *found;
-
-		if (!conn_open(c)) {
-			if (last)
-				break;
-			continue;
-		}
-		found = registry_find(&s->reg, &c->owner, e->name, p->sel,
-				      p->number, &err);
-		if (found || err != -ENOENT) {
-			park_remove(s, p);
-			if (found)
-				reply_get(c, id, found);
-			else
-				reply_err(c, id, err, "get", e->name);
-		}
-		if (last)
-			break;
-	}
 	(void)v;
+	get_published(ud, e);
 }
 
 static void on_retired(void *ud, struct registry_owner *producer,
 		       const char *name, uint64_t number)
 {
-	struct conn *c = conn_of_owner(producer);
+	struct peer *peer = peer_of_owner(producer);
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Retired r = DLSHARE__RETIRED__INIT;
 
-	if (!conn_open(c))
+	if (!conn_open(&peer->conn))
 		return;
 	r.name = (char *)name;
 	r.version = number;
 	f.body_case = DLSHARE__FRAME__BODY_RETIRED;
 	f.retired = &r;
-	conn_send(c, &f, NULL, 0);
+	conn_send(&peer->conn, &f, NULL, 0);
 }
 
 static void on_buffer_freed(void *ud, struct rbuffer *b)
 {
-	struct server *s = ud;
-	struct devmem *d = NULL;
-
-	if (b->daemon_owned && b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC)
-		HASH_FIND(hh, s->devmem, &b->id, sizeof(b->id), d);
-	if (d) {
-		HASH_DEL(s->devmem, d);
-		devmem_free(s, d->ptr, d->ordinal);
-		free(d);
-	}
-	/* Only the peers that have the buffer's fd hear of it. */
-	while (b->holders) {
-		Dlshare__Frame f = DLSHARE__FRAME__INIT;
-		Dlshare__BufferGone g = DLSHARE__BUFFER_GONE__INIT;
-		struct sent_buf *sb = b->holders;
-		struct conn *c = sb->conn;
-
-		conn_sent_drop(sb);
-		if (!conn_open(c))
-			continue;
-		g.n_ids = 1;
-		g.ids = &b->id;
-		f.body_case = DLSHARE__FRAME__BODY_BUFFER_GONE;
-		f.buffer_gone = &g;
-		conn_send(c, &f, NULL, 0);
-	}
+	create_buffer_freed(ud, b);
+	peer_buffer_freed(b);
 }
 
 const struct registry_ops dispatch_registry_ops = {
 	.published = on_published,
 	.retired = on_retired,
 	.buffer_freed = on_buffer_freed,
+};
+
+/* ---- conn callbacks ---------------------------------------------------- */
+
+static void on_frame(struct conn *c, const struct wire_msg *m, int *fds,
+		     unsigned nfds)
+{
+	dispatch_frame(peer_of_conn(c), m, fds, nfds);
+}
+
+static int on_may_queue_fds(struct conn *c, unsigned nfds, const char **why)
+{
+	return peer_may_queue_fds(peer_of_conn(c), nfds, why);
+}
+
+static void on_queued_fds(struct conn *c, int delta)
+{
+	peer_queued_fds(peer_of_conn(c), delta);
+}
+
+static void on_closed(struct conn *c)
+{
+	dispatch_peer_closed(peer_of_conn(c));
+}
+
+static void on_free(struct conn *c)
+{
+	peer_free(peer_of_conn(c));
+}
+
+const struct conn_ops dispatch_conn_ops = {
+	.frame = on_frame,
+	.may_queue_fds = on_may_queue_fds,
+	.queued_fds = on_queued_fds,
+	.closed = on_closed,
+	.free = on_free,
 };

@@ -42,7 +42,7 @@ static void status_line(char *buf, size_t len)
 {
 	static const char units[][4] = { "B", "KiB", "MiB", "GiB", "TiB",
 					 "PiB", "EiB" };
-	double b = (double)srv.reg.bytes;
+	double b = (double)srv.d.reg.bytes;
 	int u = 0;
 
 	while (b >= 1024 && u < 6) {
@@ -50,11 +50,12 @@ static void status_line(char *buf, size_t len)
 		u++;
 	}
 	snprintf(buf, len, "%u connection%s, %llu name%s, %llu lease%s, "
-		 "%.*f %s in buffers", srv.nconns, srv.nconns == 1 ? "" : "s",
-		 (unsigned long long)srv.reg.nnames,
-		 srv.reg.nnames == 1 ? "" : "s",
-		 (unsigned long long)srv.reg.nleases,
-		 srv.reg.nleases == 1 ? "" : "s", u ? 1 : 0, b, units[u]);
+		 "%.*f %s in buffers", srv.d.conns.n,
+		 srv.d.conns.n == 1 ? "" : "s",
+		 (unsigned long long)srv.d.reg.nnames,
+		 srv.d.reg.nnames == 1 ? "" : "s",
+		 (unsigned long long)srv.d.reg.nleases,
+		 srv.d.reg.nleases == 1 ? "" : "s", u ? 1 : 0, b, units[u]);
 }
 #endif
 

@@ -75,6 +75,15 @@ static int fits(uint64_t used, uint64_t bytes, uint64_t cap)
 	return bytes <= cap && used <= cap - bytes;
 }
 
+/* A refusal: err, with the limit or the reason it names in *why (a static
+ * string; why may be NULL). */
+static int refuse(const char **why, const char *reason, int err)
+{
+	if (why)
+		*why = reason;
+	return err;
+}
+
 /* Frees a uid's record once it holds nothing. */
 static void usage_put(struct registry *r, struct uid_usage *u)
 {
@@ -86,7 +95,8 @@ static void usage_put(struct registry *r, struct uid_usage *u)
 	}
 }
 
-int registry_owner_attach(struct registry *r, struct registry_owner *o)
+int registry_owner_attach(struct registry *r, struct registry_owner *o,
+			  const char **why)
 {
 	struct uid_usage *u = NULL;
 
@@ -99,9 +109,8 @@ int registry_owner_attach(struct registry *r, struct registry_owner *o)
 		HASH_ADD(hh, r->uids, uid, sizeof(u->uid), u);
 	}
 	if (u->owners >= r->limits.uid_connections) {
-		r->why = "connections per uid";
 		usage_put(r, u);
-		return -EDQUOT;
+		return refuse(why, "connections per uid", -EDQUOT);
 	}
 	u->owners++;
 	o->usage = u;
@@ -436,10 +445,11 @@ void registry_deinit(struct registry *r)
 
 static int spec_check(struct registry *r, const struct registry_spec *s,
 		      int exported, uint64_t *sizes, uint64_t *owned,
-		      uint64_t *gpu)
+		      uint64_t *gpu, const char **why)
 {
 	const struct registry_limits *l = &r->limits;
 	uint64_t total = 0, gtotal = 0;
+	const char *bad;
 	int err;
 
 	if ((err = check_name(s->name)))
@@ -470,8 +480,8 @@ static int spec_check(struct registry *r, const struct registry_spec *s,
 			} else if (s->fds[i] < 0) {
 				return -EINVAL;
 			} else if ((err = host_check_fd(s->fds[i], b->size,
-							&r->why))) {
-				return err;
+							&bad))) {
+				return refuse(why, bad, err);
 			}
 			break;
 		case DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM:
@@ -511,10 +521,8 @@ static int spec_check(struct registry *r, const struct registry_spec *s,
 	for (size_t i = 0; i < s->ntensors; i++)
 		if ((err = check_tensor(s->tensors[i], sizes, s->nbuffers)))
 			return err;
-	if (total > l->max_bytes || r->owned_bytes > l->max_bytes - total) {
-		r->why = "daemon-owned bytes of the daemon";
-		return -ENOSPC;
-	}
+	if (total > l->max_bytes || r->owned_bytes > l->max_bytes - total)
+		return refuse(why, "daemon-owned bytes of the daemon", -ENOSPC);
 	*owned = total;
 	*gpu = gtotal;
 	return 0;
@@ -534,43 +542,29 @@ static uint32_t spec_fds(const struct registry_spec *s)
  * costing bytes, gpu and nfds, pending unless exported. */
 static int quota_check(struct registry *r, struct registry_owner *o,
 		       int fresh_name, int exported, uint64_t bytes,
-		       uint64_t gpu, uint32_t nfds)
+		       uint64_t gpu, uint32_t nfds, const char **why)
 {
 	const struct registry_limits *l = &r->limits;
 	struct uid_usage *u = o->usage;
 
 	/* Each pending version holds its memfds: a flood of them would take
 	 * every fd of the daemon. */
-	if (!exported && o->npending >= l->max_pending) {
-		r->why = "pending versions per connection";
-		return -EDQUOT;
-	}
-	if (l->max_open_fds && r->nfds + r->fds_queued + nfds > l->max_open_fds) {
-		r->why = "open fds of the daemon";
-		return -ENOSPC;
-	}
+	if (!exported && o->npending >= l->max_pending)
+		return refuse(why, "pending versions per connection", -EDQUOT);
+	if (l->max_open_fds && r->nfds + r->fds_queued + nfds > l->max_open_fds)
+		return refuse(why, "open fds of the daemon", -ENOSPC);
 	if (!u)
 		return 0;
-	if (!exported && u->pending >= l->uid_pending) {
-		r->why = "pending versions per uid";
-		return -EDQUOT;
-	}
-	if (l->uid_open_fds && u->fds + u->fds_queued + nfds > l->uid_open_fds) {
-		r->why = "open fds per uid";
-		return -EDQUOT;
-	}
-	if (fresh_name && u->names >= l->uid_names) {
-		r->why = "names per uid";
-		return -EDQUOT;
-	}
-	if (!fits(u->host_bytes, bytes, host_cap(l))) {
-		r->why = "daemon-owned host bytes per uid";
-		return -EDQUOT;
-	}
-	if (!fits(u->gpu_bytes, gpu, gpu_cap(l))) {
-		r->why = "daemon-owned GPU bytes per uid";
-		return -EDQUOT;
-	}
+	if (!exported && u->pending >= l->uid_pending)
+		return refuse(why, "pending versions per uid", -EDQUOT);
+	if (l->uid_open_fds && u->fds + u->fds_queued + nfds > l->uid_open_fds)
+		return refuse(why, "open fds per uid", -EDQUOT);
+	if (fresh_name && u->names >= l->uid_names)
+		return refuse(why, "names per uid", -EDQUOT);
+	if (!fits(u->host_bytes, bytes, host_cap(l)))
+		return refuse(why, "daemon-owned host bytes per uid", -EDQUOT);
+	if (!fits(u->gpu_bytes, gpu, gpu_cap(l)))
+		return refuse(why, "daemon-owned GPU bytes per uid", -EDQUOT);
 	return 0;
 }
 
@@ -685,11 +679,12 @@ static void buffers_untake(struct version *v, size_t n, int exported)
 
 /* Builds v's buffers in bufs (and their CUDA records in cuda, as
  * version_alloc made room for them): store mode makes memfds, export mode
- * takes the fds. Returns 0, -EBADF (an export's seal could not be added),
- * or host_create's error. */
+ * takes the fds. Returns 0, -EBADF (an export's seal could not be added;
+ * *why says so), or host_create's error. */
 static int version_buffers(struct registry *r, struct version *v,
 			   const struct registry_spec *s, int exported,
-			   struct rbuffer *bufs, struct rbuffer_cuda *cuda)
+			   struct rbuffer *bufs, struct rbuffer_cuda *cuda,
+			   const char **why)
 {
 	for (size_t i = 0; i < s->nbuffers; i++) {
 		const Dlshare__Buffer *in = s->buffers[i];
@@ -726,10 +721,10 @@ static int version_buffers(struct registry *r, struct version *v,
 			 * Without that seal the export is refused. */
 			if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST &&
 			    host_seal_future_write(s->fds[i])) {
-				r->why = "the daemon could not add "
-					 "F_SEAL_FUTURE_WRITE to it";
 				buffers_untake(v, i, exported);
-				return -EBADF;
+				return refuse(why, "the daemon could not add "
+					      "F_SEAL_FUTURE_WRITE to it",
+					      -EBADF);
 			}
 			b->fd = s->fds[i];
 		} else if (b->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST) {
@@ -775,7 +770,7 @@ static int version_buffers(struct registry *r, struct version *v,
 /* registry_precheck, giving the live entry of the name (or NULL). */
 static int add_check(struct registry *r, struct registry_owner *o,
 		     const struct registry_spec *s, int exported,
-		     struct entry **entry)
+		     struct entry **entry, const char **why)
 {
 	uint64_t sizes[REGISTRY_BUFFERS_HARD_MAX];
 	uint64_t owned, gpu;
@@ -784,25 +779,26 @@ static int add_check(struct registry *r, struct registry_owner *o,
 
 	if (s->nbuffers > REGISTRY_BUFFERS_HARD_MAX)
 		return -E2BIG;
-	if ((err = spec_check(r, s, exported, sizes, &owned, &gpu)))
+	if ((err = spec_check(r, s, exported, sizes, &owned, &gpu, why)))
 		return err;
 	*entry = e = registry_entry(r, s->name);
 	if (e && !registry_may(e, o, 2))
 		return -EPERM;
-	return quota_check(r, o, !e, exported, owned, gpu, spec_fds(s));
+	return quota_check(r, o, !e, exported, owned, gpu, spec_fds(s), why);
 }
 
 int registry_precheck(struct registry *r, struct registry_owner *o,
-		      const struct registry_spec *s, int exported)
+		      const struct registry_spec *s, int exported,
+		      const char **why)
 {
 	struct entry *e;
 
-	return add_check(r, o, s, exported, &e);
+	return add_check(r, o, s, exported, &e, why);
 }
 
 int registry_add(struct registry *r, struct registry_owner *o,
 		 const struct registry_spec *s, int exported,
-		 struct version **out)
+		 struct version **out, const char **why)
 {
 	struct rbuffer *bufs;
 	struct rbuffer_cuda *cuda;
@@ -812,7 +808,7 @@ int registry_add(struct registry *r, struct registry_owner *o,
 
 	if (s->precheck)
 		return -EINVAL;
-	if ((err = add_check(r, o, s, exported, &e)))
+	if ((err = add_check(r, o, s, exported, &e, why)))
 		return err;
 	if (!e) {
 		size_t len = strlen(s->name);
@@ -877,7 +873,7 @@ int registry_add(struct registry *r, struct registry_owner *o,
 	DL_APPEND2(o->versions, v, oprev, onext);
 	e->nversions++;
 	r->nversions++;
-	if ((err = version_buffers(r, v, s, exported, bufs, cuda))) {
+	if ((err = version_buffers(r, v, s, exported, bufs, cuda, why))) {
 		/* Never visible: no Retired for it. */
 		v->state = VERSION_PENDING;
 		version_destroy(r, v); /* frees the entry too if fresh */
@@ -958,7 +954,10 @@ struct version *registry_pending(struct registry *r, struct registry_owner *o,
 	return NULL;
 }
 
-int registry_seal_begin(struct registry *r, struct registry_owner *o,
+/* The pending version a Seal or an Abort names, when no seal of it is
+ * under way. Returns 0 with *out, registry_pending's errors, or
+ * -EINPROGRESS. */
+static int pending_idle(struct registry *r, struct registry_owner *o,
 			const char *name, uint64_t number, uint64_t writer,
 			struct version **out)
 {
@@ -969,9 +968,19 @@ int registry_seal_begin(struct registry *r, struct registry_owner *o,
 		return err;
 	if (v->sealing)
 		return -EINPROGRESS;
-	v->sealing = 1;
 	*out = v;
 	return 0;
+}
+
+int registry_seal_begin(struct registry *r, struct registry_owner *o,
+			const char *name, uint64_t number, uint64_t writer,
+			struct version **out)
+{
+	int err = pending_idle(r, o, name, number, writer, out);
+
+	if (!err)
+		(*out)->sealing = 1;
+	return err;
 }
 
 int registry_seal_end(struct registry *r, struct version *v, int err,
@@ -1037,13 +1046,11 @@ int registry_seal(struct registry *r, struct registry_owner *o,
 int registry_abort(struct registry *r, struct registry_owner *o,
 		   const char *name, uint64_t number, uint64_t writer)
 {
-	struct version *v;
-	int err;
+	struct version *v = NULL;
+	int err = pending_idle(r, o, name, number, writer, &v);
 
-	if (!(v = registry_pending(r, o, name, number, writer, &err)))
+	if (err)
 		return err;
-	if (v->sealing)
-		return -EINPROGRESS;
 	/* A writer lease (daemon-owned cuda-ipc memory) goes with it. */
 	version_kill(r, v);
 	return 0;
@@ -1082,44 +1089,35 @@ struct version *registry_find(struct registry *r, struct registry_owner *o,
 	return v;
 }
 
-/* Whether u may be charged v through a lease. Returns 0 or -EDQUOT. */
+/* Whether u may be charged v through a lease. Returns 0 or -EDQUOT (*why
+ * names the limit). */
 static int lease_quota(struct registry *r, const struct uid_usage *u,
-		       const struct version *v)
+		       const struct version *v, const char **why)
 {
 	const struct registry_limits *l = &r->limits;
 
-	if (!fits(u->leased_host_bytes, v->owned_host, leased_host_cap(l))) {
-		r->why = "leased host bytes per uid";
-		return -EDQUOT;
-	}
-	if (!fits(u->leased_gpu_bytes, v->owned_gpu, leased_gpu_cap(l))) {
-		r->why = "leased GPU bytes per uid";
-		return -EDQUOT;
-	}
+	if (!fits(u->leased_host_bytes, v->owned_host, leased_host_cap(l)))
+		return refuse(why, "leased host bytes per uid", -EDQUOT);
+	if (!fits(u->leased_gpu_bytes, v->owned_gpu, leased_gpu_cap(l)))
+		return refuse(why, "leased GPU bytes per uid", -EDQUOT);
 	if (l->uid_open_fds &&
-	    u->fds + u->fds_queued + v->nfds > l->uid_open_fds) {
-		r->why = "open fds per uid";
-		return -EDQUOT;
-	}
+	    u->fds + u->fds_queued + v->nfds > l->uid_open_fds)
+		return refuse(why, "open fds per uid", -EDQUOT);
 	return 0;
 }
 
 int registry_lease(struct registry *r, struct registry_owner *o,
-		   struct version *v, struct lease **out)
+		   struct version *v, struct lease **out, const char **why)
 {
 	struct uid_usage *u = o->usage;
 	struct vcharge *vc = NULL, *fresh = NULL;
 	struct lease *l;
 	int err;
 
-	if (o->nleases >= r->limits.max_leases) {
-		r->why = "leases per connection";
-		return -EDQUOT;
-	}
-	if (u && u->leases >= r->limits.uid_leases) {
-		r->why = "leases per uid";
-		return -EDQUOT;
-	}
+	if (o->nleases >= r->limits.max_leases)
+		return refuse(why, "leases per connection", -EDQUOT);
+	if (u && u->leases >= r->limits.uid_leases)
+		return refuse(why, "leases per uid", -EDQUOT);
 	/* The uid pays for v once, at its first lease on it: that is when the
 	 * limit is checked. A version has leases of a few uids, not many. */
 	if (u) {
@@ -1127,7 +1125,7 @@ int registry_lease(struct registry *r, struct registry_owner *o,
 			if (vc->usage == u)
 				break;
 		if (!vc) {
-			if ((err = lease_quota(r, u, v)))
+			if ((err = lease_quota(r, u, v, why)))
 				return err;
 			vc = fresh = calloc(1, sizeof(*fresh));
 			if (!fresh)

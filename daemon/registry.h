@@ -298,8 +298,6 @@ struct registry {
 	struct tomb *tombs;       /* by name */
 	struct tomb *tomb_list;   /* oldest first */
 	uint32_t ntombs;
-	const char *why;          /* which limit the last -EDQUOT/-ENOSPC hit,
-				   * or why the last -EBADF fd was refused */
 	struct entry *names;
 	struct entry *detached;   /* deleted names whose versions live on */
 	struct version *writers;  /* store versions by writer id */
@@ -329,9 +327,10 @@ void registry_deinit(struct registry *r);
 void registry_owner_init(struct registry_owner *o, uid_t uid, gid_t gid,
 			 pid_t pid);
 /* Counts o against its uid's connection quota. Returns 0, -EDQUOT (the uid
- * has uid_connections owners already) or -ENOMEM. Undone by
- * registry_owner_drop. */
-int registry_owner_attach(struct registry *r, struct registry_owner *o);
+ * has uid_connections owners already; *why names the limit) or -ENOMEM.
+ * Undone by registry_owner_drop. */
+int registry_owner_attach(struct registry *r, struct registry_owner *o,
+			  const char **why);
 /* Forgets the CUDA events of the store versions o sealed and detaches o
  * from them (they live on without a producer, and o hears no Retired for
  * them): o's process may exit, and no reader must be handed its events. */
@@ -366,7 +365,8 @@ struct registry_spec {
  * first (GPU memory, off the loop). registry_add checks again. Returns as
  * registry_add. */
 int registry_precheck(struct registry *r, struct registry_owner *o,
-		      const struct registry_spec *s, int exported);
+		      const struct registry_spec *s, int exported,
+		      const char **why);
 
 /* Adds a version of spec->name owned by o: pending (store mode: host
  * buffers are made here, cuda-vmm ones come as fds made by the GPU backend)
@@ -374,14 +374,17 @@ int registry_precheck(struct registry *r, struct registry_owner *o,
  * F_SEAL_FUTURE_WRITE).
  * Checks the name, the ACL, every tensor against the buffers and the limits.
  * On success the registry owns spec->fds (they are set to -1) and *out is the
- * new version. Returns 0, -EINVAL, -EBADF (a peer's fd is refused: r->why
- * says why), -EPERM, -E2BIG (a limit on tensors or buffers), -ENOSPC (a
- * limit of the daemon), -EDQUOT (a limit of o or its uid; r->why says
- * which), -EFBIG (a buffer over max_buffer_bytes), -EOPNOTSUPP (a buffer
- * kind this daemon cannot hold), -ENOMEM. */
+ * new version. Returns 0, -EINVAL, -EBADF (a peer's fd is refused), -EPERM,
+ * -E2BIG (a limit on tensors or buffers), -ENOSPC (a limit of the daemon),
+ * -EDQUOT (a limit of o or its uid), -EFBIG (a buffer over
+ * max_buffer_bytes), -EOPNOTSUPP (a buffer kind this daemon cannot hold),
+ * -ENOMEM. With -EBADF, *why says what is wrong with the fd; with -EDQUOT
+ * and -ENOSPC, it names the limit (a static string), except for a sum of
+ * buffer sizes that overflows, which leaves it alone. why may be NULL; a
+ * caller that reads it sets it to NULL first. */
 int registry_add(struct registry *r, struct registry_owner *o,
 		 const struct registry_spec *spec, int exported,
-		 struct version **out);
+		 struct version **out, const char **why);
 
 /* Finds the pending version o created that a Seal or Abort names: by
  * writer, the id registry_add gave it (name and number must match too), or,
@@ -440,9 +443,9 @@ struct version *registry_find(struct registry *r, struct registry_owner *o,
 /* Takes a lease of o on v. The first lease of o's uid on v charges the uid
  * v's bytes and fds. Returns 0 with *out, -EDQUOT (o holds max_leases, or
  * its uid uid_leases, or the leased bytes or open fds of its uid would
- * pass their limit; r->why says which), -ENOMEM. */
+ * pass their limit; *why names it, why may be NULL), -ENOMEM. */
 int registry_lease(struct registry *r, struct registry_owner *o,
-		   struct version *v, struct lease **out);
+		   struct version *v, struct lease **out, const char **why);
 
 /* The fd to hand a reader of b: for a sealed host buffer a read-only
  * reopen (made once, see host_reopen_ro), else b->fd (-1 when none). */

@@ -10,9 +10,8 @@
 #include <dlshare/dlshare.h>
 
 #include "check.h"
-#include "dispatch.h"
 #include "host.h"
-#include "server.h"
+#include "reply.h"
 
 /* The seals of one uid: how many run on the pool, and those waiting for
  * their turn. Lives while it has either. */
@@ -20,18 +19,18 @@ struct seal_uid {
 	uid_t uid;
 	uint32_t running;
 	struct seal_job *waiting;       /* first come, first served */
-	UT_hash_handle hh;              /* server->seal_uids */
+	UT_hash_handle hh;              /* daemon->seal_uids */
 };
 
 /* One Seal, from its request to its answer. */
 struct seal_job {
 	uv_work_t req;
-	struct server *srv;
-	struct conn *conn;              /* NULL once the conn went */
+	struct daemon *d;
+	struct peer *peer;              /* NULL once the peer went */
 	struct seal_uid *q;             /* its uid's */
 	struct version *v;              /* sealing: alive until
 					 * registry_seal_end (seal_finish) */
-	struct seal_job *prev, *next;   /* conn->seals */
+	struct seal_job *prev, *next;   /* peer->seals */
 	struct seal_job *qprev, *qnext; /* q->waiting, until it runs */
 	uint64_t id;                    /* the request's */
 	uint64_t number;                /* v's, for the answer */
@@ -47,10 +46,10 @@ struct seal_job {
 };
 
 /* Frees q once it has nothing running or waiting. */
-static void seal_uid_put(struct server *s, struct seal_uid *q)
+static void seal_uid_put(struct daemon *d, struct seal_uid *q)
 {
 	if (!q->running && !q->waiting) {
-		HASH_DEL(s->seal_uids, q);
+		HASH_DEL(d->seal_uids, q);
 		free(q);
 	}
 }
@@ -65,22 +64,22 @@ static void seal_work(uv_work_t *req)
 }
 
 /* Loop: ends j's seal with err (the version is published, pending again,
- * or dies when it was orphaned), answers its conn if that is still open,
+ * or dies when it was orphaned), answers its peer if that is still open,
  * and frees j. */
 static void seal_finish(struct seal_job *j, int err)
 {
-	struct server *s = j->srv;
-	struct conn *c = j->conn;
+	struct daemon *d = j->d;
+	struct peer *peer = j->peer;
 
-	if (c) {
-		DL_DELETE(c->seals, j);
-		c->nparked--;
+	if (peer) {
+		DL_DELETE(peer->seals, j);
+		peer->inflight--;
 	}
 	/* May publish, which answers parked gets; may free j->v. */
-	err = registry_seal_end(&s->reg, j->v, err, j->event, j->event_len);
-	if (c && conn_open(c)) {
+	err = registry_seal_end(&d->reg, j->v, err, j->event, j->event_len);
+	if (peer && conn_open(&peer->conn)) {
 		if (err) {
-			dispatch_reply_err(c, j->id, err, "seal", j->label);
+			reply_err(peer, j->id, err, "seal", j->label);
 		} else {
 			Dlshare__Frame f = DLSHARE__FRAME__INIT;
 			Dlshare__SealReply r = DLSHARE__SEAL_REPLY__INIT;
@@ -89,7 +88,7 @@ static void seal_finish(struct seal_job *j, int err)
 			f.id = j->id;
 			f.body_case = DLSHARE__FRAME__BODY_SEAL_REPLY;
 			f.seal_reply = &r;
-			conn_send(c, &f, NULL, 0);
+			conn_send(&peer->conn, &f, NULL, 0);
 		}
 	}
 	free(j);
@@ -98,15 +97,15 @@ static void seal_finish(struct seal_job *j, int err)
 static void seal_done(uv_work_t *req, int status);
 
 /* Starts q's waiting seals while its uid has room on the pool. */
-static void seal_pump(struct server *s, struct seal_uid *q)
+static void seal_pump(struct daemon *d, struct seal_uid *q)
 {
-	while (q->running < s->cfg.limits.uid_seals && q->waiting) {
+	while (q->running < d->limits->uid_seals && q->waiting) {
 		struct seal_job *j = q->waiting;
 
 		DL_DELETE2(q->waiting, j, qprev, qnext);
 		j->running = 1;
 		q->running++;
-		if (uv_queue_work(s->loop, &j->req, seal_work, seal_done)) {
+		if (uv_queue_work(d->loop, &j->req, seal_work, seal_done)) {
 			/* Only for a bad argument; pending again. */
 			q->running--;
 			seal_finish(j, -ENOMEM);
@@ -117,50 +116,50 @@ static void seal_pump(struct server *s, struct seal_uid *q)
 static void seal_done(uv_work_t *req, int status)
 {
 	struct seal_job *j = req->data;
-	struct server *s = j->srv;
+	struct daemon *d = j->d;
 	struct seal_uid *q = j->q;
 
 	q->running--;
 	seal_finish(j, status ? -EIO : j->err);
-	seal_pump(s, q);
-	seal_uid_put(s, q);
-	server_reap(s);
+	seal_pump(d, q);
+	seal_uid_put(d, q);
+	conn_reap(&d->conns);
 }
 
-void seal_request(struct conn *c, uint64_t id, const Dlshare__Seal *m)
+void seal_request(struct peer *peer, uint64_t id, const Dlshare__Seal *m)
 {
-	struct server *s = c->srv;
+	struct daemon *d = peer->d;
 	size_t event_len = m->has_event_handle ? m->event_handle.len : 0;
 	struct seal_uid *q = NULL;
 	struct seal_job *j = NULL;
 	struct version *v;
 	int err;
 
-	if (c->nparked >= s->cfg.limits.max_inflight) {
-		conn_send_error(c, id, DLSHARE_ELIMIT,
+	if (peer->inflight >= d->limits->max_inflight) {
+		conn_send_error(&peer->conn, id, DLSHARE_ELIMIT,
 				"seal %s: too many requests in flight on this connection (limit %u)",
-				m->name, s->cfg.limits.max_inflight);
+				m->name, d->limits->max_inflight);
 		return;
 	}
-	err = registry_seal_begin(&s->reg, &c->owner, m->name, m->version,
+	err = registry_seal_begin(&d->reg, &peer->owner, m->name, m->version,
 				  m->has_writer ? m->writer : 0, &v);
 	if (err == -ENOENT) {
-		dispatch_reply_no_pending(c, id, "seal", m->name, m->version,
+		reply_no_pending(peer, id, "seal", m->name, m->version,
 					  m->has_writer ? m->writer : 0);
 		return;
 	}
 	if (err) {
-		dispatch_reply_err(c, id, err, "seal", m->name);
+		reply_err(peer, id, err, "seal", m->name);
 		return;
 	}
 	/* v is sealing from here: every way out ends the seal. */
 	if (event_len > REGISTRY_HANDLE_MAX) {
 		err = -EINVAL;
 	} else {
-		HASH_FIND(hh, s->seal_uids, &c->owner.uid, sizeof(uid_t), q);
+		HASH_FIND(hh, d->seal_uids, &peer->owner.uid, sizeof(uid_t), q);
 		if (!q && (q = calloc(1, sizeof(*q)))) {
-			q->uid = c->owner.uid;
-			HASH_ADD(hh, s->seal_uids, uid, sizeof(q->uid), q);
+			q->uid = peer->owner.uid;
+			HASH_ADD(hh, d->seal_uids, uid, sizeof(q->uid), q);
 		}
 		j = q ? calloc(1, sizeof(*j)) : NULL;
 		if (!j)
@@ -168,13 +167,13 @@ void seal_request(struct conn *c, uint64_t id, const Dlshare__Seal *m)
 	}
 	if (err) {
 		if (q)
-			seal_uid_put(s, q);
-		err = registry_seal_end(&s->reg, v, err, NULL, 0);
-		dispatch_reply_err(c, id, err, "seal", m->name);
+			seal_uid_put(d, q);
+		err = registry_seal_end(&d->reg, v, err, NULL, 0);
+		reply_err(peer, id, err, "seal", m->name);
 		return;
 	}
-	j->srv = s;
-	j->conn = c;
+	j->d = d;
+	j->peer = peer;
 	j->q = q;
 	j->v = v;
 	j->id = id;
@@ -188,41 +187,41 @@ void seal_request(struct conn *c, uint64_t id, const Dlshare__Seal *m)
 	for (size_t i = 0; i < v->nbuffers; i++)
 		if (v->buffers[i]->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
 			j->fds[j->nfds++] = v->buffers[i]->fd;
-	DL_APPEND(c->seals, j);
-	c->nparked++;
+	DL_APPEND(peer->seals, j);
+	peer->inflight++;
 	DL_APPEND2(q->waiting, j, qprev, qnext);
-	seal_pump(s, q);
-	seal_uid_put(s, q);
+	seal_pump(d, q);
+	seal_uid_put(d, q);
 }
 
-void seal_conn_closed(struct conn *c)
+void seal_peer_closed(struct peer *peer)
 {
-	struct server *s = c->srv;
+	struct daemon *d = peer->d;
 	struct seal_job *j, *tmp;
 
-	DL_FOREACH_SAFE(c->seals, j, tmp) {
+	DL_FOREACH_SAFE(peer->seals, j, tmp) {
 		struct seal_uid *q = j->q;
 
-		DL_DELETE(c->seals, j);
-		c->nparked--;
-		j->conn = NULL;
+		DL_DELETE(peer->seals, j);
+		peer->inflight--;
+		j->peer = NULL;
 		if (j->running)
 			continue; /* ends in seal_done, orphaned */
 		/* Never ran: its version is pending again, and goes with the
 		 * conn's other pending versions. */
 		DL_DELETE2(q->waiting, j, qprev, qnext);
 		seal_finish(j, -ECANCELED);
-		seal_uid_put(s, q);
+		seal_uid_put(d, q);
 	}
 }
 
-void seal_deinit(struct server *s)
+void seal_deinit(struct daemon *d)
 {
 	struct seal_uid *q, *tmp;
 
 	/* The loop ran until every job was done; a backstop. */
-	HASH_ITER(hh, s->seal_uids, q, tmp) {
-		HASH_DEL(s->seal_uids, q);
+	HASH_ITER(hh, d->seal_uids, q, tmp) {
+		HASH_DEL(d->seal_uids, q);
 		free(q);
 	}
 }

@@ -16,19 +16,21 @@
 #ifndef DLSHARE_SEAL_H
 #define DLSHARE_SEAL_H
 
-#include "conn.h"
+#include "daemon.h"
+#include "peer.h"
 
 struct seal_job;
 struct seal_uid;
 
-/* Handles a Seal of c: answered now with an error, or later. */
-void seal_request(struct conn *c, uint64_t id, const Dlshare__Seal *m);
+/* Handles a Seal of peer: answered now with an error, or later. */
+void seal_request(struct peer *peer, uint64_t id, const Dlshare__Seal *m);
 
-/* c is closing: its waiting seals are dropped (their versions are pending
- * again, for registry_owner_drop), its running ones end without it. */
-void seal_conn_closed(struct conn *c);
+/* peer is closing: its waiting seals are dropped (their versions are
+ * pending again, for registry_owner_drop), its running ones end without
+ * it. */
+void seal_peer_closed(struct peer *peer);
 
 /* Frees what is left at shutdown (nothing, once the loop ran dry). */
-void seal_deinit(struct server *s);
+void seal_deinit(struct daemon *d);
 
 #endif

@@ -12,28 +12,22 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
 
 #ifdef DLSHARE_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
 #endif
 
+#include <dlshare/dlshare.h>
+
 #include "conn.h"
 #include "dispatch.h"
 #include "log.h"
 #include "paths.h"
+#include "peer.h"
 
 /* Accepts per wakeup, like libuv's own accept loop. */
 #define SERVER_ACCEPT_BATCH 32
-
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 void server_config_default(struct server_config *cfg)
 {
@@ -53,11 +47,13 @@ void server_config_default(struct server_config *cfg)
 
 static void on_sweep(uv_timer_t *t)
 {
-	conn_sweep(t->data);
+	struct server *s = t->data;
+
+	conn_sweep(&s->d.conns);
 }
 
 int server_fd_limits(struct registry_limits *reg,
-		     const struct server_limits *lim, uint64_t nofile)
+		     const struct daemon_limits *lim, uint64_t nofile)
 {
 	uint64_t fixed = (uint64_t)SERVER_FD_RESERVE + lim->max_connections;
 	uint64_t room = nofile > fixed ? nofile - fixed : 0;
@@ -101,17 +97,19 @@ static void fd_limits(struct server_config *cfg)
 int server_init(struct server *s, uv_loop_t *loop,
 		const struct server_config *cfg)
 {
+	int err;
+
 	memset(s, 0, sizeof(*s));
 	s->loop = loop;
 	s->cfg = *cfg;
 	fd_limits(&s->cfg);
 	s->listen_fd = -1;
 	s->spare_fd = -1;
-	s->started_ms = now_ms();
-	s->rbuf = malloc(cfg->limits.max_packet);
-	if (!s->rbuf)
-		return -ENOMEM;
-	registry_init(&s->reg, &s->cfg.registry, &dispatch_registry_ops, s);
+	err = daemon_init(&s->d, loop, &s->cfg.limits, SERVER_HELLO_PACKET_MAX,
+			  &s->cfg.registry, &dispatch_registry_ops,
+			  &dispatch_conn_ops);
+	if (err)
+		return err;
 	/* Housekeeping once a second: cheap, and it needs no timer per
 	 * connection. */
 	uv_timer_init(loop, &s->sweep);
@@ -122,23 +120,6 @@ int server_init(struct server *s, uv_loop_t *loop,
 	return 0;
 }
 
-uint64_t server_uptime_ms(const struct server *s)
-{
-	return now_ms() - s->started_ms;
-}
-
-void server_reap(struct server *s)
-{
-	/* Closing one conn may doom others (their pushes overflow). */
-	while (s->doomed) {
-		struct conn *c = s->doomed;
-
-		s->doomed = c->doomed_next;
-		c->doomed_next = NULL;
-		conn_close(c, c->why);
-	}
-}
-
 /* Refuses a peer politely: one Error packet, then the door. */
 static void refuse(int fd, const char *why)
 {
@@ -147,7 +128,7 @@ static void refuse(int fd, const char *why)
 	uint8_t *data;
 	size_t len;
 
-	e.code = -6; /* DLSHARE_ELIMIT */
+	e.code = DLSHARE_ELIMIT;
 	e.message = (char *)why;
 	f.body_case = DLSHARE__FRAME__BODY_ERROR;
 	f.error = &e;
@@ -194,19 +175,19 @@ static void on_accept(uv_poll_t *h, int status, int events)
 				log_err("accept: %s", strerror(errno));
 			return;
 		}
-		if (s->nconns >= s->cfg.limits.max_connections) {
+		if (s->d.conns.n >= s->cfg.limits.max_connections) {
 			log_warn("connection limit (%u) reached; refused one",
 				 s->cfg.limits.max_connections);
 			refuse(fd, "too many connections");
 			continue;
 		}
-		int err = conn_new(s, fd);
+		int err = peer_new(&s->d, fd);
 		if (err == -EDQUOT)
 			refuse(fd, "too many connections for this uid");
 		else if (err)
 			log_err("new connection: %s", strerror(-err));
 	}
-	server_reap(s);
+	conn_reap(&s->d.conns);
 }
 
 /* For the default path, makes its directory: 0700 and ours, or refuse. */
@@ -431,17 +412,15 @@ void server_shutdown(struct server *s)
 		unlink(s->path);
 		s->own_path = 0;
 	}
-	while (s->conns)
-		conn_close(s->conns, "daemon shutting down");
-	server_reap(s);
+	while (s->d.conns.conns)
+		conn_close(s->d.conns.conns, "daemon shutting down");
+	conn_reap(&s->d.conns);
 }
 
 void server_deinit(struct server *s)
 {
-	dispatch_deinit(s);
-	registry_deinit(&s->reg);
+	dispatch_deinit(&s->d);
+	daemon_deinit(&s->d);
 	if (s->spare_fd >= 0)
 		close(s->spare_fd);
-	free(s->rbuf);
-	s->rbuf = NULL;
 }

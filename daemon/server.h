@@ -1,8 +1,11 @@
-/* server — dlshared's listening socket, its connections and its limits.
+/* server — dlshared's listening socket, and the daemon put together.
  *
- * The server owns the registry, the set of connections and the shared
- * receive buffer; it accepts peers under a uv_poll_t (SOCK_SEQPACKET is not a
- * libuv stream). Loop thread only.
+ * The server owns the daemon's state (struct daemon: the registry, the
+ * connections, what requests keep) and wires its parts: the registry's and
+ * the conns' callbacks are dispatch's. It accepts peers under a uv_poll_t
+ * (SOCK_SEQPACKET is not a libuv stream), refusing those over a limit with
+ * one Error packet, and sweeps the peers that never said Hello. Loop
+ * thread only.
  */
 #ifndef DLSHARE_SERVER_H
 #define DLSHARE_SERVER_H
@@ -10,20 +13,8 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "daemon.h"
 #include "registry.h"
-
-/* Named limits of the daemon, each with a default and a flag. */
-struct server_limits {
-	uint32_t max_packet;      /* bytes in one packet, either way */
-	uint32_t max_fds;         /* fds in one packet from a peer */
-	uint32_t max_inflight;    /* parked gets of one connection */
-	uint32_t max_connections; /* connections at once */
-	uint64_t max_output;      /* bytes queued to one peer before it is cut */
-	uint32_t list_page;       /* names in one List answer */
-	uint32_t hello_timeout_ms; /* a peer must say Hello within this */
-	uint32_t max_out_fds;     /* fds queued to one peer, not yet sent */
-	uint32_t uid_seals;       /* seals of one uid on the thread pool */
-};
 
 #define SERVER_MAX_PACKET_DEFAULT (128u * 1024u)
 #define SERVER_MAX_FDS_DEFAULT 16u
@@ -46,38 +37,22 @@ struct server_limits {
 struct server_config {
 	const char *socket_path;  /* NULL: the default rule */
 	unsigned socket_mode;     /* permission bits of the socket file */
-	struct server_limits limits;
+	struct daemon_limits limits;
 	struct registry_limits registry;
 };
-
-struct conn;
-struct waitq;
-struct devmem;
-struct seal_uid;
 
 struct server {
 	uv_loop_t *loop;
 	struct server_config cfg;
+	struct daemon d;          /* d.limits and d.reg.limits are cfg's */
 	char path[108];
 	int listen_fd;
 	int spare_fd;             /* kept open to survive EMFILE on accept */
 	int own_path;             /* we bound path: unlink it on exit */
 	uv_poll_t listen_poll;
 	int listening;
-	struct registry reg;
-	struct conn *conns;
-	uint32_t nconns;
-	struct conn *doomed;      /* failing conns, closed by server_reap() */
-	uint64_t next_conn_id;
-	struct waitq *waiters;    /* parked gets by name (dispatch.c) */
-	struct devmem *devmem;    /* daemon-owned cuda-ipc memory (dispatch.c) */
-	struct seal_uid *seal_uids; /* seals by uid (seal.c) */
-	uint64_t nparked;
-	uint64_t requests;
-	uint64_t started_ms;
 	uv_timer_t sweep;         /* housekeeping: Hello timeouts */
 	int sweeping;
-	uint8_t *rbuf;            /* one packet; the loop decodes it at once */
 };
 
 void server_config_default(struct server_config *cfg);
@@ -89,7 +64,7 @@ void server_config_default(struct server_config *cfg);
  * served. Returns 1 when nofile is too small for max_connections to leave
  * that room (a quarter of nofile is used then), else 0. */
 int server_fd_limits(struct registry_limits *reg,
-		     const struct server_limits *lim, uint64_t nofile);
+		     const struct daemon_limits *lim, uint64_t nofile);
 
 /* Prepares s; nothing listens yet. Fd limits left 0 are derived from the
  * process's RLIMIT_NOFILE (server_fd_limits). Returns 0 or -ENOMEM. */
@@ -109,12 +84,6 @@ int server_listen(struct server *s);
 /* Closes the listener and every connection; the loop must then run until
  * their handles are closed. */
 void server_shutdown(struct server *s);
-
-uint64_t server_uptime_ms(const struct server *s);
-
-/* Closes every doomed conn (see conn.h). Called at the end of each event
- * callback, never inside the registry. */
-void server_reap(struct server *s);
 
 /* Frees what is left after the loop finished. */
 void server_deinit(struct server *s);

@@ -121,12 +121,19 @@ int check_compact_bytes(const int64_t *shape, size_t ndim, uint64_t elem,
 {
 	uint64_t n = elem;
 
-	for (size_t i = 0; i < ndim; i++) {
+	for (size_t i = 0; i < ndim; i++)
 		if (shape[i] < 0)
 			return -EINVAL;
+	/* An empty tensor has no bytes, as check_tensor sees it: its other
+	 * dimensions may multiply to anything. */
+	for (size_t i = 0; i < ndim; i++)
+		if (shape[i] == 0) {
+			*out = 0;
+			return 0;
+		}
+	for (size_t i = 0; i < ndim; i++)
 		if (__builtin_mul_overflow(n, (uint64_t)shape[i], &n))
 			return -EINVAL;
-	}
 	if (n > INT64_MAX)
 		return -EINVAL;
 	*out = n;
@@ -137,8 +144,7 @@ int check_tensor(const Dlshare__Tensor *t, const uint64_t *sizes,
 		 size_t nbuffers)
 {
 	uint64_t elem, size;
-	int64_t lo = 0, hi = 0; /* element offsets reached, relative to [0..0] */
-	int empty = 0;
+	int64_t lo, hi; /* bytes reached, relative to the first element */
 
 	if (!t->dtype || t->buffer >= nbuffers)
 		return -EINVAL;
@@ -154,49 +160,57 @@ int check_tensor(const Dlshare__Tensor *t, const uint64_t *sizes,
 	if (t->offset > size || t->offset > INT64_MAX)
 		return -EINVAL;
 
-	/* An empty tensor reaches no byte: whatever its other dimensions and
-	 * strides say, there is nothing to bound. */
 	for (size_t k = 0; k < t->n_shape; k++)
 		if (t->shape[k] < 0)
 			return -EINVAL;
-	for (size_t k = 0; k < t->n_shape; k++)
-		if (t->shape[k] == 0)
-			return 0;
+	if (check_extent(t->shape, t->n_strides ? t->strides : NULL,
+			 t->n_shape, elem, &lo, &hi))
+		return -EINVAL;
+	/* An empty tensor reaches no byte: whatever its other dimensions and
+	 * strides say, there is nothing to bound. */
+	if (lo == 0 && hi == 0)
+		return 0;
+	/* offset + lo >= 0 and offset + hi <= size. */
+	int64_t first, end;
+	if (__builtin_add_overflow((int64_t)t->offset, lo, &first) ||
+	    __builtin_add_overflow((int64_t)t->offset, hi, &end))
+		return -EINVAL;
+	if (first < 0 || (uint64_t)end > size)
+		return -EINVAL;
+	return 0;
+}
 
+int check_extent(const int64_t *shape, const int64_t *strides, size_t ndim,
+		 uint64_t elem, int64_t *lo, int64_t *hi)
+{
+	int64_t l = 0, h = 0; /* element offsets reached, relative to [0..0] */
+	int64_t stride = 1, h1;
+
+	for (size_t k = 0; k < ndim; k++)
+		if (shape[k] == 0) {
+			*lo = *hi = 0;
+			return 0;
+		}
 	/* The walk is done in elements with overflow checks; a compact tensor
 	 * is the special case of row-major strides. */
-	int64_t stride = 1;
-	for (size_t k = t->n_shape; k-- > 0;) {
-		int64_t dim = t->shape[k], s, reach;
+	for (size_t k = ndim; k-- > 0;) {
+		int64_t dim = shape[k], s, reach;
 
 		if (dim < 0)
 			return -EINVAL;
-		if (dim == 0)
-			empty = 1;
-		s = t->n_strides ? t->strides[k] : stride;
-		if (dim > 0) {
-			if (__builtin_mul_overflow(s, dim - 1, &reach))
-				return -EINVAL;
-			if (reach < 0 ? __builtin_add_overflow(lo, reach, &lo)
-				      : __builtin_add_overflow(hi, reach, &hi))
-				return -EINVAL;
-		}
-		if (!t->n_strides && dim > 0 &&
-		    __builtin_mul_overflow(stride, dim, &stride))
+		s = strides ? strides[k] : stride;
+		if (__builtin_mul_overflow(s, dim - 1, &reach))
+			return -EINVAL;
+		if (reach < 0 ? __builtin_add_overflow(l, reach, &l)
+			      : __builtin_add_overflow(h, reach, &h))
+			return -EINVAL;
+		if (!strides && __builtin_mul_overflow(stride, dim, &stride))
 			return -EINVAL;
 	}
-	if (empty)
-		return 0;
-
-	/* Bytes: offset + lo*elem >= 0 and offset + (hi+1)*elem <= size. */
-	int64_t lo_b, hi_b, hi1, first, end;
-	if (__builtin_add_overflow(hi, 1, &hi1) ||
-	    __builtin_mul_overflow(lo, (int64_t)elem, &lo_b) ||
-	    __builtin_mul_overflow(hi1, (int64_t)elem, &hi_b) ||
-	    __builtin_add_overflow((int64_t)t->offset, lo_b, &first) ||
-	    __builtin_add_overflow((int64_t)t->offset, hi_b, &end))
-		return -EINVAL;
-	if (first < 0 || (uint64_t)end > size)
+	/* Bytes: from l*elem to (h+1)*elem. */
+	if (elem > INT64_MAX || __builtin_add_overflow(h, 1, &h1) ||
+	    __builtin_mul_overflow(l, (int64_t)elem, lo) ||
+	    __builtin_mul_overflow(h1, (int64_t)elem, hi))
 		return -EINVAL;
 	return 0;
 }

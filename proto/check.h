@@ -30,10 +30,18 @@ int check_prefix(const char *prefix);
  * know the dtype (unknown code, bits not a multiple of 8, lanes 0). */
 uint64_t check_dtype_size(uint32_t code, uint32_t bits, uint32_t lanes);
 
-/* Bytes a compact row-major tensor of this shape needs. Returns 0 with *out,
- * or -EINVAL for a negative dimension or an overflow. */
+/* Bytes a compact row-major tensor of this shape needs: 0 when a
+ * dimension is 0, whatever the others. Returns 0 with *out, or -EINVAL for
+ * a negative dimension, or more than INT64_MAX bytes. */
 int check_compact_bytes(const int64_t *shape, size_t ndim, uint64_t elem,
 			uint64_t *out);
+
+/* The bytes a tensor of non-negative shape, strides (in elements; NULL:
+ * compact row-major) and elements of elem bytes reaches, relative to its
+ * first element: [*lo, *hi), *lo <= 0 < *hi, or [0, 0) when a dimension is
+ * 0. Returns 0, or -EINVAL when an offset overflows an int64_t. */
+int check_extent(const int64_t *shape, const int64_t *strides, size_t ndim,
+		 uint64_t elem, int64_t *lo, int64_t *hi);
 
 /* Validates a tensor description against its version's buffers: known
  * dtype, ndim <= 32, non-negative shape, strides absent or one per dimension,

@@ -285,7 +285,7 @@ static int run_role(const char *role, const char *figure, uint64_t bytes,
 		}
 		if (timed_out)
 			kill(pids[i], SIGKILL);
-		st = util_wait(pids[i]);
+		st = child_wait(pids[i]);
 		if (st == ROLE_EXIT_NO_GPU && !pair) {
 			rc = ROLE_EXIT_NO_GPU;
 			continue;
@@ -424,7 +424,7 @@ static int section_torch(void)
 	close(p[0]);
 	if (timed_out)
 		kill(pid, SIGKILL);
-	st = util_wait(pid);
+	st = child_wait(pid);
 	if (skip_line[0] && !fh->reps.n && st == 0) {
 		/* "skip <why>": no torch, or no CUDA in it. */
 		report_note(fh, "skipped: %.140s", skip_line);

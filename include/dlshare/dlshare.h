@@ -412,6 +412,21 @@ DLSHARE_API int dlshare_dtype_parse(const char *s, DLDataType *out);
  * Returns 0 or DLSHARE_E2BIG. */
 DLSHARE_API int dlshare_dtype_format(DLDataType dtype, char *buf, size_t len);
 
+/* The bytes of one element of dtype (bits / 8 * lanes), or 0 for a dtype
+ * dlshare cannot share: an unknown type code, bits not a multiple of 8 or
+ * over 256, lanes 0 or over 1024. The same rule the daemon applies. Any
+ * thread. */
+DLSHARE_API size_t dlshare_dtype_size(DLDataType dtype);
+
+/* The bytes t's elements take laid out compact (row-major, no gaps): 0 when
+ * a dimension is 0, whatever the others; strides and byte_offset do not
+ * count. The same rule the library and the daemon apply to every tensor
+ * they share. Returns 0 with *nbytes, or DLSHARE_EINVAL (t or nbytes NULL,
+ * a dtype dlshare_dtype_size refuses, ndim outside 0..32, a NULL shape
+ * with ndim > 0, a negative dimension, or more than INT64_MAX bytes). Any
+ * thread; t stays the caller's. */
+DLSHARE_API int dlshare_tensor_nbytes(const DLTensor *t, uint64_t *nbytes);
+
 #ifdef __cplusplus
 }
 #endif

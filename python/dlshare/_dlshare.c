@@ -320,13 +320,6 @@ static void guard_leave(struct cguard *g)
 
 /* ---- dtypes and geometry --------------------------------------------------- */
 
-static size_t elem_size(DLDataType d)
-{
-	if (d.bits == 0 || d.bits % 8 || d.lanes == 0)
-		return 0;
-	return (size_t)d.bits / 8 * d.lanes;
-}
-
 /* The UTF-8 of a str that goes to the daemon as a C string: one with a
  * NUL inside raises ValueError instead of being cut at it (Python before
  * 3.13 gives such a str from PyUnicode_AsUTF8 as is). what names it in
@@ -344,16 +337,15 @@ static const char *str_arg(PyObject *o, const char *what)
 	return s;
 }
 
-/* Elements of t, or -1 when they overflow. */
+/* Elements of t (dlshare_tensor_nbytes' rule), or -1 when it refuses t. */
 static int64_t numel(const DLTensor *t)
 {
-	int64_t n = 1;
+	size_t elem = dlshare_dtype_size(t->dtype);
+	uint64_t bytes;
 
-	for (int32_t i = 0; i < t->ndim; i++)
-		if (t->shape[i] < 0 ||
-		    __builtin_mul_overflow(n, t->shape[i], &n))
-			return -1;
-	return n;
+	if (!elem || dlshare_tensor_nbytes(t, &bytes))
+		return -1;
+	return (int64_t)(bytes / elem);
 }
 
 static PyObject *dtype_str(DLDataType d)
@@ -426,7 +418,7 @@ static int shape_parse(PyObject *seq, int64_t *out)
 /* Copies src's elements (any strides, byte_offset) compact into dst. */
 static void copy_compact(char *dst, const DLTensor *src)
 {
-	size_t elem = elem_size(src->dtype);
+	size_t elem = dlshare_dtype_size(src->dtype);
 	const char *base = (const char *)src->data + src->byte_offset;
 	int64_t n = numel(src), idx[NDIM_MAX] = { 0 };
 	int compact = 1;
@@ -566,7 +558,7 @@ static void tcopy_delete_v(DLManagedTensorVersioned *self)
 /* Returns a capsule holding a writable compact copy of src (CPU memory). */
 static PyObject *copy_capsule(const DLTensor *src, int versioned)
 {
-	size_t elem = elem_size(src->dtype);
+	size_t elem = dlshare_dtype_size(src->dtype);
 	int64_t n = numel(src);
 	struct tcopy *c;
 	DLTensor t;
@@ -925,7 +917,7 @@ static const char *buffer_format(DLDataType d)
 static int Array_getbuffer(ArrayObject *a, Py_buffer *view, int flags)
 {
 	const char *fmt = buffer_format(a->t.dtype);
-	size_t elem = elem_size(a->t.dtype);
+	size_t elem = dlshare_dtype_size(a->t.dtype);
 	int64_t n = numel(&a->t);
 	Py_ssize_t stride = (Py_ssize_t)elem;
 
@@ -1005,7 +997,7 @@ static PyObject *Array_info(ArrayObject *a, PyObject *unused)
 			     (int)a->t.device.device_type,
 			     (int)a->t.device.device_id,
 			     (Py_ssize_t)(uintptr_t)a->t.data,
-			     (Py_ssize_t)elem_size(a->t.dtype));
+			     (Py_ssize_t)dlshare_dtype_size(a->t.dtype));
 }
 
 /* _copy_from(capsule): copies a host tensor of the same dtype and shape
@@ -1192,7 +1184,7 @@ static PyObject *Bundle_info(BundleObject *s, PyObject *arg)
 			     (int)t->device.device_id,
 			     (Py_ssize_t)(uintptr_t)t->data +
 				     (Py_ssize_t)t->byte_offset,
-			     (Py_ssize_t)elem_size(t->dtype));
+			     (Py_ssize_t)dlshare_dtype_size(t->dtype));
 }
 
 /* export(i, versioned, copy) -> a capsule. The tensor holds the lease on

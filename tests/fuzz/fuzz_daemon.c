@@ -4,7 +4,7 @@
  *
  * Each input is a short session against a fresh struct server (server_init
  * with small limits, nothing listens) on one loop kept across inputs. Two
- * peers are connected with conn_new(); the input says what they send:
+ * peers are connected with peer_new(); the input says what they send:
  *
  *   byte 0      flags: bit 0, bit 1: no automatic Hello from peer 0, 1;
  *               bits 2-3: peer 1's identity: 0 the same uid and gid as
@@ -55,6 +55,7 @@
 #include "conn.h"
 #include "fuzz.h"
 #include "log.h"
+#include "peer.h"
 #include "server.h"
 #include "wire.h"
 
@@ -71,7 +72,7 @@
 
 #define FZ_MAPS_MAX 8
 
-struct peer {
+struct fz_peer {
 	int fd;               /* our end; -1 once we hung up */
 	int eof;              /* the daemon closed its end */
 	int deaf;             /* never reads what the daemon sends */
@@ -83,7 +84,7 @@ struct peer {
 
 struct session {
 	struct server s;
-	struct peer p[NPEERS];
+	struct fz_peer p[NPEERS];
 	unsigned sleeps;
 };
 
@@ -213,7 +214,7 @@ static unsigned attached(Dlshare__Buffer **b, size_t n)
 
 /* What any client may rely on in a packet from the daemon. */
 /* What a producer does with a CreateReply: map each buffer writable. */
-static void keep_maps(struct peer *p, const Dlshare__CreateReply *r,
+static void keep_maps(struct fz_peer *p, const Dlshare__CreateReply *r,
 		      const int *fds, unsigned nfds)
 {
 	unsigned k = 0;
@@ -237,7 +238,7 @@ static void keep_maps(struct peer *p, const Dlshare__CreateReply *r,
 	}
 }
 
-static void reply_check(struct peer *p, int peer, const uint8_t *data,
+static void reply_check(struct fz_peer *p, int peer, const uint8_t *data,
 			size_t len, const int *fds, unsigned nfds)
 {
 	struct wire_msg *m;
@@ -300,7 +301,7 @@ static void reply_check(struct peer *p, int peer, const uint8_t *data,
 /* Reads and checks every packet waiting for peer i. Returns how many. */
 static unsigned peer_drain(struct session *z, int i)
 {
-	struct peer *p = &z->p[i];
+	struct fz_peer *p = &z->p[i];
 	unsigned got = 0;
 
 	while (p->fd >= 0 && !p->eof && !p->deaf) {
@@ -340,10 +341,10 @@ static unsigned drain_all(struct session *z)
 static void pump(struct session *z)
 {
 	for (int round = 0; round < FZ_PUMP_ROUNDS; round++) {
-		uint64_t before = z->s.requests;
+		uint64_t before = z->s.d.requests;
 
 		uv_run(&loop, UV_RUN_NOWAIT);
-		if (drain_all(z) == 0 && before == z->s.requests)
+		if (drain_all(z) == 0 && before == z->s.d.requests)
 			break;
 	}
 }
@@ -379,7 +380,7 @@ static void peer_send(struct session *z, int i, const uint8_t *data,
 
 static void peer_hangup(struct session *z, int i)
 {
-	struct peer *p = &z->p[i];
+	struct fz_peer *p = &z->p[i];
 
 	if (p->fd >= 0)
 		close(p->fd);
@@ -399,7 +400,7 @@ static void peer_connect(struct session *z, int i, unsigned identity,
 			       SOCK_CLOEXEC, 0, sv) == 0, "socketpair: %s",
 		    strerror(errno));
 	setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
-	FUZZ_ASSERT(conn_new(&z->s, sv[1]) == 0, "conn_new");
+	FUZZ_ASSERT(peer_new(&z->s.d, sv[1]) == 0, "peer_new");
 	z->p[i].fd = sv[0];
 	z->p[i].eof = 0;
 	z->p[i].deaf = deaf;
@@ -407,15 +408,16 @@ static void peer_connect(struct session *z, int i, unsigned identity,
 	if (identity) {
 		/* SO_PEERCRED of a socketpair is ourselves; make the peer
 		 * someone else, so that the ACL and per-uid paths run: undo
-		 * what conn_new charged to our uid and attach it again. */
-		struct conn *c = z->s.conns->prev; /* the one just added */
-		struct registry_owner *o = &c->owner;
+		 * what peer_new charged to our uid and attach it again. */
+		/* The one just added. */
+		struct conn *c = z->s.d.conns.conns->prev;
+		struct registry_owner *o = &peer_of_conn(c)->owner;
 
-		registry_owner_drop(&z->s.reg, o);
+		registry_owner_drop(&z->s.d.reg, o);
 		registry_owner_init(o, o->uid + 1000,
 				    o->gid + (identity == 2 ? 1000 : 0),
 				    o->pid);
-		FUZZ_ASSERT(registry_owner_attach(&z->s.reg, o) == 0,
+		FUZZ_ASSERT(registry_owner_attach(&z->s.d.reg, o, NULL) == 0,
 			    "registry_owner_attach");
 	}
 }
@@ -525,17 +527,17 @@ static void check_uids(struct registry *r)
 /* After every peer left: only sealed store versions may remain. */
 static void check_peers_gone(struct session *z)
 {
-	struct server *s = &z->s;
-	struct registry *r = &s->reg;
+	struct daemon *d = &z->s.d;
+	struct registry *r = &d->reg;
 	uint64_t names = 0, buffers = 0, bytes = 0, fds = 0;
 	struct entry *e, *tmp;
 
-	FUZZ_ASSERT(s->nconns == 0 && !s->conns && !s->doomed,
-		    "%u conns left after every peer hung up", s->nconns);
-	FUZZ_ASSERT(!s->seal_uids && r->fds_queued == 0,
+	FUZZ_ASSERT(d->conns.n == 0 && !d->conns.conns && !d->conns.doomed,
+		    "%u conns left after every peer hung up", d->conns.n);
+	FUZZ_ASSERT(!d->seal_uids && r->fds_queued == 0,
 		    "seals or queued fds left after every peer hung up");
-	FUZZ_ASSERT(s->nparked == 0 && !s->waiters, "%llu parked gets left",
-		    (unsigned long long)s->nparked);
+	FUZZ_ASSERT(d->nparked == 0 && !d->waiters, "%llu parked gets left",
+		    (unsigned long long)d->nparked);
 	FUZZ_ASSERT(r->nleases == 0, "%llu leases left",
 		    (unsigned long long)r->nleases);
 	FUZZ_ASSERT(!r->detached, "a deleted name outlived its versions");
@@ -586,7 +588,7 @@ static void check_peers_gone(struct session *z)
 
 static void server_teardown(struct session *z)
 {
-	struct registry *r = &z->s.reg;
+	struct registry *r = &z->s.d.reg;
 	unsigned handles = 0;
 
 	server_shutdown(&z->s);
@@ -646,7 +648,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				pump(&z);
 				/* What the server's sweep timer does once a
 				 * second. */
-				conn_sweep(&z.s);
+				conn_sweep(&z.s.d.conns);
 				pump(&z);
 				break;
 			case 2:
@@ -679,10 +681,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	for (int i = 0; i < NPEERS; i++)
 		peer_hangup(&z, i);
 	/* A seal on the thread pool ends after its conn: wait for it too. */
-	for (int i = 0; i < FZ_CLOSE_ROUNDS && (z.s.nconns || z.s.seal_uids);
-	     i++) {
+	for (int i = 0;
+	     i < FZ_CLOSE_ROUNDS && (z.s.d.conns.n || z.s.d.seal_uids); i++) {
 		uv_run(&loop, UV_RUN_NOWAIT);
-		if (i >= 64 && z.s.seal_uids)
+		if (i >= 64 && z.s.d.seal_uids)
 			usleep(100);
 	}
 	check_peers_gone(&z);

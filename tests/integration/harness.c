@@ -11,13 +11,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
+
+#include "child.h"
+#include "fds.h"
 
 #ifndef DLSHARED_PATH
 #error "DLSHARED_PATH must name the daemon binary"
@@ -43,27 +45,12 @@ static void sleep_ms(int ms)
 
 pid_t harness_fork(void)
 {
-	pid_t parent = getpid();
-	pid_t pid = fork();
-
-	if (pid == 0) {
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != parent)
-			_exit(99);
-	}
-	return pid;
+	return child_fork();
 }
 
 int harness_wait(pid_t pid)
 {
-	int st;
-
-	while (waitpid(pid, &st, 0) < 0)
-		if (errno != EINTR)
-			return -1;
-	if (WIFEXITED(st))
-		return WEXITSTATUS(st);
-	return 128 + WTERMSIG(st);
+	return child_wait(pid);
 }
 
 int harness_daemon_start(struct daemon_proc *d, const char *const *extra)
@@ -154,22 +141,8 @@ int harness_daemon_stop(struct daemon_proc *d)
 	int status = -1;
 
 	if (d->pid > 0) {
-		kill(d->pid, SIGTERM);
-		for (int waited = 0; waited < harness_ms(20000); waited += 10) {
-			int st;
-
-			if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
-				status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-				d->pid = 0;
-				break;
-			}
-			sleep_ms(10);
-		}
-		if (d->pid > 0) {
-			kill(d->pid, SIGKILL);
-			waitpid(d->pid, NULL, 0);
-			d->pid = 0;
-		}
+		status = child_stop(d->pid, harness_ms(20000), 10);
+		d->pid = 0;
 	}
 	if (status != 0) {
 		/* Show why: the daemon's log is the evidence. */
@@ -198,20 +171,7 @@ dlshare_client *harness_connect(const struct daemon_proc *d)
 
 int harness_fd_count(pid_t pid)
 {
-	char p[64];
-	DIR *dd;
-	struct dirent *de;
-	int n = 0;
-
-	snprintf(p, sizeof(p), "/proc/%d/fd", (int)pid);
-	dd = opendir(p);
-	if (!dd)
-		return -1;
-	while ((de = readdir(dd)))
-		if (de->d_name[0] != '.')
-			n++;
-	closedir(dd);
-	return n - (pid == getpid()); /* our own opendir fd */
+	return fds_count(pid);
 }
 
 int harness_wait_stats(dlshare_client *c, int64_t want_leases,

@@ -38,10 +38,8 @@ dlshare_client *harness_connect(const struct daemon_proc *d);
 /* Open fds of a process (from /proc/PID/fd), or -1. */
 int harness_fd_count(pid_t pid);
 
-/* fork() whose child gets SIGKILL when the parent dies. */
+/* child_fork and child_wait (util/child.h), under the harness's names. */
 pid_t harness_fork(void);
-
-/* Waits for a child and returns its exit status (or 128 + signal). */
 int harness_wait(pid_t pid);
 
 /* Polls the daemon's stats until leases == want_leases and connections ==

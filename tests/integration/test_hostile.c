@@ -35,29 +35,9 @@ static int teardown(void **state)
 	return util_teardown(state);
 }
 
-/* A daemon every uid can reach: socket 0666 in a 0711 directory. */
-static int setup_open(void **state, const char *const *extra)
-{
-	const char *args[24] = { "--socket-mode", "0666" };
-	struct fixture *fx;
-	int n = 2;
-
-	for (int i = 0; extra && extra[i] && n < 23; i++)
-		args[n++] = extra[i];
-	args[n] = NULL;
-	if (util_setup_fdcheck(state, args))
-		return -1;
-	fx = *state;
-	if (chmod(fx->d.dir, 0711)) {
-		fprintf(stderr, "chmod %s: %s\n", fx->d.dir, strerror(errno));
-		return -1;
-	}
-	return 0;
-}
-
 static int setup_open_none(void **state)
 {
-	return setup_open(state, NULL);
+	return util_setup_open(state, NULL);
 }
 
 /* The hostile peer's uid: another one than ours when we may switch. */
@@ -517,7 +497,7 @@ static int setup_queue(void **state)
 {
 	static const char *const args[] = { "--uid-seals", "1", NULL };
 
-	return setup_open(state, args);
+	return util_setup_open(state, args);
 }
 
 static void seal_uid_queue(void **state)
@@ -580,7 +560,7 @@ static int setup_pending(void **state)
 		"--max-pending", "4", "--uid-pending", "6", NULL,
 	};
 
-	return setup_open(state, args);
+	return util_setup_open(state, args);
 }
 
 /* --max-pending per connection, then --uid-pending over two
@@ -734,7 +714,7 @@ static int setup_fds(void **state)
 	snprintf(wrapper, sizeof(wrapper), "prlimit --nofile=%s:%s %s",
 		 FLOOD_NOFILE, FLOOD_NOFILE, old ? old : "");
 	setenv("DLSHARE_TEST_WRAPPER", wrapper, 1);
-	r = setup_open(state, args);
+	r = util_setup_open(state, args);
 	if (saved)
 		setenv("DLSHARE_TEST_WRAPPER", saved, 1);
 	else
@@ -817,7 +797,7 @@ static int setup_open_fds(void **state)
 		"--uid-open-fds", "8", "--max-open-fds", "14", NULL,
 	};
 
-	return setup_open(state, args);
+	return util_setup_open(state, args);
 }
 
 /* --uid-open-fds 8: four pending versions of 2 fds; --max-open-fds 14:
@@ -1002,7 +982,7 @@ static int setup_leases(void **state)
 {
 	static const char *const args[] = { "--uid-host-bytes", "1M", NULL };
 
-	return setup_open(state, args);
+	return util_setup_open(state, args);
 }
 
 /* Gets each new version of lease/w and keeps it: the first four fit its

@@ -141,27 +141,6 @@ static int run_as(const struct daemon_proc *d, uid_t uid, gid_t gid,
 	return util_wait(spawn_as(d, uid, gid, supp, fn, arg));
 }
 
-/* A fixture whose daemon lets every uid in: socket 0666 in a 0711
- * directory. */
-static int setup_open(void **state, const char *const *extra)
-{
-	const char *args[24] = { "--socket-mode", "0666" };
-	int n = 2;
-	struct fixture *fx;
-
-	for (int i = 0; extra && extra[i] && n < 23; i++)
-		args[n++] = extra[i];
-	args[n] = NULL;
-	if (util_setup_fdcheck(state, args))
-		return -1;
-	fx = *state;
-	if (chmod(fx->d.dir, 0711)) {
-		fprintf(stderr, "chmod %s: %s\n", fx->d.dir, strerror(errno));
-		return -1;
-	}
-	return 0;
-}
-
 /* ---- small helpers -------------------------------------------------------------- */
 
 /* Open fds of this process, without /proc (which a process that changed
@@ -286,52 +265,6 @@ static int says(const char *what)
 
 /* ---- raw frames ------------------------------------------------------------------- */
 
-#define RAW_BUF (256u * 1024u)
-
-/* Receives one packet; counts the fds that came with it in *nfds, keeps
- * the first in *keep (when not NULL, else -1 there) and closes the rest.
- * Returns 0 with *out, 1 when the daemon hung up, or -errno. */
-static int recv_counted(int sock, int timeout_ms, struct wire_msg **out,
-			unsigned *nfds, int *keep)
-{
-	struct pollfd p = { .fd = sock, .events = POLLIN };
-	int fds[WIRE_FDS_MAX];
-	size_t len = 0;
-	uint8_t *buf;
-	int err;
-
-	*out = NULL;
-	*nfds = 0;
-	if (keep)
-		*keep = -1;
-	err = poll(&p, 1, timeout_ms);
-	if (err < 0)
-		return -errno;
-	if (err == 0)
-		return -ETIMEDOUT;
-	buf = malloc(RAW_BUF);
-	if (!buf)
-		return -ENOMEM;
-	err = wire_recv(sock, buf, RAW_BUF, fds, WIRE_FDS_MAX, &len, nfds,
-			MSG_DONTWAIT);
-	if (err) {
-		free(buf);
-		return err == -ECONNRESET ? 1 : err;
-	}
-	if (keep && *nfds > 0) {
-		*keep = fds[0];
-		fds[0] = -1;
-	}
-	wire_close_fds(fds, *nfds);
-	if (len == 0) {
-		free(buf);
-		return 1;
-	}
-	err = wire_decode(buf, len, out);
-	free(buf);
-	return err;
-}
-
 #define RAW_OTHER 100   /* a reply of another kind */
 #define RAW_HANGUP 101  /* the daemon hung up */
 #define RAW_FAILED 102  /* sending or receiving failed */
@@ -342,7 +275,7 @@ static int raw_answer(int sock, uint64_t id, unsigned *nfds, int *keep)
 {
 	for (;;) {
 		struct wire_msg *m;
-		int err = recv_counted(sock, harness_ms(10000), &m, nfds, keep);
+		int err = raw_recv_count(sock, harness_ms(10000), &m, nfds, keep);
 		int ret;
 
 		if (err == 1)
@@ -529,7 +462,7 @@ static void assert_good_client(struct fixture *fx)
 
 static int setup_acl(void **state)
 {
-	return setup_open(state, NULL);
+	return util_setup_open(state, NULL);
 }
 
 /* A stranger (uid A, not the owner, not in its group) against root's
@@ -840,7 +773,7 @@ static int setup_uid_conns(void **state)
 {
 	static const char *const args[] = { "--uid-connections", "3", NULL };
 
-	return setup_open(state, args);
+	return util_setup_open(state, args);
 }
 
 /* Opens n connections (each must work), then one more, which must not.
@@ -923,7 +856,7 @@ static int setup_uid_leases(void **state)
 {
 	static const char *const args[] = { "--uid-leases", "5", NULL };
 
-	return setup_open(state, args);
+	return util_setup_open(state, args);
 }
 
 /* Takes n leases over two connections, then one more on each must fail
@@ -1055,7 +988,7 @@ static int setup_uid_names(void **state)
 {
 	static const char *const args[] = { "--uid-names", "3", NULL };
 
-	return setup_open(state, args);
+	return util_setup_open(state, args);
 }
 
 struct names_of {
@@ -1155,7 +1088,7 @@ static int setup_uid_bytes(void **state)
 {
 	static const char *const args[] = { "--uid-host-bytes", "1M", NULL };
 
-	return setup_open(state, args);
+	return util_setup_open(state, args);
 }
 
 #define CHUNK_F32 (150 * 1024) /* 600 KiB of float32 */

@@ -65,6 +65,25 @@ int util_setup_fdcheck(void **state, const char *const *extra)
 	return setup(state, extra, 1);
 }
 
+int util_setup_open(void **state, const char *const *extra)
+{
+	const char *args[24] = { "--socket-mode", "0666" };
+	struct fixture *fx;
+	int n = 2;
+
+	for (int i = 0; extra && extra[i] && n < 23; i++)
+		args[n++] = extra[i];
+	args[n] = NULL;
+	if (util_setup_fdcheck(state, args))
+		return -1;
+	fx = *state;
+	if (chmod(fx->d.dir, 0711)) {
+		fprintf(stderr, "chmod %s: %s\n", fx->d.dir, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
 int util_teardown(void **state)
 {
 	struct fixture *fx = *state;
@@ -598,6 +617,14 @@ int raw_recv(int fd, int timeout_ms, struct wire_msg **out)
 
 int raw_recv_fd(int fd, int timeout_ms, struct wire_msg **out, int *keep)
 {
+	unsigned nfds;
+
+	return raw_recv_count(fd, timeout_ms, out, &nfds, keep);
+}
+
+int raw_recv_count(int fd, int timeout_ms, struct wire_msg **out,
+		   unsigned *count, int *keep)
+{
 	struct pollfd p = { .fd = fd, .events = POLLIN };
 	uint8_t *buf;
 	int fds[WIRE_FDS_MAX];
@@ -606,6 +633,7 @@ int raw_recv_fd(int fd, int timeout_ms, struct wire_msg **out, int *keep)
 	int err;
 
 	*out = NULL;
+	*count = 0;
 	if (keep)
 		*keep = -1;
 	err = poll(&p, 1, timeout_ms);
@@ -618,6 +646,7 @@ int raw_recv_fd(int fd, int timeout_ms, struct wire_msg **out, int *keep)
 		return -ENOMEM;
 	err = wire_recv(fd, buf, RAW_MAX, fds, WIRE_FDS_MAX, &len, &nfds,
 			MSG_DONTWAIT);
+	*count = nfds;
 	if (err == -ECONNRESET) {
 		free(buf);
 		return 1;

@@ -37,6 +37,9 @@ struct fixture {
 int util_setup(void **state, const char *const *extra);
 /* The same, and the teardown also checks the test process's fd count. */
 int util_setup_fdcheck(void **state, const char *const *extra);
+/* util_setup_fdcheck for a daemon every uid can reach: socket 0666 in a
+ * 0711 directory (the uid tests' setup). */
+int util_setup_open(void **state, const char *const *extra);
 /* Kills children still running, stops the daemon and fails unless it
  * exited 0 (and, with the fd check, unless no fd leaked). */
 int util_teardown(void **state);
@@ -212,6 +215,9 @@ int raw_recv(int fd, int timeout_ms, struct wire_msg **out);
 /* The same, keeping the packet's first fd in *keep (-1 when none; when
  * keep is not NULL); the others are closed. */
 int raw_recv_fd(int fd, int timeout_ms, struct wire_msg **out, int *keep);
+/* raw_recv_fd, counting the fds that came with the packet in *count. */
+int raw_recv_count(int fd, int timeout_ms, struct wire_msg **out,
+		   unsigned *count, int *keep);
 /* Says Hello. Returns 0 or -1. */
 int raw_hello(int fd);
 /* Sends req and waits for the reply with its id (pushes are skipped).

@@ -1,5 +1,5 @@
 /* test_check — module tests of proto/check (names, dtypes, tensor
- * descriptions) and proto/paths (the default socket path rule).
+ * descriptions) and util/paths (the default socket path rule).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -147,6 +147,7 @@ static void test_compact_bytes(void **state)
 	int64_t ovf[] = { INT64_MAX, 2 };
 	int64_t ovf2[] = { INT64_C(1) << 32, INT64_C(1) << 32 };
 	int64_t big[] = { INT64_C(1) << 62 };
+	int64_t ovf0[] = { INT64_C(1) << 40, INT64_C(1) << 40, 0 };
 	uint64_t out = 4242;
 
 	assert_int_equal(check_compact_bytes(s2, 2, 4, &out), 0);
@@ -157,6 +158,10 @@ static void test_compact_bytes(void **state)
 	assert_int_equal(out, 0);
 	assert_int_equal(check_compact_bytes(big, 1, 1, &out), 0);
 	assert_int_equal(out, UINT64_C(1) << 62);
+	/* Empty, wherever its 0 stands: as check_tensor sees it. */
+	out = 4242;
+	assert_int_equal(check_compact_bytes(ovf0, 3, 4, &out), 0);
+	assert_int_equal(out, 0);
 
 	out = 4242;
 	assert_int_equal(check_compact_bytes(neg, 2, 4, &out), -EINVAL);
@@ -210,6 +215,36 @@ static Dlshare__Tensor *tdesc(struct tdesc *d, uint64_t offset, size_t ndim,
 static int check1(const Dlshare__Tensor *t, uint64_t size)
 {
 	return check_tensor(t, &size, 1);
+}
+
+/* check_extent: the one walk check_tensor and the library's
+ * tensor_extent share. */
+static void test_extent(void **state)
+{
+	int64_t s23[] = { 2, 3 }, rev[] = { -3, 1 }, gap[] = { 6, 2 };
+	int64_t s0[] = { 4, 0 }, huge[] = { INT64_MAX, 2 };
+	int64_t lo = 1, hi = 1;
+
+	(void)state;
+	assert_int_equal(check_extent(s23, NULL, 2, 4, &lo, &hi), 0);
+	assert_int_equal(lo, 0);
+	assert_int_equal(hi, 24);
+	assert_int_equal(check_extent(NULL, NULL, 0, 8, &lo, &hi), 0);
+	assert_int_equal(lo, 0);
+	assert_int_equal(hi, 8);
+	/* Rows backwards: the first row starts 3 elements before [0, 0]. */
+	assert_int_equal(check_extent(s23, rev, 2, 4, &lo, &hi), 0);
+	assert_int_equal(lo, -12);
+	assert_int_equal(hi, 12);
+	assert_int_equal(check_extent(s23, gap, 2, 2, &lo, &hi), 0);
+	assert_int_equal(lo, 0);
+	assert_int_equal(hi, (6 + 4 + 1) * 2);
+	assert_int_equal(check_extent(s0, gap, 2, 2, &lo, &hi), 0);
+	assert_int_equal(lo, 0);
+	assert_int_equal(hi, 0);
+	assert_int_equal(check_extent(huge, NULL, 2, 1, &lo, &hi), -EINVAL);
+	assert_int_equal(check_extent(s23, huge, 2, 1, &lo, &hi), -EINVAL);
+	assert_int_equal(check_extent(huge, s23, 1, 2, &lo, &hi), -EINVAL);
 }
 
 static void test_tensor_compact_fit(void **state)
@@ -648,6 +683,7 @@ int main(void)
 		cmocka_unit_test(test_prefix),
 		cmocka_unit_test(test_dtype_size),
 		cmocka_unit_test(test_compact_bytes),
+		cmocka_unit_test(test_extent),
 		cmocka_unit_test(test_tensor_compact_fit),
 		cmocka_unit_test(test_tensor_ndim),
 		cmocka_unit_test(test_tensor_bad_fields),

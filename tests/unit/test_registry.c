@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "fds.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -22,20 +24,6 @@
 #include "registry.h"
 
 #define PAGE 4096u
-
-static int fd_count(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	struct dirent *de;
-	int n = 0;
-
-	assert_non_null(d);
-	while ((de = readdir(d)))
-		if (de->d_name[0] != '.')
-			n++;
-	closedir(d);
-	return n;
-}
 
 static int fd_open(int fd)
 {
@@ -74,7 +62,7 @@ static void on_published(void *ud, struct entry *e, struct version *v)
 	rc->pub_number[rc->npublished++] = v->number;
 	if (rc->lease_on_publish)
 		assert_int_equal(registry_lease(rc->r, rc->lease_on_publish, v,
-						&rc->last_lease), 0);
+						&rc->last_lease, NULL), 0);
 }
 
 static void on_retired(void *ud, struct registry_owner *producer,
@@ -188,6 +176,7 @@ struct fix {
 	struct registry_owner cons;   /* uid 1000 gid 1000 */
 	struct registry_owner other;  /* uid 2000 gid 2000 */
 	struct registry_owner mate;   /* uid 3000 gid 1000 */
+	const char *why;              /* the reason of the last refusal */
 	int fd_base;
 	int done;                     /* the test deinited the registry */
 };
@@ -198,7 +187,7 @@ static int fix_setup(void **state)
 
 	if (!f)
 		return -1;
-	f->fd_base = fd_count();
+	f->fd_base = fds_count(getpid());
 	registry_limits_default(&f->lim);
 	f->lim.max_bytes = UINT64_C(1) << 30;
 	registry_init(&f->r, &f->lim, &rec_ops, &f->rec);
@@ -224,7 +213,7 @@ static int fix_teardown(void **state)
 		registry_owner_drop(&f->r, &f->prod);
 		registry_deinit(&f->r);
 	}
-	leaked = fd_count() - f->fd_base;
+	leaked = fds_count(getpid()) - f->fd_base;
 	free(f);
 	if (leaked) {
 		print_error("%d fd(s) leaked\n", leaked);
@@ -238,7 +227,7 @@ static struct version *add_ok(struct fix *f, struct registry_owner *o,
 {
 	struct version *v = NULL;
 
-	assert_int_equal(registry_add(&f->r, o, s, exported, &v), 0);
+	assert_int_equal(registry_add(&f->r, o, s, exported, &v, NULL), 0);
 	assert_non_null(v);
 	return v;
 }
@@ -340,7 +329,7 @@ static void test_store_pending_then_seal(void **state)
 	 * resizing but still writable. */
 	fd = v->buffers[0]->fd;
 	assert_true(fd >= 0);
-	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 1);
 	assert_int_equal(fstat(fd, &st), 0);
 	assert_int_equal(st.st_size, 2 * PAGE);
 	assert_int_equal(seals_of(fd) & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE),
@@ -520,11 +509,11 @@ static void test_versions_supersede(void **state)
 	assert_counts(f, 1, 1, 1, PAGE, 0);
 	assert_int_equal(f->r.owned_bytes, PAGE);
 	assert_int_equal(registry_entry(&f->r, "w")->nversions, 1);
-	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 1);
 
 	/* Leased v2 outlives v3's arrival... */
 	id2 = v2->buffers[0]->id;
-	assert_int_equal(registry_lease(&f->r, &f->cons, v2, &l), 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v2, &l, NULL), 0);
 	assert_ptr_equal(l->version, v2);
 	assert_ptr_equal(l->owner, &f->cons);
 	lid = l->id;
@@ -537,7 +526,7 @@ static void test_versions_supersede(void **state)
 	assert_int_equal(f->rec.nfreed, 1);
 	assert_counts(f, 1, 2, 2, 2 * PAGE, 1);
 	assert_int_equal(registry_entry(&f->r, "w")->leases, 1);
-	assert_int_equal(fd_count(), f->fd_base + 2);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 2);
 
 	/* ...and dies at its release. Nobody else can release it. */
 	assert_int_equal(registry_release(&f->r, &f->other, lid), -ENOENT);
@@ -550,7 +539,7 @@ static void test_versions_supersede(void **state)
 	assert_int_equal(registry_entry(&f->r, "w")->leases, 0);
 	assert_int_equal(registry_release(&f->r, &f->cons, lid), -ENOENT);
 	assert_not_found(f, &f->cons, "w", REG_EXACT, 2, -ENOENT);
-	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 1);
 	/* Store versions are never "retired". */
 	assert_int_equal(f->rec.nretired, 0);
 	assert_int_equal(f->rec.npublished, 3);
@@ -565,7 +554,7 @@ static void test_find_select(void **state)
 
 	assert_not_found(f, &f->cons, "q", REG_LATEST, 0, -ENOENT);
 	v1 = publish(f, &f->prod, "q", 0);
-	assert_int_equal(registry_lease(&f->r, &f->cons, v1, &l), 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v1, &l, NULL), 0);
 	v2 = publish(f, &f->prod, "q", 0);
 	v3 = add_ok(f, &f->prod, spec(&ts, "q", 0, 1, 1, PAGE), 0);
 	assert_int_equal(v3->number, 3);
@@ -669,7 +658,7 @@ static void test_abort(void **state)
 	assert_int_equal(registry_abort(&f->r, &f->prod, "solo", 1, 0), 0);
 	assert_null(registry_entry(&f->r, "solo"));
 	assert_counts(f, 1, 1, 1, PAGE, 0);
-	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 1);
 }
 
 /* Seal and Abort name a pending version by its writer id: numbers restart
@@ -757,7 +746,7 @@ static void test_delete_pending_leased(void **state)
 	uint64_t lid;
 
 	v = add_ok(f, &f->prod, spec(&ts, "g", 0, 1, 1, PAGE), 0);
-	assert_int_equal(registry_lease(&f->r, &f->prod, v, &l), 0);
+	assert_int_equal(registry_lease(&f->r, &f->prod, v, &l, NULL), 0);
 	lid = l->id;
 	assert_int_equal(registry_delete(&f->r, &f->cons, "g"), 0);
 	assert_null(registry_entry(&f->r, "g"));
@@ -777,7 +766,7 @@ static void test_delete_pending_leased(void **state)
 	/* Withdrawn and leased when its owner goes: the lease goes first,
 	 * and the version with it. */
 	v = add_ok(f, &f->prod, spec(&ts, "h", 0, 1, 1, PAGE), 0);
-	assert_int_equal(registry_lease(&f->r, &f->prod, v, &l), 0);
+	assert_int_equal(registry_lease(&f->r, &f->prod, v, &l, NULL), 0);
 	assert_int_equal(registry_delete(&f->r, &f->prod, "h"), 0);
 	registry_owner_drop(&f->r, &f->prod);
 	assert_counts(f, 1, 1, 1, PAGE, 0);
@@ -795,7 +784,7 @@ static void test_delete(void **state)
 	int fd1;
 
 	v1 = publish(f, &f->prod, "d", 0);
-	assert_int_equal(registry_lease(&f->r, &f->cons, v1, &l), 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v1, &l, NULL), 0);
 	lid = l->id;
 	v2 = publish(f, &f->prod, "d", 0);
 	v3 = add_ok(f, &f->prod, spec(&ts, "d", 0, 1, 1, PAGE), 0);
@@ -822,7 +811,7 @@ static void test_delete(void **state)
 	assert_int_equal(v1->leases, 1);
 	assert_true(v1->entry->detached);
 	assert_true(fd_open(fd1));
-	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 1);
 
 	/* The name is free for a new entry meanwhile. */
 	n1 = publish(f, &f->other, "d", 0600);
@@ -833,11 +822,11 @@ static void test_delete(void **state)
 	assert_int_equal(registry_release(&f->r, &f->cons, lid), 0);
 	assert_counts(f, 1, 1, 1, PAGE, 0);
 	assert_int_equal(f->rec.nfreed, 3);
-	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 1);
 	assert_int_equal(registry_delete(&f->r, &f->other, "d"), 0);
 	assert_counts(f, 0, 0, 0, 0, 0);
 	assert_int_equal(f->r.owned_bytes, 0);
-	assert_int_equal(fd_count(), f->fd_base);
+	assert_int_equal(fds_count(getpid()), f->fd_base);
 }
 
 static void test_owner_drop(void **state)
@@ -850,20 +839,20 @@ static void test_owner_drop(void **state)
 
 	/* Store: s v1 leased by cons, superseded by s v2. */
 	s1 = publish(f, &f->prod, "s", 0);
-	assert_int_equal(registry_lease(&f->r, &f->cons, s1, &l), 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, s1, &l, NULL), 0);
 	s2 = publish(f, &f->prod, "s", 0);
-	assert_int_equal(registry_lease(&f->r, &f->cons, s2, &l), 0);
-	assert_int_equal(registry_lease(&f->r, &f->cons, s2, &l), 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, s2, &l, NULL), 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, s2, &l, NULL), 0);
 	/* A pending version of prod. */
 	add_ok(f, &f->prod, spec(&ts, "p", 0, 1, 1, PAGE), 0);
 	/* Exports of prod: e leased by cons, x not. */
 	e1 = export(f, &f->prod, "e", 0);
-	assert_int_equal(registry_lease(&f->r, &f->cons, e1, &l), 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, e1, &l, NULL), 0);
 	x1 = export(f, &f->prod, "x", 0);
 	(void)x1;
 	assert_counts(f, 4, 5, 5, 5 * PAGE, 4);
 	assert_int_equal(f->cons.nleases, 4);
-	assert_int_equal(fd_count(), f->fd_base + 5);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 5);
 	freed = f->rec.nfreed;
 
 	registry_owner_drop(&f->r, &f->prod);
@@ -884,7 +873,7 @@ static void test_owner_drop(void **state)
 	/* Sealed store versions are the daemon's: untouched. */
 	assert_found(f, &f->cons, "s", REG_LATEST, 0, s2);
 	assert_counts(f, 2, 3, 3, 3 * PAGE, 4);
-	assert_int_equal(fd_count(), f->fd_base + 3);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 3);
 
 	registry_owner_drop(&f->r, &f->cons);
 	assert_int_equal(f->cons.nleases, 0);
@@ -895,7 +884,7 @@ static void test_owner_drop(void **state)
 	assert_found(f, &f->cons, "s", REG_LATEST, 0, s2);
 	assert_counts(f, 1, 1, 1, PAGE, 0);
 	assert_int_equal(f->rec.nfreed, freed + 4);
-	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 1);
 	/* A dropped owner may be dropped again, harmlessly. */
 	registry_owner_drop(&f->r, &f->cons);
 	registry_owner_drop(&f->r, &f->prod);
@@ -930,7 +919,7 @@ static void test_export_retired(void **state)
 	/* Producer memory does not count as the daemon's bytes. */
 	assert_int_equal(f->r.owned_bytes, 0);
 	assert_counts(f, 1, 1, 1, PAGE, 0);
-	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 1);
 
 	/* Superseded and unleased: retired to its producer at once, and the
 	 * registry's fd is closed. */
@@ -940,11 +929,11 @@ static void test_export_retired(void **state)
 	assert_string_equal(f->rec.ret_name[0], "x");
 	assert_int_equal(f->rec.ret_number[0], 1);
 	assert_int_equal(f->rec.nfreed, 1);
-	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 1);
 	assert_false(fd_open(fd1));
 
 	/* Superseded but leased: retired only at the release. */
-	assert_int_equal(registry_lease(&f->r, &f->cons, v2, &l), 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v2, &l, NULL), 0);
 	v3 = export(f, &f->prod, "x", 0);
 	assert_int_equal(f->rec.nretired, 1);
 	assert_found(f, &f->cons, "x", REG_EXACT, 2, v2);
@@ -953,7 +942,7 @@ static void test_export_retired(void **state)
 	assert_int_equal(f->rec.nretired, 2);
 	assert_ptr_equal(f->rec.ret_producer[1], &f->prod);
 	assert_int_equal(f->rec.ret_number[1], 2);
-	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 1);
 
 	/* A store version superseding an export retires it too. */
 	publish(f, &f->cons, "x", 0);
@@ -967,7 +956,7 @@ static void test_export_retired(void **state)
 	assert_int_equal(f->rec.nretired, 4);
 	assert_string_equal(f->rec.ret_name[3], "y");
 	assert_int_equal(f->rec.ret_number[3], 1);
-	assert_int_equal(fd_count(), f->fd_base + 1);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 1);
 }
 
 static void refuse_export(struct fix *f, int fd, uint64_t claim)
@@ -976,22 +965,22 @@ static void refuse_export(struct fix *f, int fd, uint64_t claim)
 	struct tspec ts;
 	struct version *v = &sentinel;
 	int real = fd >= 0 && fd_open(fd);
-	int before = fd_count();
+	int before = fds_count(getpid());
 
 	spec(&ts, "r", 0, 1, 1, claim);
 	ts.fds[0] = fd;
 	/* A peer's fd that is no good is -EBADF, with the reason in why. */
-	f->r.why = NULL;
-	assert_int_equal(registry_add(&f->r, &f->prod, &ts.s, 1, &v),
+	f->why = NULL;
+	assert_int_equal(registry_add(&f->r, &f->prod, &ts.s, 1, &v, &f->why),
 			 fd < 0 ? -EINVAL : -EBADF);
 	if (fd >= 0)
-		assert_non_null(f->r.why);
+		assert_non_null(f->why);
 	/* Neither taken nor closed. */
 	assert_int_equal(ts.fds[0], fd);
 	assert_ptr_equal(v, &sentinel);
 	if (real)
 		assert_true(fd_open(fd));
-	assert_int_equal(fd_count(), before);
+	assert_int_equal(fds_count(getpid()), before);
 	assert_null(registry_entry(&f->r, "r"));
 	assert_counts(f, 0, 0, 0, 0, 0);
 }
@@ -1034,7 +1023,7 @@ static void test_export_fd_refused(void **state)
 	wo = open(path, O_WRONLY | O_CLOEXEC);
 	assert_true(ro >= 0 && wo >= 0);
 	refuse_export(f, ro, PAGE);
-	assert_true(strstr(f->r.why, "read-write") != NULL);
+	assert_true(strstr(f->why, "read-write") != NULL);
 	refuse_export(f, wo, PAGE);
 	assert_int_equal(fcntl(ok, F_GET_SEALS), F_SEAL_SHRINK | F_SEAL_GROW);
 	close(ro);
@@ -1047,7 +1036,8 @@ static void test_export_fd_refused(void **state)
 		spec(&ts, "r", 0, 2, 2, PAGE);
 		ts.fds[0] = ok;
 		ts.fds[1] = nos;
-		assert_int_equal(registry_add(&f->r, &f->prod, &ts.s, 1, &v),
+		assert_int_equal(registry_add(&f->r, &f->prod, &ts.s, 1, &v,
+					      NULL),
 				 -EBADF);
 		assert_int_equal(ts.fds[0], ok);
 		assert_int_equal(ts.fds[1], nos);
@@ -1061,7 +1051,8 @@ static void test_export_fd_refused(void **state)
 		assert_int_equal(fcntl(shrink, F_ADD_SEALS, F_SEAL_GROW), 0);
 		spec(&ts, "r", 0, 1, 1, PAGE / 2);
 		ts.fds[0] = shrink;
-		assert_int_equal(registry_add(&f->r, &f->prod, &ts.s, 1, &v), 0);
+		assert_int_equal(registry_add(&f->r, &f->prod, &ts.s, 1, &v,
+					      NULL), 0);
 		assert_int_equal(ts.fds[0], -1);
 		assert_int_equal(v->buffers[0]->fd, shrink);
 	}
@@ -1082,10 +1073,10 @@ static void expect_add(struct fix *f, struct registry_owner *o,
 		       struct registry_spec *s, int exported, int want)
 {
 	struct version *v = NULL;
-	int before = fd_count();
+	int before = fds_count(getpid());
 	uint64_t names = f->r.nnames, versions = f->r.nversions;
 	uint64_t buffers = f->r.nbuffers, bytes = f->r.bytes;
-	int ret = registry_add(&f->r, o, s, exported, &v);
+	int ret = registry_add(&f->r, o, s, exported, &v, NULL);
 
 	if (ret == 0) {
 		/* Accepted as wanted: drop it again to compare. */
@@ -1098,7 +1089,7 @@ static void expect_add(struct fix *f, struct registry_owner *o,
 	if (ret)
 		assert_null(v);
 	/* A refusal leaves no trace. */
-	assert_int_equal(fd_count(), before);
+	assert_int_equal(fds_count(getpid()), before);
 	assert_int_equal(f->r.nnames, names);
 	assert_int_equal(f->r.nversions, versions);
 	assert_int_equal(f->r.nbuffers, buffers);
@@ -1238,7 +1229,7 @@ static void test_limit_bytes_overflow(void **state)
 	f->r.limits.max_buffer_bytes = INT64_MAX;
 	spec(&ts, "huge", 0, 1, 4, UINT64_C(1) << 62);
 	ts.shape[0] = 1;
-	ret = registry_add(&f->r, &f->prod, &ts.s, 0, &v);
+	ret = registry_add(&f->r, &f->prod, &ts.s, 0, &v, NULL);
 	if (ret == 0)
 		registry_abort(&f->r, &f->prod, "huge", v->number, 0);
 	assert_int_equal(ret, -ENOSPC);
@@ -1252,20 +1243,22 @@ static void test_limit_leases(void **state)
 
 	f->r.limits.max_leases = 2;
 	v = publish(f, &f->prod, "l", 0);
-	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l[0]), 0);
-	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l[1]), 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l[0], NULL), 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l[1], NULL), 0);
 	assert_int_not_equal(l[0]->id, l[1]->id);
 	l[2] = NULL;
-	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l[2]), -EDQUOT);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l[2], NULL),
+			 -EDQUOT);
 	assert_null(l[2]);
 	assert_int_equal(f->cons.nleases, 2);
 	assert_int_equal(v->leases, 2);
 	assert_int_equal(f->r.nleases, 2);
 	/* Per owner: another one still may. */
-	assert_int_equal(registry_lease(&f->r, &f->other, v, &l[2]), 0);
+	assert_int_equal(registry_lease(&f->r, &f->other, v, &l[2], NULL), 0);
 	assert_int_equal(registry_release(&f->r, &f->cons, l[0]->id), 0);
-	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l[0]), 0);
-	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l[0]), -EDQUOT);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l[0], NULL), 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l[0], NULL),
+			 -EDQUOT);
 	assert_int_equal(v->leases, 3);
 }
 
@@ -1508,12 +1501,12 @@ static void test_deinit_frees_everything(void **state)
 	add_ok(f, &f->cons, spec(&ts, "sealed", 0, 1, 1, PAGE), 0);
 	export(f, &f->prod, "exported", 0);
 	export(f, &f->prod, "exported", 0600);
-	assert_int_equal(fd_count(), f->fd_base + 6);
+	assert_int_equal(fds_count(getpid()), f->fd_base + 6);
 	freed = f->rec.nfreed;
 	registry_deinit(&f->r);
 	f->done = 1;
 	/* Every fd closed, every counter zero, no callback. */
-	assert_int_equal(fd_count(), f->fd_base);
+	assert_int_equal(fds_count(getpid()), f->fd_base);
 	assert_counts(f, 0, 0, 0, 0, 0);
 	assert_int_equal(f->r.owned_bytes, 0);
 	assert_null(f->r.names);
@@ -1531,17 +1524,17 @@ static void test_deinit_with_leases(void **state)
 	int versions_left;
 
 	v = publish(f, &f->prod, "old", 0);
-	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l), 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l, NULL), 0);
 	publish(f, &f->prod, "old", 0);
 	v = publish(f, &f->prod, "gone", 0);
-	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l), 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l, NULL), 0);
 	assert_int_equal(registry_delete(&f->r, &f->prod, "gone"), 0);
 	export(f, &f->prod, "ex", 0);
 	assert_counts(f, 2, 4, 4, 4 * PAGE, 2);
 
 	registry_deinit(&f->r);
 	f->done = 1;
-	assert_int_equal(fd_count(), f->fd_base);
+	assert_int_equal(fds_count(getpid()), f->fd_base);
 	assert_int_equal(f->r.nnames, 0);
 	assert_int_equal(f->r.nversions, 0);
 	assert_int_equal(f->r.nbuffers, 0);
@@ -1571,7 +1564,7 @@ static void test_numbers_after_delete(void **state)
 	int err;
 
 	v1 = export(f, &f->prod, "n", 0);
-	assert_int_equal(registry_lease(&f->r, &f->cons, v1, &l), 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v1, &l, NULL), 0);
 	assert_int_equal(registry_delete(&f->r, &f->prod, "n"), 0);
 	n1 = export(f, &f->prod, "n", 0);
 	assert_found(f, &f->cons, "n", REG_LATEST, 0, n1);
@@ -1596,7 +1589,7 @@ static void test_numbers_after_delete(void **state)
 /* Attaches o to its uid record (quotas apply from now on). */
 static struct uid_usage *attach(struct fix *f, struct registry_owner *o)
 {
-	assert_int_equal(registry_owner_attach(&f->r, o), 0);
+	assert_int_equal(registry_owner_attach(&f->r, o, NULL), 0);
 	return o->usage;
 }
 
@@ -1607,7 +1600,9 @@ static int create(struct fix *f, struct registry_owner *o, const char *name,
 	struct tspec ts;
 
 	*v = NULL;
-	return registry_add(&f->r, o, spec(&ts, name, 0, 1, 1, PAGE), 0, v);
+	f->why = NULL;
+	return registry_add(&f->r, o, spec(&ts, name, 0, 1, 1, PAGE), 0, v,
+			    &f->why);
 }
 
 static void assert_charged(struct uid_usage *u, uint32_t versions,
@@ -1645,9 +1640,9 @@ static void test_charges(void **state)
 
 	/* Two leases of one uid (two of its connections) and one of
 	 * another: each uid pays once. */
-	assert_int_equal(registry_lease(&f->r, &f->other, v1, &l1), 0);
-	assert_int_equal(registry_lease(&f->r, &f->other, v1, &l2), 0);
-	assert_int_equal(registry_lease(&f->r, &f->cons, v1, &l3), 0);
+	assert_int_equal(registry_lease(&f->r, &f->other, v1, &l1, NULL), 0);
+	assert_int_equal(registry_lease(&f->r, &f->other, v1, &l2, NULL), 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v1, &l3, NULL), 0);
 	assert_charged(uo, 0, 0, 1, PAGE, 2);
 	assert_charged(up, 1, PAGE, 1, PAGE, 4);
 
@@ -1664,7 +1659,7 @@ static void test_charges(void **state)
 	assert_int_equal(f->r.nfds, REGISTRY_FDS_HOST);
 
 	/* Deleted while leased: the leaseholder pays, the producer not. */
-	assert_int_equal(registry_lease(&f->r, &f->other, v2, &l1), 0);
+	assert_int_equal(registry_lease(&f->r, &f->other, v2, &l1, NULL), 0);
 	assert_int_equal(registry_delete(&f->r, &f->prod, "c"), 0);
 	assert_charged(up, 0, 0, 0, 0, 0);
 	assert_charged(uo, 0, 0, 1, PAGE, 2);
@@ -1703,10 +1698,10 @@ static void test_limit_pending_fds(void **state)
 		assert_int_equal(create(f, &f->prod, name, &v), 0);
 	}
 	assert_int_equal(create(f, &f->prod, "p9", &v), -EDQUOT);
-	assert_string_equal(f->r.why, "pending versions per connection");
+	assert_string_equal(f->why, "pending versions per connection");
 	assert_int_equal(create(f, &f->cons, "q0", &v), 0);
 	assert_int_equal(create(f, &f->cons, "q1", &v), -EDQUOT);
-	assert_string_equal(f->r.why, "pending versions per uid");
+	assert_string_equal(f->why, "pending versions per uid");
 	/* Another uid is not touched; exports are not pending. */
 	assert_int_equal(create(f, &f->other, "o0", &v), 0);
 	export(f, &f->prod, "x", 0);
@@ -1721,7 +1716,7 @@ static void test_limit_pending_fds(void **state)
 	f->r.limits.max_pending = 100;
 	f->r.limits.uid_open_fds = 13;
 	assert_int_equal(create(f, &f->prod, "p9", &v), -EDQUOT);
-	assert_string_equal(f->r.why, "open fds per uid");
+	assert_string_equal(f->why, "open fds per uid");
 	/* fds queued in replies count too. */
 	f->r.limits.uid_open_fds = 14;
 	up->fds_queued = 1;
@@ -1737,15 +1732,16 @@ static void test_limit_pending_fds(void **state)
 						   REG_LATEST, 0, &err);
 
 		assert_non_null(p0);
-		assert_int_equal(registry_lease(&f->r, &f->other, p0, &l),
+		assert_int_equal(registry_lease(&f->r, &f->other, p0, &l,
+						&f->why),
 				 -EDQUOT);
-		assert_string_equal(f->r.why, "open fds per uid");
+		assert_string_equal(f->why, "open fds per uid");
 	}
 	/* The daemon's budget, over every uid. */
 	f->r.limits.uid_open_fds = 0;
 	f->r.limits.max_open_fds = (uint32_t)f->r.nfds + 1;
 	assert_int_equal(create(f, &f->other, "o1", &v), -ENOSPC);
-	assert_string_equal(f->r.why, "open fds of the daemon");
+	assert_string_equal(f->why, "open fds of the daemon");
 	f->r.limits.max_open_fds = 0;
 }
 
@@ -1764,12 +1760,13 @@ static void test_limit_leased_bytes(void **state)
 	f->r.limits.uid_leased_bytes = PAGE;
 	v1 = publish(f, &f->prod, "a", 0);
 	v2 = publish(f, &f->prod, "b", 0);
-	assert_int_equal(registry_lease(&f->r, &f->other, v1, &l), 0);
-	assert_int_equal(registry_lease(&f->r, &f->other, v1, &l), 0);
-	assert_int_equal(registry_lease(&f->r, &f->other, v2, &l), -EDQUOT);
-	assert_string_equal(f->r.why, "leased host bytes per uid");
+	assert_int_equal(registry_lease(&f->r, &f->other, v1, &l, NULL), 0);
+	assert_int_equal(registry_lease(&f->r, &f->other, v1, &l, NULL), 0);
+	assert_int_equal(registry_lease(&f->r, &f->other, v2, &l, &f->why),
+			 -EDQUOT);
+	assert_string_equal(f->why, "leased host bytes per uid");
 	/* The producer's own quota is another one. */
-	assert_int_equal(registry_lease(&f->r, &f->prod, v2, &l), 0);
+	assert_int_equal(registry_lease(&f->r, &f->prod, v2, &l, NULL), 0);
 
 	/* A daemon-owned cuda-vmm buffer (its fd: any fd will do here). */
 	spec(&ts, "g", 0, 1, 1, PAGE);
@@ -1785,10 +1782,11 @@ static void test_limit_leased_bytes(void **state)
 	assert_int_equal(f->prod.usage->gpu_bytes, PAGE);
 	assert_int_equal(registry_seal(&f->r, &f->prod, "g", 1, 0, NULL, 0), 0);
 	f->r.limits.uid_leased_gpu_bytes = PAGE - 1;
-	assert_int_equal(registry_lease(&f->r, &f->other, g, &l), -EDQUOT);
-	assert_string_equal(f->r.why, "leased GPU bytes per uid");
+	assert_int_equal(registry_lease(&f->r, &f->other, g, &l, &f->why),
+			 -EDQUOT);
+	assert_string_equal(f->why, "leased GPU bytes per uid");
 	f->r.limits.uid_leased_gpu_bytes = PAGE;
-	assert_int_equal(registry_lease(&f->r, &f->other, g, &l), 0);
+	assert_int_equal(registry_lease(&f->r, &f->other, g, &l, NULL), 0);
 	assert_int_equal(f->other.usage->leased_gpu_bytes, PAGE);
 }
 
@@ -1871,7 +1869,7 @@ static void test_numbers_survive_an_exporter(void **state)
 	publish(f, &f->prod, "n", 0);
 	v = publish(f, &f->prod, "n", 0);
 	assert_int_equal(v->number, 2);
-	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l), 0);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l, NULL), 0);
 	lid = l->id;
 	assert_int_equal(export(f, &e, "n", 0)->number, 3);
 	registry_owner_drop(&f->r, &e);

@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "fds.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -17,22 +19,6 @@
 #include <unistd.h>
 
 #include "wire.h"
-
-/* Open fds of this process (the directory's own fd included, which is the
- * same for every call). */
-static int fd_count(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	struct dirent *de;
-	int n = 0;
-
-	assert_non_null(d);
-	while ((de = readdir(d)))
-		if (de->d_name[0] != '.')
-			n++;
-	closedir(d);
-	return n;
-}
 
 static void seqpacket_pair(int sv[2])
 {
@@ -67,7 +53,7 @@ static unsigned open_fds(int *fds, unsigned n)
 
 static void test_send_recv_frame_with_fds(void **state)
 {
-	int base = fd_count();
+	int base = fds_count(getpid());
 	int sv[2], p1[2], p2[2];
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Hello h = DLSHARE__HELLO__INIT;
@@ -137,7 +123,7 @@ static void test_send_recv_frame_with_fds(void **state)
 	close(p2[0]);
 	close(p2[1]);
 	close_pair(sv);
-	assert_int_equal(fd_count(), base);
+	assert_int_equal(fds_count(getpid()), base);
 }
 
 static void test_send_recv_no_fds(void **state)
@@ -192,17 +178,17 @@ static void test_recv_packet_larger_than_cap(void **state)
 
 	seqpacket_pair(sv);
 	memset(pkt, 'z', sizeof(pkt));
-	before = fd_count();
+	before = fds_count(getpid());
 	open_fds(fds, 4);
 	assert_int_equal(wire_send(sv[0], pkt, sizeof(pkt), fds, 4, 0), 0);
 	/* In-flight fds keep their files alive but are in nobody's table. */
 	wire_close_fds(fds, 4);
-	assert_int_equal(fd_count(), before);
+	assert_int_equal(fds_count(getpid()), before);
 	memset(rfds, -1, sizeof(rfds));
 	assert_int_equal(wire_recv(sv[1], buf, 10, rfds, WIRE_FDS_MAX, &len, &n,
 				   0), -EMSGSIZE);
 	/* Every fd received was closed, and the outputs were not set. */
-	assert_int_equal(fd_count(), before);
+	assert_int_equal(fds_count(getpid()), before);
 	assert_int_equal(len, 12345);
 	assert_int_equal(n, 12345);
 	for (unsigned i = 0; i < 4; i++)
@@ -224,16 +210,16 @@ static void too_many_fds(unsigned nsend, unsigned max_fds)
 	int before, ret;
 
 	seqpacket_pair(sv);
-	before = fd_count();
+	before = fds_count(getpid());
 	assert_int_equal(open_fds(fds, nsend + (nsend & 1)), nsend + (nsend & 1));
 	assert_int_equal(wire_send(sv[0], "abc", 3, fds, nsend, 0), 0);
 	wire_close_fds(fds, nsend + (nsend & 1));
-	assert_int_equal(fd_count(), before);
+	assert_int_equal(fds_count(getpid()), before);
 	memset(rfds, -1, sizeof(rfds));
 	ret = wire_recv(sv[1], buf, sizeof(buf), rfds, max_fds, &len, &n, 0);
 	if (ret == 0)
 		wire_close_fds(rfds, n);
-	assert_int_equal(fd_count(), before);
+	assert_int_equal(fds_count(getpid()), before);
 	assert_int_equal(ret, -EPROTO);
 	assert_int_equal(len, 777);
 	close_pair(sv);
@@ -268,20 +254,20 @@ static void test_recv_fds_when_none_allowed(void **state)
 	int before;
 
 	seqpacket_pair(sv);
-	before = fd_count();
+	before = fds_count(getpid());
 	open_fds(fds, 2);
 	assert_int_equal(wire_send(sv[0], "abc", 3, fds, 2, 0), 0);
 	wire_close_fds(fds, 2);
 	assert_int_equal(wire_recv(sv[1], buf, sizeof(buf), NULL, 0, &len, &n,
 				   0), -EPROTO);
-	assert_int_equal(fd_count(), before);
+	assert_int_equal(fds_count(getpid()), before);
 	/* The same with an fd array at hand but max_fds 0. */
 	open_fds(fds, 2);
 	assert_int_equal(wire_send(sv[0], "abc", 3, fds, 1, 0), 0);
 	wire_close_fds(fds, 2);
 	assert_int_equal(wire_recv(sv[1], buf, sizeof(buf), fds, 0, &len, &n,
 				   0), -EPROTO);
-	assert_int_equal(fd_count(), before);
+	assert_int_equal(fds_count(getpid()), before);
 	close_pair(sv);
 }
 

@@ -1,0 +1,396 @@
+/* create — Create requests: store versions, with GPU buffers made on the
+ * thread pool, and the daemon-owned cuda-ipc memory they leave. */
+#include "create.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <dlshare/dlshare.h>
+
+#include "encode.h"
+#include "gpu.h"
+#include "reply.h"
+
+/* Daemon-owned cuda-ipc memory: cudaMalloc memory of the daemon (the
+ * fallback where the driver cannot export VMM memory as an fd), by buffer
+ * id: freed on the thread pool when the registry frees the buffer. By then
+ * every process closed it: readers close their mapping before they release
+ * their lease, and the writer holds a lease until it closed its own. */
+struct devmem {
+	uint64_t id;              /* the buffer's */
+	void *ptr;
+	int ordinal;
+	UT_hash_handle hh;        /* daemon->devmem */
+};
+
+struct devmem_free {
+	uv_work_t req;
+	void *ptr;
+	int ordinal;
+};
+
+static void devmem_free_work(uv_work_t *req)
+{
+	struct devmem_free *df = req->data;
+
+	gpu_free_ipc(df->ptr, df->ordinal);
+}
+
+static void devmem_free_done(uv_work_t *req, int status)
+{
+	(void)status;
+	free(req->data);
+}
+
+/* Frees a cuda-ipc allocation off the loop (cudaFree waits for the
+ * device); at once when that cannot be queued. */
+static void devmem_free(struct daemon *d, void *ptr, int ordinal)
+{
+	struct devmem_free *df = calloc(1, sizeof(*df));
+
+	if (df) {
+		df->ptr = ptr;
+		df->ordinal = ordinal;
+		df->req.data = df;
+		if (uv_queue_work(d->loop, &df->req, devmem_free_work,
+				  devmem_free_done) == 0)
+			return;
+		free(df);
+	}
+	gpu_free_ipc(ptr, ordinal);
+}
+
+/* A Create whose GPU buffers are being made on the thread pool: a GPU
+ * allocation may take long (the driver's first call, a full device), and
+ * the loop never waits. It counts as a request in flight of its peer. */
+struct gpu_job {
+	uv_work_t req;
+	struct daemon *d;
+	struct peer *peer;        /* NULL once the peer went */
+	struct gpu_job *prev, *next; /* peer->jobs */
+	uint64_t id;
+	Dlshare__Create *create;  /* a copy of the request */
+	int made[REGISTRY_BUFFERS_HARD_MAX];     /* mem[i] is ours to free */
+	struct gpu_mem mem[REGISTRY_BUFFERS_HARD_MAX];
+	int fds[REGISTRY_BUFFERS_HARD_MAX];      /* cuda-vmm: mem[i].fd */
+	int err;
+	const char *why;
+};
+
+/* Registers a store version whose GPU memory (if any, in j) is made, and
+ * answers with every buffer's fd. The version's cuda-vmm buffers count the
+ * producer among their holders: it maps them, and must hear when they go.
+ * With cuda-ipc buffers the producer gets a writer lease. What the
+ * registry did not take stays j's. */
+static void create_finish(struct peer *peer, uint64_t id,
+			  const Dlshare__Create *m, struct gpu_job *j)
+{
+	struct daemon *d = peer->d;
+	struct registry_spec spec = {
+		.name = m->name, .mode = m->mode,
+		.tensors = m->tensors, .ntensors = m->n_tensors,
+		.buffers = m->buffers, .nbuffers = m->n_buffers,
+		.fds = j ? j->fds : NULL,
+		.made = j ? j->made : NULL,
+	};
+	Dlshare__Frame out = DLSHARE__FRAME__INIT;
+	Dlshare__CreateReply r = DLSHARE__CREATE_REPLY__INIT;
+	int attach[REGISTRY_BUFFERS_HARD_MAX];
+	struct encode_version w;
+	const char *why = NULL;
+	struct version *v;
+	struct lease *l;
+	int err, ipc = 0;
+
+	err = registry_add(&d->reg, &peer->owner, &spec, 0, &v, &why);
+	if (err) {
+		reply_err_why(peer, id, err, why, "create", m->name);
+		return;
+	}
+	for (size_t i = 0; j && i < v->nbuffers; i++) {
+		struct devmem *dm;
+
+		if (!j->made[i] || j->mem[i].kind != GPU_CUDA_IPC)
+			continue;
+		dm = calloc(1, sizeof(*dm));
+		if (!dm) {
+			registry_abort(&d->reg, &peer->owner, m->name,
+				       v->number, v->writer);
+			reply_err(peer, id, -ENOMEM, "create", m->name);
+			return;
+		}
+		dm->id = v->buffers[i]->id;
+		dm->ptr = j->mem[i].ptr;
+		dm->ordinal = j->mem[i].ordinal;
+		HASH_ADD(hh, d->devmem, id, sizeof(dm->id), dm);
+		j->made[i] = 0; /* freed with the buffer from here */
+		ipc = 1;
+	}
+	err = ipc ? registry_lease(&d->reg, &peer->owner, v, &l, &why) : 0;
+	for (size_t i = 0; i < v->nbuffers; i++)
+		attach[i] = 1;
+	if (!err && encode_version_init(&w, v, attach))
+		err = -ENOMEM;
+	if (err) {
+		registry_abort(&d->reg, &peer->owner, m->name, v->number,
+			       v->writer);
+		reply_err_why(peer, id, err, why, "create", m->name);
+		return;
+	}
+	r.version = v->number;
+	r.has_writer = 1;
+	r.writer = v->writer;
+	r.n_buffers = v->nbuffers;
+	r.buffers = w.bp;
+	if (ipc) {
+		r.has_writer_lease = 1;
+		r.writer_lease = l->id;
+	}
+	out.id = id;
+	out.body_case = DLSHARE__FRAME__BODY_CREATE_REPLY;
+	out.create_reply = &r;
+	/* A failed send dooms c, and its pending version goes with it. */
+	err = conn_send(&peer->conn, &out, w.fds, w.nfds);
+	encode_version_deinit(&w);
+	if (err || !conn_open(&peer->conn))
+		return;
+	for (size_t i = 0; i < v->nbuffers; i++)
+		if (v->buffers[i]->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM &&
+		    peer_sent_add(peer, v->buffers[i]))
+			return;
+}
+
+static int is_gpu_buffer(const Dlshare__Buffer *b)
+{
+	return b->device && b->device->type == kDLCUDA &&
+	       (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_UNSPECIFIED ||
+		b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM);
+}
+
+/* Frees what j made and nobody took (any thread: cudaFree blocks). */
+static void gpu_job_unmake(struct gpu_job *j)
+{
+	for (size_t i = 0; i < REGISTRY_BUFFERS_HARD_MAX; i++) {
+		if (!j->made[i])
+			continue;
+		if (j->mem[i].kind == GPU_CUDA_IPC)
+			gpu_free_ipc(j->mem[i].ptr, j->mem[i].ordinal);
+		j->made[i] = 0;
+	}
+	wire_close_fds(j->fds, REGISTRY_BUFFERS_HARD_MAX);
+}
+
+/* Thread pool: makes the GPU buffers, all or none. */
+static void gpu_job_work(uv_work_t *req)
+{
+	struct gpu_job *j = req->data;
+	const Dlshare__Create *m = j->create;
+
+	for (size_t i = 0; i < m->n_buffers && !j->err; i++) {
+		const Dlshare__Buffer *b = m->buffers[i];
+
+		if (!is_gpu_buffer(b))
+			continue;
+		j->err = gpu_alloc(b->device->uuid.data, b->size, &j->mem[i],
+				   &j->why);
+		if (!j->err) {
+			j->made[i] = 1;
+			j->fds[i] = j->mem[i].fd;
+		}
+	}
+	if (j->err)
+		gpu_job_unmake(j);
+}
+
+/* Loop thread: frees j, and what it made that nobody took (off the loop:
+ * cudaFree waits for the device). */
+static void gpu_job_free(struct gpu_job *j)
+{
+	wire_close_fds(j->fds, REGISTRY_BUFFERS_HARD_MAX);
+	for (size_t i = 0; i < REGISTRY_BUFFERS_HARD_MAX; i++)
+		if (j->made[i] && j->mem[i].kind == GPU_CUDA_IPC)
+			devmem_free(j->d, j->mem[i].ptr, j->mem[i].ordinal);
+	dlshare__create__free_unpacked(j->create, NULL);
+	free(j);
+}
+
+/* Loop: answers the Create, unless its peer went meanwhile. */
+static void gpu_job_done(uv_work_t *req, int status)
+{
+	struct gpu_job *j = req->data;
+	struct peer *peer = j->peer;
+	Dlshare__Create *m = j->create;
+	struct daemon *d = j->d;
+
+	if (!peer) {
+		gpu_job_free(j);
+		return;
+	}
+	DL_DELETE(peer->jobs, j);
+	peer->inflight--;
+	if (!conn_open(&peer->conn)) {
+		/* Doomed meanwhile: nothing to answer. */
+	} else if (status || j->err) {
+		conn_send_error(&peer->conn, j->id, status ? DLSHARE_EIO :
+				reply_code(j->err), "create %s: %s",
+				m->name, status ? uv_strerror(status) : j->why);
+	} else {
+		for (size_t i = 0; i < m->n_buffers; i++) {
+			Dlshare__Buffer *b = m->buffers[i];
+
+			if (!j->made[i])
+				continue;
+			b->size = j->mem[i].size;
+			if (j->mem[i].kind == GPU_CUDA_VMM) {
+				b->kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM;
+				continue;
+			}
+			b->kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC;
+			b->has_ipc_handle = 1;
+			b->ipc_handle.data = j->mem[i].handle;
+			b->ipc_handle.len = GPU_IPC_HANDLE_LEN;
+			b->has_ipc_offset = 1;
+			b->ipc_offset = 0;
+		}
+		create_finish(peer, j->id, m, j);
+		/* The copy frees what it unpacked, not j's handle bytes (a
+		 * GPU buffer of the copy had none: create_gpu). */
+		for (size_t i = 0; i < m->n_buffers; i++)
+			if (m->buffers[i]->ipc_handle.data == j->mem[i].handle) {
+				m->buffers[i]->has_ipc_handle = 0;
+				m->buffers[i]->ipc_handle.data = NULL;
+			}
+	}
+	gpu_job_free(j);
+	conn_reap(&d->conns);
+}
+
+/* Starts making m's GPU buffers. The request is checked first, so that
+ * nothing is allocated for a create that would be refused anyway. */
+static void create_gpu(struct peer *peer, uint64_t id, const Dlshare__Create *m)
+{
+	struct daemon *d = peer->d;
+	struct registry_spec spec = {
+		.name = m->name, .mode = m->mode,
+		.tensors = m->tensors, .ntensors = m->n_tensors,
+		.buffers = m->buffers, .nbuffers = m->n_buffers,
+		.precheck = 1,
+	};
+	const char *why = NULL;
+	struct gpu_job *j;
+	uint8_t *packed;
+	size_t len;
+	int err;
+
+	/* A GPU buffer is the daemon's to describe: whatever handle the
+	 * peer put on it is not kept (nor copied below). */
+	for (size_t i = 0; i < m->n_buffers; i++)
+		if (is_gpu_buffer(m->buffers[i])) {
+			m->buffers[i]->kind =
+				DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM;
+			m->buffers[i]->has_ipc_handle = 0;
+		}
+	err = registry_precheck(&d->reg, &peer->owner, &spec, 0, &why);
+	if (err) {
+		reply_err_why(peer, id, err, why, "create", m->name);
+		return;
+	}
+	if (peer->inflight >= d->limits->max_inflight) {
+		conn_send_error(&peer->conn, id, DLSHARE_ELIMIT,
+				"create %s: too many requests in flight on this connection (limit %u)",
+				m->name, d->limits->max_inflight);
+		return;
+	}
+	j = calloc(1, sizeof(*j));
+	len = dlshare__create__get_packed_size(m);
+	packed = malloc(len ? len : 1);
+	if (!j || !packed) {
+		free(j);
+		free(packed);
+		reply_err(peer, id, -ENOMEM, "create", m->name);
+		return;
+	}
+	/* The request's memory goes with its packet: keep a copy. */
+	dlshare__create__pack(m, packed);
+	j->create = dlshare__create__unpack(NULL, len, packed);
+	free(packed);
+	if (!j->create) {
+		free(j);
+		reply_err(peer, id, -ENOMEM, "create", m->name);
+		return;
+	}
+	for (size_t i = 0; i < REGISTRY_BUFFERS_HARD_MAX; i++)
+		j->fds[i] = -1;
+	j->id = id;
+	j->d = d;
+	j->peer = peer;
+	j->req.data = j;
+	err = uv_queue_work(d->loop, &j->req, gpu_job_work, gpu_job_done);
+	if (err) {
+		gpu_job_free(j);
+		reply_err(peer, id, -ENOMEM, "create", m->name);
+		return;
+	}
+	DL_APPEND(peer->jobs, j);
+	peer->inflight++;
+}
+
+void create_request(struct peer *peer, const Dlshare__Frame *f,
+		    const Dlshare__Create *m)
+{
+	if (!reply_fits(peer, f)) {
+		reply_err(peer, f->id, -EMSGSIZE, "create", m->name);
+		return;
+	}
+	if (m->n_buffers > REGISTRY_BUFFERS_HARD_MAX) {
+		reply_err(peer, f->id, -E2BIG, "create", m->name);
+		return;
+	}
+	if (reply_refuse_same_keys(peer, f->id, "create", m->name, m->tensors,
+				   m->n_tensors))
+		return;
+	for (size_t i = 0; i < m->n_buffers; i++)
+		if (is_gpu_buffer(m->buffers[i])) {
+			create_gpu(peer, f->id, m);
+			return;
+		}
+	create_finish(peer, f->id, m, NULL);
+}
+
+void create_buffer_freed(struct daemon *d, const struct rbuffer *b)
+{
+	struct devmem *dm = NULL;
+
+	if (b->daemon_owned && b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC)
+		HASH_FIND(hh, d->devmem, &b->id, sizeof(b->id), dm);
+	if (dm) {
+		HASH_DEL(d->devmem, dm);
+		devmem_free(d, dm->ptr, dm->ordinal);
+		free(dm);
+	}
+}
+
+void create_peer_closed(struct peer *peer)
+{
+	struct gpu_job *j, *tmp;
+
+	/* A job in the pool finishes on its own, and then finds no peer. */
+	DL_FOREACH_SAFE(peer->jobs, j, tmp) {
+		DL_DELETE(peer->jobs, j);
+		peer->inflight--;
+		j->peer = NULL;
+	}
+}
+
+void create_deinit(struct daemon *d)
+{
+	struct devmem *dm, *dtmp;
+
+	/* cuda-ipc memory of versions still alive goes with the process (its
+	 * readers may still map it: freeing it under them would be worse). */
+	HASH_ITER(hh, d->devmem, dm, dtmp) {
+		HASH_DEL(d->devmem, dm);
+		free(dm);
+	}
+}

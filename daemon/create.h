@@ -1,0 +1,37 @@
+/* create — Create requests: a pending store version whose buffers the
+ * daemon makes. Host buffers are memfds made at once (registry_add). GPU
+ * buffers are made on the thread pool (a gpu_job: the driver's first call,
+ * or a full device, may take long, and the loop never waits), after the
+ * request was checked, and the Create is answered when they are; a job
+ * counts as a request in flight of its peer. cuda-vmm memory is an fd the
+ * registry holds; cuda-ipc memory (where the driver cannot export VMM
+ * memory) is the daemon's own allocation, kept here by buffer id and
+ * freed off the loop once the registry frees its buffer. Loop thread only.
+ */
+#ifndef DLSHARE_CREATE_H
+#define DLSHARE_CREATE_H
+
+#include "daemon.h"
+#include "peer.h"
+
+struct devmem;
+struct gpu_job;
+
+/* Handles a Create of peer (f is its frame, for the size of the answer):
+ * answered now, or once its GPU buffers are made. */
+void create_request(struct peer *peer, const Dlshare__Frame *f,
+		    const Dlshare__Create *m);
+
+/* The registry frees b: the daemon-owned cuda-ipc memory behind it, if
+ * any, is freed on the thread pool. */
+void create_buffer_freed(struct daemon *d, const struct rbuffer *b);
+
+/* peer is closing: its jobs on the pool finish without it, and free what
+ * they made. */
+void create_peer_closed(struct peer *peer);
+
+/* Forgets the cuda-ipc memory of versions still alive at shutdown: it goes
+ * with the process. */
+void create_deinit(struct daemon *d);
+
+#endif

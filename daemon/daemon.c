@@ -1,0 +1,50 @@
+/* daemon — the state the request handlers share. */
+#include "daemon.h"
+
+#include <string.h>
+#include <time.h>
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+int daemon_init(struct daemon *d, uv_loop_t *loop,
+		const struct daemon_limits *limits, uint32_t hello_packet,
+		const struct registry_limits *reg,
+		const struct registry_ops *rops, const struct conn_ops *cops)
+{
+	int err;
+
+	memset(d, 0, sizeof(*d));
+	d->loop = loop;
+	d->limits = limits;
+	d->started_ms = now_ms();
+	d->conn_limits = (struct conn_limits){
+		.max_packet = limits->max_packet,
+		.max_fds = limits->max_fds,
+		.hello_packet = hello_packet,
+		.hello_timeout_ms = limits->hello_timeout_ms,
+		.max_output = limits->max_output,
+		.max_out_fds = limits->max_out_fds,
+	};
+	err = conn_set_init(&d->conns, loop, cops, &d->conn_limits);
+	if (err)
+		return err;
+	registry_init(&d->reg, reg, rops, d);
+	return 0;
+}
+
+void daemon_deinit(struct daemon *d)
+{
+	registry_deinit(&d->reg);
+	conn_set_deinit(&d->conns);
+}
+
+uint64_t daemon_uptime_ms(const struct daemon *d)
+{
+	return now_ms() - d->started_ms;
+}

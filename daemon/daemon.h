@@ -1,0 +1,66 @@
+/* daemon — what the request handlers share: the loop, the limits, the
+ * registry, the connections, the counters, and the state of requests that
+ * span peers (parked gets by name, daemon-owned GPU memory, seals by uid).
+ *
+ * server.c puts it together and takes it apart; dispatch and the request
+ * modules work in it, each peer through peer->d. It calls nothing above
+ * it: the registry's and the conns' callbacks are given to daemon_init.
+ * Loop thread only.
+ */
+#ifndef DLSHARE_DAEMON_H
+#define DLSHARE_DAEMON_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "conn.h"
+#include "registry.h"
+
+/* Named limits of the daemon beyond the registry's, each with a default
+ * (server.h) and a flag (config.c). */
+struct daemon_limits {
+	uint32_t max_packet;      /* bytes in one packet, either way */
+	uint32_t max_fds;         /* fds in one packet from a peer */
+	uint32_t max_inflight;    /* requests in flight of one connection */
+	uint32_t max_connections; /* connections at once */
+	uint64_t max_output;      /* bytes queued to one peer before it is cut */
+	uint32_t list_page;       /* names in one List answer */
+	uint32_t hello_timeout_ms; /* a peer must say Hello within this */
+	uint32_t max_out_fds;     /* fds queued to one peer, not yet sent */
+	uint32_t uid_seals;       /* seals of one uid on the thread pool */
+};
+
+struct waitq;
+struct devmem;
+struct seal_uid;
+
+struct daemon {
+	uv_loop_t *loop;
+	const struct daemon_limits *limits;
+	struct registry reg;
+	struct conn_limits conn_limits; /* from limits, for conns */
+	struct conn_set conns;    /* every peer's conn (struct peer) */
+	struct waitq *waiters;    /* parked gets by name (get.c) */
+	struct devmem *devmem;    /* daemon-owned cuda-ipc memory (create.c) */
+	struct seal_uid *seal_uids; /* seals by uid (seal.c) */
+	uint64_t nparked;         /* parked gets of every peer */
+	uint64_t requests;        /* packets handled */
+	uint64_t started_ms;
+};
+
+/* Prepares d: limits (kept by reference) and the packet size before Hello
+ * for conns, reg's limits, the registry's and the conns' callbacks (rops
+ * get d as their ud). Returns 0 or -ENOMEM; d can be deinited either way.
+ */
+int daemon_init(struct daemon *d, uv_loop_t *loop,
+		const struct daemon_limits *limits, uint32_t hello_packet,
+		const struct registry_limits *reg,
+		const struct registry_ops *rops, const struct conn_ops *cops);
+
+/* Frees the registry and the receive buffer; every conn must be closed,
+ * and what the request modules keep in d freed (dispatch_deinit). */
+void daemon_deinit(struct daemon *d);
+
+uint64_t daemon_uptime_ms(const struct daemon *d);
+
+#endif

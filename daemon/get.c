@@ -1,0 +1,270 @@
+/* get — Get requests: answered at once, or parked until a version is
+ * published or the timeout. */
+#include "get.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <dlshare/dlshare.h>
+
+#include "check.h"
+#include "encode.h"
+#include "reply.h"
+
+/* A get waiting for a version that does not exist yet. */
+struct park {
+	struct peer *peer;
+	struct waitq *q;
+	uint64_t req_id;
+	enum registry_select sel;
+	uint64_t number;
+	int has_timer;
+	uv_timer_t timer;
+	struct park *prev, *next;   /* peer->parked */
+	struct park *wprev, *wnext; /* q->parks */
+};
+
+/* The parked gets of one name (which may not exist yet). */
+struct waitq {
+	char name[CHECK_NAME_MAX + 1];
+	struct park *parks;
+	UT_hash_handle hh;
+};
+
+/* Answers a get with v: takes a lease and sends each buffer's fd the first
+ * time this peer needs it. */
+static void get_answer(struct peer *peer, uint64_t id, struct version *v)
+{
+	struct daemon *d = peer->d;
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__GetReply r = DLSHARE__GET_REPLY__INIT;
+	int attach[REGISTRY_BUFFERS_HARD_MAX];
+	struct encode_version w;
+	const char *why = NULL;
+	struct lease *l;
+	int err;
+
+	unsigned nattach = 0;
+	for (size_t i = 0; i < v->nbuffers; i++) {
+		struct sent_buf *sb = NULL;
+
+		HASH_FIND(hh, peer->sent, &v->buffers[i]->id, sizeof(uint64_t),
+			  sb);
+		attach[i] = !sb;
+		nattach += attach[i] && v->buffers[i]->fd >= 0;
+	}
+	/* A peer that does not read its replies must not make the daemon
+	 * hold fds for it without bound. */
+	err = conn_may_queue_fds(&peer->conn, nattach, &why);
+	if (!err)
+		err = registry_lease(&d->reg, &peer->owner, v, &l, &why);
+	if (err) {
+		reply_err_why(peer, id, err, why, "get", v->entry->name);
+		return;
+	}
+	if (encode_version_init(&w, v, attach)) {
+		reply_err(peer, id, -ENOMEM, "get", v->entry->name);
+		registry_release(&d->reg, &peer->owner, l->id);
+		return;
+	}
+	r.version = v->number;
+	r.lease = l->id;
+	r.read_only = 1;
+	r.n_tensors = v->ntensors;
+	r.tensors = w.tp;
+	r.n_buffers = v->nbuffers;
+	r.buffers = w.bp;
+	if (v->event_len) {
+		r.has_event_handle = 1;
+		r.event_handle.data = v->event_handle;
+		r.event_handle.len = v->event_len;
+	}
+	f.id = id;
+	f.body_case = DLSHARE__FRAME__BODY_GET_REPLY;
+	f.get_reply = &r;
+	/* Sending frees no buffer; a failed send dooms c, after which its
+	 * sent set no longer matters. */
+	err = conn_send(&peer->conn, &f, w.fds, w.nfds);
+	encode_version_deinit(&w);
+	if (err || !conn_open(&peer->conn))
+		return;
+	for (size_t i = 0; i < v->nbuffers; i++)
+		if (attach[i] && v->buffers[i]->fd >= 0 &&
+		    peer_sent_add(peer, v->buffers[i]))
+			return;
+}
+
+static void park_free_cb(uv_handle_t *h)
+{
+	free(h->data);
+}
+
+static void park_remove(struct daemon *d, struct park *p)
+{
+	struct waitq *q = p->q;
+
+	DL_DELETE(p->peer->parked, p);
+	p->peer->inflight--;
+	DL_DELETE2(q->parks, p, wprev, wnext);
+	if (!q->parks) {
+		HASH_DEL(d->waiters, q);
+		free(q);
+	}
+	d->nparked--;
+	if (p->has_timer) {
+		uv_timer_stop(&p->timer);
+		uv_close((uv_handle_t *)&p->timer, park_free_cb);
+	} else {
+		free(p);
+	}
+}
+
+static void on_park_timeout(uv_timer_t *t)
+{
+	struct park *p = t->data;
+	struct peer *peer = p->peer;
+	struct daemon *d = peer->d;
+	uint64_t id = p->req_id;
+
+	park_remove(d, p);
+	conn_send_error(&peer->conn, id, DLSHARE_ETIMEDOUT,
+			"get: no matching version before the timeout");
+	conn_reap(&d->conns);
+}
+
+static int park(struct peer *peer, uint64_t id, const char *name,
+		enum registry_select sel, uint64_t number, uint32_t timeout)
+{
+	struct daemon *d = peer->d;
+	struct waitq *q = NULL;
+	struct park *p;
+
+	if (peer->inflight >= d->limits->max_inflight)
+		return -EDQUOT;
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	HASH_FIND_STR(d->waiters, name, q);
+	if (!q) {
+		q = calloc(1, sizeof(*q));
+		if (!q) {
+			free(p);
+			return -ENOMEM;
+		}
+		memcpy(q->name, name, strlen(name) + 1);
+		HASH_ADD_STR(d->waiters, name, q);
+	}
+	p->peer = peer;
+	p->q = q;
+	p->req_id = id;
+	p->sel = sel;
+	p->number = number;
+	DL_APPEND(peer->parked, p);
+	peer->inflight++;
+	DL_APPEND2(q->parks, p, wprev, wnext);
+	d->nparked++;
+	if (timeout != UINT32_MAX) {
+		p->has_timer = 1;
+		uv_timer_init(d->loop, &p->timer);
+		p->timer.data = p;
+		uv_timer_start(&p->timer, on_park_timeout, timeout, 0);
+	}
+	return 0;
+}
+
+void get_request(struct peer *peer, uint64_t id, const Dlshare__Get *m)
+{
+	enum registry_select sel;
+	struct version *v;
+	int err;
+
+	switch (m->select) {
+	case DLSHARE__SELECT__SELECT_LATEST:
+		sel = REG_LATEST;
+		break;
+	case DLSHARE__SELECT__SELECT_EXACT:
+		sel = REG_EXACT;
+		break;
+	case DLSHARE__SELECT__SELECT_NEWER_THAN:
+		sel = REG_NEWER_THAN;
+		break;
+	default:
+		reply_err(peer, id, -EINVAL, "get (unknown selector)", m->name);
+		return;
+	}
+	if (check_name(m->name)) {
+		reply_err(peer, id, -EINVAL, "get (invalid name)", NULL);
+		return;
+	}
+	v = registry_find(&peer->d->reg, &peer->owner, m->name, sel, m->version,
+			  &err);
+	if (v) {
+		get_answer(peer, id, v);
+		return;
+	}
+	if (err == -ENOENT && m->timeout_ms > 0 && id != 0) {
+		err = park(peer, id, m->name, sel, m->version, m->timeout_ms);
+		if (!err)
+			return;
+		if (err == -EDQUOT) {
+			conn_send_error(&peer->conn, id, DLSHARE_ELIMIT,
+					"get %s: too many waiting gets on this connection (limit %u)",
+					m->name, peer->d->limits->max_inflight);
+			return;
+		}
+	}
+	reply_err(peer, id, err, "get", m->name);
+}
+
+void get_published(struct daemon *d, const struct entry *e)
+{
+	struct waitq *q = NULL;
+	struct park *p, *tmp;
+
+	HASH_FIND_STR(d->waiters, e->name, q);
+	if (!q)
+		return;
+	/* Answering may empty and free q: iterate with a saved next, and stop
+	 * once the last park took q with it. */
+	DL_FOREACH_SAFE2(q->parks, p, tmp, wnext) {
+		struct peer *peer = p->peer;
+		uint64_t id = p->req_id;
+		int last = !tmp, err;
+		struct version *found;
+
+		if (!conn_open(&peer->conn)) {
+			if (last)
+				break;
+			continue;
+		}
+		found = registry_find(&d->reg, &peer->owner, e->name, p->sel,
+				      p->number, &err);
+		if (found || err != -ENOENT) {
+			park_remove(d, p);
+			if (found)
+				get_answer(peer, id, found);
+			else
+				reply_err(peer, id, err, "get", e->name);
+		}
+		if (last)
+			break;
+	}
+}
+
+void get_peer_closed(struct peer *peer)
+{
+	while (peer->parked)
+		park_remove(peer->d, peer->parked);
+}
+
+void get_deinit(struct daemon *d)
+{
+	struct waitq *q, *tmp;
+
+	/* Conns are all closed, so every park is gone; this is a backstop. */
+	HASH_ITER(hh, d->waiters, q, tmp) {
+		HASH_DEL(d->waiters, q);
+		free(q);
+	}
+}

@@ -1,0 +1,199 @@
+/* reply — answers: errno to DLSHARE_E* codes, and Error messages that say
+ * what the peer cannot see. */
+#include "reply.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include <dlshare/dlshare.h>
+
+#include "check.h"
+#include "log.h"
+
+/* Room a reply needs beyond the request that described the same version. */
+#define REPLY_OVERHEAD 1024u
+
+int reply_code(int err)
+{
+	switch (err) {
+	case 0:
+		return DLSHARE_OK;
+	case -EINVAL:
+	case -EBADF:
+		return DLSHARE_EINVAL;
+	case -ENOENT:
+		return DLSHARE_ENOENT;
+	case -ETIMEDOUT:
+		return DLSHARE_ETIMEDOUT;
+	case -EPERM:
+	case -EACCES:
+		return DLSHARE_EPERM;
+	case -ENOMEM:
+		return DLSHARE_ENOMEM;
+	case -EMSGSIZE:
+		return DLSHARE_E2BIG;
+	case -E2BIG:
+	case -ENOSPC:
+	case -EDQUOT:
+	case -EFBIG:
+	case -EMFILE:
+	case -ENFILE:
+		return DLSHARE_ELIMIT;
+	case -EPROTO:
+		return DLSHARE_EPROTO;
+	case -EOPNOTSUPP:
+		return DLSHARE_ENOTSUP;
+	case -ENODEV:
+		return DLSHARE_ENODEV;
+	case -EBUSY:
+		return DLSHARE_EBUSY;
+	case -EALREADY:
+	case -EINPROGRESS:
+		return DLSHARE_ESTATE;
+	default:
+		return DLSHARE_EIO;
+	}
+}
+
+static const char *errno_text(int err)
+{
+	switch (err) {
+	case -EMSGSIZE:
+		return "the version's description does not fit in one packet";
+	case -E2BIG:
+		return "too many tensors or buffers in one version";
+	case -ENOSPC:
+		return "the daemon's byte limit is reached";
+	case -EDQUOT:
+		return "a quota is reached";
+	case -EFBIG:
+		return "buffer larger than the daemon allows";
+	case -EOPNOTSUPP:
+		return "buffer kind not supported by this daemon";
+	case -EBUSY:
+		return "a writable mapping or pinned pages (e.g. vmsplice, "
+		       "O_DIRECT, RDMA) of a buffer still exist";
+	case -EALREADY:
+		return "version already sealed";
+	case -EINPROGRESS:
+		return "a seal of this version is in progress";
+	case -EBADF:
+		return "a buffer's fd is refused";
+	case -EPERM:
+		return "permission denied";
+	case -ENOENT:
+		return "no such name or version";
+	case -ETIMEDOUT:
+		return "no matching version before the timeout";
+	default:
+		return strerror(-err);
+	}
+}
+
+int reply_send(struct peer *peer, uint64_t id, Dlshare__Frame *f)
+{
+	f->id = id;
+	return conn_send(&peer->conn, f, NULL, 0);
+}
+
+void reply_ok(struct peer *peer, uint64_t id)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Ok ok = DLSHARE__OK__INIT;
+
+	if (id == 0)
+		return;
+	f.body_case = DLSHARE__FRAME__BODY_OK;
+	f.ok = &ok;
+	reply_send(peer, id, &f);
+}
+
+void reply_err_why(struct peer *peer, uint64_t id, int err, const char *why,
+		   const char *what, const char *name)
+{
+	struct entry *e;
+
+	/* Id 0 wants no reply (Release); an Error with id 0 would read as
+	 * the notice the daemon sends before it hangs up. */
+	if (id == 0)
+		return;
+	if (err != -ENOENT && err != -ETIMEDOUT)
+		log_info("conn %llu (pid %d): %s %s: %s",
+			 (unsigned long long)peer->conn.id,
+			 (int)peer->owner.pid, what, name ? name : "",
+			 errno_text(err));
+	/* For a limit, name it: which one, and that it is this uid's. */
+	if ((err == -EDQUOT || err == -ENOSPC) && why)
+		conn_send_error(&peer->conn, id, reply_code(err),
+				"%s%s%s: limit reached: %s (uid %u)", what,
+				name ? " " : "", name ? name : "",
+				why, (unsigned)peer->owner.uid);
+	/* For a refusal, whose name it is and what its mode lets whom:
+	 * the caller sees neither. get and stat read; the rest write. */
+	else if (err == -EPERM && name &&
+		 (e = registry_entry(&peer->d->reg, name)))
+		conn_send_error(&peer->conn, id, reply_code(err),
+				"%s %s: permission denied: owned by uid %u "
+				"(gid %u) with mode %04o, which does not let "
+				"uid %u (gid %u) %s it", what, name,
+				(unsigned)e->owner_uid, (unsigned)e->owner_gid,
+				(unsigned)e->mode, (unsigned)peer->owner.uid,
+				(unsigned)peer->owner.gid,
+				strncmp(what, "get", 3) && strcmp(what, "stat") ?
+				"write" : "read");
+	else if (err == -EBADF && why)
+		conn_send_error(&peer->conn, id, reply_code(err),
+				"%s%s%s: a buffer's fd is refused: %s", what,
+				name ? " " : "", name ? name : "", why);
+	else
+		conn_send_error(&peer->conn, id, reply_code(err),
+				"%s%s%s: %s", what, name ? " " : "",
+				name ? name : "", errno_text(err));
+}
+
+void reply_err(struct peer *peer, uint64_t id, int err, const char *what,
+	       const char *name)
+{
+	reply_err_why(peer, id, err, NULL, what, name);
+}
+
+int reply_fits(const struct peer *peer, const Dlshare__Frame *f)
+{
+	return dlshare__frame__get_packed_size(f) + REPLY_OVERHEAD <=
+	       peer->d->limits->max_packet;
+}
+
+int reply_refuse_same_keys(struct peer *peer, uint64_t id, const char *what,
+			   const char *name, Dlshare__Tensor *const *t,
+			   size_t n)
+{
+	size_t a, b;
+	int err;
+
+	if (n > peer->d->reg.limits.max_tensors)
+		return 0;
+	err = check_keys(t, n, &a, &b);
+	if (!err)
+		return 0;
+	if (err == -EINVAL)
+		conn_send_error(&peer->conn, id, DLSHARE_EINVAL,
+				"%s %s: tensors %zu and %zu have the same key \"%s\"",
+				what, name, a, b, t[a]->key);
+	else
+		reply_err(peer, id, err, what, name);
+	return 1;
+}
+
+void reply_no_pending(struct peer *peer, uint64_t id, const char *what,
+		      const char *name, uint64_t number, uint64_t writer)
+{
+	if (writer)
+		conn_send_error(&peer->conn, id, DLSHARE_ENOENT,
+				"%s %s version %llu: writer %llu has no pending version on this connection (sealed, aborted, or its name was deleted)",
+				what, name, (unsigned long long)number,
+				(unsigned long long)writer);
+	else
+		conn_send_error(&peer->conn, id, DLSHARE_ENOENT,
+				"%s %s version %llu: no pending version of this connection",
+				what, name, (unsigned long long)number);
+}
