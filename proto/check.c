@@ -45,14 +45,7 @@ static int check_segments(const char *s, size_t n, int partial)
 
 int check_name(const char *name)
 {
-	size_t n;
-
-	if (!name)
-		return -EINVAL;
-	n = strnlen(name, CHECK_NAME_MAX + 1);
-	if (n == 0 || n > CHECK_NAME_MAX)
-		return -EINVAL;
-	return check_segments(name, n, 0);
+	return check_name_why(name) ? -EINVAL : 0;
 }
 
 const char *check_name_why(const char *name)
