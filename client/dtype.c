@@ -102,15 +102,21 @@ int tensor_extent(const DLTensor *t, int64_t *lo, int64_t *hi)
 	if (tensor_bytes(t, &bytes))
 		return DLSHARE_EINVAL;
 	elem = check_dtype_size(t->dtype.code, t->dtype.bits, t->dtype.lanes);
-	if (!t->strides || bytes == 0) {
-		*lo = (int64_t)t->byte_offset;
-		*hi = (int64_t)(t->byte_offset + bytes);
-		return 0;
-	}
-	if (check_extent(t->shape, t->strides, (size_t)t->ndim, elem, &l, &h))
+	/* byte_offset comes from the caller: the range must not wrap. */
+	if (t->byte_offset > INT64_MAX)
 		return DLSHARE_EINVAL;
-	*lo = (int64_t)t->byte_offset + l;
-	*hi = (int64_t)t->byte_offset + h;
+	if (!t->strides || bytes == 0) {
+		l = h = 0;
+		if (bytes > (uint64_t)INT64_MAX)
+			return DLSHARE_EINVAL;
+		h = (int64_t)bytes;
+	} else if (check_extent(t->shape, t->strides, (size_t)t->ndim, elem,
+				&l, &h)) {
+		return DLSHARE_EINVAL;
+	}
+	if (__builtin_add_overflow((int64_t)t->byte_offset, l, lo) ||
+	    __builtin_add_overflow((int64_t)t->byte_offset, h, hi))
+		return DLSHARE_EINVAL;
 	return 0;
 }
 
