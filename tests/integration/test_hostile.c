@@ -369,6 +369,33 @@ struct pin_arg {
 	int ready;     /* write end: a byte once the page is pinned */
 };
 
+static void served_print(const struct served *sv)
+{
+	fprintf(stderr, "%d rounds; median (worst) stats %lld (%lld) ms, "
+		"get %lld (%lld) ms, store %lld (%lld) ms\n", sv->rounds,
+		(long long)sv->stats, (long long)sv->wstats,
+		(long long)sv->get, (long long)sv->wget,
+		(long long)sv->store, (long long)sv->wstore);
+}
+
+/* Starts fn as the hostile uid and waits for its byte on ready[0]
+ * (ready[1] is its end, in pa). Returns its pid. */
+static pid_t hostile_start(struct fixture *fx, util_child_fn fn,
+			   struct pin_arg *pa, int ready[2])
+{
+	struct pollfd p;
+	pid_t pid;
+	char x;
+
+	assert_int_equal(pipe2(ready, O_CLOEXEC), 0);
+	pa->ready = ready[1];
+	pid = util_spawn_as(&fx->d, hostile_uid(), hostile_uid(), fn, pa);
+	p = (struct pollfd){ .fd = ready[0], .events = POLLIN };
+	assert_int_equal(poll(&p, 1, harness_ms(5000)), 1);
+	assert_int_equal(read(ready[0], &x, 1), 1);
+	return pid;
+}
+
 /* Pins a page of its pending version and sends Seal after Seal: each must
  * fail with EBUSY, naming pinned pages; once the pin is gone, the same
  * version seals. */
@@ -410,30 +437,19 @@ static void seal_pinned(void **state)
 	dlshare_client *c = harness_connect(&fx->d);
 	struct pin_arg pa;
 	struct served sv;
-	struct pollfd p;
 	int ready[2], other = util_can_switch_uids();
-	char x;
 	pid_t pid;
 
 	assert_int_equal(util_store(c, "good/x", DT_F32, 1, shape, 1, NULL), 0);
 	/* Once before: a daemon under valgrind translates each code path the
 	 * first time it runs, which is slow. */
 	serve_while(c, 0, 1, &sv);
-	assert_int_equal(pipe2(ready, O_CLOEXEC), 0);
-	pa.ready = ready[1];
-	pid = util_spawn_as(&fx->d, hostile_uid(), hostile_uid(),
-			    pinned_sealer, &pa);
-	p = (struct pollfd){ .fd = ready[0], .events = POLLIN };
-	assert_int_equal(poll(&p, 1, harness_ms(5000)), 1);
-	assert_int_equal(read(ready[0], &x, 1), 1);
+	pid = hostile_start(fx, pinned_sealer, &pa, ready);
 	/* Our seals are another uid's than the hostile ones: they do not
 	 * wait behind them (--uid-seals). */
 	assert_int_equal(serve_while(c, pid, other, &sv), 0);
 	say_alone("our seals wait behind the hostile ones; not timed");
-	fprintf(stderr, "%d rounds; median (worst) stats %lld (%lld) ms, "
-		"get %lld (%lld) ms, store %lld (%lld) ms\n", sv.rounds,
-		(long long)sv.stats, (long long)sv.wstats, (long long)sv.get,
-		(long long)sv.wget, (long long)sv.store, (long long)sv.wstore);
+	served_print(&sv);
 	/* Six seals of ~150 ms each: we were there meanwhile. */
 	assert_true(sv.rounds >= 3);
 	if (timed()) {
@@ -508,25 +524,14 @@ static void seal_uid_queue(void **state)
 	int ready[2], other = util_can_switch_uids();
 	struct pin_arg pa;
 	struct served sv;
-	struct pollfd p;
-	char x;
 	pid_t pid;
 
 	assert_int_equal(util_store(c, "good/x", DT_F32, 1, shape, 1, NULL), 0);
 	serve_while(c, 0, 1, &sv);
-	assert_int_equal(pipe2(ready, O_CLOEXEC), 0);
-	pa.ready = ready[1];
-	pid = util_spawn_as(&fx->d, hostile_uid(), hostile_uid(),
-			    queued_sealer, &pa);
-	p = (struct pollfd){ .fd = ready[0], .events = POLLIN };
-	assert_int_equal(poll(&p, 1, harness_ms(5000)), 1);
-	assert_int_equal(read(ready[0], &x, 1), 1);
+	pid = hostile_start(fx, queued_sealer, &pa, ready);
 	assert_int_equal(serve_while(c, pid, other, &sv), 0);
 	say_alone("our seals are the hostile uid's; not timed");
-	fprintf(stderr, "median (worst) stats %lld (%lld) ms, get %lld (%lld) "
-		"ms, store %lld (%lld) ms\n", (long long)sv.stats,
-		(long long)sv.wstats, (long long)sv.get, (long long)sv.wget,
-		(long long)sv.store, (long long)sv.wstore);
+	served_print(&sv);
 	if (timed()) {
 		assert_true(sv.stats < harness_ms(BOUND_MS));
 		if (other)
