@@ -461,8 +461,9 @@ static void conn_fail(dlshare_client *c, int err, struct wakeq *wq)
 static int flush_releases(dlshare_client *c)
 {
 	/* A lease id takes at most 10 bytes on the wire: a frame of fit ids
-	 * fits the daemon's packet, whatever --max-packet it was given. */
-	size_t fit = c->send_max > 640 ? (c->send_max - 64) / 10 : 57;
+	 * fits the daemon's packet, whatever --max-packet it was given (512
+	 * bytes until the HelloReply, 4096 at least after it). */
+	size_t fit = (c->send_max - 64) / 10;
 
 	if (fit > CLIENT_RELEASE_BATCH)
 		fit = CLIENT_RELEASE_BATCH;
