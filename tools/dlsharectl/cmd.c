@@ -374,136 +374,162 @@ static int put_read(int fd, char *dst, uint64_t len, uint64_t *have,
 	return 0;
 }
 
-int cmd_put(const struct ctl *ctl)
-{
-	const char *name = ctl->args[0];
-	const char *path = ctl->nargs > 1 ? ctl->args[1] : "-";
-	bool from_stdin = strcmp(path, "-") == 0;
-	const char *input = from_stdin ? "stdin" : path;
+/* What put writes: one tensor's spec (its shape lives here too) and size. */
+struct put_plan {
 	int64_t shape[CTL_MAX_NDIM];
-	dlshare_tensor_spec spec = { .key = NULL, .shape = shape };
-	dlshare_create_opts copts = {
-		.device = { .device_type = kDLCPU, .device_id = 0 },
-	};
-	dlshare_client *c = NULL;
-	dlshare_writer *w = NULL;
-	uint64_t nbytes, have, version;
-	char *dst = NULL;
-	DLTensor *t, want = { 0 };
-	struct stat st;
-	bool more;
-	int fd = -1, err, ret;
+	dlshare_tensor_spec spec;
+	dlshare_create_opts copts;
+	uint64_t nbytes;
+};
 
+/* Parses --dtype, --shape and --mode into *p; says what is wrong.
+ * Returns 0 or CTL_EUSAGE. */
+static int put_plan_parse(const struct ctl *ctl, struct put_plan *p)
+{
+	DLTensor want = { 0 };
+	int ret;
+
+	memset(p, 0, sizeof(*p));
+	p->spec.shape = p->shape;
+	p->copts.device.device_type = kDLCPU;
 	if (!ctl->dtype)
 		return ctl_usage_error(ctl->cmd, "--dtype is required");
 	if (!ctl->shape)
 		return ctl_usage_error(ctl->cmd, "--shape is required "
 				       "(\"\" or \"scalar\" for a 0-d tensor)");
-	if (dlshare_dtype_parse(ctl->dtype, &spec.dtype) < 0)
+	if (dlshare_dtype_parse(ctl->dtype, &p->spec.dtype) < 0)
 		return ctl_usage_error(ctl->cmd, "--dtype: unknown type '%s' "
 				       "(e.g. float32, int64, uint8, bfloat16, "
 				       "bool)", ctl->dtype);
-	ret = ctl_parse_shape(ctl->cmd, ctl->shape, shape, &spec.ndim);
+	ret = ctl_parse_shape(ctl->cmd, ctl->shape, p->shape, &p->spec.ndim);
 	if (ret < 0)
 		return ret;
 	if (ctl->mode) {
-		ret = ctl_parse_mode(ctl->cmd, ctl->mode, &copts.mode);
+		ret = ctl_parse_mode(ctl->cmd, ctl->mode, &p->copts.mode);
 		if (ret < 0)
 			return ret;
 	}
 	/* The dtype is one dlshare_dtype_parse knows, and the shape has no
 	 * negative dimension (ctl_parse_shape): what is left to refuse is a
 	 * size past INT64_MAX bytes. */
-	want.dtype = spec.dtype;
-	want.ndim = spec.ndim;
-	want.shape = shape;
-	if (dlshare_tensor_nbytes(&want, &nbytes) < 0)
+	want.dtype = p->spec.dtype;
+	want.ndim = p->spec.ndim;
+	want.shape = p->shape;
+	if (dlshare_tensor_nbytes(&want, &p->nbytes) < 0)
 		return ctl_usage_error(ctl->cmd, "--shape: a %s tensor of "
 				       "shape %s does not fit in memory",
 				       ctl->dtype, ctl->shape);
+	return CTL_OK;
+}
 
-	if (from_stdin) {
-		fd = STDIN_FILENO;
-	} else {
-		fd = open(path, O_RDONLY | O_CLOEXEC);
-		if (fd < 0) {
-			ctl_errmsg("put", "%s: %s", path, strerror(errno));
-			return CTL_EFAIL;
-		}
+/* A directory, or a regular file (also as stdin) with the wrong number of
+ * bytes left to read, fails here, before a version is created. The read
+ * loop checks again: a file may change under us.
+ * Returns 0 or CTL_EFAIL, having said why. */
+static int put_check_input(int fd, const char *input,
+			   const struct put_plan *p)
+{
+	struct stat st;
+	off_t pos;
+
+	if (fstat(fd, &st) < 0)
+		return CTL_OK;
+	if (S_ISDIR(st.st_mode)) {
+		ctl_errmsg("put", "%s: %s", input, strerror(EISDIR));
+		return CTL_EFAIL;
 	}
-	/* A directory, or a regular file (also as stdin) with the wrong number
-	 * of bytes left to read, fails here, before a version is created. The
-	 * read loop checks again: a file may change under us. */
-	if (fstat(fd, &st) == 0) {
-		off_t pos = lseek(fd, 0, SEEK_CUR);
-
-		if (S_ISDIR(st.st_mode)) {
-			ctl_errmsg("put", "%s: %s", input, strerror(EISDIR));
-			ret = CTL_EFAIL;
-			goto out;
-		}
-		if (S_ISREG(st.st_mode) && pos >= 0 && pos <= st.st_size &&
-		    (uint64_t)(st.st_size - pos) != nbytes) {
-			put_size_error(input, (uint64_t)(st.st_size - pos),
-				       false, nbytes, spec.dtype, shape,
-				       spec.ndim);
-			ret = CTL_EFAIL;
-			goto out;
-		}
+	pos = lseek(fd, 0, SEEK_CUR);
+	if (S_ISREG(st.st_mode) && pos >= 0 && pos <= st.st_size &&
+	    (uint64_t)(st.st_size - pos) != p->nbytes) {
+		put_size_error(input, (uint64_t)(st.st_size - pos), false,
+			       p->nbytes, p->spec.dtype, p->shape,
+			       p->spec.ndim);
+		return CTL_EFAIL;
 	}
+	return CTL_OK;
+}
 
-	ret = ctl_connect(ctl, &c);
-	if (ret < 0)
-		goto out;
-	err = dlshare_create(c, name, &spec, 1, &copts, &w);
+/* Creates the version, reads the input into its mapping, and seals it.
+ * An unsealed version is dropped, never published half-written.
+ * Returns 0 or CTL_EFAIL, having said why. */
+static int put_write(dlshare_client *c, const char *name, int fd,
+		     const char *input, const struct put_plan *p,
+		     uint64_t *version)
+{
+	dlshare_writer *w = NULL;
+	uint64_t have;
+	DLTensor *t;
+	char *dst = NULL;
+	bool more;
+	int err;
+
+	err = dlshare_create(c, name, &p->spec, 1, &p->copts, &w);
 	if (err < 0) {
 		ctl_report("put", err, name);
-		ret = CTL_EFAIL;
-		goto out;
+		return CTL_EFAIL;
 	}
 	t = dlshare_writer_tensor(w, 0);
 	if (t && t->data)
 		dst = (char *)t->data + t->byte_offset;
-	if (!t || (nbytes > 0 && !dst)) {
+	if (!t || (p->nbytes > 0 && !dst)) {
 		ctl_errmsg("put", "the library gave no memory to write to: %s",
 			   name);
-		ret = CTL_EFAIL;
-		goto out;
+		goto fail;
 	}
-
-	err = put_read(fd, dst, nbytes, &have, &more);
+	err = put_read(fd, dst, p->nbytes, &have, &more);
 	if (err < 0) {
 		ctl_errmsg("put", "reading %s: %s", input, strerror(-err));
-		ret = CTL_EFAIL;
-		goto out;
+		goto fail;
 	}
-	if (have != nbytes) {
-		put_size_error(input, have, more, nbytes, spec.dtype, shape,
-			       spec.ndim);
-		ret = CTL_EFAIL;
-		goto out;
+	if (have != p->nbytes) {
+		put_size_error(input, have, more, p->nbytes, p->spec.dtype,
+			       p->shape, p->spec.ndim);
+		goto fail;
 	}
-
-	err = dlshare_seal(w, NULL, &version);
-	w = NULL;	/* seal consumes the writer, also when it fails */
+	err = dlshare_seal(w, NULL, version);	/* consumes w, also on failure */
 	if (err < 0) {
 		ctl_report("put", err, name);
-		ret = CTL_EFAIL;
-		goto out;
+		return CTL_EFAIL;
 	}
-	if (ctl->json) {
+	return CTL_OK;
+fail:
+	dlshare_writer_abort(w);
+	return CTL_EFAIL;
+}
+
+int cmd_put(const struct ctl *ctl)
+{
+	const char *name = ctl->args[0];
+	const char *path = ctl->nargs > 1 ? ctl->args[1] : "-";
+	bool from_stdin = strcmp(path, "-") == 0;
+	const char *input = from_stdin ? "stdin" : path;
+	dlshare_client *c = NULL;
+	struct put_plan plan;
+	uint64_t version;
+	int fd, ret;
+
+	ret = put_plan_parse(ctl, &plan);
+	if (ret < 0)
+		return ret;
+	fd = from_stdin ? STDIN_FILENO : open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		ctl_errmsg("put", "%s: %s", path, strerror(errno));
+		return CTL_EFAIL;
+	}
+	ret = put_check_input(fd, input, &plan);
+	if (ret == CTL_OK)
+		ret = ctl_connect(ctl, &c);
+	if (ret == CTL_OK)
+		ret = put_write(c, name, fd, input, &plan, &version);
+	if (ret == CTL_OK && ctl->json) {
 		fputs("{\"name\":", stdout);
 		ctl_json_string(stdout, name);
 		printf(",\"version\":%" PRIu64 "}\n", version);
-	} else {
+	} else if (ret == CTL_OK) {
 		printf("%s version %" PRIu64 "\n", name, version);
 	}
-	ret = CTL_OK;
-out:
-	/* An unsealed version is dropped, never published half-written. */
-	dlshare_writer_abort(w);
 	dlshare_disconnect(c);
-	if (!from_stdin && fd >= 0)
+	if (!from_stdin)
 		close(fd);
 	return ret;
 }
