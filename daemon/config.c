@@ -13,6 +13,7 @@
 
 #include <dlshare/dlshare.h>
 
+#include "manifest.h"
 #include "registry.h"
 
 /* How an option's text becomes a value. */
@@ -108,9 +109,13 @@ static const struct opt opts[] = {
 	{ "list-page", 0, OPT_U32, "N", 1, 4096,
 	  SRV(limits.list_page), NULL,
 	  "names per list answer", NULL, NULL },
-	{ "max-tensors", 0, OPT_U32, "N", 1, 1u << 20,
+	{ "max-tensors", 0, OPT_U32, "N", 1, MANIFEST_TENSORS_HARD_MAX,
 	  SRV(registry.max_tensors), NULL,
-	  "tensors per version", NULL, NULL },
+	  "tensors per version",
+	  "A version larger than a packet describes its tensors in a sealed "
+	  "manifest memfd (protocol 1.4). One past it fails with "
+	  "DLSHARE_ELIMIT; the protocol never takes more than 4000000.",
+	  NULL },
 	{ "max-buffers", 0, OPT_U32, "N", 1, REGISTRY_BUFFERS_HARD_MAX,
 	  SRV(registry.max_buffers), NULL,
 	  "buffers per version (at most max-fds)", NULL, NULL },
@@ -221,6 +226,14 @@ static const struct opt opts[] = {
 	  "Counted as uid-leased-bytes is. A get past it fails with "
 	  "DLSHARE_ELIMIT.",
 	  "0, the same as uid-gpu-bytes" },
+	{ "uid-manifest-bytes", 0, OPT_BYTES, "BYTES", 4096, UINT64_MAX,
+	  SRV(registry.uid_manifest_bytes), NULL,
+	  "metadata bytes (tensor descriptions) of the versions one uid "
+	  "produced",
+	  "A version's manifest memfd counts its size, an inline version the "
+	  "memory its description takes in the daemon. A 10^6-tensor "
+	  "manifest with 60-byte keys is about 110 MB. A publish or create "
+	  "past it fails with DLSHARE_ELIMIT.", NULL },
 };
 
 #define NOPTS ((int)(sizeof(opts) / sizeof(opts[0])))

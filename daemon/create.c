@@ -84,10 +84,12 @@ struct gpu_job {
  * With cuda-ipc buffers the producer gets a writer lease. What the
  * registry did not take stays j's. */
 static void create_finish(struct peer *peer, uint64_t id,
-			  const Dlshare__Create *m, struct gpu_job *j)
+			  const Dlshare__Create *m, struct gpu_job *j,
+			  struct registry_manifest *manifest)
 {
 	struct daemon *d = peer->d;
 	struct registry_spec spec = {
+		.manifest = manifest,
 		.name = m->name, .mode = m->mode,
 		.tensors = m->tensors, .ntensors = m->n_tensors,
 		.buffers = m->buffers, .nbuffers = m->n_buffers,
@@ -253,7 +255,7 @@ static void gpu_job_done(uv_work_t *req, int status)
 			b->has_ipc_offset = 1;
 			b->ipc_offset = 0;
 		}
-		create_finish(peer, j->id, m, j);
+		create_finish(peer, j->id, m, j, NULL);
 		/* The copy frees what it unpacked, not j's handle bytes (a
 		 * GPU buffer of the copy had none: create_gpu). */
 		for (size_t i = 0; i < m->n_buffers; i++)
@@ -355,7 +357,32 @@ void create_request(struct peer *peer, const Dlshare__Frame *f,
 			create_gpu(peer, f->id, m);
 			return;
 		}
-	create_finish(peer, f->id, m, NULL);
+	create_finish(peer, f->id, m, NULL, NULL);
+}
+
+void create_checked(struct peer *peer, const Dlshare__Frame *f, int *fds,
+		    unsigned nfds, struct registry_manifest *manifest)
+{
+	const Dlshare__Create *m = f->create;
+
+	/* A Create carries no fd but its manifest's. */
+	if (nfds) {
+		wire_close_fds(fds, nfds);
+		conn_send_error(&peer->conn, f->id, DLSHARE_EINVAL,
+				"create %s: a Create carries only its "
+				"manifest's fd", m->name);
+		return;
+	}
+	for (size_t i = 0; i < m->n_buffers; i++)
+		if (is_gpu_buffer(m->buffers[i])) {
+			conn_send_error(&peer->conn, f->id, DLSHARE_ENOTSUP,
+					"create %s: a manifest memfd with GPU "
+					"buffers the daemon makes is not "
+					"supported yet (at most what fits in a "
+					"packet)", m->name);
+			return;
+		}
+	create_finish(peer, f->id, m, NULL, manifest);
 }
 
 void create_buffer_freed(struct daemon *d, const struct rbuffer *b)

@@ -22,6 +22,10 @@ struct gpu_job;
 void create_request(struct peer *peer, const Dlshare__Frame *f,
 		    const Dlshare__Create *m);
 
+/* Finishes a Create whose manifest memfd mcheck checked (mcheck_finish_fn;
+ * it carries no other fd). */
+void create_checked(struct peer *peer, const Dlshare__Frame *f, int *fds,
+		    unsigned nfds, struct registry_manifest *manifest);
 /* The registry frees b: the daemon-owned cuda-ipc memory behind it, if
  * any, is freed on the thread pool. */
 void create_buffer_freed(struct daemon *d, const struct rbuffer *b);

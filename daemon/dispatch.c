@@ -8,6 +8,7 @@
 #include <dlshare/dlshare.h>
 
 #include "create.h"
+#include "mcheck.h"
 #include "encode.h"
 #include "get.h"
 #include "list.h"
@@ -51,6 +52,8 @@ static void handle_hello(struct peer *peer, uint64_t id,
 	r.max_inflight = d->limits->max_inflight;
 	r.max_tensors = d->reg.limits.max_tensors;
 	r.max_buffers = d->reg.limits.max_buffers;
+	r.has_max_manifest_bytes = 1;
+	r.max_manifest_bytes = d->reg.limits.uid_manifest_bytes;
 	f.body_case = DLSHARE__FRAME__BODY_HELLO_REPLY;
 	f.hello_reply = &r;
 	reply_send(peer, id, &f);
@@ -80,9 +83,12 @@ static void handle_abort(struct peer *peer, uint64_t id,
 }
 
 static void handle_publish(struct peer *peer, const Dlshare__Frame *f,
-			   const Dlshare__Publish *m, int *fds, unsigned nfds)
+			   int *fds, unsigned nfds,
+			   struct registry_manifest *manifest)
 {
+	const Dlshare__Publish *m = f->publish;
 	struct registry_spec spec = {
+		.manifest = manifest,
 		.name = m->name, .mode = m->mode,
 		.tensors = m->tensors, .ntensors = m->n_tensors,
 		.buffers = m->buffers, .nbuffers = m->n_buffers,
@@ -208,12 +214,33 @@ static void handle_stat(struct peer *peer, uint64_t id, const Dlshare__Stat *m)
 			return;
 		}
 		have_w = 1;
-		r.n_tensors = e->latest->ntensors;
-		r.tensors = w.tp;
+		if (w.has_manifest) {
+			/* The tensors are in the manifest memfd, whose fd
+			 * rides along (1.4). */
+			r.manifest = &w.manifest;
+			r.has_manifest_tensors = 1;
+			r.manifest_tensors = e->latest->ntensors;
+		} else {
+			r.n_tensors = e->latest->ntensors;
+			r.tensors = w.tp;
+		}
 	}
 	f.body_case = DLSHARE__FRAME__BODY_STAT_REPLY;
 	f.stat_reply = &r;
-	reply_send(peer, id, &f);
+	if (have_w && w.nfds) {
+		const char *why = NULL;
+		int err = conn_may_queue_fds(&peer->conn, w.nfds, &why);
+
+		if (err) {
+			encode_version_deinit(&w);
+			reply_err_why(peer, id, err, why, "stat", m->name);
+			return;
+		}
+		f.id = id;
+		conn_send(&peer->conn, &f, w.fds, w.nfds);
+	} else {
+		reply_send(peer, id, &f);
+	}
 	if (have_w)
 		encode_version_deinit(&w);
 }
@@ -233,6 +260,8 @@ static void handle_stats(struct peer *peer, uint64_t id)
 	r.parked = d->nparked;
 	r.requests = d->requests;
 	r.uptime_ms = daemon_uptime_ms(d);
+	r.has_manifest_bytes = 1;
+	r.manifest_bytes = d->reg.meta_bytes;
 	f.body_case = DLSHARE__FRAME__BODY_STATS_REPLY;
 	f.stats_reply = &r;
 	reply_send(peer, id, &f);
@@ -281,8 +310,10 @@ static void dispatch_frame(struct peer *peer, const struct wire_msg *m,
 		conn_fail(&peer->conn, "request with id 0");
 		return;
 	}
-	/* Only Publish carries fds. */
-	if (nfds && f->body_case != DLSHARE__FRAME__BODY_PUBLISH) {
+	/* Only Publish carries fds, and a Create its manifest (1.4). */
+	if (nfds && f->body_case != DLSHARE__FRAME__BODY_PUBLISH &&
+	    !(f->body_case == DLSHARE__FRAME__BODY_CREATE &&
+	      f->create->manifest)) {
 		wire_close_fds(fds, nfds);
 		conn_send_error(&peer->conn, f->id, DLSHARE_EPROTO,
 				"unexpected file descriptors");
@@ -301,7 +332,10 @@ static void dispatch_frame(struct peer *peer, const struct wire_msg *m,
 		handle_hello(peer, f->id, f->hello);
 		break;
 	case DLSHARE__FRAME__BODY_CREATE:
-		create_request(peer, f, f->create);
+		if (f->create->manifest)
+			mcheck_request(peer, f, fds, nfds, create_checked);
+		else
+			create_request(peer, f, f->create);
 		break;
 	case DLSHARE__FRAME__BODY_SEAL:
 		handle_seal(peer, f->id, f->seal);
@@ -310,7 +344,10 @@ static void dispatch_frame(struct peer *peer, const struct wire_msg *m,
 		handle_abort(peer, f->id, f->abort);
 		break;
 	case DLSHARE__FRAME__BODY_PUBLISH:
-		handle_publish(peer, f, f->publish, fds, nfds);
+		if (f->publish->manifest)
+			mcheck_request(peer, f, fds, nfds, handle_publish);
+		else
+			handle_publish(peer, f, fds, nfds, NULL);
 		break;
 	case DLSHARE__FRAME__BODY_GET:
 		get_request(peer, f->id, f->get);
@@ -349,6 +386,7 @@ static void dispatch_peer_closed(struct peer *peer)
 	get_peer_closed(peer);
 	seal_peer_closed(peer);
 	create_peer_closed(peer);
+	mcheck_peer_closed(peer);
 	peer_drop(peer);
 }
 

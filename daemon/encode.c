@@ -13,10 +13,11 @@ void encode_version_deinit(struct encode_version *w)
 int encode_version_init(struct encode_version *w, const struct version *v,
 			const int *attach)
 {
-	size_t nt = v->ntensors, nb = v->nbuffers;
+	size_t nt = v->manifest_fd >= 0 ? 0 : v->ntensors, nb = v->nbuffers;
 
 	w->block = NULL;
 	w->nfds = 0;
+	w->has_manifest = v->manifest_fd >= 0;
 	if (nt <= ENCODE_VERSION_SMALL && nb <= ENCODE_VERSION_SMALL) {
 		w->t = w->small.t;
 		w->tp = w->small.tp;
@@ -47,7 +48,7 @@ int encode_version_init(struct encode_version *w, const struct version *v,
 		p += nb * sizeof(*w->bp);
 		w->dev = (Dlshare__Device *)p;
 	}
-	for (size_t i = 0; i < v->ntensors; i++) {
+	for (size_t i = 0; i < nt; i++) {
 		const struct rtensor *rt = &v->tensors[i];
 		Dlshare__Tensor *t = &w->t[i];
 
@@ -100,6 +101,17 @@ int encode_version_init(struct encode_version *w, const struct version *v,
 		}
 		w->bp[i] = b;
 	}
+	if (w->has_manifest) {
+		dlshare__buffer__init(&w->manifest);
+		dlshare__device__init(&w->manifest_dev);
+		w->manifest_dev.type = 1;
+		w->manifest.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
+		w->manifest.size = v->meta_bytes;
+		w->manifest.device = &w->manifest_dev;
+		w->manifest.has_fd_attached = 1;
+		w->manifest.fd_attached = 1;
+		w->fds[w->nfds++] = v->manifest_fd;
+	}
 	return 0;
 }
 
@@ -113,6 +125,8 @@ void encode_name_info(Dlshare__NameInfo *ni, const struct entry *e)
 	ni->versions = e->nversions;
 	ni->tensors = v ? (uint32_t)v->ntensors : 0;
 	ni->bytes = v ? v->bytes : 0;
+	ni->has_manifest_bytes = v != NULL;
+	ni->manifest_bytes = v ? v->meta_bytes : 0;
 	ni->leases = e->leases;
 	ni->owner_uid = e->owner_uid;
 	ni->mode = e->mode;

@@ -21,8 +21,14 @@ struct encode_version {
 	Dlshare__Buffer **bp;
 	Dlshare__Device *dev;
 	void *block;              /* t .. dev when they did not fit below */
-	int fds[REGISTRY_BUFFERS_HARD_MAX];
+	int fds[REGISTRY_BUFFERS_HARD_MAX + 1]; /* the buffers', then the
+						 * manifest's */
 	unsigned nfds;
+	/* A version with a manifest memfd (1.4): it, always attached, and no
+	 * tensors (has_manifest). */
+	int has_manifest;
+	Dlshare__Buffer manifest;
+	Dlshare__Device manifest_dev;
 	struct {
 		Dlshare__Tensor t[ENCODE_VERSION_SMALL];
 		Dlshare__Tensor *tp[ENCODE_VERSION_SMALL];
@@ -33,7 +39,8 @@ struct encode_version {
 	} small;
 };
 
-/* Fills w from v. Buffers get fd_attached (and their fd in w->fds: a
+/* Fills w from v (its tensors, or for a version with a manifest memfd
+ * w->manifest with the fd last in w->fds). Buffers get fd_attached (and their fd in w->fds: a
  * reader's fd, see registry_reader_fd) when attach says so for them (NULL:
  * never). Returns 0 or -ENOMEM; w needs encode_version_deinit after 0. */
 int encode_version_init(struct encode_version *w, const struct version *v,

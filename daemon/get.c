@@ -54,6 +54,7 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v)
 		attach[i] = !sb;
 		nattach += attach[i] && v->buffers[i]->fd >= 0;
 	}
+	nattach += v->manifest_fd >= 0; /* sent with every get */
 	/* A peer that does not read its replies must not make the daemon
 	 * hold fds for it without bound. */
 	err = conn_may_queue_fds(&peer->conn, nattach, &why);
@@ -71,8 +72,14 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v)
 	r.version = v->number;
 	r.lease = l->id;
 	r.read_only = 1;
-	r.n_tensors = v->ntensors;
-	r.tensors = w.tp;
+	if (w.has_manifest) {
+		r.manifest = &w.manifest;
+		r.has_manifest_tensors = 1;
+		r.manifest_tensors = v->ntensors;
+	} else {
+		r.n_tensors = v->ntensors;
+		r.tensors = w.tp;
+	}
 	r.n_buffers = v->nbuffers;
 	r.buffers = w.bp;
 	if (v->event_len) {

@@ -21,6 +21,7 @@
 struct park;
 struct gpu_job;
 struct seal_job;
+struct mcheck_job;
 
 /* A buffer whose fd this peer already received: in the peer's map by id
  * and on the buffer's list of holders (rbuffer.holders), so that freeing a
@@ -41,6 +42,7 @@ struct peer {
 	struct park *parked;      /* gets waiting for a version (get.c) */
 	struct gpu_job *jobs;     /* creates making GPU memory (create.c) */
 	struct seal_job *seals;   /* seals waiting or running (seal.c) */
+	struct mcheck_job *mchecks; /* manifests being checked (mcheck.c) */
 	uint32_t inflight;        /* requests in flight: parks, jobs, seals */
 };
 

@@ -46,6 +46,7 @@ void registry_limits_default(struct registry_limits *l)
 	l->max_open_fds = 0;
 	l->uid_leased_bytes = 0;     /* as uid_host_bytes */
 	l->uid_leased_gpu_bytes = 0; /* as uid_gpu_bytes */
+	l->uid_manifest_bytes = REGISTRY_UID_MANIFEST_BYTES_DEFAULT;
 }
 
 /* The per-uid byte caps in effect, 0 resolved. */
@@ -89,7 +90,7 @@ static void usage_put(struct registry *r, struct uid_usage *u)
 {
 	if (u && !u->owners && !u->names && !u->leases && !u->host_bytes &&
 	    !u->gpu_bytes && !u->fds_queued && !u->pending && !u->versions &&
-	    !u->leased && !u->fds) {
+	    !u->leased && !u->fds && !u->meta_bytes) {
 		HASH_DEL(r->uids, u);
 		free(u);
 	}
@@ -180,6 +181,7 @@ static void version_charge(struct version *v, struct uid_usage *u)
 	if (!u)
 		return;
 	u->versions++;
+	u->meta_bytes += v->meta_bytes;
 	u->host_bytes += v->owned_host;
 	u->gpu_bytes += v->owned_gpu;
 	u->fds += v->nfds;
@@ -195,6 +197,7 @@ static void version_uncharge(struct registry *r, struct version *v)
 		return;
 	v->usage = NULL;
 	u->versions--;
+	u->meta_bytes -= v->meta_bytes;
 	u->host_bytes -= v->owned_host;
 	u->gpu_bytes -= v->owned_gpu;
 	u->fds -= v->nfds;
@@ -307,6 +310,11 @@ static void version_destroy(struct registry *r, struct version *v)
 	for (size_t i = 0; i < v->nbuffers; i++)
 		if (v->buffers[i])
 			buffer_drop(r, v->buffers[i]);
+	if (v->manifest_fd >= 0) {
+		close(v->manifest_fd);
+		r->nfds--;
+	}
+	r->meta_bytes -= v->meta_bytes;
 	if (retire && r->ops && r->ops->retired)
 		r->ops->retired(r->ud, producer, e->name, number);
 	free(v->event_handle);
@@ -456,9 +464,11 @@ static int spec_check(struct registry *r, const struct registry_spec *s,
 		return err;
 	if (s->mode & ~CHECK_MODE_MASK)
 		return -EINVAL;
-	if (s->ntensors == 0 || s->nbuffers == 0)
+	size_t ntensors = s->manifest ? s->manifest->ntensors : s->ntensors;
+
+	if (ntensors == 0 || s->nbuffers == 0 || (s->manifest && s->ntensors))
 		return -EINVAL;
-	if (s->ntensors > l->max_tensors || s->nbuffers > l->max_buffers)
+	if (ntensors > l->max_tensors || s->nbuffers > l->max_buffers)
 		return -E2BIG;
 	if (s->event_len > REGISTRY_HANDLE_MAX)
 		return -EINVAL;
@@ -531,7 +541,7 @@ static int spec_check(struct registry *r, const struct registry_spec *s,
 /* The fds a spec's buffers may hold (struct version: nfds). */
 static uint32_t spec_fds(const struct registry_spec *s)
 {
-	uint32_t n = 0;
+	uint32_t n = s->manifest ? 1 : 0;
 
 	for (size_t i = 0; i < s->nbuffers; i++)
 		n += buffer_fds(s->buffers[i]->kind);
@@ -542,7 +552,8 @@ static uint32_t spec_fds(const struct registry_spec *s)
  * costing bytes, gpu and nfds, pending unless exported. */
 static int quota_check(struct registry *r, struct registry_owner *o,
 		       int fresh_name, int exported, uint64_t bytes,
-		       uint64_t gpu, uint32_t nfds, const char **why)
+		       uint64_t gpu, uint32_t nfds, uint64_t meta,
+		       const char **why)
 {
 	const struct registry_limits *l = &r->limits;
 	struct uid_usage *u = o->usage;
@@ -565,6 +576,9 @@ static int quota_check(struct registry *r, struct registry_owner *o,
 		return refuse(why, "daemon-owned host bytes per uid", -EDQUOT);
 	if (!fits(u->gpu_bytes, gpu, gpu_cap(l)))
 		return refuse(why, "daemon-owned GPU bytes per uid", -EDQUOT);
+	if (!fits(u->meta_bytes, meta, l->uid_manifest_bytes))
+		return refuse(why, "manifest bytes per uid "
+			      "(--uid-manifest-bytes)", -EDQUOT);
 	return 0;
 }
 
@@ -654,6 +668,8 @@ static struct version *version_alloc(const struct registry_spec *s,
 	v = calloc(1, size);
 	if (!v)
 		return NULL;
+	v->manifest_fd = -1;
+	v->meta_bytes = s->manifest ? s->manifest->size : size;
 	base = (char *)v;
 	v->buffers = (struct rbuffer **)(base + o_ptrs);
 	*bufs = (struct rbuffer *)(base + o_bufs);
@@ -767,6 +783,21 @@ static int version_buffers(struct registry *r, struct version *v,
 	return 0;
 }
 
+/* What a spec's tensors will cost (struct version: meta_bytes), close
+ * enough for a quota: a manifest's size, or the rough size of the block
+ * version_alloc makes. */
+static uint64_t spec_meta_bytes(const struct registry_spec *s)
+{
+	uint64_t n = sizeof(struct version);
+
+	if (s->manifest)
+		return s->manifest->size;
+	for (size_t i = 0; i < s->ntensors; i++)
+		n += sizeof(struct rtensor) + 16 * s->tensors[i]->n_shape +
+		     (s->tensors[i]->key ? strlen(s->tensors[i]->key) + 1 : 0);
+	return n + s->nbuffers * (sizeof(struct rbuffer) + 8);
+}
+
 /* registry_precheck, giving the live entry of the name (or NULL). */
 static int add_check(struct registry *r, struct registry_owner *o,
 		     const struct registry_spec *s, int exported,
@@ -784,7 +815,8 @@ static int add_check(struct registry *r, struct registry_owner *o,
 	*entry = e = registry_entry(r, s->name);
 	if (e && !registry_may(e, o, 2))
 		return -EPERM;
-	return quota_check(r, o, !e, exported, owned, gpu, spec_fds(s), why);
+	return quota_check(r, o, !e, exported, owned, gpu, spec_fds(s),
+			   spec_meta_bytes(s), why);
 }
 
 int registry_precheck(struct registry *r, struct registry_owner *o,
@@ -851,6 +883,7 @@ int registry_add(struct registry *r, struct registry_owner *o,
 	if (!v)
 		goto fail_entry;
 	v->entry = e;
+	r->meta_bytes += v->meta_bytes; /* version_destroy takes it back */
 	if (s->event_len && s->event_handle) {
 		v->event_handle = malloc(s->event_len);
 		if (!v->event_handle)
@@ -878,6 +911,13 @@ int registry_add(struct registry *r, struct registry_owner *o,
 		v->state = VERSION_PENDING;
 		version_destroy(r, v); /* frees the entry too if fresh */
 		return err;
+	}
+	if (s->manifest) {
+		v->manifest_fd = s->manifest->fd;
+		s->manifest->fd = -1;
+		v->ntensors = s->manifest->ntensors;
+		v->nfds++;
+		r->nfds++;
 	}
 	e->last_number = v->number;
 	/* Reachable from birth: its producer's uid pays for it. */

@@ -130,6 +130,13 @@ struct version {
 	struct lease *lease_list;              /* the leases on it */
 	struct version *prev, *next;           /* entry->versions */
 	struct version *oprev, *onext;         /* producer->versions */
+	uint64_t meta_bytes;     /* what its tensors' description costs: its
+				  * manifest memfd's size, or the bytes of
+				  * this block (charged to its producer's
+				  * uid against uid_manifest_bytes) */
+	int manifest_fd;         /* protocol 1.4: the sealed manifest memfd
+				  * holding its tensors (tensors[] is then
+				  * empty), handed to every reader; else -1 */
 	uint32_t ntensors;
 	uint32_t leases;
 	uint32_t nfds;           /* fds its buffers may hold (REGISTRY_FDS_*) */
@@ -192,6 +199,9 @@ struct uid_usage {
 	uint64_t host_bytes;     /* daemon-owned host memory of the versions
 				  * charged to it as their producer */
 	uint64_t gpu_bytes;      /* daemon-owned GPU memory of those */
+	uint64_t meta_bytes;     /* metadata bytes (struct version:
+				  * meta_bytes) of the versions charged to it
+				  * as their producer */
 	uint64_t leased_host_bytes; /* the same, of the versions it leases */
 	uint64_t leased_gpu_bytes;
 	uint64_t fds;            /* fds of the versions charged to it, either
@@ -253,12 +263,18 @@ struct registry_limits {
 	uint64_t max_buffer_bytes;  /* size of one buffer */
 	uint64_t max_bytes;         /* daemon-owned bytes, all buffers */
 	uint32_t default_mode;      /* mode of a name when the publisher gives 0 */
+	uint64_t uid_manifest_bytes; /* metadata bytes (manifests) of the
+				      * versions one uid produced */
 	uint64_t huge_min;          /* store host buffers from this size on are
 				     * huge pages when the pool has them; 0:
 				     * never */
 };
 
-#define REGISTRY_MAX_TENSORS_DEFAULT 4096u
+/* A whole state dict in one version: 10^5 tensors is a large MoE model. */
+#define REGISTRY_MAX_TENSORS_DEFAULT 1000000u
+/* A 10^6-tensor manifest with 60-byte keys takes about 110 MB: a few of
+ * them per uid. */
+#define REGISTRY_UID_MANIFEST_BYTES_DEFAULT (UINT64_C(512) << 20)
 #define REGISTRY_MAX_BUFFERS_DEFAULT 16u
 #define REGISTRY_BUFFERS_HARD_MAX 64u /* max_buffers can not go above */
 #define REGISTRY_MAX_LEASES_DEFAULT 16384u
@@ -305,6 +321,7 @@ struct registry {
 	uint64_t next_buffer_id;
 	uint64_t next_lease_id;
 	uint64_t nnames, nversions, nleases, nbuffers, bytes, owned_bytes;
+	uint64_t meta_bytes;      /* struct version: meta_bytes, all versions */
 	uint64_t gpu_bytes;       /* daemon-owned GPU bytes (not in max_bytes) */
 	uint64_t nfds;            /* fds the live buffers may hold (struct
 				   * version: nfds), for max_open_fds */
@@ -340,6 +357,15 @@ void registry_owner_forget_events(struct registry *r,
  * it produced. Versions that lose their last reachability die here. */
 void registry_owner_drop(struct registry *r, struct registry_owner *o);
 
+/* A large version's tensors: a manifest memfd (proto/manifest.h) that the
+ * caller sealed and checked with manifest_check against the spec's
+ * buffers. fd is taken over by registry_add on success (set to -1). */
+struct registry_manifest {
+	int fd;
+	uint64_t size;
+	uint32_t ntensors;
+};
+
 /* A version as a request describes it. Buffers' fds (host/vmm) are taken
  * over by registry_add on success only. */
 struct registry_spec {
@@ -354,6 +380,7 @@ struct registry_spec {
 	size_t event_len;
 	int precheck;            /* registry_precheck: cuda-vmm buffers'
 				  * fds are not made yet */
+	struct registry_manifest *manifest; /* NULL: tensors, else none */
 	const int *made;         /* store mode, one per buffer or NULL: the
 				  * caller made this buffer's GPU memory
 				  * (cuda-ipc: its handle is in the buffer;
