@@ -6,21 +6,38 @@
 #include "cudalib.h"
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 
+#include "manifest.h"
+
+/* One tensor of a version: its key and dims point into its tset's store
+ * (tensors that came inline) or its manifest mapping (1.4). */
 struct btensor {
-	char *key;
+	const char *key;
 	DLTensor t;
-	int64_t shape[CHECK_NDIM_MAX];
-	int64_t strides[CHECK_NDIM_MAX];
+};
+
+/* A version's tensors and the memory behind their keys and dims: one block
+ * for inline tensors, or the read-only mapping of the manifest memfd (10^5
+ * tensors then cost 56 bytes each here, their keys and dims not copied). */
+struct tset {
+	size_t n;
+	struct btensor *ts;
+	void *store;             /* inline: keys and dims; else NULL */
+	void *map;               /* manifest: its mapping; else NULL */
+	size_t map_len;
 };
 
 struct dlshare_bundle {
 	struct lease_ref *lr;
 	uint64_t version;
-	size_t n;
-	struct btensor *ts;
+	size_t n;                /* set.n */
+	struct btensor *ts;      /* set.ts */
+	struct tset set;
 	int cuda_ordinal;        /* a device of the version, -1 for none */
 	uint32_t *index;         /* keys → 1 + tensor, open addressing; NULL
 				  * for a handful of tensors (a scan) */
@@ -121,71 +138,152 @@ static void lease_ref_unref(struct lease_ref *lr)
 	client_unref(c);
 }
 
-static void btensors_free(struct btensor *ts, size_t n)
+static void tset_free(struct tset *s)
 {
-	if (!ts)
-		return;
-	for (size_t i = 0; i < n; i++)
-		free(ts[i].key);
-	free(ts);
+	free(s->ts);
+	free(s->store);
+	if (s->map)
+		munmap(s->map, s->map_len);
+	memset(s, 0, sizeof(*s));
 }
 
-/* Fills b's tensors from the reply; pins[] are the reply's buffers in order.
- * The daemon checked every tensor against its buffer; so do we, since a
- * wrong answer would make the consumer read out of bounds. */
-static int bundle_fill(struct dlshare_bundle *b, Dlshare__GetReply *r,
-		       struct ibuf **pins, size_t npins)
+/* Fills s with the n tensors of a reply: inline ones (wire, n of them), or
+ * those of the manifest memfd mfd (wire NULL). sizes[] are the sizes of the
+ * version's nbuffers buffers: the daemon checked every tensor against its
+ * buffer; so do we, since a wrong answer would make the consumer read out
+ * of bounds. The tensors' data pointers are not set here: byte_offset holds
+ * the offset, device.device_id the buffer index. Returns 0, DLSHARE_EPROTO
+ * or DLSHARE_ENOMEM; s needs tset_free either way. */
+static int tset_fill(struct tset *s, Dlshare__Tensor *const *wire, size_t n,
+		     int mfd, const uint64_t *sizes, size_t nbuffers)
 {
-	uint64_t sizes[CLIENT_PINS_MAX];
+	size_t ndims = 0, nkeys = 0;
+	char *keys = NULL;
+	int64_t *dims = NULL;
 
-	if (r->n_buffers != npins || r->n_tensors == 0)
+	if (n == 0)
 		return DLSHARE_EPROTO;
-	for (size_t i = 0; i < npins; i++)
-		sizes[i] = pins[i]->size;
-	b->ts = calloc(r->n_tensors, sizeof(*b->ts));
-	if (!b->ts)
-		return DLSHARE_ENOMEM;
-	b->n = r->n_tensors;
-	for (size_t i = 0; i < r->n_tensors; i++) {
-		Dlshare__Tensor *wt = r->tensors[i];
-		struct btensor *bt = &b->ts[i];
+	if (!wire) {
+		struct manifest_error me;
+		struct stat st;
 
-		if (check_tensor(wt, sizes, npins))
+		/* Its real size, whatever the reply says: a mapping past
+		 * the end would fault. */
+		if (mfd < 0 || fstat(mfd, &st) || st.st_size <= 0 ||
+		    n > UINT32_MAX)
 			return DLSHARE_EPROTO;
-		bt->key = strdup(wt->key ? wt->key : "");
-		if (!bt->key)
+		s->map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE,
+			      mfd, 0);
+		if (s->map == MAP_FAILED) {
+			s->map = NULL;
 			return DLSHARE_ENOMEM;
-		for (size_t k = 0; k < wt->n_shape; k++) {
-			bt->shape[k] = wt->shape[k];
-			if (wt->n_strides)
-				bt->strides[k] = wt->strides[k];
 		}
-		/* An empty buffer has no mapping, but consumers want a
-		 * pointer: libtorch's at::fromDLPack never calls the deleter
-		 * of a tensor whose data is NULL, which leaks its lease. */
-		bt->t.data = pins[wt->buffer]->base ?
-			(char *)pins[wt->buffer]->base + wt->offset :
-			(void *)&empty_data;
-		bt->t.byte_offset = 0;
-		if (pins[wt->buffer]->kind ==
-		    DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC ||
-		    pins[wt->buffer]->kind ==
-		    DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM) {
-			/* Our own ordinal for the producer's device UUID. */
-			bt->t.device.device_type = kDLCUDA;
-			bt->t.device.device_id = pins[wt->buffer]->ordinal;
-			b->cuda_ordinal = pins[wt->buffer]->ordinal;
+		s->map_len = (size_t)st.st_size;
+		if (manifest_check(s->map, s->map_len, (uint32_t)n, sizes,
+				   nbuffers, 0, &me)) {
+			errmsg_set(me.msg);
+			return DLSHARE_EPROTO;
+		}
+	} else {
+		for (size_t i = 0; i < n; i++) {
+			ndims += 2 * wire[i]->n_shape;
+			nkeys += (wire[i]->key ? strlen(wire[i]->key) : 0) + 1;
+		}
+		s->store = malloc(ndims * sizeof(int64_t) + nkeys);
+		if (!s->store)
+			return DLSHARE_ENOMEM;
+		dims = s->store;
+		keys = (char *)(dims + ndims);
+	}
+	s->ts = calloc(n, sizeof(*s->ts));
+	if (!s->ts)
+		return DLSHARE_ENOMEM;
+	s->n = n;
+	for (size_t i = 0; i < n; i++) {
+		Dlshare__Tensor mt, *wt = &mt;
+		Dlshare__DataType mdt;
+		struct btensor *bt = &s->ts[i];
+
+		if (wire) {
+			size_t klen;
+
+			wt = wire[i];
+			if (check_tensor(wt, sizes, nbuffers))
+				return DLSHARE_EPROTO;
+			klen = wt->key ? strlen(wt->key) : 0;
+			memcpy(keys, wt->key ? wt->key : "", klen + 1);
+			bt->key = keys;
+			keys += klen + 1;
+			if (wt->n_shape)
+				memcpy(dims, wt->shape,
+				       wt->n_shape * sizeof(int64_t));
+			bt->t.shape = dims;
+			dims += wt->n_shape;
+			if (wt->n_strides) {
+				memcpy(dims, wt->strides,
+				       wt->n_shape * sizeof(int64_t));
+				bt->t.strides = dims;
+				dims += wt->n_shape;
+			}
 		} else {
-			bt->t.device.device_type = pins[wt->buffer]->cuda_host ?
-						   kDLCUDAHost : kDLCPU;
-			bt->t.device.device_id = 0;
+			manifest_tensor(s->map, (uint32_t)i, &mt, &mdt);
+			bt->key = wt->key;
+			bt->t.shape = wt->shape;
+			bt->t.strides = wt->n_strides ? wt->strides : NULL;
 		}
+		bt->t.byte_offset = wt->offset;
+		bt->t.device.device_type = kDLCPU;
+		bt->t.device.device_id = (int32_t)wt->buffer;
 		bt->t.ndim = (int32_t)wt->n_shape;
 		bt->t.dtype.code = (uint8_t)wt->dtype->code;
 		bt->t.dtype.bits = (uint8_t)wt->dtype->bits;
 		bt->t.dtype.lanes = (uint16_t)wt->dtype->lanes;
-		bt->t.shape = bt->shape;
-		bt->t.strides = wt->n_strides ? bt->strides : NULL;
+	}
+	return 0;
+}
+
+/* Fills b's tensors from the reply (and its manifest's fd mfd, or -1);
+ * pins[] are the reply's buffers in order. */
+static int bundle_fill(struct dlshare_bundle *b, Dlshare__GetReply *r,
+		       int mfd, struct ibuf **pins, size_t npins)
+{
+	uint64_t sizes[CLIENT_PINS_MAX];
+	int err;
+
+	if (r->n_buffers != npins || npins > CLIENT_PINS_MAX ||
+	    (r->manifest && (r->n_tensors || !r->has_manifest_tensors)))
+		return DLSHARE_EPROTO;
+	for (size_t i = 0; i < npins; i++)
+		sizes[i] = pins[i]->size;
+	err = r->manifest ?
+	      tset_fill(&b->set, NULL, r->manifest_tensors, mfd, sizes, npins) :
+	      tset_fill(&b->set, r->tensors, r->n_tensors, -1, sizes, npins);
+	b->ts = b->set.ts;
+	b->n = b->set.n;
+	if (err)
+		return err;
+	for (size_t i = 0; i < b->n; i++) {
+		struct btensor *bt = &b->ts[i];
+		struct ibuf *pb = pins[bt->t.device.device_id];
+		uint64_t offset = bt->t.byte_offset;
+
+		/* An empty buffer has no mapping, but consumers want a
+		 * pointer: libtorch's at::fromDLPack never calls the deleter
+		 * of a tensor whose data is NULL, which leaks its lease. */
+		bt->t.data = pb->base ? (char *)pb->base + offset :
+			     (void *)&empty_data;
+		bt->t.byte_offset = 0;
+		if (pb->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC ||
+		    pb->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM) {
+			/* Our own ordinal for the producer's device UUID. */
+			bt->t.device.device_type = kDLCUDA;
+			bt->t.device.device_id = pb->ordinal;
+			b->cuda_ordinal = pb->ordinal;
+		} else {
+			bt->t.device.device_type = pb->cuda_host ?
+						   kDLCUDAHost : kDLCPU;
+			bt->t.device.device_id = 0;
+		}
 	}
 	return bundle_index(b);
 }
@@ -252,7 +350,8 @@ int dlshare_get(dlshare_client *c, const char *name,
 		goto fail;
 	}
 	b->cuda_ordinal = -1;
-	if ((err = bundle_fill(b, gr, r.pins, r.npins)))
+	if ((err = bundle_fill(b, gr, r.nfds ? r.fds[0] : -1, r.pins,
+			       r.npins)))
 		goto fail;
 	/* The consumer's stream waits for the producer's writes; the host
 	 * does not. */
@@ -290,10 +389,9 @@ fail:
 	/* The daemon gave us a lease: give it back. */
 	client_release(c, gr->lease);
 	if (b) {
-		btensors_free(b->ts, b->n);
+		tset_free(&b->set);
 		free(b->index);
 		cuda_event_drop(b->chain);
-		btensors_free(b->ts, b->n);
 	}
 	free(b);
 	free(lr);
@@ -316,6 +414,17 @@ const char *dlshare_bundle_key(const dlshare_bundle *b, size_t i)
 	return b && i < b->n ? b->ts[i].key : NULL;
 }
 
+/* The answer to a key that is not there: NotFound, naming it. */
+static int key_not_found(const dlshare_bundle *b, const char *key)
+{
+	char msg[CHECK_KEY_MAX + 96];
+
+	snprintf(msg, sizeof(msg), "no tensor with key \"%.*s\" in this "
+		 "version (%zu tensors)", (int)CHECK_KEY_MAX, key, b->n);
+	errmsg_set(msg);
+	return DLSHARE_ENOENT;
+}
+
 int dlshare_bundle_find(const dlshare_bundle *b, const char *key)
 {
 	if (!b || !key)
@@ -326,12 +435,12 @@ int dlshare_bundle_find(const dlshare_bundle *b, const char *key)
 		for (; b->index[j]; j = (j + 1) & b->index_mask)
 			if (strcmp(b->ts[b->index[j] - 1].key, key) == 0)
 				return (int)(b->index[j] - 1);
-		return DLSHARE_ENOENT;
+		return key_not_found(b, key);
 	}
 	for (size_t i = 0; i < b->n; i++)
 		if (strcmp(b->ts[i].key, key) == 0)
 			return (int)i;
-	return DLSHARE_ENOENT;
+	return key_not_found(b, key);
 }
 
 const DLTensor *dlshare_bundle_tensor(const dlshare_bundle *b, size_t i)
@@ -369,7 +478,7 @@ void dlshare_bundle_free(dlshare_bundle *b)
 	 * mapping, until the child exits). */
 	if (!client_forked(b->lr->c))
 		cuda_event_drop(b->chain);
-	btensors_free(b->ts, b->n);
+	tset_free(&b->set);
 	free(b->index);
 	lease_ref_unref(b->lr);
 	free(b);
@@ -401,8 +510,11 @@ static struct managed *managed_new(dlshare_bundle *b, size_t i, DLTensor *t)
 	if (!m)
 		return NULL;
 	*t = b->ts[i].t;
-	memcpy(m->shape, b->ts[i].shape, sizeof(m->shape));
-	memcpy(m->strides, b->ts[i].strides, sizeof(m->strides));
+	if (t->ndim)
+		memcpy(m->shape, t->shape, (size_t)t->ndim * sizeof(int64_t));
+	if (t->strides && t->ndim)
+		memcpy(m->strides, t->strides,
+		       (size_t)t->ndim * sizeof(int64_t));
 	t->shape = m->shape;
 	t->strides = b->ts[i].t.strides ? m->strides : NULL;
 	m->lr = b->lr;
@@ -485,8 +597,9 @@ int dlshare_get_tensor_versioned(dlshare_client *c, const char *name,
 /* ---- stat, list, stats, delete ------------------------------------------ */
 
 struct dlshare_manifest {
-	size_t n;
-	struct btensor *ts;
+	size_t n;                /* set.n */
+	struct btensor *ts;      /* set.ts */
+	struct tset set;
 };
 
 static void name_info_copy(dlshare_name_info *d, const Dlshare__NameInfo *s)
@@ -519,40 +632,31 @@ static int call_expect(dlshare_client *c, Dlshare__Frame *f,
 	return 0;
 }
 
-static int manifest_fill(dlshare_manifest *m, Dlshare__StatReply *sr)
+/* Fills m from a StatReply (and its manifest's fd mfd, or -1). Stat
+ * names no buffers: tensors are checked for their own sake only, and get
+ * no data pointer (byte_offset is their offset). */
+static int manifest_fill(dlshare_manifest *m, Dlshare__StatReply *sr, int mfd)
 {
-	m->n = sr->n_tensors;
-	if (!m->n)
-		return 0;
-	m->ts = calloc(m->n, sizeof(*m->ts));
-	if (!m->ts)
-		return DLSHARE_ENOMEM;
-	for (size_t i = 0; i < m->n; i++) {
-		Dlshare__Tensor *wt = sr->tensors[i];
-		struct btensor *bt = &m->ts[i];
+	uint64_t sizes[256];
+	int err;
 
-		if (!wt->dtype || wt->n_shape > CHECK_NDIM_MAX ||
-		    (wt->n_strides && wt->n_strides != wt->n_shape))
-			return DLSHARE_EPROTO;
-		bt->key = strdup(wt->key ? wt->key : "");
-		if (!bt->key)
-			return DLSHARE_ENOMEM;
-		for (size_t k = 0; k < wt->n_shape; k++) {
-			bt->shape[k] = wt->shape[k];
-			if (wt->n_strides)
-				bt->strides[k] = wt->strides[k];
-		}
-		bt->t.data = NULL;
-		bt->t.byte_offset = wt->offset;
-		bt->t.device.device_type = kDLCPU;
-		bt->t.ndim = (int32_t)wt->n_shape;
-		bt->t.dtype.code = (uint8_t)wt->dtype->code;
-		bt->t.dtype.bits = (uint8_t)wt->dtype->bits;
-		bt->t.dtype.lanes = (uint16_t)wt->dtype->lanes;
-		bt->t.shape = bt->shape;
-		bt->t.strides = wt->n_strides ? bt->strides : NULL;
+	for (size_t i = 0; i < 256; i++)
+		sizes[i] = INT64_MAX;
+	if (!sr->manifest && sr->n_tensors == 0)
+		return 0;
+	if (sr->manifest && (sr->n_tensors || !sr->has_manifest_tensors))
+		return DLSHARE_EPROTO;
+	err = sr->manifest ?
+	      tset_fill(&m->set, NULL, sr->manifest_tensors, mfd, sizes, 256) :
+	      tset_fill(&m->set, sr->tensors, sr->n_tensors, -1, sizes, 256);
+	m->ts = m->set.ts;
+	m->n = m->set.n;
+	for (size_t i = 0; !err && i < m->n; i++) {
+		m->ts[i].t.data = NULL;
+		m->ts[i].t.device.device_type = kDLCPU;
+		m->ts[i].t.device.device_id = 0;
 	}
-	return 0;
+	return err;
 }
 
 int dlshare_stat(dlshare_client *c, const char *name, dlshare_name_info *info,
@@ -578,7 +682,8 @@ int dlshare_stat(dlshare_client *c, const char *name, dlshare_name_info *info,
 	name_info_copy(info, r.msg->frame->stat_reply->info);
 	if (manifest) {
 		m = calloc(1, sizeof(*m));
-		err = m ? manifest_fill(m, r.msg->frame->stat_reply) :
+		err = m ? manifest_fill(m, r.msg->frame->stat_reply,
+					r.nfds ? r.fds[0] : -1) :
 			  DLSHARE_ENOMEM;
 		if (err) {
 			dlshare_manifest_free(m);
@@ -609,7 +714,7 @@ void dlshare_manifest_free(dlshare_manifest *m)
 {
 	if (!m)
 		return;
-	btensors_free(m->ts, m->n);
+	tset_free(&m->set);
 	free(m);
 }
 

@@ -275,13 +275,15 @@ int client_pin_buffer(dlshare_client *c, const Dlshare__Buffer *wb, int fd,
 
 /* Receiver thread, under c->lock: pins the buffers a GetReply names,
  * mapping the fds it brings. Fails (and pins nothing) when a buffer is
- * neither cached nor attached, or a mapping fails. */
+ * neither cached nor attached, or a mapping fails. The fd of a manifest
+ * memfd (1.4, after the buffers') goes to *manifest_fd, -1 when none. */
 static int import_buffers(dlshare_client *c, Dlshare__GetReply *r, int *fds,
-			  unsigned nfds, struct pending *p)
+			  unsigned nfds, struct pending *p, int *manifest_fd)
 {
 	unsigned k = 0;
 	int err = 0;
 
+	*manifest_fd = -1;
 	if (r->n_buffers > CLIENT_PINS_MAX)
 		return DLSHARE_EPROTO;
 	/* Every buffer is imported even after one failed: the daemon marked
@@ -310,6 +312,14 @@ static int import_buffers(dlshare_client *c, Dlshare__GetReply *r, int *fds,
 		if (!e) {
 			b->refs++;
 			p->pins[p->npins++] = b;
+		}
+	}
+	if (!err && r->manifest) {
+		if (!r->manifest->fd_attached || k == nfds) {
+			err = DLSHARE_EPROTO;
+		} else {
+			*manifest_fd = fds[k];
+			fds[k++] = -1;
 		}
 	}
 	if (err) {
@@ -555,8 +565,13 @@ static int deliver(dlshare_client *c, struct wire_msg *m, int *fds,
 		return 0;
 	}
 	if (f->body_case == DLSHARE__FRAME__BODY_GET_REPLY) {
-		err = import_buffers(c, f->get_reply, fds, nfds, p);
+		int mfd;
+
+		err = import_buffers(c, f->get_reply, fds, nfds, p, &mfd);
+		/* The manifest's fd goes to the caller, as a reply's fds do. */
 		nfds = 0;
+		if (mfd >= 0)
+			fds[nfds++] = mfd;
 		/* The daemon gave us a lease we cannot use: give it back. */
 		if (err && queue_release(c, f->get_reply->lease))
 			wq->kick_rx = 1;
@@ -1111,6 +1126,7 @@ static int hello(dlshare_client *c)
 	if (!err) {
 		c->piggyback = r.msg->frame->hello_reply->minor >= 1;
 		c->goodbye = r.msg->frame->hello_reply->minor >= 2;
+		c->manifests = r.msg->frame->hello_reply->minor >= 4;
 	}
 	reply_free(c, &r);
 	return err;

@@ -97,6 +97,7 @@ struct dlshare_client {
 	int rx_reading;          /* ...and it is the receiver thread */
 	int piggyback;           /* the daemon takes Frame.releases (1.1) */
 	int goodbye;             /* ...and Goodbye (1.2) */
+	int manifests;           /* ...and manifest memfds (1.4) */
 	uint64_t calls;          /* calls begun, to tell the receiver thread
 				  * whether callers are around */
 	int closed;              /* dlshare_disconnect() began */
@@ -183,6 +184,16 @@ void errmsg_set(const char *msg);
 /* Whether name is refused (check_name); if so, dlshare_last_error() says
  * which rule it breaks. Returns 0, or 1. */
 int client_bad_name(const char *name);
+
+/* Protocol 1.4: when n tensors t do not fit in a packet of c's (half of
+ * what the daemon takes, so that its reply, which describes them too,
+ * fits), writes them into a new manifest memfd (proto/manifest.h),
+ * unmapped and ready to send: *fd (the caller closes it), *size. Else *fd
+ * is -1 and they go inline. Returns 0, DLSHARE_EINVAL (a tensor the
+ * format cannot hold), DLSHARE_ELIMIT (too many for the format) or
+ * DLSHARE_EIO / DLSHARE_ENOMEM. */
+int client_manifest_out(dlshare_client *c, Dlshare__Tensor *const *t,
+			size_t n, int *fd, uint64_t *size);
 
 /* Maps a -errno from a system call to a DLSHARE_E* code. */
 int client_errno(int err);

@@ -177,6 +177,18 @@ static void writer_forget(dlshare_writer *w)
 	free(w);
 }
 
+/* Describes a manifest memfd of size bytes, attached (protocol 1.4). */
+static void manifest_buffer(Dlshare__Buffer *b, Dlshare__Device *dev,
+			    uint64_t size)
+{
+	dev->type = kDLCPU;
+	b->kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
+	b->size = size;
+	b->device = dev;
+	b->has_fd_attached = 1;
+	b->fd_attached = 1;
+}
+
 /* ---- store mode ---------------------------------------------------------- */
 
 int dlshare_create(dlshare_client *c, const char *name,
@@ -192,9 +204,11 @@ int dlshare_create(dlshare_client *c, const char *name,
 	struct wire_tensors wt = { 0 };
 	uint8_t uuid[CUDA_UUID_BYTES];
 	dlshare_writer *w;
-	uint64_t total = 0;
+	Dlshare__Buffer mbuf = DLSHARE__BUFFER__INIT;
+	Dlshare__Device mdev = DLSHARE__DEVICE__INIT;
+	uint64_t total = 0, msize;
 	struct reply r;
-	int err;
+	int err, mfd = -1;
 
 	errmsg_set(NULL);
 
@@ -258,6 +272,8 @@ int dlshare_create(dlshare_client *c, const char *name,
 	}
 	if ((err = keys_unique(wt.tp, n)))
 		goto fail;
+	if ((err = client_manifest_out(c, wt.tp, n, &mfd, &msize)))
+		goto fail;
 	/* kDLCUDAHost: host memory that both sides register with CUDA. */
 	dev.type = opts ? (uint32_t)opts->device.device_type : kDLCPU;
 	buf.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
@@ -275,8 +291,15 @@ int dlshare_create(dlshare_client *c, const char *name,
 	}
 	buf.device = &dev;
 	cr.name = w->name;
-	cr.n_tensors = n;
-	cr.tensors = wt.tp;
+	if (mfd >= 0) {
+		manifest_buffer(&mbuf, &mdev, msize);
+		cr.manifest = &mbuf;
+		cr.has_manifest_tensors = 1;
+		cr.manifest_tensors = (uint32_t)n;
+	} else {
+		cr.n_tensors = n;
+		cr.tensors = wt.tp;
+	}
 	cr.n_buffers = 1;
 	cr.buffers = &bufp;
 	if (opts && opts->mode) {
@@ -285,7 +308,10 @@ int dlshare_create(dlshare_client *c, const char *name,
 	}
 	f.body_case = DLSHARE__FRAME__BODY_CREATE;
 	f.create = &cr;
-	err = client_call(c, &f, NULL, 0, NULL, &r);
+	err = client_call(c, &f, mfd >= 0 ? &mfd : NULL, mfd >= 0, NULL, &r);
+	if (mfd >= 0)
+		close(mfd);
+	mfd = -1;
 	if (err)
 		goto fail;
 	if (r.msg->frame->body_case != DLSHARE__FRAME__BODY_CREATE_REPLY ||
@@ -370,6 +396,8 @@ int dlshare_create(dlshare_client *c, const char *name,
 	return 0;
 
 fail:
+	if (mfd >= 0)
+		close(mfd);
 	wire_tensors_free(&wt);
 	writer_free(w);
 	return err;
@@ -774,7 +802,11 @@ static int publish_export(dlshare_client *c, const char *name,
 	Dlshare__Device devs[CLIENT_PINS_MAX];
 	struct xbuf xs[CLIENT_PINS_MAX];
 	uint8_t event_handle[CUDA_IPC_HANDLE_BYTES];
-	int fds[CLIENT_PINS_MAX];
+	int fds[CLIENT_PINS_MAX + 1];
+	Dlshare__Buffer mbuf = DLSHARE__BUFFER__INIT;
+	Dlshare__Device mdev = DLSHARE__DEVICE__INIT;
+	uint64_t msize;
+	int mfd = -1;
 	struct wire_tensors wt = { 0 };
 	struct export *e = NULL;
 	unsigned nb = 0, nfds = 0, ncuda = 0, nord = 0;
@@ -864,6 +896,8 @@ static int publish_export(dlshare_client *c, const char *name,
 	}
 	if ((err = keys_unique(wt.tp, n)))
 		goto out;
+	if ((err = client_manifest_out(c, wt.tp, n, &mfd, &msize)))
+		goto out;
 	/* Consumers' streams will wait for what the producer's stream has
 	 * queued so far: the data is ready when their kernels run. */
 	if (ncuda) {
@@ -889,8 +923,17 @@ static int publish_export(dlshare_client *c, const char *name,
 	memcpy(e->tensors, tensors, n * sizeof(*tensors));
 	e->n = n;
 	p.name = (char *)name;
-	p.n_tensors = n;
-	p.tensors = wt.tp;
+	if (mfd >= 0) {
+		manifest_buffer(&mbuf, &mdev, msize);
+		p.manifest = &mbuf;
+		p.has_manifest_tensors = 1;
+		p.manifest_tensors = (uint32_t)n;
+		fds[nfds++] = mfd; /* after the buffers' */
+		mfd = -1;          /* closed with them */
+	} else {
+		p.n_tensors = n;
+		p.tensors = wt.tp;
+	}
 	p.n_buffers = nb;
 	p.buffers = bufp;
 	if (o->mode) {
@@ -923,6 +966,10 @@ static int publish_export(dlshare_client *c, const char *name,
 		e->ncuda = 0;
 	}
 out:
+	if (mfd >= 0)
+		close(mfd);
+	if (p.manifest)
+		close(fds[nfds - 1]);
 	for (unsigned b = 0; b < nb; b++)
 		xbuf_release(&xs[b]);
 	cuda_event_free(event);

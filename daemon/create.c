@@ -152,8 +152,10 @@ static void create_finish(struct peer *peer, uint64_t id,
 	out.id = id;
 	out.body_case = DLSHARE__FRAME__BODY_CREATE_REPLY;
 	out.create_reply = &r;
-	/* A failed send dooms c, and its pending version goes with it. */
-	err = conn_send(&peer->conn, &out, w.fds, w.nfds);
+	/* A failed send dooms c, and its pending version goes with it. The
+	 * writer gets its buffers' fds, not the manifest's it sent (last). */
+	err = conn_send(&peer->conn, &out, w.fds,
+			w.nfds - (unsigned)w.has_manifest);
 	encode_version_deinit(&w);
 	if (err || !conn_open(&peer->conn))
 		return;
