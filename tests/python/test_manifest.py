@@ -1,0 +1,85 @@
+"""A whole state dict in one version (protocol 1.4): 10^5 tensors with
+40-80-byte keys, far past a packet, published by one process and read
+bit-exact by another, by publish (a copy into one daemon buffer) and by
+create + seal; stat and list describe it; a missing key is a KeyError that
+names it. The tensors' descriptions travel in a sealed manifest memfd."""
+
+import unittest
+
+import harness
+from harness import DaemonTest
+
+try:
+    import numpy as np
+except ImportError:
+    np = None
+
+N = 100_000
+
+# Key i and its tensor's shape and values, the same in every process.
+GEN = """
+import numpy as np
+def key(i):
+    return (f"model.layers.{i // 1024}.mlp.experts.{i % 1024}."
+            + ("down_proj.weight_scale_inv", "gate_proj.weight",
+               "up_proj.weight")[i % 3])
+def shape(i):
+    return ((i % 3) + 1,) if i % 2 else (2, (i % 4) + 1)
+def values(i):
+    n = int(np.prod(shape(i)))
+    return ((np.arange(n, dtype=np.int64) * 40503 + i * 2654435761)
+            % 1000003).astype(np.float32).reshape(shape(i))
+"""
+exec(GEN)
+
+CHECK = GEN + """
+import dlshare
+name, n = NAME, N
+with dlshare.Client() as c:
+    b = c.get(name)
+    assert len(b) == n, len(b)
+    for i in range(0, n, 7):              # every 7th by key, all its bytes
+        a = np.from_dlpack(b[key(i)])
+        assert a.shape == shape(i), (i, a.shape)
+        assert np.array_equal(a, values(i)), i
+    try:
+        b["model.layers.0.no_such_tensor"]
+    except KeyError as e:
+        assert "model.layers.0.no_such_tensor" in str(e)
+    else:
+        raise AssertionError("no KeyError")
+    print("ok", len(b))
+"""
+
+
+@unittest.skipIf(np is None, "NumPy is not installed for this interpreter")
+class StateDictTest(DaemonTest):
+    def check_elsewhere(self, name):
+        r = self.run_py(CHECK.replace("NAME, N", f"{name!r}, {N}"),
+                        seconds=120)
+        self.assertEqual(r.stdout.split(), ["ok", str(N)])
+
+    def test_publish_state_dict(self):
+        n = self.name()
+        sd = {key(i): values(i) for i in range(N)}
+        self.client.publish(n, sd)
+        self.check_elsewhere(n)
+        info = self.client.stat(n)
+        self.assertEqual(info.tensors, N)
+        names = {i.name: i for i in self.client.list(n)}
+        self.assertEqual(names[n].tensors, N)
+        self.assertGreaterEqual(names[n].bytes,
+                                sum(v.nbytes for v in sd.values()))
+
+    def test_create_seal_state_dict(self):
+        n = self.name()
+        w = self.client.create(n, *[(key(i), "float32", shape(i))
+                                    for i in range(N)])
+        for i in range(N):
+            np.from_dlpack(w[i])[...] = values(i)
+        w.seal()
+        self.check_elsewhere(n)
+
+
+if __name__ == "__main__":
+    unittest.main()
