@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "dlshare.pb-c.h"
+#include "manifest.h"
 
 static const char *outdir;
 
@@ -959,6 +960,59 @@ static void daemon_seeds(void)
 	s_emit(&s, "half-close");
 }
 
+/* ---- manifests (fuzz_manifest) ---------------------------------------- */
+
+/* Writes the manifest of n tensors t, then lets edit change it. */
+static void manifest_seed(const char *name, Dlshare__Tensor **t, size_t n,
+			  void (*edit)(uint8_t *m, uint64_t size))
+{
+	uint64_t size;
+	uint8_t *m;
+
+	if (manifest_size(t, n, &size) || !(m = calloc(1, size))) {
+		fprintf(stderr, "manifest seed %s\n", name);
+		exit(1);
+	}
+	manifest_write(m, size, t, n);
+	if (edit)
+		edit(m, size);
+	write_file("manifest", name, m, size);
+	free(m);
+}
+
+static void m_past_buffer(uint8_t *m, uint64_t size)
+{
+	(void)size;
+	((struct manifest_entry *)(m + 64))[0].offset = 4096;
+}
+
+static void m_dup_key(uint8_t *m, uint64_t size)
+{
+	struct manifest_entry *e = (struct manifest_entry *)(m + 64);
+
+	(void)size;
+	e[2].key_off = e[0].key_off;
+	e[2].key_len = e[0].key_len;
+}
+
+static void m_truncated(uint8_t *m, uint64_t size)
+{
+	((struct manifest_header *)(void *)m)->size = size + 1;
+}
+
+static void manifest_seeds(void)
+{
+	struct vdesc d;
+
+	vd_simple(&d, 0);
+	manifest_seed("one", d.tp, d.nt, NULL);
+	vd_bundle(&d, 0);
+	manifest_seed("bundle", d.tp, d.nt, NULL);
+	manifest_seed("past-buffer", d.tp, d.nt, m_past_buffer);
+	manifest_seed("dup-key", d.tp, d.nt, m_dup_key);
+	manifest_seed("truncated", d.tp, d.nt, m_truncated);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 2) {
@@ -968,5 +1022,6 @@ int main(int argc, char **argv)
 	outdir = argv[1];
 	packet_seeds();
 	daemon_seeds();
+	manifest_seeds();
 	return 0;
 }

@@ -574,8 +574,8 @@ static void manifests_that_lie(void **state)
 	dlshare_disconnect(c);
 }
 
-/* The per-uid limit on manifest bytes: one past it is refused, naming the
- * limit and the uid. */
+/* The per-uid limit on manifest bytes, and --max-tensors: one past each is
+ * refused, naming the limit (and the uid). */
 static void manifest_quota(void **state)
 {
 	struct fixture *fx = *state;
@@ -606,13 +606,29 @@ static void manifest_quota(void **state)
 	free(specs);
 	free(keys);
 	free(shapes);
+
+	/* --max-tensors 5000: one more is refused, naming the limit. */
+	n = 5001;
+	specs = calloc(n, sizeof(*specs));
+	keys = calloc(n, sizeof(*keys));
+	shapes = calloc(n, sizeof(*shapes));
+	assert_true(specs && keys && shapes);
+	sd_specs(specs, keys, shapes, n);
+	assert_int_equal(dlshare_create(c, "q/c", specs, n, NULL, &w2),
+			 DLSHARE_ELIMIT);
+	assert_non_null(strstr(dlshare_last_error(),
+			       "more than the limit of 5000 tensors per "
+			       "version (--max-tensors)"));
+	free(specs);
+	free(keys);
+	free(shapes);
 	dlshare_disconnect(c);
 }
 
 static int setup_quota(void **state)
 {
 	static const char *const args[] = { "--uid-manifest-bytes", "400K",
-					    NULL };
+					    "--max-tensors", "5000", NULL };
 
 	return util_setup_fdcheck(state, args);
 }
