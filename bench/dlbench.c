@@ -904,6 +904,41 @@ out:
 	return rc;
 }
 
+/* ---- a state dict in one version ------------------------------------------------- */
+
+static int section_bundle(const struct plan *pl)
+{
+	struct daemon_proc d;
+	const long n = 100000;
+	int rc = -1;
+
+	report_section("bundle");
+	struct fig *fp = report_decl("bundle_100k_publish_ms", "ms",
+		"publish of 10^5 float32[16] tensors, 60-byte keys (copy)");
+	struct fig *fc = report_decl("bundle_100k_publish_daemon_cpu_ms", "ms",
+		"daemon CPU for that publish (manifest checked and sealed)");
+	struct fig *fg = report_decl("bundle_100k_get_ms", "ms",
+		"warm get of it until every tensor is reachable");
+
+	if (daemon_start(&d, NULL))
+		return -1;
+	for (int r = 0; r < pl->reps; r++) {
+		double p, c, g[5];
+
+		progress("bundle: repeat %d/%d", r + 1, pl->reps);
+		if (fig_bundle(&d, n, 5, &p, &c, g))
+			goto out;
+		report_add(fp, p);
+		report_add(fc, c);
+		for (int i = 0; i < 5; i++)
+			report_add(fg, g[i]);
+	}
+	rc = 0;
+out:
+	daemon_stop(&d);
+	return rc;
+}
+
 /* ---- kill storm ------------------------------------------------------------------- */
 
 static int section_storm(const struct plan *pl)
@@ -1077,7 +1112,7 @@ static void usage(FILE *o)
 		"usage: dlbench --daemon PATH --floor PATH [--quick] [--json FILE]\n"
 		"               [--only SECTIONS] [--repeats N] [--scale-max N]\n"
 		"       dlbench --daemon PATH --floor PATH --loop N [--loop-ms MS] [--pin]\n"
-		"  sections: latency,throughput,handoff,scale,idle,storm\n"
+		"  sections: latency,throughput,handoff,scale,idle,storm,bundle\n"
 		"  --loop N: for a profiler, only get+release from N client\n"
 		"  processes for MS ms (default 5000), printing the daemon's pid\n"
 		"  first and the round trips a second at the end; --pin puts\n"
@@ -1252,6 +1287,8 @@ int main(int argc, char **argv)
 	if (util_list_has(only, "idle") && section_idle(&pl))
 		failed = 1;
 	if (util_list_has(only, "storm") && section_storm(&pl))
+		failed = 1;
+	if (util_list_has(only, "bundle") && section_bundle(&pl))
 		failed = 1;
 	daemon_stop_all();
 

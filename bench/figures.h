@@ -94,4 +94,12 @@ int fig_raw_get(const struct daemon_proc *d, const char *prefix, long n,
 int fig_storm(const struct daemon_proc *d, int n, int leases,
 	      double *leases_ms, double *conns_ms);
 
+/* A state dict of n float32[16] tensors with 60-byte keys in one version
+ * (a manifest memfd, protocol 1.4): the publish from plain memory (a copy
+ * into one daemon buffer) in ms, the daemon's CPU time for it in ms, and
+ * gets warm gets in ms (get_ms[gets]), each until every tensor is
+ * reachable. */
+int fig_bundle(const struct daemon_proc *d, long n, int gets,
+	       double *publish_ms, double *daemon_cpu_ms, double *get_ms);
+
 #endif
