@@ -41,6 +41,7 @@ static void handle_hello(struct peer *peer, uint64_t id,
 		return;
 	}
 	peer->conn.hello = 1;
+	peer->minor = h->minor;
 	log_debug("conn %llu: hello from %s, protocol %u.%u",
 		  (unsigned long long)peer->conn.id, h->agent ? h->agent : "?",
 		  h->major, h->minor);
@@ -208,7 +209,9 @@ static void handle_stat(struct peer *peer, uint64_t id, const Dlshare__Stat *m)
 	}
 	encode_name_info(&ni, e);
 	r.info = &ni;
-	if (e->latest) {
+	/* A client before 1.4 cannot read a manifest memfd: it gets the
+	 * summary alone. */
+	if (e->latest && (e->latest->manifest_fd < 0 || peer->minor >= 4)) {
 		if (encode_version_init(&w, e->latest, NULL)) {
 			reply_err(peer, id, -ENOMEM, "stat", m->name);
 			return;

@@ -45,6 +45,15 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v)
 	struct lease *l;
 	int err;
 
+	if (v->manifest_fd >= 0 && peer->minor < 4) {
+		conn_send_error(&peer->conn, id, DLSHARE_ENOTSUP,
+				"get %s: version %llu has %u tensors, described "
+				"in a manifest memfd (protocol 1.4); this client "
+				"speaks 1.%u", v->entry->name,
+				(unsigned long long)v->number, v->ntensors,
+				peer->minor);
+		return;
+	}
 	unsigned nattach = 0;
 	for (size_t i = 0; i < v->nbuffers; i++) {
 		struct sent_buf *sb = NULL;

@@ -44,6 +44,7 @@ struct peer {
 	struct seal_job *seals;   /* seals waiting or running (seal.c) */
 	struct mcheck_job *mchecks; /* manifests being checked (mcheck.c) */
 	uint32_t inflight;        /* requests in flight: parks, jobs, seals */
+	uint32_t minor;           /* the protocol minor its Hello said */
 };
 
 /* Makes the peer of fd, an accepted socket, and starts reading from it.

@@ -181,6 +181,51 @@ static int produce_store(const struct daemon_proc *d, void *arg)
 	return 0;
 }
 
+struct listed {
+	const char *name;
+	uint64_t tensors, bytes;
+};
+
+static int on_listed(const dlshare_name_info *info, void *arg)
+{
+	struct listed *l = arg;
+
+	if (strcmp(info->name, l->name) == 0) {
+		l->tensors = info->tensors;
+		l->bytes = info->bytes;
+	}
+	return 0;
+}
+
+/* A raw client that says protocol 1.3 gets name: refused, naming why. */
+static void old_client_get(const struct daemon_proc *d, const char *name)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Hello h = DLSHARE__HELLO__INIT;
+	Dlshare__Get g = DLSHARE__GET__INIT;
+	struct wire_msg *m;
+	int sock = raw_connect(d->sock);
+
+	assert_true(sock >= 0);
+	h.major = 1;
+	h.minor = 3;
+	f.id = 1;
+	f.body_case = DLSHARE__FRAME__BODY_HELLO;
+	f.hello = &h;
+	assert_int_equal(raw_call(sock, &f, NULL, 0, &m), 0);
+	wire_msg_free(m);
+	g.name = (char *)name;
+	f.id = 2;
+	f.body_case = DLSHARE__FRAME__BODY_GET;
+	f.get = &g;
+	assert_int_equal(raw_call(sock, &f, NULL, 0, &m), 0);
+	assert_int_equal(m->frame->body_case, DLSHARE__FRAME__BODY_ERROR);
+	assert_int_equal(m->frame->error->code, DLSHARE_ENOTSUP);
+	assert_non_null(strstr(m->frame->error->message, "protocol 1.4"));
+	wire_msg_free(m);
+	close(sock);
+}
+
 static void state_dict_store(void **state)
 {
 	struct fixture *fx = *state;
@@ -207,6 +252,15 @@ static void state_dict_store(void **state)
 		assert_int_equal(dlshare_manifest_tensor(m, i)->ndim, ndim);
 	}
 	dlshare_manifest_free(m);
+
+	/* list: its tensor count and bytes. */
+	struct listed want = { "m/store", 0, 0 };
+	assert_int_equal(dlshare_list(c, "m/", on_listed, &want), 0);
+	assert_int_equal(want.tensors, n);
+	assert_int_equal(want.bytes, info.bytes);
+
+	/* A client before 1.4 cannot read the manifest: a get says so. */
+	old_client_get(&fx->d, "m/store");
 	dlshare_disconnect(c);
 }
 
@@ -564,6 +618,18 @@ static void manifests_that_lie(void **state)
 		close(ro);
 		close(fd);
 	}
+	/* Sealed against new seals: it could never be write-sealed. */
+	fd = hostile_memfd(&size, &tp);
+	assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL), 0);
+	hostile_create(sock, fd, size, H_N, msg, sizeof(msg));
+	assert_non_null(strstr(msg, "manifest memfd is refused"));
+	close(fd);
+	/* Not a memfd at all. */
+	fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+	assert_true(fd >= 0);
+	hostile_create(sock, fd, size, H_N, msg, sizeof(msg));
+	assert_non_null(strstr(msg, "manifest memfd is refused"));
+	close(fd);
 	/* The daemon serves everyone still, the liar included. */
 	assert_int_equal(util_store(c, "h/ok", DT_F32, 1, shape, 1, NULL), 0);
 	fd = hostile_memfd(&size, &tp);
