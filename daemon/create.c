@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <dlshare/dlshare.h>
 
@@ -71,6 +72,8 @@ struct gpu_job {
 	struct gpu_job *prev, *next; /* peer->jobs */
 	uint64_t id;
 	Dlshare__Create *create;  /* a copy of the request */
+	struct registry_manifest manifest; /* its checked manifest memfd
+					    * (1.4), or fd -1 */
 	int made[REGISTRY_BUFFERS_HARD_MAX];     /* mem[i] is ours to free */
 	struct gpu_mem mem[REGISTRY_BUFFERS_HARD_MAX];
 	int fds[REGISTRY_BUFFERS_HARD_MAX];      /* cuda-vmm: mem[i].fd */
@@ -211,6 +214,8 @@ static void gpu_job_work(uv_work_t *req)
  * cudaFree waits for the device). */
 static void gpu_job_free(struct gpu_job *j)
 {
+	if (j->manifest.fd >= 0)
+		close(j->manifest.fd);
 	wire_close_fds(j->fds, REGISTRY_BUFFERS_HARD_MAX);
 	for (size_t i = 0; i < REGISTRY_BUFFERS_HARD_MAX; i++)
 		if (j->made[i] && j->mem[i].kind == GPU_CUDA_IPC)
@@ -257,7 +262,8 @@ static void gpu_job_done(uv_work_t *req, int status)
 			b->has_ipc_offset = 1;
 			b->ipc_offset = 0;
 		}
-		create_finish(peer, j->id, m, j, NULL);
+		create_finish(peer, j->id, m, j,
+			      j->manifest.fd >= 0 ? &j->manifest : NULL);
 		/* The copy frees what it unpacked, not j's handle bytes (a
 		 * GPU buffer of the copy had none: create_gpu). */
 		for (size_t i = 0; i < m->n_buffers; i++)
@@ -272,10 +278,12 @@ static void gpu_job_done(uv_work_t *req, int status)
 
 /* Starts making m's GPU buffers. The request is checked first, so that
  * nothing is allocated for a create that would be refused anyway. */
-static void create_gpu(struct peer *peer, uint64_t id, const Dlshare__Create *m)
+static void create_gpu(struct peer *peer, uint64_t id, const Dlshare__Create *m,
+		       struct registry_manifest *manifest)
 {
 	struct daemon *d = peer->d;
 	struct registry_spec spec = {
+		.manifest = manifest,
 		.name = m->name, .mode = m->mode,
 		.tensors = m->tensors, .ntensors = m->n_tensors,
 		.buffers = m->buffers, .nbuffers = m->n_buffers,
@@ -326,6 +334,12 @@ static void create_gpu(struct peer *peer, uint64_t id, const Dlshare__Create *m)
 	}
 	for (size_t i = 0; i < REGISTRY_BUFFERS_HARD_MAX; i++)
 		j->fds[i] = -1;
+	j->manifest.fd = -1;
+	if (manifest) {
+		/* The job holds the checked manifest until registry_add. */
+		j->manifest = *manifest;
+		manifest->fd = -1;
+	}
 	j->id = id;
 	j->d = d;
 	j->peer = peer;
@@ -356,7 +370,7 @@ void create_request(struct peer *peer, const Dlshare__Frame *f,
 		return;
 	for (size_t i = 0; i < m->n_buffers; i++)
 		if (is_gpu_buffer(m->buffers[i])) {
-			create_gpu(peer, f->id, m);
+			create_gpu(peer, f->id, m, NULL);
 			return;
 		}
 	create_finish(peer, f->id, m, NULL, NULL);
@@ -377,11 +391,7 @@ void create_checked(struct peer *peer, const Dlshare__Frame *f, int *fds,
 	}
 	for (size_t i = 0; i < m->n_buffers; i++)
 		if (is_gpu_buffer(m->buffers[i])) {
-			conn_send_error(&peer->conn, f->id, DLSHARE_ENOTSUP,
-					"create %s: a manifest memfd with GPU "
-					"buffers the daemon makes is not "
-					"supported yet (at most what fits in a "
-					"packet)", m->name);
+			create_gpu(peer, f->id, m, manifest);
 			return;
 		}
 	create_finish(peer, f->id, m, NULL, manifest);

@@ -4,6 +4,7 @@ bit-exact by another, by publish (a copy into one daemon buffer) and by
 create + seal; stat and list describe it; a missing key is a KeyError that
 names it. The tensors' descriptions travel in a sealed manifest memfd."""
 
+import os
 import unittest
 
 import harness
@@ -79,6 +80,40 @@ class StateDictTest(DaemonTest):
             np.from_dlpack(w[i])[...] = values(i)
         w.seal()
         self.check_elsewhere(n)
+
+
+FAKECUDA = os.environ.get("DLSHARE_TEST_FAKECUDA", "")
+CUDA_ENV = {"DLSHARE_CUDA_RUNTIME": FAKECUDA, "DLSHARE_CUDA_DRIVER": FAKECUDA}
+
+
+@unittest.skipUnless(FAKECUDA and os.path.exists(FAKECUDA),
+                     "no CUDA test double (tests/fakecuda needs the CUDA "
+                     "toolkit's headers)")
+class DeviceStateDictTest(DaemonTest):
+    """A manifest memfd beside daemon-made GPU memory (tests/fakecuda)."""
+
+    @classmethod
+    def setUpClass(cls):
+        os.environ.update(CUDA_ENV)   # libdlshare loads CUDA lazily
+        super().setUpClass()
+
+    def test_create_on_device(self):
+        n, count = self.name(), 3000
+        w = self.client.create(n, *[(f"model.layers.{i}.mlp.up_proj.weight",
+                                     "float32", (2,)) for i in range(count)],
+                               device="cuda:0")
+        self.assertEqual(w.seal(), 1)
+        info = self.client.stat(n)
+        self.assertEqual((info.tensors, info.kind), (count, "cuda-vmm"))
+        r = self.run_py(f"""
+            import dlshare
+            with dlshare.Client() as c:
+                b = c.get({n!r})
+                t = b["model.layers.2999.mlp.up_proj.weight"]
+                print(len(b), t.device[0] == dlshare.DLDeviceType.kDLCUDA,
+                      t.shape)
+        """, env=CUDA_ENV)
+        self.assertEqual(r.stdout.split(), [str(count), "True", "(2,)"])
 
 
 if __name__ == "__main__":
