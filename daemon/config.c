@@ -201,11 +201,12 @@ static const struct opt opts[] = {
 	  "0, half of max-open-fds" },
 	{ "uid-seals", 0, OPT_U32, "N", 1, 1024,
 	  SRV(limits.uid_seals), NULL,
-	  "seals of one uid running at once",
+	  "seals of one uid running at once; also its manifest checks",
 	  "Write-sealing a buffer runs on libuv's thread pool (UV_THREADPOOL_SIZE "
 	  "threads, 4 by default, shared with GPU creates): the kernel makes it "
 	  "wait while pages are pinned. A uid's further seals wait their "
-	  "turn.", NULL },
+	  "turn. So do its checks of manifest memfds (protocol 1.4), counted "
+	  "apart from its seals.", NULL },
 	{ "huge-page-min", 0, OPT_BYTES, "BYTES", 0, INT64_MAX,
 	  SRV(registry.huge_min), NULL,
 	  "store buffers from this size on use 2 MiB huge pages; 0: never",

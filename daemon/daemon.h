@@ -33,6 +33,7 @@ struct daemon_limits {
 struct waitq;
 struct devmem;
 struct seal_uid;
+struct mcheck_uid;
 
 struct daemon {
 	uv_loop_t *loop;
@@ -43,6 +44,7 @@ struct daemon {
 	struct waitq *waiters;    /* parked gets by name (get.c) */
 	struct devmem *devmem;    /* daemon-owned cuda-ipc memory (create.c) */
 	struct seal_uid *seal_uids; /* seals by uid (seal.c) */
+	struct mcheck_uid *mcheck_uids; /* manifest checks by uid (mcheck.c) */
 	uint64_t nparked;         /* parked gets of every peer */
 	uint64_t requests;        /* packets handled */
 	uint64_t started_ms;

@@ -398,6 +398,7 @@ void dispatch_deinit(struct daemon *d)
 	seal_deinit(d);
 	get_deinit(d);
 	create_deinit(d);
+	mcheck_deinit(d);
 }
 
 /* ---- registry callbacks --------------------------------------------------- */

@@ -17,11 +17,25 @@
 #include "reply.h"
 #include "wire.h"
 
+/* The manifest checks of one uid: at most --uid-seals run on the pool at
+ * once (a manifest of 10^6 tensors takes a pool thread for ~0.3 s), the
+ * others wait here, first come first served. A uid that floods the daemon
+ * with manifests delays its own. */
+struct mcheck_uid {
+	uid_t uid;
+	uint32_t running;
+	struct mcheck_job *waiting;     /* by wprev/wnext */
+	UT_hash_handle hh;              /* daemon->mcheck_uids */
+};
+
 struct mcheck_job {
 	uv_work_t req;
 	struct daemon *d;
 	struct peer *peer;        /* NULL once the peer went */
 	struct mcheck_job *prev, *next; /* peer->mchecks */
+	struct mcheck_uid *q;     /* its uid's */
+	int running;              /* on the pool; else waiting in q */
+	struct mcheck_job *wprev, *wnext; /* q->waiting */
 	Dlshare__Frame *frame;    /* a copy of the request */
 	mcheck_finish_fn finish;
 	const char *what;         /* "create" or "publish" */
@@ -101,6 +115,43 @@ static void mcheck_work(uv_work_t *req)
 	}
 }
 
+static void mcheck_done(uv_work_t *req, int status);
+
+static void uid_put(struct daemon *d, struct mcheck_uid *q)
+{
+	if (!q->running && !q->waiting) {
+		HASH_DEL(d->mcheck_uids, q);
+		free(q);
+	}
+}
+
+/* Puts j on the pool. Returns 0 or -ENOMEM. */
+static int job_run(struct mcheck_job *j)
+{
+	if (uv_queue_work(j->d->loop, &j->req, mcheck_work, mcheck_done))
+		return -ENOMEM;
+	j->running = 1;
+	j->q->running++;
+	return 0;
+}
+
+/* A check of q's ended: the next waiting one runs. */
+static void uid_next(struct daemon *d, struct mcheck_uid *q)
+{
+	while (q->waiting && q->running < d->limits->uid_seals) {
+		struct mcheck_job *j = q->waiting;
+
+		DL_DELETE2(q->waiting, j, wprev, wnext);
+		if (job_run(j) == 0)
+			continue;
+		DL_DELETE(j->peer->mchecks, j);
+		j->peer->inflight--;
+		reply_err(j->peer, j->frame->id, -ENOMEM, j->what, j->name);
+		job_free(j);
+	}
+	uid_put(d, q);
+}
+
 /* Loop: finishes the request, unless its peer went meanwhile. */
 static void mcheck_done(uv_work_t *req, int status)
 {
@@ -108,6 +159,8 @@ static void mcheck_done(uv_work_t *req, int status)
 	struct peer *peer = j->peer;
 	struct daemon *d = j->d;
 
+	j->q->running--;
+	uid_next(d, j->q);
 	if (!peer) {
 		job_free(j);
 		return;
@@ -282,10 +335,26 @@ void mcheck_request(struct peer *peer, const Dlshare__Frame *f, int *fds,
 	for (size_t i = 0; i < nbufs; i++)
 		j->sizes[i] = bufs[i]->size;
 	j->req.data = j;
-	if (uv_queue_work(d->loop, &j->req, mcheck_work, mcheck_done)) {
-		job_free(j);
-		reply_err(peer, f->id, -ENOMEM, what, name);
-		return;
+	HASH_FIND(hh, d->mcheck_uids, &j->uid, sizeof(j->uid), j->q);
+	if (!j->q) {
+		j->q = calloc(1, sizeof(*j->q));
+		if (!j->q) {
+			job_free(j);
+			reply_err(peer, f->id, -ENOMEM, what, name);
+			return;
+		}
+		j->q->uid = j->uid;
+		HASH_ADD(hh, d->mcheck_uids, uid, sizeof(j->q->uid), j->q);
+	}
+	if (j->q->running < d->limits->uid_seals) {
+		if (job_run(j)) {
+			uid_put(d, j->q);
+			job_free(j);
+			reply_err(peer, f->id, -ENOMEM, what, name);
+			return;
+		}
+	} else {
+		DL_APPEND2(j->q->waiting, j, wprev, wnext);
 	}
 	DL_APPEND(peer->mchecks, j);
 	peer->inflight++;
@@ -297,7 +366,24 @@ void mcheck_peer_closed(struct peer *peer)
 
 	DL_FOREACH_SAFE(peer->mchecks, j, tmp) {
 		DL_DELETE(peer->mchecks, j);
-		j->peer = NULL;
 		peer->inflight--;
+		if (j->running) {
+			j->peer = NULL; /* it ends without its peer */
+			continue;
+		}
+		DL_DELETE2(j->q->waiting, j, wprev, wnext);
+		uid_put(j->d, j->q);
+		job_free(j);
+	}
+}
+
+void mcheck_deinit(struct daemon *d)
+{
+	struct mcheck_uid *q, *tmp;
+
+	/* Empty once every peer closed and the loop ran dry. */
+	HASH_ITER(hh, d->mcheck_uids, q, tmp) {
+		HASH_DEL(d->mcheck_uids, q);
+		free(q);
 	}
 }

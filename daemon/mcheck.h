@@ -2,7 +2,9 @@
  * ready on libuv's thread pool: write-sealed (which waits while a peer
  * pins its pages), mapped, checked entry by entry (manifest_check: bounds,
  * keys, duplicates; ~30 ms per 10^5 tensors) and reopened read-only for
- * readers. The loop only starts the job and finishes the request: the
+ * readers. At most --uid-seals checks of one uid run at once; the others
+ * wait, first come first served. The loop only starts the job and finishes
+ * the request: the
  * Create or Publish handler runs once more with the checked manifest. A
  * job counts as a request in flight of its peer. Loop thread only
  * (mcheck_work excepted).
@@ -29,7 +31,11 @@ typedef void (*mcheck_finish_fn)(struct peer *peer, const Dlshare__Frame *f,
 void mcheck_request(struct peer *peer, const Dlshare__Frame *f, int *fds,
 		    unsigned nfds, mcheck_finish_fn finish);
 
-/* peer is closing: its jobs end without it. */
+/* peer is closing: its running jobs end without it, its waiting ones are
+ * dropped. */
 void mcheck_peer_closed(struct peer *peer);
+
+/* Frees what is left at shutdown (nothing, once the loop ran dry). */
+void mcheck_deinit(struct daemon *d);
 
 #endif

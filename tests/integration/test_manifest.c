@@ -630,6 +630,52 @@ static void manifests_that_lie(void **state)
 	hostile_create(sock, fd, size, H_N, msg, sizeof(msg));
 	assert_non_null(strstr(msg, "manifest memfd is refused"));
 	close(fd);
+	/* Several at once wait their turn on the pool (--uid-seals): each is
+	 * answered. */
+	{
+		int fds[4];
+		Dlshare__Frame f = DLSHARE__FRAME__INIT;
+		Dlshare__Create cr = DLSHARE__CREATE__INIT;
+		Dlshare__Buffer b = DLSHARE__BUFFER__INIT, *bp = &b;
+		Dlshare__Buffer mb = DLSHARE__BUFFER__INIT;
+		Dlshare__Device dev = DLSHARE__DEVICE__INIT;
+		int answered = 0;
+
+		dev.type = kDLCPU;
+		b.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
+		b.size = 4 * H_N;
+		b.device = &dev;
+		mb = b;
+		mb.has_fd_attached = 1;
+		mb.fd_attached = 1;
+		cr.name = "h/many";
+		cr.n_buffers = 1;
+		cr.buffers = &bp;
+		cr.manifest = &mb;
+		cr.has_manifest_tensors = 1;
+		cr.manifest_tensors = H_N;
+		f.body_case = DLSHARE__FRAME__BODY_CREATE;
+		f.create = &cr;
+		for (int i = 0; i < 4; i++) {
+			fds[i] = hostile_memfd(&size, &tp);
+			mb.size = size;
+			f.id = 1000 + (uint64_t)i;
+			assert_int_equal(raw_send(sock, &f, &fds[i], 1, 0), 0);
+		}
+		while (answered < 4) {
+			struct wire_msg *m;
+
+			assert_int_equal(raw_recv(sock, harness_ms(5000), &m), 0);
+			if (m->frame->id >= 1000 && m->frame->id < 1004) {
+				assert_int_equal(m->frame->body_case,
+					DLSHARE__FRAME__BODY_CREATE_REPLY);
+				answered++;
+			}
+			wire_msg_free(m);
+		}
+		for (int i = 0; i < 4; i++)
+			close(fds[i]);
+	}
 	/* The daemon serves everyone still, the liar included. */
 	assert_int_equal(util_store(c, "h/ok", DT_F32, 1, shape, 1, NULL), 0);
 	fd = hostile_memfd(&size, &tp);
