@@ -589,11 +589,12 @@ class Writer:
     by then; seal() raises BufferError otherwise.
     """
 
-    __slots__ = ("_w", "_arrays", "client", "name", "keys")
+    __slots__ = ("_w", "_arrays", "_index", "client", "name", "keys")
 
     def __init__(self, client, name, w, keys):
         self._w = w
         self._arrays = {}
+        self._index = None      # key -> index, made at the first w["key"]
         self.client = client
         self.name = name
         self.keys = keys
@@ -612,9 +613,15 @@ class Writer:
 
     def __getitem__(self, k):
         if isinstance(k, str):
+            # A state dict has 10^5 keys: a lookup by key is O(1), the
+            # first unnamed-or-not occurrence of a key wins, as in a Bundle.
+            if self._index is None:
+                self._index = {}
+                for j, key in enumerate(self.keys):
+                    self._index.setdefault(key, j)
             try:
-                i = self.keys.index(k)
-            except ValueError:
+                i = self._index[k]
+            except KeyError:
                 raise KeyError(k) from None
         else:
             i = range(len(self.keys))[k]

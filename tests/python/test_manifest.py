@@ -77,7 +77,7 @@ class StateDictTest(DaemonTest):
         w = self.client.create(n, *[(key(i), "float32", shape(i))
                                     for i in range(N)])
         for i in range(N):
-            w[i].copy_from(values(i))
+            w[key(i)].copy_from(values(i))   # by key: O(1) each
         w.seal()
         self.check_elsewhere(n)
 
