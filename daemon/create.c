@@ -89,6 +89,8 @@ static void create_finish(struct peer *peer, uint64_t id,
 	struct daemon *d = peer->d;
 	struct registry_spec spec = {
 		.name = m->name, .mode = m->mode,
+		.owned = m->has_owned && m->owned,
+		.ttl_ms = m->has_ttl_ms ? m->ttl_ms : 0,
 		.tensors = m->tensors, .ntensors = m->n_tensors,
 		.buffers = m->buffers, .nbuffers = m->n_buffers,
 		.fds = j ? j->fds : NULL,
@@ -273,6 +275,8 @@ static void create_gpu(struct peer *peer, uint64_t id, const Dlshare__Create *m)
 	struct daemon *d = peer->d;
 	struct registry_spec spec = {
 		.name = m->name, .mode = m->mode,
+		.owned = m->has_owned && m->owned,
+		.ttl_ms = m->has_ttl_ms ? m->ttl_ms : 0,
 		.tensors = m->tensors, .ntensors = m->n_tensors,
 		.buffers = m->buffers, .nbuffers = m->n_buffers,
 		.precheck = 1,
