@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -295,6 +296,28 @@ static void ttl_expiry(void **state)
 	assert_int_equal(dlshare_delete(c, "ttl/keep"), 0);
 	want_empty(c);
 	dlshare_disconnect(c);
+}
+
+/* default-ttl past max-ttl is a configuration error that names both. */
+static void ttl_config(void **state)
+{
+	char cmd[512];
+	FILE *p;
+	char out[512] = "";
+	size_t n;
+	int rc;
+
+	(void)state;
+	snprintf(cmd, sizeof(cmd), "%s --check-config --max-ttl 5 "
+		 "--default-ttl 10 2>&1", DLSHARED_PATH);
+	p = popen(cmd, "r");
+	assert_non_null(p);
+	n = fread(out, 1, sizeof(out) - 1, p);
+	out[n] = '\0';
+	rc = pclose(p);
+	assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) != 0);
+	assert_non_null(strstr(out, "default-ttl"));
+	assert_non_null(strstr(out, "max-ttl"));
 }
 
 /* ---- delete by prefix ------------------------------------------------------------ */
@@ -587,6 +610,7 @@ int main(int argc, char **argv)
 						util_teardown),
 		cmocka_unit_test_setup_teardown(ttl_expiry, setup_ttl,
 						util_teardown),
+		cmocka_unit_test(ttl_config),
 		cmocka_unit_test_setup_teardown(rm_prefix, setup_many,
 						util_teardown),
 		cmocka_unit_test_setup_teardown(uid_stats, setup,
