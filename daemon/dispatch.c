@@ -54,6 +54,10 @@ static void handle_hello(struct peer *peer, uint64_t id,
 	r.max_inflight = d->limits->max_inflight;
 	r.max_tensors = d->reg.limits.max_tensors;
 	r.max_buffers = d->reg.limits.max_buffers;
+	r.has_max_ttl_ms = 1;
+	r.max_ttl_ms = d->reg.limits.max_ttl_ms;
+	r.has_default_ttl_ms = 1;
+	r.default_ttl_ms = d->reg.limits.default_ttl_ms;
 	f.body_case = DLSHARE__FRAME__BODY_HELLO_REPLY;
 	f.hello_reply = &r;
 	reply_send(peer, id, &f);
