@@ -437,6 +437,22 @@ static void ls_stat_rm(void **state)
 	assert_null(strstr(out, "cli/a"));
 	assert_non_null(strstr(out, "cli/b/x"));
 	free(out);
+	/* "cli/" is a prefix, not a name: rm says so and names --prefix. */
+	assert_int_equal(CTL(NULL, "rm", "cli/"), 2);
+	out = util_slurp(p.err, NULL);
+	assert_non_null(strstr(out, "not a name"));
+	assert_non_null(strstr(out, "rm --prefix cli/"));
+	free(out);
+	assert_int_equal(CTL(NULL, "rm", "--prefix", "cli/"), 0);
+	out = util_slurp(p.out, NULL);
+	assert_non_null(strstr(out, "deleted 1 name(s) under cli/"));
+	free(out);
+	assert_int_equal(dlshare_stat(c, "cli/b/x", &info, NULL), DLSHARE_ENOENT);
+	assert_int_equal(dlshare_stat(c, "other", &info, NULL), 0);
+	assert_int_equal(CTL(NULL, "--json", "rm", "--prefix", "cli/"), 0);
+	out = util_slurp(p.out, NULL);
+	assert_int_equal(json_int(out, "deleted"), 0);
+	free(out);
 	dlshare_disconnect(c);
 }
 
