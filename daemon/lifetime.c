@@ -184,7 +184,7 @@ void lifetime_apply(struct registry *r, struct registry_owner *o,
 
 void lifetime_sealed(struct registry *r, struct entry *e)
 {
-	if (!e->ttl_ms || e->detached || !e->heap_slot)
+	if (!e->ttl_ms || e->detached || !e->heap_slot || e->doomed)
 		return;
 	/* Later, never earlier: the timer needs no news. */
 	e->expires_ms = now_of(r) + e->ttl_ms;
@@ -193,6 +193,12 @@ void lifetime_sealed(struct registry *r, struct entry *e)
 
 void lifetime_forget(struct registry *r, struct entry *e)
 {
+	/* A doomed name goes, by the timer, a new version, a Delete, or its
+	 * last version ending with its exporter: counted once, here. */
+	if (e->doomed) {
+		e->doomed = 0;
+		r->norphaned++;
+	}
 	owned_unlink(e);
 	if (e->heap_slot)
 		heap_remove(r, e);
@@ -201,11 +207,36 @@ void lifetime_forget(struct registry *r, struct entry *e)
 
 void lifetime_owner_drop(struct registry *r, struct registry_owner *o)
 {
-	/* registry_detach forgets the entry first, which unlinks it. */
+	int doomed = 0;
+
+	/* Deleting thousands of names here would hold the loop (each closes
+	 * its buffers' fds): they become due at once instead, and the
+	 * timer deletes them a batch per wakeup. */
 	while (o->owned) {
-		r->norphaned++;
-		registry_detach(r, o->owned);
+		struct entry *e = o->owned;
+
+		owned_unlink(e);
+		e->doomed = 1;
+		e->expires_ms = 0;
+		if (!e->ttl_ms)
+			e->ttl_ms = 1;
+		if (heap_set(r, e)) {
+			/* No room in the heap: now, then. */
+			registry_detach(r, e);
+			continue;
+		}
+		doomed = 1;
 	}
+	if (doomed)
+		expiry_changed(r);
+}
+
+void lifetime_reap(struct registry *r, const char *name)
+{
+	struct entry *e = registry_entry(r, name);
+
+	if (e && e->doomed)
+		registry_detach(r, e);
 }
 
 size_t registry_expire(struct registry *r, uint64_t now, size_t max)
@@ -213,8 +244,11 @@ size_t registry_expire(struct registry *r, uint64_t now, size_t max)
 	size_t n = 0;
 
 	while (n < max && r->ttl_n && r->ttl_heap[0]->expires_ms <= now) {
-		registry_detach(r, r->ttl_heap[0]);
-		r->nexpired++;
+		struct entry *e = r->ttl_heap[0];
+
+		if (!e->doomed)
+			r->nexpired++;
+		registry_detach(r, e);
 		n++;
 	}
 	return n;
@@ -229,7 +263,7 @@ uint64_t lifetime_left(const struct registry *r, const struct entry *e)
 {
 	uint64_t now;
 
-	if (!e->heap_slot)
+	if (!e->heap_slot || e->doomed)
 		return UINT64_MAX;
 	now = now_of(r);
 	return e->expires_ms > now ? e->expires_ms - now : 0;

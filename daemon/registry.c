@@ -789,6 +789,10 @@ static int add_check(struct registry *r, struct registry_owner *o,
 	if ((err = spec_check(r, s, exported, sizes, &owned, &gpu, why)))
 		return err;
 	*entry = e = registry_entry(r, s->name);
+	/* A doomed name (lifetime.c) is as good as gone: registry_add
+	 * deletes it first. */
+	if (e && e->doomed)
+		*entry = e = NULL;
 	if (e && !registry_may(e, o, 2))
 		return -EPERM;
 	if ((err = lifetime_check(r, o, e, s, why)))
@@ -817,6 +821,7 @@ int registry_add(struct registry *r, struct registry_owner *o,
 
 	if (s->precheck)
 		return -EINVAL;
+	lifetime_reap(r, s->name);
 	if ((err = add_check(r, o, s, exported, &e, why)))
 		return err;
 	if (!e) {

@@ -172,6 +172,9 @@ struct entry {
 	uint64_t expires_ms;     /* when ttl_ms is set */
 	uint32_t ttl_ms;         /* 0: no TTL */
 	uint32_t heap_slot;      /* index in registry->ttl_heap + 1; 0: none */
+	uint8_t doomed;          /* owned, and its owner went: due at once in
+				  * the heap, deleted in the timer's batches;
+				  * a new version of the name replaces it */
 	char name[];             /* as long as it is; allocated from
 				  * offsetof(struct entry, name) */
 };
@@ -513,9 +516,13 @@ void lifetime_apply(struct registry *r, struct registry_owner *o,
 void lifetime_sealed(struct registry *r, struct entry *e);
 /* e leaves the name map or dies: it is no one's and has no TTL any more. */
 void lifetime_forget(struct registry *r, struct entry *e);
-/* o goes: the names it owns are deleted (their leased versions live on
- * until released). */
+/* o goes: the names it owns are doomed, due at once: registry_expire
+ * deletes them a batch at a time (their leased versions live on until
+ * released), so that one connection's close costs the loop little. */
 void lifetime_owner_drop(struct registry *r, struct registry_owner *o);
+/* Deletes name now if it is doomed, so that a Create or Publish makes a
+ * new name in its place. */
+void lifetime_reap(struct registry *r, const char *name);
 /* Deletes at most max names whose TTL passed by now. Returns how many it
  * deleted; registry_next_expiry tells whether more wait. */
 size_t registry_expire(struct registry *r, uint64_t now, size_t max);

@@ -2009,6 +2009,10 @@ static void test_owned(void **state)
 	assert_non_null(v);
 	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l, NULL), 0);
 	registry_owner_drop(&f->r, &f->prod);
+	/* Doomed: due at once, deleted by the next expiry batch. */
+	assert_non_null(registry_entry(&f->r, "o/b"));
+	assert_int_equal(registry_next_expiry(&f->r), 0);
+	assert_int_equal(registry_expire(&f->r, 0, 100), 1);
 	assert_null(registry_entry(&f->r, "o/b"));
 	assert_non_null(registry_entry(&f->r, "o/a"));
 	assert_non_null(registry_entry(&f->r, "o/c"));
@@ -2016,7 +2020,12 @@ static void test_owned(void **state)
 	assert_int_equal(registry_release(&f->r, &f->cons, l->id), 0);
 	assert_int_equal(f->r.nversions, 2);
 	registry_owner_drop(&f->r, &p2);
-	assert_null(registry_entry(&f->r, "o/a"));
+	/* A new version of a doomed name makes a new name in its place. */
+	assert_int_equal(publish_life(f, &f->cons, "o/a", 0, 0), 0);
+	assert_false(registry_entry(&f->r, "o/a")->doomed);
+	assert_int_equal(registry_expire(&f->r, 0, 100), 0);
+	assert_non_null(registry_entry(&f->r, "o/a"));
+	assert_int_equal(registry_delete(&f->r, &f->cons, "o/a"), 0);
 	assert_int_equal(f->r.norphaned, 2);
 	registry_owner_init(&f->prod, 1000, 1000, 10);
 }
