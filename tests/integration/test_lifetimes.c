@@ -254,7 +254,7 @@ static void ttl_expiry(void **state)
 	dlshare_bundle *b;
 	struct util_want w = UTIL_ANY;
 	char name[64];
-	int n = scaled(200);
+	int n = scaled(600); /* more than one EXPIRE_BATCH (256) */
 
 	/* Past max-ttl (60 s here). */
 	assert_int_equal(store_life(c, "ttl/long", 0, 60001, 1, NULL),
@@ -495,6 +495,51 @@ static void prefix_acl(void **state)
 	dlshare_disconnect(c);
 }
 
+/* A name of (i + 1) pages, published as uid UTIL_UID_A + 10 + i. */
+static int publish_pages(const struct daemon_proc *d, void *arg)
+{
+	int i = (int)(intptr_t)arg;
+	int64_t shape[1] = { (int64_t)(i + 1) * 1024 };
+	dlshare_client *c = util_child_connect(d);
+	char name[64];
+
+	snprintf(name, sizeof(name), "uids/%d", i);
+	CHILD_OK(util_store(c, name, DT_F32, 1, shape, (uint32_t)i, NULL));
+	dlshare_disconnect(c);
+	return 0;
+}
+
+/* More uids than a StatsReply carries rows for: the top ones by bytes,
+ * biggest first, and the count of all. */
+static void uid_rows(void **state)
+{
+	struct fixture *fx = *state;
+	enum { NUIDS = DLSHARE_STATS_UIDS + 4 };
+	dlshare_client *c;
+	dlshare_stats s;
+
+	if (!util_can_switch_uids())
+		test_skip("needs root to run peers of other uids");
+	c = harness_connect(&fx->d);
+	for (int i = 0; i < NUIDS; i++)
+		assert_int_equal(util_wait(util_spawn_as(&fx->d,
+			UTIL_UID_A + 10 + (uid_t)i, UTIL_UID_A + 10 + (gid_t)i,
+			publish_pages, (void *)(intptr_t)i)), 0);
+	s = util_stats(c);
+	assert_true(s.nuids >= NUIDS);
+	assert_int_equal(s.nuid_rows, DLSHARE_STATS_UIDS);
+	for (uint32_t i = 0; i < s.nuid_rows; i++) {
+		/* The biggest first: uid A+10+NUIDS-1 has the most pages. */
+		assert_int_equal(s.uids[i].uid, UTIL_UID_A + 10 + NUIDS - 1 - i);
+		assert_int_equal(s.uids[i].names, 1);
+		assert_int_equal(s.uids[i].versions, 1);
+		assert_int_equal(s.uids[i].connections, 0);
+		if (i)
+			assert_true(s.uids[i].bytes < s.uids[i - 1].bytes);
+	}
+	dlshare_disconnect(c);
+}
+
 /* ---- producers killed at random ---------------------------------------------------- */
 
 struct storm_arg {
@@ -601,6 +646,8 @@ int main(int argc, char **argv)
 {
 	const struct CMUnitTest acl[] = {
 		cmocka_unit_test_setup_teardown(prefix_acl, setup_open,
+						util_teardown),
+		cmocka_unit_test_setup_teardown(uid_rows, setup_open,
 						util_teardown),
 	};
 	const struct CMUnitTest tests[] = {
