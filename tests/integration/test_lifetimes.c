@@ -623,6 +623,7 @@ static void kill_storm(void **state)
 	dlshare_bundle *heldx;
 	pid_t v;
 
+	print_message("kill_storm: seed %u\n", rnd);
 	/* Warm up (the thread pool seals on), then count the daemon's fds. */
 	assert_int_equal(store_life(c, "warm", 0, 0, 1, NULL), 0);
 	assert_int_equal(dlshare_delete(c, "warm"), 0);

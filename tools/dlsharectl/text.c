@@ -96,6 +96,7 @@ void ctl_print_help(FILE *f)
 	      "      --dtype TYPE       element type: float32, int64, uint8, bfloat16, bool...\n"
 	      "      --shape D0,D1,...  dimensions; \"\" or \"scalar\" for a 0-d tensor\n"
 	      "      --mode OCTAL       permission bits, e.g. 0640 (default: the daemon's)\n"
+	      "      --ttl MS           delete the name when no version was sealed for MS ms\n"
 	      "  cat NAME             write one tensor's raw bytes to stdout, row-major\n"
 	      "      --version N        version N exactly (default: the newest)\n"
 	      "      --newer-than N     the newest version after N\n"
