@@ -615,6 +615,10 @@ static void name_info_copy(dlshare_name_info *d, const Dlshare__NameInfo *s)
 	d->mode = s->mode;
 	d->kind = s->has_kind ? (int)s->kind : 0;
 	d->exported = s->has_exported && s->exported;
+	d->owned = s->has_owned && s->owned;
+	d->owner_pid = s->has_owner_pid ? s->owner_pid : 0;
+	d->ttl_ms = s->has_ttl_ms ? s->ttl_ms : 0;
+	d->expires_in_ms = s->has_expires_in_ms ? s->expires_in_ms : 0;
 }
 
 /* Sends a request and checks that the reply has the expected body. */
@@ -771,6 +775,9 @@ int dlshare_stats_get(dlshare_client *c, dlshare_stats *out)
 
 	if (!c || !out)
 		return DLSHARE_EINVAL;
+	memset(out, 0, sizeof(*out));
+	s.has_max_uids = 1;
+	s.max_uids = DLSHARE_STATS_UIDS;
 	f.body_case = DLSHARE__FRAME__BODY_STATS;
 	f.stats = &s;
 	if ((err = call_expect(c, &f, DLSHARE__FRAME__BODY_STATS_REPLY, &r)))
@@ -785,6 +792,21 @@ int dlshare_stats_get(dlshare_client *c, dlshare_stats *out)
 	out->parked = sr->parked;
 	out->requests = sr->requests;
 	out->uptime_ms = sr->uptime_ms;
+	out->expired = sr->has_expired ? sr->expired : 0;
+	out->orphaned = sr->has_orphaned ? sr->orphaned : 0;
+	out->nuids = sr->has_nuids ? sr->nuids : 0;
+	for (size_t i = 0; i < sr->n_uids && i < DLSHARE_STATS_UIDS; i++) {
+		const Dlshare__UidStats *u = sr->uids[i];
+
+		out->uids[i].uid = u->uid;
+		out->uids[i].connections = u->has_connections ?
+					   u->connections : 0;
+		out->uids[i].names = u->names;
+		out->uids[i].versions = u->versions;
+		out->uids[i].bytes = u->bytes;
+		out->uids[i].leases = u->leases;
+		out->nuid_rows = (uint32_t)i + 1;
+	}
 	reply_free(c, &r);
 	return 0;
 }
@@ -807,4 +829,63 @@ int dlshare_delete(dlshare_client *c, const char *name)
 		return err;
 	reply_free(c, &r);
 	return 0;
+}
+
+int dlshare_delete_prefix(dlshare_client *c, const char *prefix,
+			  uint64_t *deleted, uint64_t *skipped)
+{
+	uint64_t total = 0, left = 0;
+	int more = 1, err = 0;
+
+	errmsg_set(NULL);
+
+	if (deleted)
+		*deleted = 0;
+	if (skipped)
+		*skipped = 0;
+	if (!c || !prefix)
+		return DLSHARE_EINVAL;
+	if (!*prefix) {
+		errmsg_set("delete by prefix: the prefix is empty (it would "
+			   "delete every name)");
+		return DLSHARE_EINVAL;
+	}
+	if (check_prefix(prefix)) {
+		errmsg_set("delete by prefix: no name can start with this "
+			   "prefix");
+		return DLSHARE_EINVAL;
+	}
+	if (client_forked(c))
+		return fork_refuse();
+	if (!c->lifetimes) {
+		errmsg_set("delete by prefix needs a daemon of protocol 1.4 "
+			   "or later");
+		return DLSHARE_ENOTSUP;
+	}
+	/* The daemon deletes a batch per request: ask until it is done. */
+	while (more && !err) {
+		Dlshare__Frame f = DLSHARE__FRAME__INIT;
+		Dlshare__Delete d = DLSHARE__DELETE__INIT;
+		const Dlshare__DeleteReply *dr;
+		struct reply r;
+
+		d.name = (char *)prefix;
+		d.has_prefix = d.prefix = 1;
+		f.body_case = DLSHARE__FRAME__BODY_DELETE;
+		f.delete_ = &d;
+		if ((err = call_expect(c, &f, DLSHARE__FRAME__BODY_DELETE_REPLY,
+				       &r)))
+			break;
+		dr = r.msg->frame->delete_reply;
+		total += dr->deleted;
+		/* The last walk saw every name under the prefix. */
+		left = dr->has_skipped ? dr->skipped : 0;
+		more = dr->has_more && dr->more && dr->deleted;
+		reply_free(c, &r);
+	}
+	if (deleted)
+		*deleted = total;
+	if (skipped)
+		*skipped = left;
+	return err;
 }

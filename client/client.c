@@ -1127,6 +1127,7 @@ static int hello(dlshare_client *c)
 		c->piggyback = r.msg->frame->hello_reply->minor >= 1;
 		c->goodbye = r.msg->frame->hello_reply->minor >= 2;
 		c->manifests = r.msg->frame->hello_reply->minor >= 4;
+		c->lifetimes = r.msg->frame->hello_reply->minor >= 4;
 	}
 	reply_free(c, &r);
 	return err;

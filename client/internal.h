@@ -98,6 +98,7 @@ struct dlshare_client {
 	int piggyback;           /* the daemon takes Frame.releases (1.1) */
 	int goodbye;             /* ...and Goodbye (1.2) */
 	int manifests;           /* ...and manifest memfds (1.4) */
+	int lifetimes;           /* ...and name lifetimes (1.4) */
 	uint64_t calls;          /* calls begun, to tell the receiver thread
 				  * whether callers are around */
 	int closed;              /* dlshare_disconnect() began */

@@ -189,6 +189,19 @@ static void manifest_buffer(Dlshare__Buffer *b, Dlshare__Device *dev,
 	b->fd_attached = 1;
 }
 
+/* A name's lifetime (owned, TTL) needs a daemon of protocol 1.4: an older
+ * one would ignore it, and the name would live on. Returns 0 or
+ * DLSHARE_ENOTSUP. */
+static int lifetimes_supported(dlshare_client *c, const char *name)
+{
+	if (c->lifetimes)
+		return 0;
+	errmsg_set("owned names and TTLs need a daemon of protocol 1.4 or "
+		   "later; this one is older and would keep the name");
+	(void)name;
+	return DLSHARE_ENOTSUP;
+}
+
 /* ---- store mode ---------------------------------------------------------- */
 
 int dlshare_create(dlshare_client *c, const char *name,
@@ -225,6 +238,11 @@ int dlshare_create(dlshare_client *c, const char *name,
 		return DLSHARE_ENOTSUP;
 	if (opts && (opts->mode & ~CHECK_MODE_MASK))
 		return DLSHARE_EINVAL;
+	if (opts && (opts->flags & ~DLSHARE_NAME_OWNED))
+		return DLSHARE_EINVAL;
+	if (opts && (opts->ttl_ms || (opts->flags & DLSHARE_NAME_OWNED)) &&
+	    (err = lifetimes_supported(c, name)))
+		return err;
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return DLSHARE_ENOMEM;
@@ -305,6 +323,12 @@ int dlshare_create(dlshare_client *c, const char *name,
 	if (opts && opts->mode) {
 		cr.has_mode = 1;
 		cr.mode = opts->mode;
+	}
+	if (opts && (opts->flags & DLSHARE_NAME_OWNED))
+		cr.has_owned = cr.owned = 1;
+	if (opts && opts->ttl_ms) {
+		cr.has_ttl_ms = 1;
+		cr.ttl_ms = opts->ttl_ms;
 	}
 	f.body_case = DLSHARE__FRAME__BODY_CREATE;
 	f.create = &cr;
@@ -598,7 +622,10 @@ static int create_like(dlshare_client *c, const char *name,
 		       dlshare_writer **w)
 {
 	dlshare_tensor_spec *specs = calloc(n, sizeof(*specs));
-	dlshare_create_opts co = { .device = device, .mode = o->mode };
+	dlshare_create_opts co = {
+		.device = device, .mode = o->mode,
+		.flags = o->flags & DLSHARE_NAME_OWNED, .ttl_ms = o->ttl_ms,
+	};
 	int err;
 
 	if (!specs)
@@ -940,6 +967,12 @@ static int publish_export(dlshare_client *c, const char *name,
 		p.has_mode = 1;
 		p.mode = o->mode;
 	}
+	if (o->flags & DLSHARE_NAME_OWNED)
+		p.has_owned = p.owned = 1;
+	if (o->ttl_ms) {
+		p.has_ttl_ms = 1;
+		p.ttl_ms = o->ttl_ms;
+	}
 	f.body_case = DLSHARE__FRAME__BODY_PUBLISH;
 	f.publish = &p;
 	/* The export owns the event and the CUDA allocations from here: the
@@ -1016,6 +1049,9 @@ int dlshare_publish(dlshare_client *c, const char *name,
 	if ((o->flags & DLSHARE_PUBLISH_COPY) &&
 	    (o->flags & DLSHARE_PUBLISH_NO_COPY))
 		return DLSHARE_EINVAL;
+	if ((o->ttl_ms || (o->flags & DLSHARE_NAME_OWNED)) &&
+	    (err = lifetimes_supported(c, name)))
+		return err;
 	err = (o->flags & DLSHARE_PUBLISH_COPY) ? DLSHARE_ENOENT :
 		publish_export(c, name, tensors, n, o, version);
 	if (err != DLSHARE_ENOENT && err != DLSHARE_ECOPY)

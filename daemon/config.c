@@ -157,6 +157,17 @@ static const struct opt opts[] = {
 	  "milliseconds a new peer has to say Hello",
 	  "A peer that says nothing is disconnected after it.", NULL },
 
+	{ "default-ttl", 0, OPT_U32, "MS", 0, 0xffffffffu,
+	  SRV(registry.default_ttl_ms), "Name lifetimes",
+	  "TTL of a new name whose publisher asks for none; 0: none",
+	  "A name with a TTL is deleted when no version of it was sealed for "
+	  "that long (a name never sealed: since its creation); versions "
+	  "leased then live on until released. At most max-ttl.", NULL },
+	{ "max-ttl", 0, OPT_U32, "MS", 1, 0xffffffffu,
+	  SRV(registry.max_ttl_ms), NULL,
+	  "longest TTL a create or publish may ask for",
+	  "A longer one fails with DLSHARE_ELIMIT, naming max-ttl.", NULL },
+
 	{ "uid-connections", 0, OPT_U32, "N", 1, 1u << 20,
 	  SRV(registry.uid_connections), "Quotas per uid (over all its connections)",
 	  "connections of one uid",
@@ -545,6 +556,17 @@ int config_validate(const struct config *c, FILE *err)
 		       "exceed max-fds (%u, from %s): a version's buffers "
 		       "travel in one packet", s->registry.max_buffers, a,
 		       s->limits.max_fds, b);
+		return -EINVAL;
+	}
+	if (s->registry.default_ttl_ms > s->registry.max_ttl_ms) {
+		int it = (int)(find("default-ttl") - opts);
+		int im = (int)(find("max-ttl") - opts);
+
+		source_of(c, it, a, sizeof(a));
+		source_of(c, im, b, sizeof(b));
+		report(err, "dlshared", "default-ttl (%u ms, from %s) must not "
+		       "exceed max-ttl (%u ms, from %s)",
+		       s->registry.default_ttl_ms, a, s->registry.max_ttl_ms, b);
 		return -EINVAL;
 	}
 	return 0;

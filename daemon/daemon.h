@@ -45,6 +45,9 @@ struct daemon {
 	struct devmem *devmem;    /* daemon-owned cuda-ipc memory (create.c) */
 	struct seal_uid *seal_uids; /* seals by uid (seal.c) */
 	struct mcheck_uid *mcheck_uids; /* manifest checks by uid (mcheck.c) */
+	uv_timer_t expire;        /* TTL expiry (expire.c) */
+	uint64_t expire_at;       /* when it wakes next; UINT64_MAX: never */
+	int expire_open;
 	uint64_t nparked;         /* parked gets of every peer */
 	uint64_t requests;        /* packets handled */
 	uint64_t started_ms;

@@ -3,6 +3,7 @@
 #include "dispatch.h"
 
 #include <errno.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <dlshare/dlshare.h>
@@ -10,12 +11,14 @@
 #include "create.h"
 #include "mcheck.h"
 #include "encode.h"
+#include "expire.h"
 #include "get.h"
 #include "list.h"
 #include "log.h"
 #include "peer.h"
 #include "reply.h"
 #include "seal.h"
+#include "check.h"
 
 /* ---- requests ----------------------------------------------------------- */
 
@@ -55,6 +58,10 @@ static void handle_hello(struct peer *peer, uint64_t id,
 	r.max_buffers = d->reg.limits.max_buffers;
 	r.has_max_manifest_bytes = 1;
 	r.max_manifest_bytes = d->reg.limits.uid_manifest_bytes;
+	r.has_max_ttl_ms = 1;
+	r.max_ttl_ms = d->reg.limits.max_ttl_ms;
+	r.has_default_ttl_ms = 1;
+	r.default_ttl_ms = d->reg.limits.default_ttl_ms;
 	f.body_case = DLSHARE__FRAME__BODY_HELLO_REPLY;
 	f.hello_reply = &r;
 	reply_send(peer, id, &f);
@@ -91,6 +98,8 @@ static void handle_publish(struct peer *peer, const Dlshare__Frame *f,
 	struct registry_spec spec = {
 		.manifest = manifest,
 		.name = m->name, .mode = m->mode,
+		.owned = m->has_owned && m->owned,
+		.ttl_ms = m->has_ttl_ms ? m->ttl_ms : 0,
 		.tensors = m->tensors, .ntensors = m->n_tensors,
 		.buffers = m->buffers, .nbuffers = m->n_buffers,
 		.event_handle = m->has_event_handle ? m->event_handle.data : NULL,
@@ -179,10 +188,67 @@ static void handle_release(struct peer *peer, uint64_t id,
 	reply_ok(peer, id);
 }
 
+/* Delete with a prefix (1.4): a batch of the names under it that the
+ * caller may write; DeleteReply says how many, and whether to ask again. */
+static void handle_delete_prefix(struct peer *peer, uint64_t id,
+				 const Dlshare__Delete *m)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__DeleteReply r = DLSHARE__DELETE_REPLY__INIT;
+	uint64_t deleted, skipped;
+	int more;
+
+	if (!*m->name) {
+		conn_send_error(&peer->conn, id, DLSHARE_EINVAL,
+				"delete by prefix: the prefix is empty (it "
+				"would delete every name); name one");
+		return;
+	}
+	if (check_prefix(m->name)) {
+		conn_send_error(&peer->conn, id, DLSHARE_EINVAL,
+				"delete by prefix %s: no name can start with it",
+				m->name);
+		return;
+	}
+	more = registry_delete_prefix(&peer->d->reg, &peer->owner, m->name,
+				      REGISTRY_DELETE_BATCH, &deleted,
+				      &skipped);
+	if (deleted)
+		log_info("conn %llu (pid %d, uid %u): deleted %llu name(s) "
+			 "under %s%s", (unsigned long long)peer->conn.id,
+			 (int)peer->owner.pid, (unsigned)peer->owner.uid,
+			 (unsigned long long)deleted, m->name,
+			 more ? " (more to come)" : "");
+	r.deleted = deleted;
+	r.has_more = 1;
+	r.more = more;
+	r.has_skipped = 1;
+	r.skipped = skipped;
+	f.body_case = DLSHARE__FRAME__BODY_DELETE_REPLY;
+	f.delete_reply = &r;
+	reply_send(peer, id, &f);
+}
+
 static void handle_delete(struct peer *peer, uint64_t id,
 			  const Dlshare__Delete *m)
 {
-	int err = registry_delete(&peer->d->reg, &peer->owner, m->name);
+	const char *bad;
+	int err;
+
+	if (m->has_prefix && m->prefix) {
+		handle_delete_prefix(peer, id, m);
+		return;
+	}
+	/* Say which rule a bad name breaks: "fg/" is a prefix, not a name. */
+	if ((bad = check_name_why(m->name))) {
+		conn_send_error(&peer->conn, id, DLSHARE_EINVAL,
+				"delete %s: not a name: %s%s", m->name, bad,
+				*m->name && m->name[strlen(m->name) - 1] == '/' ?
+				" (to delete the names under a prefix, "
+				"delete by prefix)" : "");
+		return;
+	}
+	err = registry_delete(&peer->d->reg, &peer->owner, m->name);
 
 	if (err)
 		reply_err(peer, id, err, "delete", m->name);
@@ -208,6 +274,7 @@ static void handle_stat(struct peer *peer, uint64_t id, const Dlshare__Stat *m)
 		return;
 	}
 	encode_name_info(&ni, e);
+	encode_name_lifetime(&ni, &peer->d->reg, e);
 	r.info = &ni;
 	/* A client before 1.4 cannot read a manifest memfd: it gets the
 	 * summary alone. */
@@ -248,11 +315,23 @@ static void handle_stat(struct peer *peer, uint64_t id, const Dlshare__Stat *m)
 		encode_version_deinit(&w);
 }
 
-static void handle_stats(struct peer *peer, uint64_t id)
+/* Per-uid rows one StatsReply carries at most (1.4). */
+#define STATS_UIDS_MAX 64u
+
+static uint64_t uid_bytes(const struct uid_usage *u)
+{
+	return u->host_bytes + u->gpu_bytes;
+}
+
+static void handle_stats(struct peer *peer, uint64_t id,
+			 const Dlshare__Stats *m)
 {
 	struct daemon *d = peer->d;
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__StatsReply r = DLSHARE__STATS_REPLY__INIT;
+	Dlshare__UidStats rows[STATS_UIDS_MAX], *rowp[STATS_UIDS_MAX];
+	struct uid_usage *top[STATS_UIDS_MAX], *u, *utmp;
+	size_t n = 0, want;
 
 	r.connections = d->conns.n;
 	r.names = d->reg.nnames;
@@ -265,6 +344,42 @@ static void handle_stats(struct peer *peer, uint64_t id)
 	r.uptime_ms = daemon_uptime_ms(d);
 	r.has_manifest_bytes = 1;
 	r.manifest_bytes = d->reg.meta_bytes;
+	r.has_expired = 1;
+	r.expired = d->reg.nexpired;
+	r.has_orphaned = 1;
+	r.orphaned = d->reg.norphaned;
+	/* 1.4: the uids holding the most bytes, up to what was asked. */
+	r.has_nuids = 1;
+	r.nuids = (uint32_t)HASH_COUNT(d->reg.uids);
+	want = m->has_max_uids ? m->max_uids : 0;
+	if (want > STATS_UIDS_MAX)
+		want = STATS_UIDS_MAX;
+	HASH_ITER(hh, d->reg.uids, u, utmp) {
+		uint64_t bytes = u->host_bytes + u->gpu_bytes;
+		size_t i;
+
+		if (!want || (n == want && bytes <= uid_bytes(top[n - 1])))
+			continue;
+		if (n < want)
+			n++;
+		/* Insertion into the top list, biggest first. */
+		for (i = n - 1; i > 0 && uid_bytes(top[i - 1]) < bytes; i--)
+			top[i] = top[i - 1];
+		top[i] = u;
+	}
+	for (size_t i = 0; i < n; i++) {
+		dlshare__uid_stats__init(&rows[i]);
+		rows[i].uid = (uint32_t)top[i]->uid;
+		rows[i].names = top[i]->names;
+		rows[i].versions = top[i]->versions;
+		rows[i].bytes = uid_bytes(top[i]);
+		rows[i].leases = top[i]->leases;
+		rows[i].has_connections = 1;
+		rows[i].connections = top[i]->owners;
+		rowp[i] = &rows[i];
+	}
+	r.n_uids = n;
+	r.uids = rowp;
 	f.body_case = DLSHARE__FRAME__BODY_STATS_REPLY;
 	f.stats_reply = &r;
 	reply_send(peer, id, &f);
@@ -368,7 +483,7 @@ static void dispatch_frame(struct peer *peer, const struct wire_msg *m,
 		handle_stat(peer, f->id, f->stat);
 		break;
 	case DLSHARE__FRAME__BODY_STATS:
-		handle_stats(peer, f->id);
+		handle_stats(peer, f->id, f->stats);
 		break;
 	case DLSHARE__FRAME__BODY_GOODBYE:
 		registry_owner_forget_events(&peer->d->reg, &peer->owner);
@@ -431,10 +546,24 @@ static void on_buffer_freed(void *ud, struct rbuffer *b)
 	peer_buffer_freed(b);
 }
 
+static uint64_t on_now_ms(void *ud)
+{
+	struct daemon *d = ud;
+
+	return uv_now(d->loop);
+}
+
+static void on_expiry_changed(void *ud)
+{
+	expire_arm(ud);
+}
+
 const struct registry_ops dispatch_registry_ops = {
 	.published = on_published,
 	.retired = on_retired,
 	.buffer_freed = on_buffer_freed,
+	.now_ms = on_now_ms,
+	.expiry_changed = on_expiry_changed,
 };
 
 /* ---- conn callbacks ---------------------------------------------------- */

@@ -137,3 +137,21 @@ void encode_name_info(Dlshare__NameInfo *ni, const struct entry *e)
 		ni->exported = v->exported;
 	}
 }
+
+void encode_name_lifetime(Dlshare__NameInfo *ni, const struct registry *r,
+			  const struct entry *e)
+{
+	uint64_t left = lifetime_left(r, e);
+
+	if (e->owned_by) {
+		ni->has_owned = ni->owned = 1;
+		ni->has_owner_pid = 1;
+		ni->owner_pid = (uint32_t)e->owned_by->pid;
+	}
+	if (left != UINT64_MAX) {
+		ni->has_ttl_ms = 1;
+		ni->ttl_ms = e->ttl_ms;
+		ni->has_expires_in_ms = 1;
+		ni->expires_in_ms = left;
+	}
+}

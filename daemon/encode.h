@@ -50,5 +50,9 @@ void encode_version_deinit(struct encode_version *w);
 /* Fills ni with what a List or Stat says about e: its newest version's
  * number, tensors, bytes, kind; its owner, mode, versions and leases. */
 void encode_name_info(Dlshare__NameInfo *ni, const struct entry *e);
+/* Adds e's lifetime (1.4: owned, its owner's pid, TTL and time left) to ni,
+ * filled by encode_name_info. */
+void encode_name_lifetime(Dlshare__NameInfo *ni, const struct registry *r,
+			  const struct entry *e);
 
 #endif

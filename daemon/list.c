@@ -99,6 +99,7 @@ void list_request(struct peer *peer, uint64_t id, const Dlshare__List *m)
 	qsort(page, n, sizeof(*page), entry_cmp);
 	for (size_t i = 0; i < n; i++) {
 		encode_name_info(&infos[i], page[i]);
+		encode_name_lifetime(&infos[i], &peer->d->reg, page[i]);
 		ip[i] = &infos[i];
 	}
 	r.n_names = n;

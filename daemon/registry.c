@@ -47,6 +47,8 @@ void registry_limits_default(struct registry_limits *l)
 	l->uid_leased_bytes = 0;     /* as uid_host_bytes */
 	l->uid_leased_gpu_bytes = 0; /* as uid_gpu_bytes */
 	l->uid_manifest_bytes = REGISTRY_UID_MANIFEST_BYTES_DEFAULT;
+	l->default_ttl_ms = 0;      /* names live until deleted */
+	l->max_ttl_ms = REGISTRY_MAX_TTL_MS_DEFAULT;
 }
 
 /* The per-uid byte caps in effect, 0 resolved. */
@@ -271,6 +273,7 @@ static void entry_maybe_free(struct registry *r, struct entry *e)
 	 * are nobody's.) */
 	if (!e->detached && e->last_sealed)
 		tomb_add(r, e);
+	lifetime_forget(r, e);
 	if (e->usage) {
 		e->usage->names--;
 		usage_put(r, e->usage);
@@ -361,6 +364,7 @@ static void version_publish(struct registry *r, struct version *v)
 
 	if (v->number > e->last_sealed)
 		e->last_sealed = v->number;
+	lifetime_sealed(r, e);
 	if (!old || v->number > old->number) {
 		e->latest = v;
 		if (old)
@@ -444,6 +448,9 @@ void registry_deinit(struct registry *r)
 		entry_destroy(r, r->detached);
 	while (r->tomb_list)
 		tomb_free(r, r->tomb_list);
+	free(r->ttl_heap);
+	r->ttl_heap = NULL;
+	r->ttl_n = r->ttl_cap = 0;
 	struct uid_usage *u, *utmp;
 	HASH_ITER(hh, r->uids, u, utmp) {
 		HASH_DEL(r->uids, u);
@@ -813,8 +820,14 @@ static int add_check(struct registry *r, struct registry_owner *o,
 	if ((err = spec_check(r, s, exported, sizes, &owned, &gpu, why)))
 		return err;
 	*entry = e = registry_entry(r, s->name);
+	/* A doomed name (lifetime.c) is as good as gone: registry_add
+	 * deletes it first. */
+	if (e && e->doomed)
+		*entry = e = NULL;
 	if (e && !registry_may(e, o, 2))
 		return -EPERM;
+	if ((err = lifetime_check(r, o, e, s, why)))
+		return err;
 	return quota_check(r, o, !e, exported, owned, gpu, spec_fds(s),
 			   spec_meta_bytes(s), why);
 }
@@ -840,6 +853,7 @@ int registry_add(struct registry *r, struct registry_owner *o,
 
 	if (s->precheck)
 		return -EINVAL;
+	lifetime_reap(r, s->name);
 	if ((err = add_check(r, o, s, exported, &e, why)))
 		return err;
 	if (!e) {
@@ -928,6 +942,7 @@ int registry_add(struct registry *r, struct registry_owner *o,
 		if (o->usage)
 			o->usage->pending++;
 	}
+	lifetime_apply(r, o, e, s, fresh);
 	*out = v;
 	if (exported)
 		version_publish(r, v); /* v stays: it is the newest */
@@ -1248,12 +1263,20 @@ int registry_delete(struct registry *r, struct registry_owner *o,
 		    const char *name)
 {
 	struct entry *e = registry_entry(r, name);
-	struct version *v, *tmp;
 
 	if (!e)
 		return -ENOENT;
 	if (!registry_may(e, o, 2))
 		return -EPERM;
+	registry_detach(r, e);
+	return 0;
+}
+
+void registry_detach(struct registry *r, struct entry *e)
+{
+	struct version *v, *tmp;
+
+	lifetime_forget(r, e);
 	HASH_DEL(r->names, e);
 	r->nnames--;
 	e->detached = 1;
@@ -1277,7 +1300,6 @@ int registry_delete(struct registry *r, struct registry_owner *o,
 			v->withdrawn = 1;
 		version_check(r, v);
 	}
-	return 0;
 }
 
 void registry_owner_forget_events(struct registry *r,
@@ -1307,6 +1329,9 @@ void registry_owner_drop(struct registry *r, struct registry_owner *o)
 
 	HASH_ITER(hh, o->leases, l, ltmp)
 		lease_drop(r, o, l);
+	/* Its owned names go, before its pending versions: those die
+	 * either way. */
+	lifetime_owner_drop(r, o);
 	registry_owner_forget_events(r, o);
 	while (o->versions) {
 		struct version *v = o->versions;

@@ -171,6 +171,17 @@ struct entry {
 	uint32_t owner_uid, owner_gid;
 	uint16_t mode;
 	uint8_t detached;        /* deleted: out of the name map, dying */
+	/* Lifetimes (daemon/lifetime.c): the connection it belongs to (it
+	 * goes with it), and when it expires (ttl_ms after its last seal,
+	 * or its creation) with its place in registry->ttl_heap. */
+	struct registry_owner *owned_by;
+	struct entry *owprev, *ownext; /* owned_by->owned */
+	uint64_t expires_ms;     /* when ttl_ms is set */
+	uint32_t ttl_ms;         /* 0: no TTL */
+	uint32_t heap_slot;      /* index in registry->ttl_heap + 1; 0: none */
+	uint8_t doomed;          /* owned, and its owner went: due at once in
+				  * the heap, deleted in the timer's batches;
+				  * a new version of the name replaces it */
 	char name[];             /* as long as it is; allocated from
 				  * offsetof(struct entry, name) */
 };
@@ -221,6 +232,8 @@ struct registry_owner {
 	uint32_t npending;        /* its pending versions (sealing included) */
 	struct version *versions; /* pending, exported, and sealed with a
 				   * CUDA event, by this owner */
+	struct entry *owned;      /* names that go with it (lifetime.c) */
+	uint32_t nowned;
 };
 
 struct registry_ops {
@@ -234,6 +247,11 @@ struct registry_ops {
 			const char *name, uint64_t number);
 	/* A buffer is about to be freed: forget it. */
 	void (*buffer_freed)(void *ud, struct rbuffer *b);
+	/* The clock TTLs are counted on, in ms (monotonic); NULL: always 0. */
+	uint64_t (*now_ms)(void *ud);
+	/* The earliest TTL expiry may have moved earlier: the caller's timer
+	 * should wake at registry_next_expiry(). */
+	void (*expiry_changed)(void *ud);
 };
 
 struct registry_limits {
@@ -268,6 +286,9 @@ struct registry_limits {
 	uint64_t huge_min;          /* store host buffers from this size on are
 				     * huge pages when the pool has them; 0:
 				     * never */
+	uint32_t default_ttl_ms;    /* TTL of a new name that asks for none;
+				     * 0: none */
+	uint32_t max_ttl_ms;        /* longest TTL a request may ask for */
 };
 
 /* A whole state dict in one version: 10^5 tensors is a large MoE model. */
@@ -293,6 +314,10 @@ struct registry_limits {
  * cuda-ipc buffer none. */
 #define REGISTRY_FDS_HOST 2u
 #define REGISTRY_FDS_VMM 1u
+
+/* A name's TTL is at most a week unless the operator says otherwise
+ * (--max-ttl); the wire's uint32 ms reach 49 days. */
+#define REGISTRY_MAX_TTL_MS_DEFAULT (7u * 24 * 3600 * 1000)
 
 /* Most names whose last number the registry remembers after their entry
  * died without a Delete (struct tomb); past it the oldest is forgotten. */
@@ -326,6 +351,11 @@ struct registry {
 	uint64_t nfds;            /* fds the live buffers may hold (struct
 				   * version: nfds), for max_open_fds */
 	uint64_t fds_queued;      /* fds in replies not yet sent (conn.c) */
+	/* Names with a TTL: a binary min-heap on expires_ms (lifetime.c). */
+	struct entry **ttl_heap;
+	uint32_t ttl_n, ttl_cap;
+	uint64_t nexpired;        /* names deleted by their TTL */
+	uint64_t norphaned;       /* owned names deleted with their owner */
 	struct registry_limits limits;
 	const struct registry_ops *ops;
 	void *ud;
@@ -385,6 +415,9 @@ struct registry_spec {
 				  * caller made this buffer's GPU memory
 				  * (cuda-ipc: its handle is in the buffer;
 				  * the caller frees it on buffer_freed) */
+	int owned;               /* 1.4: the name belongs to the caller's
+				  * connection (lifetime.c) */
+	uint32_t ttl_ms;         /* 1.4: the name's TTL; 0: unchanged */
 };
 
 /* The checks of registry_add (name, ACL, tensors against buffers, limits
@@ -486,6 +519,58 @@ int registry_release(struct registry *r, struct registry_owner *o,
  * -EPERM. */
 int registry_delete(struct registry *r, struct registry_owner *o,
 		    const char *name);
+
+/* Takes e out of the name map (a Delete that was allowed): no version of
+ * it can be got any more; each dies once unreachable and unleased, and e
+ * with the last. Do not touch e afterwards. */
+void registry_detach(struct registry *r, struct entry *e);
+
+/* ---- name lifetimes (daemon/lifetime.c) ------------------------------- */
+
+/* Whether o may add a version with spec s's lifetime to e (NULL: a new
+ * name): an owned name takes versions only from its owner's connection, or
+ * from another connection of the name's owner uid that asks to own it;
+ * a TTL is at most max_ttl_ms. Returns 0, -EPERM or -ERANGE (*why says
+ * which rule, a static string). */
+int lifetime_check(const struct registry *r, const struct registry_owner *o,
+		   const struct entry *e, const struct registry_spec *s,
+		   const char **why);
+/* Applies s's lifetime to e after o added a version to it (fresh: e is new).
+ * Cannot fail. */
+void lifetime_apply(struct registry *r, struct registry_owner *o,
+		    struct entry *e, const struct registry_spec *s, int fresh);
+/* A version of e was sealed: its TTL starts again. */
+void lifetime_sealed(struct registry *r, struct entry *e);
+/* e leaves the name map or dies: it is no one's and has no TTL any more. */
+void lifetime_forget(struct registry *r, struct entry *e);
+/* o goes: the names it owns are doomed, due at once: registry_expire
+ * deletes them a batch at a time (their leased versions live on until
+ * released), so that one connection's close costs the loop little. */
+void lifetime_owner_drop(struct registry *r, struct registry_owner *o);
+/* Deletes name now if it is doomed, so that a Create or Publish makes a
+ * new name in its place. */
+void lifetime_reap(struct registry *r, const char *name);
+/* Deletes at most max names whose TTL passed by now. Returns how many it
+ * deleted; registry_next_expiry tells whether more wait. */
+size_t registry_expire(struct registry *r, uint64_t now, size_t max);
+/* When the next name expires (ms on ops->now_ms's clock); UINT64_MAX when
+ * no name has a TTL. */
+uint64_t registry_next_expiry(const struct registry *r);
+/* ms until e expires (0 when due); UINT64_MAX when it has no TTL. */
+uint64_t lifetime_left(const struct registry *r, const struct entry *e);
+
+/* Names deleted by one Delete with a prefix, at most: the rest waits for
+ * the next request (DeleteReply.more), so one request's work is bounded
+ * by a walk of the map and this many deletions. */
+#define REGISTRY_DELETE_BATCH 1024u
+
+/* Deletes up to max names that start with prefix and that o may write
+ * (the Delete rule), in the map's order; the others it counts in *skipped.
+ * *deleted is how many went. Returns 1 when it stopped at max with more to
+ * delete (then *skipped counts only the names walked so far), else 0. */
+int registry_delete_prefix(struct registry *r, struct registry_owner *o,
+			   const char *prefix, size_t max, uint64_t *deleted,
+			   uint64_t *skipped);
 
 /* The live entry of name, or NULL. */
 struct entry *registry_entry(struct registry *r, const char *name);

@@ -38,6 +38,7 @@ int reply_code(int err)
 	case -EFBIG:
 	case -EMFILE:
 	case -ENFILE:
+	case -ERANGE:
 		return DLSHARE_ELIMIT;
 	case -EPROTO:
 		return DLSHARE_EPROTO;
@@ -123,11 +124,26 @@ void reply_err_why(struct peer *peer, uint64_t id, int err, const char *why,
 			 (int)peer->owner.pid, what, name ? name : "",
 			 errno_text(err));
 	/* For a limit, name it: which one, and that it is this uid's. */
-	if ((err == -EDQUOT || err == -ENOSPC) && why)
+	if ((err == -EDQUOT || err == -ENOSPC || err == -ERANGE) && why)
 		conn_send_error(&peer->conn, id, reply_code(err),
 				"%s%s%s: limit reached: %s (uid %u)", what,
 				name ? " " : "", name ? name : "",
 				why, (unsigned)peer->owner.uid);
+	/* A lifetime rule (daemon/lifetime.c): which, and whose name. */
+	else if (err == -EPERM && why && name &&
+		 (e = registry_entry(&peer->d->reg, name)) && e->owned_by)
+		conn_send_error(&peer->conn, id, reply_code(err),
+				"%s %s: permission denied: %s (owned by uid %u, "
+				"connection of pid %d; you are uid %u, pid %d)",
+				what, name, why, (unsigned)e->owner_uid,
+				(int)e->owned_by->pid, (unsigned)peer->owner.uid,
+				(int)peer->owner.pid);
+	else if (err == -EPERM && why && name &&
+		 (e = registry_entry(&peer->d->reg, name)))
+		conn_send_error(&peer->conn, id, reply_code(err),
+				"%s %s: permission denied: %s (owned by uid %u; "
+				"you are uid %u)", what, name, why,
+				(unsigned)e->owner_uid, (unsigned)peer->owner.uid);
 	/* For a refusal, whose name it is and what its mode lets whom:
 	 * the caller sees neither. get and stat read; the rest write. */
 	else if (err == -EPERM && name &&

@@ -22,6 +22,7 @@
 
 #include "conn.h"
 #include "dispatch.h"
+#include "expire.h"
 #include "log.h"
 #include "paths.h"
 #include "peer.h"
@@ -117,6 +118,7 @@ int server_init(struct server *s, uv_loop_t *loop,
 	uv_timer_start(&s->sweep, on_sweep, 1000, 1000);
 	uv_unref((uv_handle_t *)&s->sweep);
 	s->sweeping = 1;
+	expire_init(&s->d);
 	return 0;
 }
 
@@ -396,6 +398,7 @@ int server_listen(struct server *s)
 
 void server_shutdown(struct server *s)
 {
+	expire_close(&s->d);
 	if (s->sweeping) {
 		uv_close((uv_handle_t *)&s->sweep, NULL);
 		s->sweeping = 0;

@@ -142,11 +142,30 @@ typedef struct dlshare_tensor_spec {
 	const int64_t *shape;   /* ndim entries, each >= 0 */
 } dlshare_tensor_spec;
 
+/* Name lifetimes (protocol 1.4; with an older daemon a create or publish
+ * that asks for one fails with DLSHARE_ENOTSUP).
+ *
+ * DLSHARE_NAME_OWNED, in dlshare_create_opts.flags or
+ * dlshare_publish_opts.flags: the name belongs to this connection and is
+ * deleted when it closes, cleanly or because the process died; leased
+ * versions live on until their leases are released. Another connection
+ * may add versions to an owned name only if it is of the name's owner uid
+ * and asks for ownership too (the name then goes with that connection);
+ * anyone else gets DLSHARE_EPERM.
+ *
+ * ttl_ms: the name is deleted when no version of it was sealed for that
+ * long (a name never sealed: since it was created). 0 leaves the name's
+ * TTL as it is (a new name gets the daemon's --default-ttl). More than the
+ * daemon's --max-ttl fails with DLSHARE_ELIMIT. */
+#define DLSHARE_NAME_OWNED 0x4u
+
 typedef struct dlshare_create_opts {
 	DLDevice device;        /* {kDLCPU, 0} (the default), {kDLCUDAHost, 0},
 				 * or {kDLCUDA, ordinal}: device memory on
 				 * that GPU of this process */
 	uint32_t mode;          /* permission bits (0640 style); 0: daemon default */
+	uint32_t flags;         /* DLSHARE_NAME_OWNED or 0 */
+	uint32_t ttl_ms;        /* the name's TTL; 0: unchanged / default */
 } dlshare_create_opts;
 
 typedef struct dlshare_writer dlshare_writer;
@@ -219,8 +238,9 @@ DLSHARE_API int dlshare_host_alloc(DLDataType dtype, int32_t ndim,
 typedef struct dlshare_publish_opts {
 	const char *const *keys; /* n names inside the version, or NULL */
 	uint32_t mode;           /* permission bits; 0: daemon default */
-	uint32_t flags;          /* DLSHARE_PUBLISH_* */
+	uint32_t flags;          /* DLSHARE_PUBLISH_*, DLSHARE_NAME_OWNED */
 	void *stream;            /* producer's CUDA stream; NULL for host */
+	uint32_t ttl_ms;         /* the name's TTL; 0: unchanged / default */
 } dlshare_publish_opts;
 
 /* Publishes n tensors as one new version of name (a bundle when n > 1).
@@ -347,6 +367,11 @@ typedef struct dlshare_name_info {
 	uint32_t mode;
 	int kind;            /* DLSHARE_KIND_* of the newest version */
 	int exported;        /* the newest version is producer memory */
+	int owned;           /* goes when its owner's connection closes */
+	uint32_t owner_pid;  /* owned: the process of that connection */
+	uint32_t ttl_ms;     /* its TTL, 0 when none */
+	uint64_t expires_in_ms; /* with a TTL: ms until it is deleted unless
+				 * a version is sealed first */
 } dlshare_name_info;
 
 /* Called once per name; return non-zero to stop early. */
@@ -378,6 +403,8 @@ DLSHARE_API int dlshare_stat(dlshare_client *c, const char *name,
 			     dlshare_name_info *info,
 			     dlshare_manifest **manifest);
 
+#define DLSHARE_STATS_UIDS 16 /* per-uid rows dlshare_stats holds */
+
 typedef struct dlshare_stats {
 	uint64_t connections;
 	uint64_t names;
@@ -388,14 +415,38 @@ typedef struct dlshare_stats {
 	uint64_t parked;     /* gets waiting for a version */
 	uint64_t requests;   /* requests served since start */
 	uint64_t uptime_ms;
+	uint64_t expired;    /* names deleted by their TTL since start (1.4) */
+	uint64_t orphaned;   /* owned names deleted with their connection */
+	uint32_t nuids;      /* uids holding anything */
+	uint32_t nuid_rows;  /* rows filled in uids[], the top by bytes */
+	struct dlshare_uid_stats {
+		uint32_t uid;
+		uint32_t connections;
+		uint64_t names;    /* names the uid created (live) */
+		uint64_t versions; /* versions charged to it as producer */
+		uint64_t bytes;    /* daemon-owned bytes of those */
+		uint64_t leases;   /* leases its connections hold */
+	} uids[DLSHARE_STATS_UIDS];
 } dlshare_stats;
 
-/* The daemon's counters. Returns 0 or an error code. */
+/* The daemon's counters, and what the DLSHARE_STATS_UIDS uids holding the
+ * most bytes hold (a daemon before 1.4 sends no rows). Returns 0 or an
+ * error code. */
 DLSHARE_API int dlshare_stats_get(dlshare_client *c, dlshare_stats *out);
 
 /* Removes name: its versions can no longer be got; their memory goes when
  * the last lease does. Returns 0, DLSHARE_ENOENT, DLSHARE_EPERM, DLSHARE_ECONN. */
 DLSHARE_API int dlshare_delete(dlshare_client *c, const char *name);
+
+/* Deletes every name that starts with prefix and that this client's uid
+ * may write (the rule of dlshare_delete); names it may not are left alone
+ * and counted in *skipped. The daemon deletes a bounded batch per request;
+ * this asks until none are left. *deleted and *skipped may be NULL.
+ * prefix must not be empty. Returns 0 (also when nothing matched),
+ * DLSHARE_EINVAL (an empty or impossible prefix), DLSHARE_ENOTSUP (a daemon
+ * before protocol 1.4), DLSHARE_ECONN. */
+DLSHARE_API int dlshare_delete_prefix(dlshare_client *c, const char *prefix,
+				      uint64_t *deleted, uint64_t *skipped);
 
 /* This process's cache of opened CUDA IPC allocations: how many are open
  * now (each stays open while a tensor on it lives) and how many were opened

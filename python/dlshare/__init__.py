@@ -43,7 +43,7 @@ __version__ = _dlshare.version()
 
 __all__ = [
     "Client", "Tensor", "Bundle", "Writer", "Array", "TensorSpec",
-    "NameInfo", "TensorInfo", "Stats", "DLDeviceType", "empty",
+    "NameInfo", "TensorInfo", "Stats", "UidStats", "DLDeviceType", "empty",
     "socket_path", "WAIT_FOREVER",
     "Error", "InvalidArgument", "NotFound", "Timeout", "PermissionDenied",
     "OutOfMemory", "LimitExceeded", "ProtocolError", "ConnectionFailed",
@@ -150,6 +150,17 @@ def _dtype_name(dtype):
          "complex": "complex128", "half": "float16", "double": "float64",
          "cfloat": "complex64", "cdouble": "complex128"}.get(s, s)
     return _dlshare.dtype_check(s)
+
+
+def _ttl_ms(ttl):
+    """A TTL in seconds as the wire's milliseconds (0: none given)."""
+    if ttl is None:
+        return 0
+    ms = round(float(ttl) * 1000)
+    if ms <= 0 or ms > 0xFFFFFFFF:
+        raise ValueError(f"ttl must be > 0 and at most {0xFFFFFFFF / 1000} "
+                         f"seconds, not {ttl!r}")
+    return ms
 
 
 def _mode(mode):
@@ -687,12 +698,17 @@ class NameInfo:
     kind: str            # "host", "cuda-ipc", "cuda-vmm"; None when unsealed
     exported: bool       # the newest version is a producer's own memory
     manifest: tuple = ()  # stat() only: TensorInfo of the newest version
+    owned: bool = False  # goes when its owner's connection closes
+    owner_pid: int = 0   # owned: the process of that connection
+    ttl_ms: int = 0      # its TTL, 0 when none
+    expires_in_ms: int = 0  # with a TTL: left until it is deleted
 
     @classmethod
     def _of(cls, t, manifest=()):
         return cls(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
                    _KINDS.get(t[8]), bool(t[9]),
-                   tuple(TensorInfo(*m) for m in manifest))
+                   tuple(TensorInfo(*m) for m in manifest),
+                   bool(t[10]), t[11], t[12], t[13])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -707,6 +723,21 @@ class Stats:
     parked: int
     requests: int
     uptime_ms: int
+    expired: int = 0     # names deleted by their TTL since start
+    orphaned: int = 0    # owned names deleted with their connection
+    nuids: int = 0       # uids holding anything
+    uids: tuple = ()     # UidStats of the top uids by bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class UidStats:
+    """What one uid holds (Stats.uids)."""
+    uid: int
+    connections: int
+    names: int           # names it created
+    versions: int        # versions charged to it as their producer
+    bytes: int           # daemon-owned bytes of those
+    leases: int          # leases its connections hold
 
 
 # ---- the client ---------------------------------------------------------------
@@ -755,7 +786,7 @@ class Client:
 
     # Producing.
     def publish(self, name, *tensors, keys=None, mode=None, copy=None,
-                stream=None):
+                stream=None, owned=False, ttl=None):
         """Publishes tensors as a new version of name; returns its number.
 
         tensors: objects with ``__dlpack__`` (NumPy, PyTorch, JAX, CuPy
@@ -768,6 +799,12 @@ class Client:
         raises CopyForbidden instead; copy=True always copies. mode: the
         permission bits (0o644 style) of a new name. stream: the producer's
         CUDA stream for device tensors (None: the legacy default stream).
+
+        owned=True: the name belongs to this Client's connection and is
+        deleted when it closes (also when the process dies); readers keep
+        what they hold. ttl: seconds; the name is deleted when no version
+        was sealed for that long (None: the name's TTL stays; a new name
+        gets the daemon's --default-ttl). Needs a daemon of protocol 1.4.
         """
         _check_name(name)
         if len(tensors) == 1 and isinstance(tensors[0], Mapping):
@@ -786,9 +823,10 @@ class Client:
         sv = _stream_value(stream)
         caps = tuple(_capsule_of(t, stream) for t in tensors)
         return self._c.publish(name, caps, keys, mode, copy is False,
-                               copy is True, sv)
+                               copy is True, sv, bool(owned), _ttl_ms(ttl))
 
-    def create(self, name, *specs, mode=None, device=None):
+    def create(self, name, *specs, mode=None, device=None, owned=False,
+               ttl=None):
         """Creates a pending store-mode version of name in a daemon buffer
         and returns its Writer. specs: TensorSpec(key, dtype, shape),
         (key, dtype, shape) or (dtype, shape) tuples, or one dict
@@ -796,7 +834,8 @@ class Client:
         dtype. device: None (host memory), "cuda:N" (GPU memory the daemon
         allocates on this process's GPU N; seal(stream) then orders the
         consumers after the writes queued on stream), "cuda_host", a
-        (DLDeviceType, id) pair or a torch.device."""
+        (DLDeviceType, id) pair or a torch.device. owned, ttl: the name's
+        lifetime, as for publish()."""
         dev_type, dev_id = _device_arg(device)
         _check_name(name)
         if len(specs) == 1 and isinstance(specs[0], Mapping):
@@ -814,7 +853,8 @@ class Client:
                 shape = (shape,)
             norm.append((None if key is None else str(key),
                          _dtype_name(dtype), tuple(int(n) for n in shape)))
-        w = self._c.create(name, tuple(norm), _mode(mode), dev_type, dev_id)
+        w = self._c.create(name, tuple(norm), _mode(mode), dev_type, dev_id,
+                           bool(owned), _ttl_ms(ttl))
         return Writer(self, name, w, tuple(k or "" for k, _, _ in norm))
 
     def seal(self, writer, stream=None):
@@ -861,8 +901,23 @@ class Client:
                       name, stream)
 
     # Looking inside.
-    def delete(self, name):
-        """Removes name; leased data stays valid for its readers."""
+    def delete(self, name=None, *, prefix=None):
+        """Removes name; leased data stays valid for its readers.
+
+        delete(prefix="fg/") removes every name that starts with the prefix
+        and that this uid may write (others are left alone), and returns
+        how many it removed. Needs a daemon of protocol 1.4."""
+        if (name is None) == (prefix is None):
+            raise TypeError("pass a name or prefix=, not both or neither")
+        if prefix is not None:
+            if not isinstance(prefix, str) or not prefix:
+                raise ValueError("prefix must be a non-empty str (an empty "
+                                 "one would delete every name)")
+            return self._c.delete_prefix(prefix)[0]
+        if isinstance(name, str) and name.endswith("/"):
+            raise ValueError(f"{name!r} is not a name (names never end in "
+                             f"'/'); to delete the names under it: "
+                             f"delete(prefix={name!r})")
         self._c.delete(_check_name(name))
 
     def list(self, prefix=""):
@@ -876,4 +931,6 @@ class Client:
 
     def stats(self):
         """The daemon's counters (a Stats)."""
-        return Stats(**self._c.stats())
+        d = self._c.stats()
+        d["uids"] = tuple(UidStats(**u) for u in d["uids"])
+        return Stats(**d)

@@ -1628,7 +1628,8 @@ static PyObject *Client_publish(ClientObject *s, PyObject *args)
 	const char *name;
 	PyObject *caps, *keys;
 	unsigned int mode;
-	int no_copy, force_copy;
+	int no_copy, force_copy, owned = 0;
+	unsigned int ttl_ms = 0;
 	unsigned long long stream;
 	dlshare_publish_opts o = { 0 };
 	struct pubwrap **pw = NULL;
@@ -1639,8 +1640,9 @@ static PyObject *Client_publish(ClientObject *s, PyObject *args)
 	PyObject *ret = NULL;
 	int err;
 
-	if (!PyArg_ParseTuple(args, "sO!OIppK", &name, &PyTuple_Type, &caps,
-			      &keys, &mode, &no_copy, &force_copy, &stream))
+	if (!PyArg_ParseTuple(args, "sO!OIppK|pI", &name, &PyTuple_Type, &caps,
+			      &keys, &mode, &no_copy, &force_copy, &stream,
+			      &owned, &ttl_ms))
 		return NULL;
 	n = PyTuple_GET_SIZE(caps);
 	if (n == 0) {
@@ -1683,8 +1685,10 @@ static PyObject *Client_publish(ClientObject *s, PyObject *args)
 	}
 	o.keys = ckeys;
 	o.mode = mode;
-	o.flags = no_copy ? DLSHARE_PUBLISH_NO_COPY :
-		  force_copy ? DLSHARE_PUBLISH_COPY : 0;
+	o.ttl_ms = ttl_ms;
+	o.flags = (owned ? DLSHARE_NAME_OWNED : 0) |
+		  (no_copy ? DLSHARE_PUBLISH_NO_COPY :
+		   force_copy ? DLSHARE_PUBLISH_COPY : 0);
 	o.stream = (void *)(uintptr_t)stream;
 	GUARDED(s, err, dlshare_publish(c_, name, ts, (size_t)n, &o,
 					&version));
@@ -1708,13 +1712,15 @@ out:
 
 /* --- create --- */
 
-/* create(name, specs, mode[, device_type, device_id]) -> Writer; specs:
+/* create(name, specs, mode[, device_type, device_id, owned, ttl_ms]) ->
+ * Writer; specs:
  * tuple of (key or None, dtype, shape) */
 static PyObject *Client_create(ClientObject *s, PyObject *args)
 {
 	const char *name;
 	PyObject *specs;
-	unsigned int mode, dev_type = kDLCPU, dev_id = 0;
+	unsigned int mode, dev_type = kDLCPU, dev_id = 0, ttl_ms = 0;
+	int owned = 0;
 	dlshare_tensor_spec *sp = NULL;
 	int64_t (*shapes)[NDIM_MAX] = NULL;
 	dlshare_create_opts o = { .device = { kDLCPU, 0 } };
@@ -1723,8 +1729,8 @@ static PyObject *Client_create(ClientObject *s, PyObject *args)
 	Py_ssize_t n;
 	int err;
 
-	if (!PyArg_ParseTuple(args, "sO!I|II", &name, &PyTuple_Type, &specs,
-			      &mode, &dev_type, &dev_id))
+	if (!PyArg_ParseTuple(args, "sO!I|IIpI", &name, &PyTuple_Type, &specs,
+			      &mode, &dev_type, &dev_id, &owned, &ttl_ms))
 		return NULL;
 	n = PyTuple_GET_SIZE(specs);
 	if (n == 0) {
@@ -1755,6 +1761,8 @@ static PyObject *Client_create(ClientObject *s, PyObject *args)
 		sp[i].shape = shapes[i];
 	}
 	o.mode = mode;
+	o.flags = owned ? DLSHARE_NAME_OWNED : 0;
+	o.ttl_ms = ttl_ms;
 	o.device.device_type = (DLDeviceType)dev_type;
 	o.device.device_id = (int32_t)dev_id;
 	GUARDED(s, err, dlshare_create(c_, name, sp, (size_t)n, &o, &w));
@@ -1871,13 +1879,31 @@ static PyObject *Client_delete(ClientObject *s, PyObject *args)
 	Py_RETURN_NONE;
 }
 
+/* delete_prefix(prefix) -> (deleted, skipped) */
+static PyObject *Client_delete_prefix(ClientObject *s, PyObject *args)
+{
+	const char *prefix;
+	uint64_t deleted = 0, skipped = 0;
+	int err;
+
+	if (!PyArg_ParseTuple(args, "s", &prefix))
+		return NULL;
+	GUARDED(s, err, dlshare_delete_prefix(c_, prefix, &deleted, &skipped));
+	if (err)
+		return raise_code(err);
+	return Py_BuildValue("(KK)", (unsigned long long)deleted,
+			     (unsigned long long)skipped);
+}
+
 static PyObject *info_tuple(const dlshare_name_info *i)
 {
-	return Py_BuildValue("(sKIIKIIIiO)", i->name,
+	return Py_BuildValue("(sKIIKIIIiOOIIK)", i->name,
 			     (unsigned long long)i->latest, i->versions,
 			     i->tensors, (unsigned long long)i->bytes,
 			     i->leases, i->owner_uid, i->mode, i->kind,
-			     i->exported ? Py_True : Py_False);
+			     i->exported ? Py_True : Py_False,
+			     i->owned ? Py_True : Py_False, i->owner_pid,
+			     i->ttl_ms, (unsigned long long)i->expires_in_ms);
 }
 
 struct infos {
@@ -1982,11 +2008,31 @@ static PyObject *Client_stats(ClientObject *s, PyObject *unused)
 	dlshare_stats st;
 	int err;
 
+	PyObject *uids;
+
 	GUARDED(s, err, dlshare_stats_get(c_, &st));
 	if (err)
 		return raise_code(err);
+	if (!(uids = PyList_New(st.nuid_rows)))
+		return NULL;
+	for (uint32_t i = 0; i < st.nuid_rows; i++) {
+		const struct dlshare_uid_stats *u = &st.uids[i];
+		PyObject *d = Py_BuildValue(
+			"{sIsIsKsKsKsK}", "uid", u->uid,
+			"connections", u->connections,
+			"names", (unsigned long long)u->names,
+			"versions", (unsigned long long)u->versions,
+			"bytes", (unsigned long long)u->bytes,
+			"leases", (unsigned long long)u->leases);
+
+		if (!d) {
+			Py_DECREF(uids);
+			return NULL;
+		}
+		PyList_SET_ITEM(uids, (Py_ssize_t)i, d);
+	}
 	return Py_BuildValue(
-		"{sKsKsKsKsKsKsKsKsK}",
+		"{sKsKsKsKsKsKsKsKsKsKsKsIsN}",
 		"connections", (unsigned long long)st.connections,
 		"names", (unsigned long long)st.names,
 		"versions", (unsigned long long)st.versions,
@@ -1995,7 +2041,10 @@ static PyObject *Client_stats(ClientObject *s, PyObject *unused)
 		"bytes", (unsigned long long)st.bytes,
 		"parked", (unsigned long long)st.parked,
 		"requests", (unsigned long long)st.requests,
-		"uptime_ms", (unsigned long long)st.uptime_ms);
+		"uptime_ms", (unsigned long long)st.uptime_ms,
+		"expired", (unsigned long long)st.expired,
+		"orphaned", (unsigned long long)st.orphaned,
+		"nuids", st.nuids, "uids", uids);
 }
 
 static PyMethodDef Client_methods[] = {
@@ -2003,6 +2052,8 @@ static PyMethodDef Client_methods[] = {
 	{ "create", (PyCFunction)Client_create, METH_VARARGS, NULL },
 	{ "get", (PyCFunction)Client_get, METH_VARARGS, NULL },
 	{ "delete", (PyCFunction)Client_delete, METH_VARARGS, NULL },
+	{ "delete_prefix", (PyCFunction)Client_delete_prefix, METH_VARARGS,
+	  NULL },
 	{ "list", (PyCFunction)Client_list, METH_VARARGS, NULL },
 	{ "stat", (PyCFunction)Client_stat, METH_VARARGS, NULL },
 	{ "stats", (PyCFunction)Client_stats, METH_NOARGS, NULL },

@@ -342,7 +342,14 @@ static void stats_json(void **state)
 			out[--len] = '\0';
 		assert_int_equal(out[len - 1], '}');
 		assert_null(strchr(out, '\n'));
-		assert_null(strchr(out + 1, '{'));
+		/* Flat, but for the per-uid rows (1.4) at its end. */
+		{
+			char *u = strstr(out, ",\"uids\":[");
+			char *o = strchr(out + 1, '{');
+
+			assert_non_null(u);
+			assert_true(!o || o > u);
+		}
 		for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
 			if (json_int(out, keys[i]) < 0)
 				fail_msg("no integer \"%s\" in %s", keys[i], out);
@@ -429,6 +436,22 @@ static void ls_stat_rm(void **state)
 	out = util_slurp(p.out, NULL);
 	assert_null(strstr(out, "cli/a"));
 	assert_non_null(strstr(out, "cli/b/x"));
+	free(out);
+	/* "cli/" is a prefix, not a name: rm says so and names --prefix. */
+	assert_int_equal(CTL(NULL, "rm", "cli/"), 2);
+	out = util_slurp(p.err, NULL);
+	assert_non_null(strstr(out, "not a name"));
+	assert_non_null(strstr(out, "rm --prefix cli/"));
+	free(out);
+	assert_int_equal(CTL(NULL, "rm", "--prefix", "cli/"), 0);
+	out = util_slurp(p.out, NULL);
+	assert_non_null(strstr(out, "deleted 1 name(s) under cli/"));
+	free(out);
+	assert_int_equal(dlshare_stat(c, "cli/b/x", &info, NULL), DLSHARE_ENOENT);
+	assert_int_equal(dlshare_stat(c, "other", &info, NULL), 0);
+	assert_int_equal(CTL(NULL, "--json", "rm", "--prefix", "cli/"), 0);
+	out = util_slurp(p.out, NULL);
+	assert_int_equal(json_int(out, "deleted"), 0);
 	free(out);
 	dlshare_disconnect(c);
 }

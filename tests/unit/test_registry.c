@@ -84,10 +84,20 @@ static void on_buffer_freed(void *ud, struct rbuffer *b)
 	rc->freed[rc->nfreed++] = b->id;
 }
 
+/* The clock TTLs count on: the tests move it by hand. */
+static uint64_t fake_now;
+
+static uint64_t on_now_ms(void *ud)
+{
+	(void)ud;
+	return fake_now;
+}
+
 static const struct registry_ops rec_ops = {
 	.published = on_published,
 	.retired = on_retired,
 	.buffer_freed = on_buffer_freed,
+	.now_ms = on_now_ms,
 };
 
 /* ---- version descriptions ------------------------------------------------ */
@@ -1898,6 +1908,158 @@ static void test_numbers_survive_an_exporter(void **state)
 	registry_owner_drop(&f->r, &e);
 }
 
+/* ---- lifetimes (lifetime.c) ------------------------------------------------ */
+
+/* Store mode with a lifetime, sealed. */
+static int publish_life(struct fix *f, struct registry_owner *o,
+			const char *name, int owned, uint32_t ttl_ms)
+{
+	struct tspec ts;
+	struct registry_spec *s = spec(&ts, name, 0, 1, 1, PAGE);
+	struct version *v;
+	int err;
+
+	s->owned = owned;
+	s->ttl_ms = ttl_ms;
+	f->why = NULL;
+	/* Many names here: what the recorder keeps does not matter. */
+	f->rec.npublished = f->rec.nfreed = f->rec.nretired = 0;
+	if ((err = registry_add(&f->r, o, s, 0, &v, &f->why)))
+		return err;
+	return registry_seal(&f->r, o, name, v->number, 0, NULL, 0);
+}
+
+/* Names expire in order of their expiry, at most max per call; a seal
+ * moves a name's expiry on; a delete takes it out of the heap. */
+static void test_ttl_heap(void **state)
+{
+	struct fix *f = *state;
+	unsigned rnd = 7;
+	char name[32];
+	enum { N = 300 };
+	uint64_t due[N];
+
+	fake_now = 1000;
+	for (int i = 0; i < N; i++) {
+		uint32_t ttl = 1 + rand_r(&rnd) % 5000;
+
+		snprintf(name, sizeof(name), "ttl/%d", i);
+		assert_int_equal(publish_life(f, &f->prod, name, 0, ttl), 0);
+		due[i] = fake_now + ttl;
+	}
+	/* Renew one (a new seal), and delete another. */
+	fake_now = 1500;
+	assert_int_equal(publish_life(f, &f->prod, "ttl/0", 0, 0), 0);
+	due[0] = 1500 + registry_entry(&f->r, "ttl/0")->ttl_ms;
+	assert_int_equal(registry_delete(&f->r, &f->prod, "ttl/1"), 0);
+	due[1] = 0;
+	assert_int_equal(registry_expire(&f->r, 999, 1000), 0);
+	for (uint64_t now = 1000; now <= 7000; now += 250) {
+		uint64_t next;
+
+		do
+			f->rec.nfreed = 0;
+		while (registry_expire(&f->r, now, 7) == 7);
+		next = registry_next_expiry(&f->r);
+		assert_true(next > now);
+		for (int i = 2; i < N; i++) {
+			snprintf(name, sizeof(name), "ttl/%d", i);
+			assert_int_equal(registry_entry(&f->r, name) != NULL,
+					 due[i] > now);
+		}
+		snprintf(name, sizeof(name), "ttl/0");
+		assert_int_equal(registry_entry(&f->r, name) != NULL,
+				 due[0] > now);
+	}
+	assert_int_equal(f->r.nnames, 0);
+	assert_int_equal(f->r.ttl_n, 0);
+	assert_int_equal(registry_next_expiry(&f->r), UINT64_MAX);
+	assert_int_equal(f->r.nexpired, N - 1);
+	/* Past max_ttl_ms: refused, naming it. */
+	assert_int_equal(publish_life(f, &f->prod, "ttl/long", 0,
+				      f->r.limits.max_ttl_ms + 1), -ERANGE);
+	assert_non_null(strstr(f->why, "max-ttl"));
+	fake_now = 0;
+}
+
+/* An owned name goes with its owner, unless taken over; a stranger is
+ * refused; a lease keeps the version of a name that went. */
+static void test_owned(void **state)
+{
+	struct fix *f = *state;
+	struct registry_owner p2;
+	struct lease *l;
+	struct version *v;
+	int err;
+
+	registry_owner_init(&p2, 1000, 1000, 20);
+	assert_int_equal(publish_life(f, &f->prod, "o/a", 1, 0), 0);
+	assert_int_equal(publish_life(f, &f->prod, "o/b", 1, 0), 0);
+	assert_int_equal(publish_life(f, &f->prod, "o/c", 0, 0), 0);
+	assert_int_equal(f->prod.nowned, 2);
+	/* Another connection of the same uid: only by taking it over. */
+	assert_int_equal(publish_life(f, &p2, "o/a", 0, 0), -EPERM);
+	assert_non_null(f->why);
+	assert_int_equal(publish_life(f, &p2, "o/a", 1, 0), 0);
+	assert_int_equal(f->prod.nowned, 1);
+	/* Another uid may not take it over. */
+	assert_int_equal(publish_life(f, &f->other, "o/b", 1, 0), -EPERM);
+	assert_int_equal(publish_life(f, &f->other, "o/c", 1, 0), -EPERM);
+	v = registry_find(&f->r, &f->cons, "o/b", REG_LATEST, 0, &err);
+	assert_non_null(v);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v, &l, NULL), 0);
+	registry_owner_drop(&f->r, &f->prod);
+	/* Doomed: due at once, deleted by the next expiry batch. */
+	assert_non_null(registry_entry(&f->r, "o/b"));
+	assert_int_equal(registry_next_expiry(&f->r), 0);
+	assert_int_equal(registry_expire(&f->r, 0, 100), 1);
+	assert_null(registry_entry(&f->r, "o/b"));
+	assert_non_null(registry_entry(&f->r, "o/a"));
+	assert_non_null(registry_entry(&f->r, "o/c"));
+	assert_int_equal(f->r.nversions, 3); /* o/a, o/c and the leased o/b */
+	assert_int_equal(registry_release(&f->r, &f->cons, l->id), 0);
+	assert_int_equal(f->r.nversions, 2);
+	registry_owner_drop(&f->r, &p2);
+	/* A new version of a doomed name makes a new name in its place. */
+	assert_int_equal(publish_life(f, &f->cons, "o/a", 0, 0), 0);
+	assert_false(registry_entry(&f->r, "o/a")->doomed);
+	assert_int_equal(registry_expire(&f->r, 0, 100), 0);
+	assert_non_null(registry_entry(&f->r, "o/a"));
+	assert_int_equal(registry_delete(&f->r, &f->cons, "o/a"), 0);
+	assert_int_equal(f->r.norphaned, 2);
+	registry_owner_init(&f->prod, 1000, 1000, 10);
+}
+
+/* Delete by prefix: a batch at a time, the caller's writable names only. */
+static void test_delete_prefix(void **state)
+{
+	struct fix *f = *state;
+	uint64_t deleted, skipped, total = 0;
+	char name[32];
+	int more;
+
+	for (int i = 0; i < 250; i++) {
+		snprintf(name, sizeof(name), "fg/%d", i);
+		assert_int_equal(publish_life(f, &f->prod, name, 0, 0), 0);
+	}
+	for (int i = 0; i < 5; i++) {
+		snprintf(name, sizeof(name), "fg/o%d", i);
+		assert_int_equal(publish_life(f, &f->other, name, 0, 0), 0);
+	}
+	assert_int_equal(publish_life(f, &f->prod, "fgx", 0, 0), 0);
+	do {
+		f->rec.nfreed = 0;
+		more = registry_delete_prefix(&f->r, &f->prod, "fg/", 100,
+					      &deleted, &skipped);
+		assert_true(deleted <= 100);
+		total += deleted;
+	} while (more);
+	assert_int_equal(total, 250);
+	assert_int_equal(skipped, 5);
+	assert_int_equal(f->r.nnames, 6);
+	assert_non_null(registry_entry(&f->r, "fgx"));
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fix_setup, fix_teardown)
@@ -1932,6 +2094,9 @@ int main(void)
 		T(test_limit_pending_fds),
 		T(test_limit_leased_bytes),
 		T(test_sealing),
+		T(test_ttl_heap),
+		T(test_owned),
+		T(test_delete_prefix),
 	};
 #undef T
 

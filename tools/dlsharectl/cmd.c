@@ -154,6 +154,13 @@ static void stat_print_text(const dlshare_name_info *in,
 	printf("mode      %04" PRIo32 "\n", in->mode & 07777);
 	printf("owner     %" PRIu32 "\n", in->owner_uid);
 	printf("exported  %s\n", in->exported ? "yes" : "no");
+	if (in->owned)
+		printf("owned     by the connection of pid %" PRIu32
+		       " (goes when it closes)\n", in->owner_pid);
+	if (in->ttl_ms)
+		printf("ttl       %" PRIu32 " ms (expires in %" PRIu64 " ms "
+		       "unless a version is sealed)\n", in->ttl_ms,
+		       in->expires_in_ms);
 
 	for (i = 0; i < n; i++) {
 		const DLTensor *t = dlshare_manifest_tensor(m, i);
@@ -275,11 +282,38 @@ static void stats_print(const dlshare_stats *s, bool json)
 		for (i = 0; i < n; i++)
 			printf("%s\"%s\":%" PRIu64, i ? "," : "{", rows[i].key,
 			       rows[i].val);
-		fputs("}\n", stdout);
-	} else {
-		for (i = 0; i < n; i++)
-			printf("%s %" PRIu64 "\n", rows[i].key, rows[i].val);
+		printf(",\"expired\":%" PRIu64 ",\"orphaned\":%" PRIu64
+		       ",\"nuids\":%" PRIu32 ",\"uids\":[", s->expired,
+		       s->orphaned, s->nuids);
+		for (i = 0; i < s->nuid_rows; i++)
+			printf("%s{\"uid\":%" PRIu32 ",\"connections\":%" PRIu32
+			       ",\"names\":%" PRIu64 ",\"versions\":%" PRIu64
+			       ",\"bytes\":%" PRIu64 ",\"leases\":%" PRIu64 "}",
+			       i ? "," : "", s->uids[i].uid,
+			       s->uids[i].connections, s->uids[i].names,
+			       s->uids[i].versions, s->uids[i].bytes,
+			       s->uids[i].leases);
+		fputs("]}\n", stdout);
+		return;
 	}
+	for (i = 0; i < n; i++)
+		printf("%s %" PRIu64 "\n", rows[i].key, rows[i].val);
+	printf("expired %" PRIu64 "\n", s->expired);
+	printf("orphaned %" PRIu64 "\n", s->orphaned);
+	printf("uids %" PRIu32 "\n", s->nuids);
+	if (!s->nuid_rows)
+		return;
+	printf("%10s %6s %10s %10s %16s %10s\n", "UID", "CONNS", "NAMES",
+	       "VERSIONS", "BYTES", "LEASES");
+	for (i = 0; i < s->nuid_rows; i++)
+		printf("%10" PRIu32 " %6" PRIu32 " %10" PRIu64 " %10" PRIu64
+		       " %16" PRIu64 " %10" PRIu64 "\n", s->uids[i].uid,
+		       s->uids[i].connections, s->uids[i].names,
+		       s->uids[i].versions, s->uids[i].bytes,
+		       s->uids[i].leases);
+	if (s->nuids > s->nuid_rows)
+		printf("(top %" PRIu32 " of %" PRIu32 " uids by bytes)\n",
+		       s->nuid_rows, s->nuids);
 }
 
 int cmd_stats(const struct ctl *ctl)
@@ -301,12 +335,58 @@ int cmd_stats(const struct ctl *ctl)
 	return CTL_OK;
 }
 
+static int rm_prefix(const struct ctl *ctl, const char *prefix)
+{
+	dlshare_client *c = NULL;
+	uint64_t deleted = 0, skipped = 0;
+	int err, ret;
+
+	if (!*prefix) {
+		ctl_errmsg("rm", "--prefix: the prefix is empty; it would "
+			   "delete every name, so name one");
+		return CTL_EUSAGE;
+	}
+	ret = ctl_connect(ctl, &c);
+	if (ret < 0)
+		return ret;
+	err = dlshare_delete_prefix(c, prefix, &deleted, &skipped);
+	dlshare_disconnect(c);
+	if (err < 0) {
+		ctl_report("rm --prefix", err, prefix);
+		return CTL_EFAIL;
+	}
+	if (ctl->json) {
+		fputs("{\"prefix\":", stdout);
+		ctl_json_string(stdout, prefix);
+		printf(",\"deleted\":%" PRIu64 ",\"skipped\":%" PRIu64 "}\n",
+		       deleted, skipped);
+	} else {
+		printf("deleted %" PRIu64 " name(s) under %s", deleted, prefix);
+		if (skipped)
+			printf("; %" PRIu64 " other(s) you may not delete left",
+			       skipped);
+		putchar('\n');
+	}
+	return CTL_OK;
+}
+
 int cmd_rm(const struct ctl *ctl)
 {
 	const char *name = ctl->args[0];
 	dlshare_client *c = NULL;
 	int err, ret;
 
+	size_t len = strlen(name);
+
+	if (ctl->prefix)
+		return rm_prefix(ctl, name);
+	/* "fg/" is how a prefix looks, never a name: say so, not EINVAL. */
+	if (len && name[len - 1] == '/') {
+		ctl_errmsg("rm", "'%s' is not a name (a name never ends in "
+			   "'/'); to delete the names under it: "
+			   CTL_PROG " rm --prefix %s", name, name);
+		return CTL_EUSAGE;
+	}
 	ret = ctl_connect(ctl, &c);
 	if (ret < 0)
 		return ret;
@@ -406,6 +486,11 @@ static int put_plan_parse(const struct ctl *ctl, struct put_plan *p)
 		return ret;
 	if (ctl->mode) {
 		ret = ctl_parse_mode(ctl->cmd, ctl->mode, &p->copts.mode);
+		if (ret < 0)
+			return ret;
+	}
+	if (ctl->ttl) {
+		ret = ctl_parse_ttl(ctl->cmd, ctl->ttl, &p->copts.ttl_ms);
 		if (ret < 0)
 			return ret;
 	}

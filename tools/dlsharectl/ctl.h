@@ -54,6 +54,8 @@ enum {
 	OPT_NEWER_THAN,
 	OPT_KEY,
 	OPT_WAIT,
+	OPT_PREFIX,		/* rm --prefix */
+	OPT_TTL,		/* put --ttl MS */
 };
 
 struct ctl;
@@ -84,6 +86,8 @@ struct ctl {
 	const char *newer_than;
 	const char *key;
 	const char *wait;
+	bool prefix;		/* rm --prefix */
+	const char *ttl;	/* put --ttl MS */
 };
 
 /* ---- subcommands (cmd.c): each reports its own errors and returns CTL_OK,
@@ -107,6 +111,7 @@ int ctl_parse_shape(const struct ctl_cmd *cmd, const char *s,
 		       int64_t *shape, int32_t *ndim);
 int ctl_parse_mode(const struct ctl_cmd *cmd, const char *s, uint32_t *mode);
 int ctl_parse_wait(const struct ctl_cmd *cmd, const char *s, int32_t *ms);
+int ctl_parse_ttl(const struct ctl_cmd *cmd, const char *s, uint32_t *ms);
 int ctl_parse_version(const struct ctl_cmd *cmd, const char *opt,
 			 const char *s, uint64_t *out);
 bool ctl_tensor_is_compact(const DLTensor *t);

@@ -42,6 +42,12 @@ static const struct option put_opts[] = {
 	{ "dtype", required_argument, NULL, OPT_DTYPE },
 	{ "shape", required_argument, NULL, OPT_SHAPE },
 	{ "mode", required_argument, NULL, OPT_MODE },
+	{ "ttl", required_argument, NULL, OPT_TTL },
+	{ NULL, 0, NULL, 0 },
+};
+
+static const struct option rm_opts[] = {
+	{ "prefix", no_argument, NULL, OPT_PREFIX },
 	{ NULL, 0, NULL, 0 },
 };
 
@@ -57,9 +63,10 @@ static const struct ctl_cmd ctl_cmds[] = {
 	{ "ls", cmd_ls, 0, 1, "ls [PREFIX]", NULL },
 	{ "stat", cmd_stat, 1, 1, "stat NAME", NULL },
 	{ "stats", cmd_stats, 0, 0, "stats", NULL },
-	{ "rm", cmd_rm, 1, 1, "rm NAME", NULL },
+	{ "rm", cmd_rm, 1, 1, "rm NAME | rm --prefix PREFIX", rm_opts },
 	{ "put", cmd_put, 1, 2,
-	  "put NAME --dtype TYPE --shape D0,D1,... [--mode OCTAL] [FILE]",
+	  "put NAME --dtype TYPE --shape D0,D1,... [--mode OCTAL] [--ttl MS] "
+	  "[FILE]",
 	  put_opts },
 	{ "cat", cmd_cat, 1, 1,
 	  "cat NAME [--version N | --newer-than N] [--key KEY] [--wait MS]",
@@ -149,6 +156,12 @@ static int take_opt(struct ctl *ctl, const struct ctl_cmd *cmd, int c,
 		break;
 	case OPT_WAIT:
 		ctl->wait = optarg;
+		break;
+	case OPT_PREFIX:
+		ctl->prefix = true;
+		break;
+	case OPT_TTL:
+		ctl->ttl = optarg;
 		break;
 	case ':':
 		return ctl_usage_error(cmd, "option '%s' needs a value", bad);

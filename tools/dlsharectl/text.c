@@ -90,11 +90,13 @@ void ctl_print_help(FILE *f)
 	      "  stat NAME            show NAME and the tensors of its newest version\n"
 	      "  stats                show the daemon's counters\n"
 	      "  rm NAME              delete NAME; leased versions live on until released\n"
+	      "  rm --prefix PREFIX   delete every name under PREFIX that you may write\n"
 	      "  put NAME [FILE]      publish FILE (stdin if absent or \"-\") as a new\n"
 	      "                       version of NAME; prints the version number\n"
 	      "      --dtype TYPE       element type: float32, int64, uint8, bfloat16, bool...\n"
 	      "      --shape D0,D1,...  dimensions; \"\" or \"scalar\" for a 0-d tensor\n"
 	      "      --mode OCTAL       permission bits, e.g. 0640 (default: the daemon's)\n"
+	      "      --ttl MS           delete the name when no version was sealed for MS ms\n"
 	      "  cat NAME             write one tensor's raw bytes to stdout, row-major\n"
 	      "      --version N        version N exactly (default: the newest)\n"
 	      "      --newer-than N     the newest version after N\n"
@@ -228,6 +230,18 @@ int ctl_parse_wait(const struct ctl_cmd *cmd, const char *s, int32_t *ms)
 				       "milliseconds from 0 to %d, -1 or "
 				       "\"forever\"", s, INT32_MAX);
 	*ms = (int32_t)v;
+	return 0;
+}
+
+int ctl_parse_ttl(const struct ctl_cmd *cmd, const char *s, uint32_t *ms)
+{
+	uint64_t v;
+
+	if (parse_u64(s, &v) < 0 || v == 0 || v > UINT32_MAX)
+		return ctl_usage_error(cmd, "--ttl: '%s' is not a number of "
+				       "milliseconds from 1 to %u", s,
+				       (unsigned)UINT32_MAX);
+	*ms = (uint32_t)v;
 	return 0;
 }
 
@@ -440,4 +454,10 @@ void ctl_json_name_info(FILE *f, const dlshare_name_info *in,
 	fprintf(f, ",\"mode\":\"%04" PRIo32 "\",\"owner_uid\":%" PRIu32
 		",\"exported\":%s", in->mode & 07777, in->owner_uid,
 		in->exported ? "true" : "false");
+	fprintf(f, ",\"owned\":%s", in->owned ? "true" : "false");
+	if (in->owned)
+		fprintf(f, ",\"owner_pid\":%" PRIu32, in->owner_pid);
+	if (in->ttl_ms)
+		fprintf(f, ",\"ttl_ms\":%" PRIu32 ",\"expires_in_ms\":%" PRIu64,
+			in->ttl_ms, in->expires_in_ms);
 }
