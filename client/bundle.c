@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -820,8 +821,20 @@ int dlshare_delete(dlshare_client *c, const char *name)
 
 	errmsg_set(NULL);
 
-	if (!c || client_bad_name(name))
+	if (!c || client_bad_name(name)) {
+		size_t len = name ? strlen(name) : 0;
+
+		/* "fg/" is how a prefix looks: say what to do instead. */
+		if (c && len && len <= CHECK_NAME_MAX && name[len - 1] == '/') {
+			char msg[512];
+
+			snprintf(msg, sizeof(msg), "%s; to delete the names "
+				 "under it, use dlshare_delete_prefix()",
+				 dlshare_last_error());
+			errmsg_set(msg);
+		}
 		return DLSHARE_EINVAL;
+	}
 	d.name = (char *)name;
 	f.body_case = DLSHARE__FRAME__BODY_DELETE;
 	f.delete_ = &d;
