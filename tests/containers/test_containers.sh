@@ -1,5 +1,5 @@
 #!/bin/sh
-# test_containers.sh MODE DLSHARED DLSHARECTL
+# test_containers.sh MODE DLSHARED DLSHARECTL [FAKECUDA PYTHON PYTHONPATH]
 #
 # dlshare across container boundaries, with the namespaces a container
 # runtime would make, made here by unshare(1) (docs/containers.md says what
@@ -14,6 +14,11 @@
 #               namespace is its outer uid to the daemon; a daemon inside a
 #               user namespace sees every peer whose uid it does not map as
 #               the overflow uid (65534), all of them alike.
+#   cuda-ipc    a legacy CUDA IPC tensor (tests/fakecuda, whose handles name
+#               the exporter's pid as the driver's do) opens in the
+#               producer's PID namespace, and in a consumer's own one fails
+#               with an error that names the namespace as the likely cause.
+#               With the Python binding of PYTHONPATH under PYTHON.
 #
 # Needs root (to make the namespaces and to be other uids with setpriv);
 # exits 77 (skipped) saying why when it is not, or when the kernel refuses
@@ -220,6 +225,102 @@ EOF
 	as $UID_B "$ctl" --socket "$sock" cat ns/a >"$tmp/got-b" ||
 		fail "uid $UID_B, also $overflow to the daemon, could not read ns/a"
 	cmp "$tmp/ctr.bin" "$tmp/got-b" || fail "uid $UID_B read other bytes"
+	stop_daemon
+	echo "ok"
+	;;
+cuda-ipc)
+	fakecuda=${4:-} python=${5:-} pypath=${6:-}
+	[ -z "${DLSHARE_TEST_CUDA_SKIP:-}" ] || skip "$DLSHARE_TEST_CUDA_SKIP"
+	[ -n "$fakecuda" ] && [ -e "$fakecuda" ] ||
+		skip "no CUDA test double (tests/fakecuda needs the CUDA toolkit's headers)"
+	[ -n "$python" ] && [ -d "$pypath/dlshare" ] || skip "no Python binding built"
+	probe_namespaces
+	start_daemon
+	export DLSHARE_CUDA_RUNTIME="$fakecuda" DLSHARE_CUDA_DRIVER="$fakecuda"
+	export PYTHONPATH="$pypath" DLSHARE_SOCKET="$sock" PYTHONDONTWRITEBYTECODE=1
+	export FAKECUDA="$fakecuda" PYTHON="$python"
+	# The producer exports cudaMalloc memory (cuda-ipc) and stays: legacy
+	# IPC memory lives only as long as its exporter.
+	cat >"$tmp/producer.py" <<'EOF2'
+import ctypes, os, sys, dlshare
+fc = ctypes.CDLL(os.environ["FAKECUDA"])
+fc.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+fc.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int32)]
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+class DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+new = ctypes.pythonapi.PyCapsule_New
+new.restype = ctypes.py_object
+new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+vals = (ctypes.c_int32 * 4)(7, -1, 1 << 30, 42)
+p = ctypes.c_void_p()
+assert fc.cudaMalloc(ctypes.byref(p), ctypes.sizeof(vals)) == 0
+assert fc.cudaMemcpy(p, vals, ctypes.sizeof(vals), 1) == 0
+shape = (ctypes.c_int64 * 1)(4)
+mt = DLManagedTensor()
+mt.dl_tensor = DLTensor(p, DLDevice(2, 0), 1, DLDataType(0, 32, 1), shape, None, 0)
+cap = new(ctypes.addressof(mt), b"dltensor", None)
+with dlshare.Client() as c:
+    c.publish("ns/gpu", cap, stream=None)
+    assert c.stat("ns/gpu").kind == "cuda-ipc", c.stat("ns/gpu").kind
+    print("published", flush=True)
+    sys.stdin.readline()
+    assert fc.cudaDeviceSynchronize() == 0
+EOF2
+	cat >"$tmp/consumer.py" <<'EOF2'
+import sys, dlshare
+with dlshare.Client() as c:
+    try:
+        t = c.get("ns/gpu")
+    except dlshare.Error as e:
+        print("error:", e)
+        sys.exit(3)
+    print("opened", t.device)
+EOF2
+	mkfifo "$tmp/hold"
+	"$python" "$tmp/producer.py" <"$tmp/hold" >"$tmp/producer.out" 2>&1 &
+	producer=$!
+	exec 3>"$tmp/hold"
+	i=0
+	until grep -q published "$tmp/producer.out"; do
+		i=$((i + 1))
+		[ $i -lt 1000 ] && kill -0 $producer 2>/dev/null ||
+			{ cat "$tmp/producer.out"; fail "the producer did not publish"; }
+		sleep 0.02
+	done
+
+	echo "== a consumer in the producer's PID namespace opens it"
+	"$python" "$tmp/consumer.py" >"$tmp/host.out" 2>&1 ||
+		{ cat "$tmp/host.out"; fail "the host's consumer"; }
+	cat "$tmp/host.out"
+	echo "ok"
+
+	echo "== a consumer in its own PID and IPC namespace gets an error naming why"
+	cat >"$tmp/gpu.sh" <<'EOF2'
+# The container's own /dev/shm, as without --ipc=host.
+mount -t tmpfs -o mode=1777 tmpfs /dev/shm
+export DLSHARE_SOCKET=/run/dlshare/dlshared.sock
+st=0
+"$PYTHON" "$T/consumer.py" >"$T/w/ctr.out" 2>&1 || st=$?
+[ $st -eq 3 ] || { cat "$T/w/ctr.out"; fail "exit $st: the handle opened, or another failure"; }
+EOF2
+	in_container gpu.sh >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "the container's consumer"; }
+	cat "$tmp/w/ctr.out"
+	grep -q "is the consumer in another PID/IPC namespace than the producer" "$tmp/w/ctr.out" &&
+		grep -q "use cuda-vmm" "$tmp/w/ctr.out" ||
+		fail "the error does not name the namespaces as the likely cause"
+	echo done >&3
+	exec 3>&-
+	st=0
+	wait $producer || st=$?
+	[ $st -eq 0 ] || { cat "$tmp/producer.out"; fail "the producer exited with $st"; }
 	stop_daemon
 	echo "ok"
 	;;
