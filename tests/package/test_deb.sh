@@ -78,6 +78,40 @@ if grep -E 'fakecuda|python|/bench|/tests?/' "$tmp/contents"; then
 fi
 echo "ok"
 
+echo "== postinst on this machine, its commands stubbed"
+# Without DPKG_ROOT the scripts act on / : every command that would change
+# something here is a stub that logs its arguments. The socket is enabled
+# always, started only where systemd runs this machine (/run/systemd/system).
+dpkg-deb -e "$deb" "$tmp/control"
+mkdir "$tmp/stubs"
+for c in systemd-sysusers systemd-tmpfiles systemctl deb-systemd-helper \
+	 deb-systemd-invoke groupadd useradd; do
+	printf '#!/bin/sh\necho "%s $*" >>"%s"\n' "$c" "$tmp/calls" >"$tmp/stubs/$c"
+	chmod +x "$tmp/stubs/$c"
+done
+for args in "configure" "configure 0.0.1"; do
+	: >"$tmp/calls"
+	# shellcheck disable=SC2086
+	env -u DPKG_ROOT PATH="$tmp/stubs:$PATH" "$tmp/control/postinst" $args ||
+		fail "postinst $args"
+	grep -qx "systemd-sysusers --root=/ dlshare.conf" "$tmp/calls" &&
+		grep -qx "deb-systemd-helper enable dlshared.socket" "$tmp/calls" ||
+		{ cat "$tmp/calls"; fail "postinst $args: no user, or the socket not enabled"; }
+	if [ -d /run/systemd/system ]; then
+		grep -q "start dlshared.socket" "$tmp/calls" ||
+			{ cat "$tmp/calls"; fail "postinst $args did not start the socket under systemd"; }
+	elif grep -q "start\|restart\|daemon-reload" "$tmp/calls"; then
+		cat "$tmp/calls"; fail "postinst $args started something with no systemd running"
+	fi
+done
+: >"$tmp/calls"
+env -u DPKG_ROOT PATH="$tmp/stubs:$PATH" "$tmp/control/prerm" remove &&
+	env -u DPKG_ROOT PATH="$tmp/stubs:$PATH" "$tmp/control/postrm" purge ||
+	fail "prerm remove, postrm purge"
+grep -qx "deb-systemd-helper purge dlshared.socket dlshared.service" "$tmp/calls" ||
+	{ cat "$tmp/calls"; fail "postrm purge left the units' enablement"; }
+echo "ok"
+
 echo "== dpkg --root: install into a scratch root"
 root=$tmp/root
 mkdir -p "$root/etc" "$root/var/lib/dpkg/info" "$root/var/lib/dpkg/updates" \
