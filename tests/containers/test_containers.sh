@@ -67,8 +67,9 @@ start_daemon() {
 	"$@" "$dlshared" --config /dev/null --socket "$sock" --socket-mode 0666 \
 		2>"$tmp/daemon.log" &
 	daemon=$!
+	# Serving once it answers: the socket file comes before listen().
 	i=0
-	while [ ! -S "$sock" ]; do
+	until "$ctl" --socket "$sock" stats >/dev/null 2>&1; do
 		i=$((i + 1))
 		[ $i -lt 500 ] || { cat "$tmp/daemon.log"; fail "the daemon did not start"; }
 		kill -0 "$daemon" 2>/dev/null ||
@@ -239,6 +240,16 @@ cuda-ipc)
 	export DLSHARE_CUDA_RUNTIME="$fakecuda" DLSHARE_CUDA_DRIVER="$fakecuda"
 	export PYTHONPATH="$pypath" DLSHARE_SOCKET="$sock" PYTHONDONTWRITEBYTECODE=1
 	export FAKECUDA="$fakecuda" PYTHON="$python"
+	# In the ASan build: an uninstrumented python loads the extension
+	# with the sanitizer's runtime preloaded (as tests/python does).
+	py() {
+		if [ -n "${DLSHARE_TEST_PRELOAD:-}" ]; then
+			env LD_PRELOAD="$DLSHARE_TEST_PRELOAD" \
+				ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 "$PYTHON" "$@"
+		else
+			"$PYTHON" "$@"
+		fi
+	}
 	# The producer exports cudaMalloc memory (cuda-ipc) and stays: legacy
 	# IPC memory lives only as long as its exporter.
 	cat >"$tmp/producer.py" <<'EOF2'
@@ -285,7 +296,7 @@ with dlshare.Client() as c:
     print("opened", t.device)
 EOF2
 	mkfifo "$tmp/hold"
-	"$python" "$tmp/producer.py" <"$tmp/hold" >"$tmp/producer.out" 2>&1 &
+	py "$tmp/producer.py" <"$tmp/hold" >"$tmp/producer.out" 2>&1 &
 	producer=$!
 	exec 3>"$tmp/hold"
 	i=0
@@ -297,7 +308,7 @@ EOF2
 	done
 
 	echo "== a consumer in the producer's PID namespace opens it"
-	"$python" "$tmp/consumer.py" >"$tmp/host.out" 2>&1 ||
+	py "$tmp/consumer.py" >"$tmp/host.out" 2>&1 ||
 		{ cat "$tmp/host.out"; fail "the host's consumer"; }
 	cat "$tmp/host.out"
 	echo "ok"
@@ -308,7 +319,12 @@ EOF2
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
 export DLSHARE_SOCKET=/run/dlshare/dlshared.sock
 st=0
-"$PYTHON" "$T/consumer.py" >"$T/w/ctr.out" 2>&1 || st=$?
+if [ -n "${DLSHARE_TEST_PRELOAD:-}" ]; then
+	env LD_PRELOAD="$DLSHARE_TEST_PRELOAD" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+		"$PYTHON" "$T/consumer.py" >"$T/w/ctr.out" 2>&1 || st=$?
+else
+	"$PYTHON" "$T/consumer.py" >"$T/w/ctr.out" 2>&1 || st=$?
+fi
 [ $st -eq 3 ] || { cat "$T/w/ctr.out"; fail "exit $st: the handle opened, or another failure"; }
 EOF2
 	in_container gpu.sh >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "the container's consumer"; }

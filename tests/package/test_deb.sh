@@ -145,8 +145,9 @@ sock=$tmp/dlshared.sock
 # $ORIGIN-relative RPATH, with no LD_LIBRARY_PATH.
 "$root/usr/bin/dlshared" --config /dev/null --socket "$sock" 2>"$tmp/daemon.log" &
 daemon=$!
+# Serving once it answers: the socket file comes before listen().
 i=0
-while [ ! -S "$sock" ]; do
+until env -u LD_LIBRARY_PATH "$root/usr/bin/dlsharectl" --socket "$sock" stats >/dev/null 2>&1; do
 	i=$((i + 1))
 	[ $i -lt 500 ] || { cat "$tmp/daemon.log"; fail "the installed daemon did not start"; }
 	kill -0 "$daemon" 2>/dev/null || { cat "$tmp/daemon.log"; fail "the installed daemon died"; }

@@ -1,5 +1,5 @@
 #!/bin/sh
-# test_wheel.sh SOURCE_DIR DLSHARED PYTHON
+# test_wheel.sh SOURCE_DIR DLSHARED DLSHARECTL PYTHON
 #
 # pip install from the checkout, as a Python user does (pyproject.toml):
 # a fresh venv of PYTHON, `pip install SOURCE_DIR` (scikit-build-core from
@@ -10,7 +10,7 @@
 # venv module.
 set -eu
 
-src=$1 dlshared=$2 python=$3
+src=$1 dlshared=$2 ctl=$3 python=$4
 skip() { echo "SKIP: $*"; exit 77; }
 fail() { echo "FAIL: $*"; exit 1; }
 
@@ -54,8 +54,9 @@ echo "== import and round-trip through dlshared"
 sock=$tmp/dlshared.sock
 "$dlshared" --config /dev/null --socket "$sock" 2>"$tmp/daemon.log" &
 daemon=$!
+# Serving once it answers: the socket file comes before listen().
 i=0
-while [ ! -S "$sock" ]; do
+until "$ctl" --socket "$sock" stats >/dev/null 2>&1; do
 	i=$((i + 1))
 	[ $i -lt 500 ] || { cat "$tmp/daemon.log"; fail "the daemon did not start"; }
 	kill -0 "$daemon" 2>/dev/null || { cat "$tmp/daemon.log"; fail "the daemon died"; }
