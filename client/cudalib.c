@@ -11,6 +11,8 @@
 #include <cuda.h>
 
 #include "cudaload.h"
+#include "internal.h" /* errmsg_set */
+#include <stdio.h>
 
 #define CUDA_MAX_DEVICES 64
 /* Imported events kept open, so a consumer that gets version after version
@@ -713,6 +715,17 @@ int cuda_open_mem(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
 	e = cu.cuIpcOpenMemHandle(&dp, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
 	ctx_leave(&sv);
 	if (e != CUDA_SUCCESS) {
+		char why[256];
+
+		/* A legacy handle names its exporter by pid and shares through
+		 * /dev/shm: the usual cause is a container boundary, which the
+		 * bare CUDA error does not tell (docs/containers.md). */
+		snprintf(why, sizeof(why), "cuIpcOpenMemHandle failed (CUDA "
+			 "error %d): is the consumer in another PID/IPC "
+			 "namespace than the producer? legacy CUDA IPC needs a "
+			 "shared PID namespace (docker --pid=host --ipc=host); "
+			 "use cuda-vmm", (int)e);
+		errmsg_set(why);
 		free(m);
 		err = DLSHARE_EINVAL;
 		goto out;
