@@ -1603,8 +1603,12 @@ static void daemon_killed_tensor_survives(void **state)
 /* 8. Memory legacy IPC cannot export (a pool allocation).                  */
 /* ======================================================================== */
 
+/* arg: NULL for pool memory (cudaMallocAsync), non-NULL for managed memory
+ * (cudaMallocManaged): neither is legacy-IPC memory (issue 13, defect 8:
+ * managed memory gave DLSHARE_EINVAL, not the documented copy). */
 static int pool_child(void *arg)
 {
+	const char *name = arg ? "gpu/managed" : "gpu/pool";
 	dlshare_client *c = child_connect();
 	dlshare_publish_opts po = { .flags = DLSHARE_PUBLISH_NO_COPY };
 	dlshare_name_info info;
@@ -1614,18 +1618,20 @@ static int pool_child(void *arg)
 	uint64_t v = 77;
 	char *p;
 
-	(void)arg;
 	CU(cudaStreamCreate(&s));
-	CU(cudaMallocAsync((void **)&p, CA_BYTES, s));
+	if (arg)
+		CU(cudaMallocManaged((void **)&p, CA_BYTES, cudaMemAttachGlobal));
+	else
+		CU(cudaMallocAsync((void **)&p, CA_BYTES, s));
 	set_delay_ms(1);
 	CU(cudaMemsetAsync(p, 1, CA_BYTES, s));
 	t = owned_new(p, 0, CA_ROWS, CA_COLS, 0, 0);
 	po.stream = s;
-	DL_ERR(dlshare_publish(c, "gpu/pool", &t, 1, &po, &v), DLSHARE_ECOPY);
+	DL_ERR(dlshare_publish(c, name, &t, 1, &po, &v), DLSHARE_ECOPY);
 	CHECK(atomic_load(&g_deleted[0]) == 0);
 	/* Refused: nothing was published, nothing was left behind. */
 	CHECK(v == 77);
-	DL_ERR(dlshare_stat(c, "gpu/pool", &info, NULL), DLSHARE_ENOENT);
+	DL_ERR(dlshare_stat(c, name, &info, NULL), DLSHARE_ENOENT);
 	DL_OK(dlshare_stats_get(c, &st));
 	CHECK(st.versions == 0 && st.buffers == 0 && st.leases == 0);
 #if FAKE
@@ -1636,11 +1642,16 @@ static int pool_child(void *arg)
 	 * the producer's stream, and the deleter runs once that is done. */
 	put_pattern(p, CA_BYTES, 303, s);
 	po.flags = 0;
-	DL_OK(dlshare_publish(c, "gpu/pool", &t, 1, &po, &v));
+	DL_OK(dlshare_publish(c, name, &t, 1, &po, &v));
 	CHECK(v == 1);
 	CHECK(atomic_load(&g_deleted[0]) == 1);
-	CU(cudaFreeAsync(p, s));
-	DL_OK(dlshare_stat(c, "gpu/pool", &info, NULL));
+	if (arg) {
+		CU(cudaStreamSynchronize(s));
+		CU(cudaFree(p));
+	} else {
+		CU(cudaFreeAsync(p, s));
+	}
+	DL_OK(dlshare_stat(c, name, &info, NULL));
 	CHECK(info.kind == DLSHARE_KIND_CUDA_VMM && !info.exported);
 	dlshare_disconnect(c);
 	CU(cudaStreamSynchronize(s));
@@ -1650,15 +1661,15 @@ static int pool_child(void *arg)
 /* Another process reads the copy, bit for bit, after its producer left. */
 static int pool_reader(void *arg)
 {
+	const char *name = arg ? "gpu/managed" : "gpu/pool";
 	dlshare_client *c = child_connect();
 	dlshare_get_opts go = { .select = DLSHARE_LATEST };
 	DLManagedTensor *m;
 	cudaStream_t s;
 
-	(void)arg;
 	CU(cudaStreamCreate(&s));
 	go.stream = s;
-	DL_OK(dlshare_get_tensor(c, "gpu/pool", &go, &m));
+	DL_OK(dlshare_get_tensor(c, name, &go, &m));
 	check_meta(&m->dl_tensor, 0, CA_ROWS, CA_COLS);
 	CHECK(read_check(&m->dl_tensor, CA_BYTES, 303, s, "copy") == 0);
 	m->deleter(m);
@@ -1672,6 +1683,15 @@ static void pool_memory_copied(void **state)
 	(void)state;
 	assert_int_equal(reap(spawn(pool_child, NULL)), 0);
 	assert_int_equal(reap(spawn(pool_reader, NULL)), 0);
+}
+
+static void managed_memory_copied(void **state)
+{
+	static int managed = 1;
+
+	(void)state;
+	assert_int_equal(reap(spawn(pool_child, &managed)), 0);
+	assert_int_equal(reap(spawn(pool_reader, &managed)), 0);
 }
 
 /* ======================================================================== */
@@ -2802,6 +2822,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(store_on_device_refusals,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(pool_memory_copied,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(managed_memory_copied,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(publish_from_gpu1_while_current_is_gpu0,
 						setup_2gpu, teardown),
