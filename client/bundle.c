@@ -278,6 +278,11 @@ int dlshare_get(dlshare_client *c, const char *name,
 	lr->ordinal = b->cuda_ordinal;
 	lr->npins = r.npins;
 	memcpy(lr->pins, r.pins, r.npins * sizeof(r.pins[0]));
+	/* kDLCUDAHost pages may be read by the consumer's kernels: their
+	 * release is ordered after its stream too, on the stream's device. */
+	for (size_t i = 0; i < lr->npins && lr->ordinal < 0; i++)
+		if (lr->pins[i]->cuda_host)
+			lr->ordinal = cuda_stream_ordinal(lr->stream);
 	r.npins = 0;
 	client_ref(c);
 	b->lr = lr;

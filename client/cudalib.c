@@ -35,6 +35,7 @@
 	X(cuDeviceGetCount)                                         \
 	X(cuDeviceGet)                                              \
 	X(cuDeviceGetUuid)                                          \
+	X(cuDeviceGetAttribute)                                     \
 	X(cuDevicePrimaryCtxRetain)                                 \
 	X(cuDevicePrimaryCtxGetState)                               \
 	X(cuCtxGetCurrent)                                          \
@@ -912,6 +913,20 @@ int cuda_host_register(void *p, size_t n, int readonly)
 		return DLSHARE_ENOTSUP;
 	if ((err = host_enter(&sv)))
 		return err;
+	/* Read-only registration is a device capability: where it is
+	 * missing the reader gets the pages as plain host memory. */
+	if (readonly) {
+		CUdevice d;
+		int ok = 0;
+
+		if (cu.cuCtxGetDevice(&d) != CUDA_SUCCESS ||
+		    cu.cuDeviceGetAttribute(&ok,
+			CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED,
+			d) != CUDA_SUCCESS || !ok) {
+			ctx_leave(&sv);
+			return DLSHARE_ENOTSUP;
+		}
+	}
 	if (cu.cuMemHostRegister(p, n, flags) != CUDA_SUCCESS)
 		err = DLSHARE_EINVAL;
 	ctx_leave(&sv);
@@ -926,6 +941,23 @@ void cuda_host_unregister(void *p)
 		return;
 	cu.cuMemHostUnregister(p);
 	ctx_leave(&sv);
+}
+
+int cuda_stream_ordinal(void *stream)
+{
+	CUcontext c = NULL;
+
+	if (stream == DLSHARE_STREAM_NONE || cuda_available(NULL))
+		return -1;
+	if (!special_stream(stream)) {
+		if (cu.cuStreamGetCtx((CUstream)stream, &c) != CUDA_SUCCESS)
+			return -1;
+	} else if (cu.cuCtxGetCurrent(&c) != CUDA_SUCCESS || !c) {
+		/* No context current: this thread queued nothing on a
+		 * default stream. */
+		return -1;
+	}
+	return ctx_ordinal(c);
 }
 
 /* ---- release markers -------------------------------------------------------- */
@@ -1149,6 +1181,11 @@ void cuda_event_drop(void *ev)
 
 void cuda_stream_wait_host(void *stream, int ordinal)
 {
+}
+
+int cuda_stream_ordinal(void *stream)
+{
+	return -1;
 }
 
 

@@ -115,10 +115,17 @@ int cuda_wait_event(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
 int cuda_wait_chain(void *chain, int ordinal, void *stream);
 
 /* Registers host memory [p, p+n) with CUDA (pinned, device-accessible),
- * read-only when readonly. Returns 0 or a DLSHARE_E* code (DLSHARE_ENOTSUP
- * without CUDA). */
+ * read-only when readonly. Returns 0 or a DLSHARE_E* code: DLSHARE_ENOTSUP
+ * without CUDA, and for readonly where the device cannot register host
+ * memory read-only (CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED
+ * says 0): the caller then uses the pages as plain host memory. */
 int cuda_host_register(void *p, size_t n, int readonly);
 void cuda_host_unregister(void *p);
+
+/* The local device ordinal of stream's context (DLPack stream rules; the
+ * legacy and per-thread streams: the current context's), or -1 (none
+ * current, DLSHARE_STREAM_NONE, no CUDA). Creates no context. */
+int cuda_stream_ordinal(void *stream);
 
 /* A plain (not interprocess) event recorded on stream, in the stream's
  * context (the legacy and per-thread streams: device ordinal's), to learn

@@ -495,6 +495,16 @@ int dlshare_seal(dlshare_writer *w, void *stream, uint64_t *version)
 		s.event_handle.data = event_handle;
 		s.event_handle.len = CUDA_IPC_HANDLE_BYTES;
 	} else {
+		/* kDLCUDAHost: the producer's stream may still be copying
+		 * into the pages, and host readers have no event to wait
+		 * for: the seal waits for that stream first (and the pages
+		 * stay registered until then). */
+		if (w->cuda_host && stream != DLSHARE_STREAM_NONE) {
+			int ord = cuda_stream_ordinal(stream);
+
+			if (ord >= 0)
+				cuda_stream_wait_host(stream, ord);
+		}
 		/* The daemon can only write-seal a memfd nobody maps
 		 * writable. */
 		writer_unmap(w);

@@ -864,6 +864,8 @@ struct two_chans {
 	int per_thread;          /* the consumer reads on its per-thread
 				  * stream, in a thread, and drops the
 				  * tensor on another one */
+	int ro_off;              /* kDLCUDAHost: the consumer's devices
+				  * cannot register host memory read-only */
 };
 
 /* Runs a producer and a consumer child on a, which gets its channels here,
@@ -2176,6 +2178,123 @@ static void cuda_host_buffers(void **state)
 	run_pair(&a, cuda_host_producer, cuda_host_consumer);
 }
 
+/* 9b. kDLCUDAHost and streams (issue 13, defect 6). The producer fills the
+ * pages from the GPU on its stream and seals with that stream: host
+ * readers have no event to wait for, so the seal waits for the stream
+ * (before, it unregistered the pages at once, with the copy still queued:
+ * a fault on a GPU, a trap in the fake). Then it publishes version 2 when
+ * the consumer asks, so that version 1's buffer goes with its lease. */
+static int host_stream_producer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	int64_t shape[1] = { (int64_t)(CH_BYTES / 4) };
+	dlshare_tensor_spec spec = {
+		.dtype = { kDLFloat, 32, 1 }, .ndim = 1, .shape = shape,
+	};
+	dlshare_create_opts co = { .device = { kDLCUDAHost, 0 } };
+	uint8_t *h = malloc(CH_BYTES);
+	dlshare_writer *w;
+	cudaStream_t s;
+	DLTensor *t;
+	void *dev;
+
+	CHECK(h != NULL);
+	CU(cudaStreamCreate(&s));
+	CU(cudaMalloc(&dev, CH_BYTES));
+	harness_fill(h, CH_BYTES, 82);
+	CU(cudaMemcpy(dev, h, CH_BYTES, cudaMemcpyHostToDevice));
+	DL_OK(dlshare_create(c, a->name, &spec, 1, &co, &w));
+	t = dlshare_writer_tensor(w, 0);
+	set_delay_ms(300);
+	CU(cudaMemcpyAsync(t->data, dev, CH_BYTES, cudaMemcpyDeviceToHost, s));
+	DL_OK(dlshare_seal(w, s, NULL));
+	set_delay_ms(1);
+	SEND(a->to_c, '1');
+	RECV(a->to_p, 'n');
+	DL_OK(dlshare_create(c, a->name, &spec, 1, &co, &w));
+	memset(dlshare_writer_tensor(w, 0)->data, 0, CH_BYTES);
+	DL_OK(dlshare_seal(w, NULL, NULL));
+	SEND(a->to_c, '2');
+	RECV(a->to_p, 'd');
+	dlshare_disconnect(c);
+	CU(cudaFree(dev));
+	CU(cudaStreamDestroy(s));
+	free(h);
+	return 0;
+}
+
+/* Reads version 1 on the host at once, then queues a slow copy of it to
+ * the GPU on its stream and drops the tensor while the copy is queued:
+ * the release (and the unregistering and unmapping of the pages when the
+ * daemon frees them for version 2) must wait for the stream. With ro_off
+ * it cannot register the pages read-only: it gets them as kDLCPU. */
+static int host_stream_consumer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_get_opts go = { .select = DLSHARE_LATEST };
+	uint8_t *want = malloc(CH_BYTES), *back = malloc(CH_BYTES);
+	dlshare_client *c;
+	DLManagedTensor *t;
+	cudaStream_t s;
+	void *dev;
+
+	CHECK(want && back);
+	if (a->ro_off)
+		setenv("FAKECUDA_HOST_REGISTER_READONLY", "0", 1);
+	harness_fill(want, CH_BYTES, 82);
+	RECV(a->to_c, '1');
+	c = child_connect();
+	CU(cudaStreamCreate(&s));
+	CU(cudaMalloc(&dev, CH_BYTES));
+	go.stream = s;
+	DL_OK(dlshare_get_tensor(c, a->name, &go, &t));
+	CHECK(t->dl_tensor.device.device_type ==
+	      (a->ro_off ? kDLCPU : kDLCUDAHost));
+	CHECK(memcmp(t->dl_tensor.data, want, CH_BYTES) == 0);
+	SEND(a->to_p, 'n');
+	RECV(a->to_c, '2');
+	if (!a->ro_off) {
+		set_delay_ms(300);
+		CU(cudaMemcpyAsync(dev, t->dl_tensor.data, CH_BYTES,
+				   cudaMemcpyHostToDevice, s));
+	}
+	t->deleter(t);
+	CU(cudaStreamSynchronize(s));
+	set_delay_ms(1);
+	if (!a->ro_off) {
+		CU(cudaMemcpy(back, dev, CH_BYTES, cudaMemcpyDeviceToHost));
+		CHECK(memcmp(back, want, CH_BYTES) == 0);
+	}
+	CU(cudaFree(dev));
+	CU(cudaStreamDestroy(s));
+	dlshare_disconnect(c);
+	free(want);
+	free(back);
+	SEND(a->to_p, 'd');
+	return 0;
+}
+
+static void cuda_host_seal_and_release_follow_streams(void **state)
+{
+	struct two_chans a = { .name = "gpu/hoststream" };
+
+	(void)state;
+	if (!FAKE)
+		test_skip("needs the fake's slow streams");
+	run_pair(&a, host_stream_producer, host_stream_consumer);
+}
+
+static void cuda_host_without_readonly_register_is_cpu(void **state)
+{
+	struct two_chans a = { .name = "gpu/hostro", .ro_off = 1 };
+
+	(void)state;
+	if (!FAKE)
+		test_skip("the fake's FAKECUDA_HOST_REGISTER_READONLY=0");
+	run_pair(&a, host_stream_producer, host_stream_consumer);
+}
+
 /* ======================================================================== */
 /* 11. Devices and contexts: multi-GPU nodes (issue 13).                   */
 /* ======================================================================== */
@@ -2810,6 +2929,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(daemon_killed_tensor_survives,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(cuda_host_buffers, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(cuda_host_seal_and_release_follow_streams, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(cuda_host_without_readonly_register_is_cpu, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(store_on_device_outlives_producer_and_daemon,
 						setup, teardown),
