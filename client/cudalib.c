@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +21,12 @@
  * (so consumers find them in their caches); beyond this many they are
  * destroyed. */
 #define CUDA_EVENT_POOL 64
+/* Live interprocess events of ours (each live version's, and the pooled
+ * ones) at most: the driver limits them (where is not documented), so
+ * the library stays well below that. Beyond, a version is sealed with no
+ * event: the host waits for the producer's stream first, so the data is
+ * complete when a consumer sees it. DLSHARE_CUDA_IPC_EVENTS sets it. */
+#define CUDA_IPC_EVENTS_DEFAULT 1024
 
 /* The ABI asked of cuGetProcAddress: CUDA 12.0's, which every driver
  * since 525 has. For each base name the driver then hands out the newest
@@ -81,6 +88,9 @@ static struct {
 } cu;
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
+/* Live interprocess events of ours, and their cap. */
+static atomic_long ipc_events_live;
+static long ipc_events_max = CUDA_IPC_EVENTS_DEFAULT;
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* An event of this module: one we record for a version (interprocess,
@@ -202,6 +212,15 @@ static void load(void)
 	__typeof__(&cuGetProcAddress) getproc;
 	CUdriverProcAddressQueryResult found;
 
+	const char *cap = getenv("DLSHARE_CUDA_IPC_EVENTS");
+
+	if (cap && *cap) {
+		char *end;
+		long v = strtol(cap, &end, 10);
+
+		if (*end == '\0' && v > 0)
+			ipc_events_max = v;
+	}
 	cu.drv = cudaload_driver();
 	if (!cu.drv) {
 		cu.why = "the CUDA driver library (libcuda.so.1) cannot be "
@@ -453,7 +472,35 @@ static void event_destroy(struct cuda_event *e)
 		cu.cuEventDestroy(e->ev);
 		ctx_leave(&sv);
 	}
+	if (e->ipc)
+		atomic_fetch_sub(&ipc_events_live, 1);
 	free(e);
+}
+
+/* A new interprocess event in ctx (current), within the cap: at the cap a
+ * pooled event of another context makes room. NULL beyond the cap, or
+ * when the driver refuses one (its own limit). */
+static struct cuda_event *ipc_event_new(CUcontext ctx)
+{
+	struct cuda_event *e, *victim = NULL;
+
+	if (atomic_fetch_add(&ipc_events_live, 1) >= ipc_events_max) {
+		pthread_mutex_lock(&cache_lock);
+		if (npool)
+			victim = pool[--npool];
+		pthread_mutex_unlock(&cache_lock);
+		/* Counted until destroyed: the count stays ours. */
+		if (victim) {
+			event_destroy(victim);
+		} else {
+			atomic_fetch_sub(&ipc_events_live, 1);
+			return NULL;
+		}
+	}
+	e = event_new(ctx, 1);
+	if (!e)
+		atomic_fetch_sub(&ipc_events_live, 1);
+	return e;
 }
 
 /* Joins the legacy (or per-thread) streams of devices ordinals[1..n-1]
@@ -532,8 +579,13 @@ int cuda_event_record(void *stream, const int *ordinals, size_t n, void **evp,
 			break;
 		}
 	pthread_mutex_unlock(&cache_lock);
-	if (!e && !(e = event_new(ctx, 1))) {
-		err = DLSHARE_ENOMEM;
+	if (!e && !(e = ipc_event_new(ctx))) {
+		/* No event to be had (the cap, ours or the driver's): the
+		 * host waits for the writes instead, and the version goes
+		 * without one. Late, never early. */
+		if (cu.cuStreamSynchronize(on) != CUDA_SUCCESS)
+			err = DLSHARE_EIO;
+		*evp = NULL;
 		goto out;
 	}
 	if (cu.cuEventRecord(e->ev, on) != CUDA_SUCCESS ||

@@ -63,7 +63,10 @@ void cuda_unexport_alloc(const uint8_t handle[CUDA_IPC_HANDLE_BYTES]);
  * stream of the library's. Its handle goes in *handle. The event must stay
  * alive and unrecorded while a version names it: the caller keeps *ev and
  * frees it with cuda_event_free() once no version does, which pools it
- * (by context) for a later record. Returns 0 or a DLSHARE_E* code. */
+ * (by context) for a later record. Beyond DLSHARE_CUDA_IPC_EVENTS live
+ * interprocess events (default 1024), or when the driver makes no more,
+ * the host waits for the stream instead: 0 with *ev NULL and no handle,
+ * and the version needs no event. Returns 0 or a DLSHARE_E* code. */
 int cuda_event_record(void *stream, const int *ordinals, size_t n, void **ev,
 		      uint8_t handle[CUDA_IPC_HANDLE_BYTES]);
 void cuda_event_free(void *ev);

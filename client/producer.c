@@ -484,14 +484,15 @@ int dlshare_seal(dlshare_writer *w, void *stream, uint64_t *version)
 		 * stream has queued so far: the host does not. */
 		err = cuda_event_record(stream, &w->ordinal, 1, &event,
 					event_handle);
-		if (!err && !(kept = seal_event_keep(w, event)))
+		if (!err && event && !(kept = seal_event_keep(w, event)))
 			err = DLSHARE_ENOMEM;
 		if (err) {
 			cuda_event_free(event);
 			dlshare_writer_abort(w);
 			return err;
 		}
-		s.has_event_handle = 1;
+		/* No event (beyond the cap): the host waited. */
+		s.has_event_handle = event != NULL;
 		s.event_handle.data = event_handle;
 		s.event_handle.len = CUDA_IPC_HANDLE_BYTES;
 	} else {
@@ -881,7 +882,8 @@ static int publish_export(dlshare_client *c, const char *name,
 					event_handle);
 		if (err)
 			goto out;
-		p.has_event_handle = 1;
+		/* No event (beyond the cap): the host waited. */
+		p.has_event_handle = event != NULL;
 		p.event_handle.data = event_handle;
 		p.event_handle.len = CUDA_IPC_HANDLE_BYTES;
 	}

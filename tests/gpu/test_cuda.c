@@ -866,6 +866,8 @@ struct two_chans {
 				  * tensor on another one */
 	int ro_off;              /* kDLCUDAHost: the consumer's devices
 				  * cannot register host memory read-only */
+	int driver_cap;          /* the driver's cap on interprocess events
+				  * is met before the library's */
 };
 
 /* Runs a producer and a consumer child on a, which gets its channels here,
@@ -2711,6 +2713,100 @@ static void release_after_per_thread_stream_of_reader(void **state)
 	run_pair(&a, ordered_producer, ordered_consumer);
 }
 
+/* 11g. Live interprocess events are capped (defect 9): the library keeps
+ * DLSHARE_CUDA_IPC_EVENTS of them at most, and beyond that, or when the
+ * driver makes no more (the fake's cap), a version goes without an event
+ * and the host waits for the producer's stream instead: never an error,
+ * never early data. Three live versions with a cap of two. */
+#define EVCAP_N 3
+
+static int evcap_producer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_publish_opts po = { 0 };
+	dlshare_client *c;
+	DLManagedTensor *t;
+	char *b[EVCAP_N], name[64];
+	cudaStream_t s;
+	uint64_t v;
+
+	if (!a->driver_cap)
+		setenv("DLSHARE_CUDA_IPC_EVENTS", "2", 1);
+	c = child_connect();
+#if FAKE
+	if (a->driver_cap)
+		fakecuda_set_ipc_event_limit(2);
+#endif
+	CU(cudaStreamCreate(&s));
+	po.stream = s;
+	for (int i = 0; i < EVCAP_N; i++) {
+		CU(cudaMalloc((void **)&b[i], CA_BYTES));
+		/* Slow: the data is not there yet when it is published. */
+		set_delay_ms(100);
+		put_pattern(b[i], CA_BYTES, 400 + (uint32_t)i, s);
+		set_delay_ms(1);
+		t = owned_new(b[i], 0, CA_ROWS, CA_COLS, 0, i);
+		snprintf(name, sizeof(name), "%s%d", a->name, i);
+		DL_OK(dlshare_publish(c, name, &t, 1, &po, &v));
+#if FAKE
+		CHECK(fstats().live_ipc_events == (i < 2 ? i + 1 : 2));
+#endif
+	}
+	/* The third went without an event: the host waited for it. */
+	CU(cudaStreamQuery(s));
+	SEND(a->to_c, '1');
+	RECV(a->to_p, 'd');
+	dlshare_disconnect(c);
+	for (int i = 0; i < EVCAP_N; i++)
+		CU(cudaFree(b[i]));
+	CU(cudaStreamDestroy(s));
+	return 0;
+}
+
+static int evcap_consumer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_get_opts go = { .select = DLSHARE_LATEST };
+	dlshare_client *c;
+	DLManagedTensor *m;
+	cudaStream_t s;
+	char name[64];
+
+	RECV(a->to_c, '1');
+	c = child_connect();
+	CU(cudaStreamCreate(&s));
+	go.stream = s;
+	for (int i = 0; i < EVCAP_N; i++) {
+		snprintf(name, sizeof(name), "%s%d", a->name, i);
+		DL_OK(dlshare_get_tensor(c, name, &go, &m));
+		CHECK(read_check(&m->dl_tensor, CA_BYTES, 400 + (uint32_t)i,
+				 s, name) == 0);
+		m->deleter(m);
+	}
+	dlshare_disconnect(c);
+	CU(cudaStreamDestroy(s));
+	SEND(a->to_p, 'd');
+	return 0;
+}
+
+static void ipc_events_capped_by_library(void **state)
+{
+	struct two_chans a = { .name = "gpu/evcap" };
+
+	(void)state;
+	run_pair(&a, evcap_producer, evcap_consumer);
+}
+
+static void ipc_events_capped_by_driver(void **state)
+{
+	struct two_chans a = { .name = "gpu/evdrv", .driver_cap = 1 };
+
+	(void)state;
+	if (!FAKE)
+		test_skip("the driver's cap is the fake's");
+	run_pair(&a, evcap_producer, evcap_consumer);
+}
+
 /* 11f. Pooled events belong to a device: an event of GPU 1, freed by the
  * library's thread, is not reused for a publish on GPU 0, and a process on
  * GPU 1 reuses its own instead of making new ones. */
@@ -2961,6 +3057,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(release_after_per_thread_stream_of_reader,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(pooled_events_keyed_by_device,
+						setup_2gpu, teardown),
+		cmocka_unit_test_setup_teardown(ipc_events_capped_by_library,
+						setup_2gpu, teardown),
+		cmocka_unit_test_setup_teardown(ipc_events_capped_by_driver,
 						setup_2gpu, teardown),
 		cmocka_unit_test_setup_teardown(bundle_wait_after_store_producer_left,
 						setup, teardown),
