@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifdef DLSHARE_HAVE_CUDA
 
@@ -87,7 +88,15 @@ static struct {
 	const char *why;
 } cu;
 
-static pthread_once_t once = PTHREAD_ONCE_INIT;
+/* Loading: once it succeeded, for good (loaded, then cu is read without
+ * a lock); a failure is tried again by a later call, at most every
+ * CUDA_LOAD_RETRY_NS (a driver that comes up after the process, a
+ * DLSHARE_CUDA_DRIVER set later, a device freed by another process), never
+ * cached for the life of the process. */
+#define CUDA_LOAD_RETRY_NS 1000000000LL
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int loaded;
+static int64_t load_tried_ns = -1;
 /* Live interprocess events of ours, and their cap. */
 static atomic_long ipc_events_live;
 static long ipc_events_max = CUDA_IPC_EVENTS_DEFAULT;
@@ -262,12 +271,46 @@ static void load(void)
 	}
 }
 
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 int cuda_available(const char **why)
 {
-	pthread_once(&once, load);
+	const char *w;
+	int64_t now;
+
+	if (atomic_load_explicit(&loaded, memory_order_acquire)) {
+		if (why)
+			*why = "";
+		return 0;
+	}
+	pthread_mutex_lock(&load_lock);
+	now = now_ns();
+	if (!atomic_load_explicit(&loaded, memory_order_relaxed) &&
+	    (load_tried_ns < 0 || now - load_tried_ns >= CUDA_LOAD_RETRY_NS)) {
+		load_tried_ns = now;
+		/* A failed try's library stays open (closing a driver that
+		 * ran cuInit is not safe); dlopen hands it back counted. */
+		memset(&cu, 0, sizeof(cu));
+		load();
+		if (cu.ndev > 0)
+			atomic_store_explicit(&loaded, 1, memory_order_release);
+	}
+	w = cu.why;
+	pthread_mutex_unlock(&load_lock);
+	if (atomic_load_explicit(&loaded, memory_order_acquire)) {
+		if (why)
+			*why = "";
+		return 0;
+	}
 	if (why)
-		*why = cu.why ? cu.why : "";
-	return cu.ndev > 0 ? 0 : DLSHARE_ENOTSUP;
+		*why = w ? w : "";
+	return DLSHARE_ENOTSUP;
 }
 
 /* ---- contexts ------------------------------------------------------------ */

@@ -2713,6 +2713,50 @@ static void release_after_per_thread_stream_of_reader(void **state)
 	run_pair(&a, ordered_producer, ordered_consumer);
 }
 
+/* 11h. A failed load of the driver is tried again (defect 5): not cached
+ * for the life of the process. The library is first pointed at no driver
+ * (publish: DLSHARE_ENOTSUP), then at the right one; after the retry
+ * interval (one second: a wait, not a timed assertion) it loads. */
+static int reload_child(void *arg)
+{
+	const char *drv = getenv("DLSHARE_CUDA_DRIVER");
+	char *keep = drv ? strdup(drv) : NULL;
+	dlshare_publish_opts po = { 0 };
+	struct timespec ts = { .tv_sec = 1, .tv_nsec = 100 * 1000 * 1000 };
+	dlshare_client *c = child_connect();
+	DLManagedTensor *t;
+	uint64_t v = 0;
+	char *b;
+
+	(void)arg;
+	CHECK(!drv || keep);
+	CU(cudaMalloc((void **)&b, CA_BYTES));
+	CU(cudaMemset(b, 7, CA_BYTES));
+	setenv("DLSHARE_CUDA_DRIVER", "/nonexistent/libcuda.so.1", 1);
+	t = owned_new(b, 0, CA_ROWS, CA_COLS, 0, 0);
+	DL_ERR(dlshare_publish(c, "gpu/reload", &t, 1, &po, &v),
+	       DLSHARE_ENOTSUP);
+	if (keep)
+		setenv("DLSHARE_CUDA_DRIVER", keep, 1);
+	else
+		unsetenv("DLSHARE_CUDA_DRIVER");
+	nanosleep(&ts, NULL);
+	DL_OK(dlshare_publish(c, "gpu/reload", &t, 1, &po, &v));
+	CHECK(v == 1);
+	dlshare_disconnect(c);
+	CHECK(wait_deleted(0, 1, 5000) == 1);
+	wait_no_importers(b);
+	CU(cudaFree(b));
+	free(keep);
+	return 0;
+}
+
+static void failed_driver_load_is_retried(void **state)
+{
+	(void)state;
+	assert_int_equal(reap(spawn(reload_child, NULL)), 0);
+}
+
 /* 11g. Live interprocess events are capped (defect 9): the library keeps
  * DLSHARE_CUDA_IPC_EVENTS of them at most, and beyond that, or when the
  * driver makes no more (the fake's cap), a version goes without an event
@@ -3059,6 +3103,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(pooled_events_keyed_by_device,
 						setup_2gpu, teardown),
 		cmocka_unit_test_setup_teardown(ipc_events_capped_by_library,
+						setup_2gpu, teardown),
+		cmocka_unit_test_setup_teardown(failed_driver_load_is_retried,
 						setup_2gpu, teardown),
 		cmocka_unit_test_setup_teardown(ipc_events_capped_by_driver,
 						setup_2gpu, teardown),
