@@ -255,7 +255,30 @@ int dlshare_get(dlshare_client *c, const char *name,
 	if ((err = bundle_fill(b, gr, r.pins, r.npins)))
 		goto fail;
 	/* The consumer's stream waits for the producer's writes; the host
-	 * does not. */
+	 * does not. A version spanning devices (1.4) has an event per
+	 * device: each is waited for on its device (or on the one explicit
+	 * stream), and the chains form one group. */
+	for (size_t i = 0; b->cuda_ordinal >= 0 &&
+	     i < gr->n_device_events; i++) {
+		const Dlshare__DeviceEvent *de = gr->device_events[i];
+		void *ch = NULL;
+		int ord;
+
+		if (de->uuid.len != CUDA_UUID_BYTES ||
+		    de->handle.len != CUDA_IPC_HANDLE_BYTES) {
+			err = DLSHARE_EPROTO;
+			goto fail;
+		}
+		if ((ord = cuda_ordinal(de->uuid.data)) < 0) {
+			err = ord;
+			goto fail;
+		}
+		err = cuda_wait_event(de->handle.data, ord,
+				      (opts ? opts : &dflt)->stream, &ch);
+		if (err)
+			goto fail;
+		b->chain = cuda_chain_add(b->chain, ch);
+	}
 	if (b->cuda_ordinal >= 0 && gr->has_event_handle) {
 		if (gr->event_handle.len != CUDA_IPC_HANDLE_BYTES) {
 			err = DLSHARE_EPROTO;

@@ -1115,6 +1115,7 @@ static int hello(dlshare_client *c)
 	if (!err) {
 		c->piggyback = r.msg->frame->hello_reply->minor >= 1;
 		c->goodbye = r.msg->frame->hello_reply->minor >= 2;
+		c->dev_events = r.msg->frame->hello_reply->minor >= 4;
 	}
 	reply_free(c, &r);
 	return err;

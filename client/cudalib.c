@@ -109,7 +109,11 @@ struct cuda_event {
 	CUevent ev;
 	CUcontext ctx;
 	int ipc;
+	int ordinal;             /* ipc: the device it was recorded on */
 	uint8_t handle[CUDA_IPC_HANDLE_BYTES]; /* ipc: its handle */
+	struct cuda_event *next; /* a version's events per device: the next
+				  * device's (cuda_event_free and
+				  * cuda_event_wait take the whole group) */
 };
 
 struct event_entry {
@@ -581,7 +585,95 @@ static int join_devices(void *stream, const int *ordinals, size_t n,
 	return 0;
 }
 
-int cuda_event_record(void *stream, const int *ordinals, size_t n, void **evp,
+/* A pooled interprocess event of ctx, or NULL. */
+static struct cuda_event *pool_take(CUcontext ctx)
+{
+	struct cuda_event *e = NULL;
+
+	pthread_mutex_lock(&cache_lock);
+	for (unsigned i = npool; i-- > 0;)
+		if (pool[i]->ctx == ctx) {
+			e = pool[i];
+			pool[i] = pool[--npool];
+			break;
+		}
+	pthread_mutex_unlock(&cache_lock);
+	return e;
+}
+
+/* One interprocess event per device, each recorded on that device's
+ * default stream (stream is the legacy or per-thread one): a group, as
+ * one *evp. With no event to be had for one of them, none: the host waits
+ * for every device's stream instead (*evp NULL). */
+static int record_each(void *stream, const int *ordinals, size_t n,
+		       void **evp)
+{
+	struct cuda_event *head = NULL, **tail = &head;
+	CUipcEventHandle h;
+	int err = 0, none = 0;
+
+	for (size_t i = 0; i < n && !err && !none; i++) {
+		struct cuda_event *e;
+		struct ctx_saved sv;
+		CUcontext ctx;
+
+		if ((err = stream_ctx(stream, ordinals[i], &ctx)) ||
+		    (err = ctx_enter(ctx, &sv)))
+			break;
+		e = pool_take(ctx);
+		if (!e)
+			e = ipc_event_new(ctx);
+		if (!e) {
+			none = 1;
+		} else if (cu.cuEventRecord(e->ev, stream_of(stream)) !=
+			   CUDA_SUCCESS ||
+			   cu.cuIpcGetEventHandle(&h, e->ev) != CUDA_SUCCESS) {
+			err = DLSHARE_EINVAL;
+			event_destroy(e);
+		} else {
+			memcpy(e->handle, h.reserved, CUDA_IPC_HANDLE_BYTES);
+			e->ordinal = ordinals[i];
+			if ((err = own_add(e->handle, e->ev)))
+				event_destroy(e);
+			else
+				*tail = e, tail = &e->next;
+		}
+		ctx_leave(&sv);
+	}
+	if (err || none) {
+		cuda_event_free(head);
+		head = NULL;
+	}
+	/* Late, never early: the host waits for every device's stream. */
+	for (size_t i = 0; i < n && none && !err; i++) {
+		struct ctx_saved sv;
+		CUcontext ctx;
+
+		if ((err = stream_ctx(stream, ordinals[i], &ctx)) ||
+		    (err = ctx_enter(ctx, &sv)))
+			break;
+		if (cu.cuStreamSynchronize(stream_of(stream)) != CUDA_SUCCESS)
+			err = DLSHARE_EIO;
+		ctx_leave(&sv);
+	}
+	*evp = head;
+	return err;
+}
+
+size_t cuda_event_handles(void *ev, int *ordinals,
+			  uint8_t (*handles)[CUDA_IPC_HANDLE_BYTES], size_t max)
+{
+	size_t n = 0;
+
+	for (struct cuda_event *e = ev; e && n < max; e = e->next, n++) {
+		ordinals[n] = e->ordinal;
+		memcpy(handles[n], e->handle, CUDA_IPC_HANDLE_BYTES);
+	}
+	return n;
+}
+
+int cuda_event_record(void *stream, const int *ordinals, size_t n,
+		      int per_device, void **evp,
 		      uint8_t handle[CUDA_IPC_HANDLE_BYTES])
 {
 	struct cuda_event *e = NULL;
@@ -595,7 +687,17 @@ int cuda_event_record(void *stream, const int *ordinals, size_t n, void **evp,
 		return DLSHARE_ENOTSUP;
 	if (n == 0)
 		return DLSHARE_EINVAL;
-	/* Several devices behind the default streams: the event goes on the
+	*evp = NULL;
+	/* Several devices behind the default streams, and a daemon that
+	 * relays an event per device (1.4): one on each device's stream. */
+	if (n > 1 && special_stream(stream) && per_device) {
+		err = record_each(stream, ordinals, n, evp);
+		if (!err && *evp)
+			memcpy(handle, ((struct cuda_event *)*evp)->handle,
+			       CUDA_IPC_HANDLE_BYTES);
+		return err;
+	}
+	/* Else the event goes on the
 	 * library's stream of the first device, made to wait for every
 	 * device's default stream. One explicit stream names where all the
 	 * writes were queued. */
@@ -614,14 +716,7 @@ int cuda_event_record(void *stream, const int *ordinals, size_t n, void **evp,
 	/* A pooled event is named by no live version: it may be recorded
 	 * again (consumers that still have it open wait on the newest
 	 * record, as of their wait). Only one of this context will do. */
-	pthread_mutex_lock(&cache_lock);
-	for (unsigned i = npool; i-- > 0;)
-		if (pool[i]->ctx == ctx) {
-			e = pool[i];
-			pool[i] = pool[--npool];
-			break;
-		}
-	pthread_mutex_unlock(&cache_lock);
+	e = pool_take(ctx);
 	if (!e && !(e = ipc_event_new(ctx))) {
 		/* No event to be had (the cap, ours or the driver's): the
 		 * host waits for the writes instead, and the version goes
@@ -638,6 +733,7 @@ int cuda_event_record(void *stream, const int *ordinals, size_t n, void **evp,
 	}
 	memcpy(e->handle, h.reserved, CUDA_IPC_HANDLE_BYTES);
 	memcpy(handle, h.reserved, CUDA_IPC_HANDLE_BYTES);
+	e->ordinal = ordinals[0];
 	if ((err = own_add(handle, e->ev)))
 		goto out;
 	*evp = e;
@@ -650,11 +746,16 @@ out:
 
 void cuda_event_free(void *ev)
 {
-	struct cuda_event *e = ev;
+	struct cuda_event *e = ev, *next;
 	int pooled = 0;
 
 	if (!e || cuda_available(NULL))
 		return;
+	/* A group: each device's event goes its own way. */
+	next = e->next;
+	e->next = NULL;
+	if (next)
+		cuda_event_free(next);
 	own_del(e->handle);
 	/* Pooled only in a primary context of ours: those live as long as
 	 * the process, while an application's own context may be destroyed
@@ -952,27 +1053,45 @@ int cuda_wait_event(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
 		event_destroy(mark);
 		return err;
 	}
+	mark->ordinal = ordinal;
 	*chain = mark;
 	return 0;
 }
 
-int cuda_wait_chain(void *chain, int ordinal, void *stream)
+void *cuda_chain_add(void *chain, void *more)
 {
 	struct cuda_event *e = chain;
+
+	if (!e)
+		return more;
+	while (e->next)
+		e = e->next;
+	e->next = more;
+	return chain;
+}
+
+int cuda_wait_chain(void *chain, int ordinal, void *stream)
+{
 	struct ctx_saved sv;
 	CUcontext sc;
-	int err;
+	int err = 0;
 
-	if (stream == DLSHARE_STREAM_NONE || !e)
+	if (stream == DLSHARE_STREAM_NONE || !chain)
 		return 0;
 	if (cuda_available(NULL))
 		return DLSHARE_ENOTSUP;
-	if ((err = stream_ctx(stream, ordinal, &sc)) ||
-	    (err = ctx_enter(sc, &sv)))
-		return err;
-	if (cu.cuStreamWaitEvent(stream_of(stream), e->ev, 0) != CUDA_SUCCESS)
-		err = DLSHARE_EINVAL;
-	ctx_leave(&sv);
+	/* A group (events per device): each on the default stream of its
+	 * own device, or all on the one explicit stream. */
+	for (struct cuda_event *e = chain; e && !err; e = e->next) {
+		if ((err = stream_ctx(stream, e->next || e != chain ?
+				      e->ordinal : ordinal, &sc)) ||
+		    (err = ctx_enter(sc, &sv)))
+			return err;
+		if (cu.cuStreamWaitEvent(stream_of(stream), e->ev, 0) !=
+		    CUDA_SUCCESS)
+			err = DLSHARE_EINVAL;
+		ctx_leave(&sv);
+	}
 	return err;
 }
 
@@ -1105,18 +1224,22 @@ int cuda_event_done(void *ev)
 
 void cuda_event_wait(void *ev)
 {
-	struct cuda_event *e = ev;
 	struct ctx_saved sv;
 
-	if (!e || ctx_enter(e->ctx, &sv))
-		return;
-	cu.cuEventSynchronize(e->ev);
-	ctx_leave(&sv);
+	for (struct cuda_event *e = ev; e; e = e->next) {
+		if (ctx_enter(e->ctx, &sv))
+			continue;
+		cu.cuEventSynchronize(e->ev);
+		ctx_leave(&sv);
+	}
 }
 
 void cuda_event_drop(void *ev)
 {
-	event_destroy(ev);
+	for (struct cuda_event *e = ev, *next; e; e = next) {
+		next = e->next;
+		event_destroy(e);
+	}
 }
 
 void cuda_stream_wait_host(void *stream, int ordinal)
@@ -1296,10 +1419,17 @@ int cuda_export_alloc(const void *p, struct cuda_alloc *out)
 	return DLSHARE_ENOTSUP;
 }
 
-int cuda_event_record(void *stream, const int *ordinals, size_t n, void **ev,
+int cuda_event_record(void *stream, const int *ordinals, size_t n,
+		      int per_device, void **ev,
 		      uint8_t handle[CUDA_IPC_HANDLE_BYTES])
 {
 	return DLSHARE_ENOTSUP;
+}
+
+size_t cuda_event_handles(void *ev, int *ordinals,
+			  uint8_t (*handles)[CUDA_IPC_HANDLE_BYTES], size_t max)
+{
+	return 0;
 }
 
 void cuda_event_free(void *ev)
@@ -1350,6 +1480,11 @@ int cuda_wait_event(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
 int cuda_wait_chain(void *chain, int ordinal, void *stream)
 {
 	return stream == DLSHARE_STREAM_NONE ? 0 : DLSHARE_ENOTSUP;
+}
+
+void *cuda_chain_add(void *chain, void *more)
+{
+	return chain ? chain : more;
 }
 
 #endif

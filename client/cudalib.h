@@ -67,8 +67,16 @@ void cuda_unexport_alloc(const uint8_t handle[CUDA_IPC_HANDLE_BYTES]);
  * interprocess events (default 1024), or when the driver makes no more,
  * the host waits for the stream instead: 0 with *ev NULL and no handle,
  * and the version needs no event. Returns 0 or a DLSHARE_E* code. */
-int cuda_event_record(void *stream, const int *ordinals, size_t n, void **ev,
+int cuda_event_record(void *stream, const int *ordinals, size_t n,
+		      int per_device, void **ev,
 		      uint8_t handle[CUDA_IPC_HANDLE_BYTES]);
+/* With per_device (the daemon relays events per device: protocol 1.4),
+ * several devices and the legacy or per-thread stream, cuda_event_record
+ * records instead one event on each device's stream, in its context (no
+ * join), and *ev stands for the group (handle is the first's). This lists
+ * a group's devices and handles, at most max; 1 for a single event. */
+size_t cuda_event_handles(void *ev, int *ordinals,
+			  uint8_t (*handles)[CUDA_IPC_HANDLE_BYTES], size_t max);
 void cuda_event_free(void *ev);
 /* Destroys the pooled events and the library's streams (cuda_event_free
  * keeps some events for reuse). */
@@ -114,8 +122,13 @@ void cuda_cache_stats(unsigned long *open_now, unsigned long *opened_total);
 int cuda_wait_event(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
 		    void *stream, void **chain);
 /* Makes stream wait for chain (a no-op for DLSHARE_STREAM_NONE). Returns
- * 0 or a DLSHARE_E* code. */
+ * 0 or a DLSHARE_E* code. A group of chains (cuda_chain_add, one per
+ * device of a version with events per device) is waited for whole: the
+ * legacy and per-thread streams of each chain's own device. */
 int cuda_wait_chain(void *chain, int ordinal, void *stream);
+/* Appends chain more to chain (either may be NULL); returns the group,
+ * which cuda_event_drop() drops whole. */
+void *cuda_chain_add(void *chain, void *more);
 
 /* Registers host memory [p, p+n) with CUDA (pinned, device-accessible),
  * read-only when readonly. Returns 0 or a DLSHARE_E* code: DLSHARE_ENOTSUP

@@ -97,6 +97,7 @@ struct dlshare_client {
 	int rx_reading;          /* ...and it is the receiver thread */
 	int piggyback;           /* the daemon takes Frame.releases (1.1) */
 	int goodbye;             /* ...and Goodbye (1.2) */
+	int dev_events;          /* ...and events per device (1.4) */
 	uint64_t calls;          /* calls begun, to tell the receiver thread
 				  * whether callers are around */
 	int closed;              /* dlshare_disconnect() began */

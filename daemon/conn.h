@@ -90,6 +90,7 @@ struct conn {
 	int hello;                /* the peer said Hello (its user sets it):
 				   * max_packet and max_fds apply, and
 				   * hello_timeout_ms no longer does */
+	unsigned minor;           /* the protocol minor of its Hello */
 	pid_t pid;                /* SO_PEERCRED at accept */
 	uid_t uid;
 	gid_t gid;

@@ -40,6 +40,7 @@ static void handle_hello(struct peer *peer, uint64_t id,
 		return;
 	}
 	peer->conn.hello = 1;
+	peer->conn.minor = h->minor;
 	log_debug("conn %llu: hello from %s, protocol %u.%u",
 		  (unsigned long long)peer->conn.id, h->agent ? h->agent : "?",
 		  h->major, h->minor);
@@ -88,6 +89,8 @@ static void handle_publish(struct peer *peer, const Dlshare__Frame *f,
 		.buffers = m->buffers, .nbuffers = m->n_buffers,
 		.event_handle = m->has_event_handle ? m->event_handle.data : NULL,
 		.event_len = m->has_event_handle ? m->event_handle.len : 0,
+		.dev_events = m->device_events,
+		.ndev_events = m->n_device_events,
 	};
 	Dlshare__Frame out = DLSHARE__FRAME__INIT;
 	Dlshare__PublishReply r = DLSHARE__PUBLISH_REPLY__INIT;

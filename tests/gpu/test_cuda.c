@@ -2456,6 +2456,12 @@ static int span_producer(void *arg)
 	ts[0] = owned_new(x, 0, CA_ROWS, CA_COLS, 0, 0);
 	ts[1] = owned_new(y, 0, CA_ROWS, CA_COLS, 1, 1);
 	DL_OK(dlshare_publish(c, a->name, ts, 2, &po, NULL));
+#if FAKE
+	/* One event per device (protocol 1.4), each on its device's legacy
+	 * stream: no joined event, no stream of the library's. */
+	CHECK(fstats().live_ipc_events == 2);
+	CHECK(fstats().live_streams == 0);
+#endif
 	SEND(a->to_c, 'p');
 	RECV(a->to_p, 'd');
 	dlshare_disconnect(c);
@@ -2481,8 +2487,23 @@ static int span_consumer(void *arg)
 	CU(cudaSetDevice(0));
 	CU(cudaStreamCreate(&s));
 	set_delay_ms(1);
-	go.stream = s;
 	RECV(a->to_c, 'p');
+	/* With the legacy stream: each device's legacy stream waits for its
+	 * own device's event, so each tensor reads right on its own device's
+	 * default stream (before 1.4, only one device's waited: GPU 1's
+	 * tensor read stale on GPU 1). */
+	go.stream = NULL;
+	DL_OK(dlshare_get(c, a->name, &go, &b));
+	bad |= read_check(dlshare_bundle_tensor(b, 0), CA_BYTES, 91, NULL,
+			  "GPU 0, legacy stream");
+	CU(cudaSetDevice(1));
+	bad |= read_check(dlshare_bundle_tensor(b, 1), CA_BYTES, 92, NULL,
+			  "GPU 1, legacy stream");
+	CU(cudaSetDevice(0));
+	CHECK(bad == 0);
+	dlshare_bundle_free(b);
+	/* With one explicit stream: it waits for both. */
+	go.stream = s;
 	DL_OK(dlshare_get(c, a->name, &go, &b));
 	CHECK(dlshare_bundle_count(b) == 2);
 	check_meta(dlshare_bundle_tensor(b, 0), 0, CA_ROWS, CA_COLS);
