@@ -633,10 +633,12 @@ static int record_each(void *stream, const int *ordinals, size_t n,
 		} else {
 			memcpy(e->handle, h.reserved, CUDA_IPC_HANDLE_BYTES);
 			e->ordinal = ordinals[i];
-			if ((err = own_add(e->handle, e->ev)))
+			if ((err = own_add(e->handle, e->ev))) {
 				event_destroy(e);
-			else
-				*tail = e, tail = &e->next;
+			} else {
+				*tail = e;
+				tail = &e->next;
+			}
 		}
 		ctx_leave(&sv);
 	}
@@ -1081,10 +1083,11 @@ int cuda_wait_chain(void *chain, int ordinal, void *stream)
 	if (cuda_available(NULL))
 		return DLSHARE_ENOTSUP;
 	/* A group (events per device): each on the default stream of its
-	 * own device, or all on the one explicit stream. */
+	 * own device (a chain knows it: cuda_wait_event's ordinal), or all
+	 * on the one explicit stream. */
+	(void)ordinal;
 	for (struct cuda_event *e = chain; e && !err; e = e->next) {
-		if ((err = stream_ctx(stream, e->next || e != chain ?
-				      e->ordinal : ordinal, &sc)) ||
+		if ((err = stream_ctx(stream, e->ordinal, &sc)) ||
 		    (err = ctx_enter(sc, &sv)))
 			return err;
 		if (cu.cuStreamWaitEvent(stream_of(stream), e->ev, 0) !=
