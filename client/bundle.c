@@ -80,6 +80,33 @@ struct managed {
 	int64_t strides[CHECK_NDIM_MAX];
 };
 
+/* Adds to lr's release marker one on the default stream of each other
+ * device its CUDA buffers are on (or waits for that stream here). */
+static void mark_other_devices(struct lease_ref *lr, void *stream)
+{
+	for (size_t i = 0; i < lr->npins; i++) {
+		const struct ibuf *b = lr->pins[i];
+		int seen = b->ordinal == lr->ordinal;
+		void *m;
+
+		if (b->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC &&
+		    b->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM)
+			continue;
+		for (size_t j = 0; j < i && !seen; j++)
+			seen = lr->pins[j]->ordinal == b->ordinal &&
+			       (lr->pins[j]->kind ==
+				DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC ||
+				lr->pins[j]->kind ==
+				DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM);
+		if (seen)
+			continue;
+		if (cuda_event_mark(stream, b->ordinal, &m) == 0)
+			lr->event = cuda_chain_add(lr->event, m);
+		else
+			cuda_stream_wait_host(stream, b->ordinal);
+	}
+}
+
 static void lease_ref_unref(struct lease_ref *lr)
 {
 	dlshare_client *c;
@@ -110,6 +137,11 @@ static void lease_ref_unref(struct lease_ref *lr)
 		/* Without a marker, late rather than early: wait here. */
 		if (cuda_event_mark(stream, lr->ordinal, &lr->event) != 0)
 			cuda_stream_wait_host(stream, lr->ordinal);
+		/* The default streams are one per device: a version spanning
+		 * devices is released after each device's. */
+		if (stream == DLSHARE_STREAM_LEGACY || stream == NULL ||
+		    stream == DLSHARE_STREAM_PER_THREAD)
+			mark_other_devices(lr, stream);
 	}
 	if (lr->event) {
 		client_release_after(c, lr); /* frees lr */

@@ -1210,6 +1210,9 @@ int cuda_event_done(void *ev)
 	struct ctx_saved sv;
 	CUresult r;
 
+	/* A group (marks on several devices): done when each is. */
+	if (e->next && !cuda_event_done(e->next))
+		return 0;
 	/* Its context is gone (destroyed by the application), and the work
 	 * queued in it with it. */
 	if (ctx_enter(e->ctx, &sv))

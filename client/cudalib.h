@@ -148,7 +148,8 @@ int cuda_stream_ordinal(void *stream);
  * when the consumer's queued work is done. Returns 0 with *ev, or a
  * DLSHARE_E* code. */
 int cuda_event_mark(void *stream, int ordinal, void **ev);
-/* 1 when the event completed, 0 while pending. Asked in the event's own
+/* 1 when the event (each of a group: cuda_chain_add) completed, 0 while
+ * pending. Asked in the event's own
  * context; when the question fails, this waits for the event on the host
  * before it says 1, so that no work is ever taken as done early. */
 int cuda_event_done(void *ev);

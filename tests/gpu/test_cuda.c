@@ -2527,6 +2527,96 @@ static void version_spanning_two_gpus(void **state)
 	run_pair(&a, span_producer, span_consumer);
 }
 
+/* 11b'. The release of a version spanning two GPUs, read on the legacy
+ * streams, waits for each device's legacy stream: here a slow read of the
+ * GPU 0 tensor while the bundle's own device is GPU 1 (before, only GPU
+ * 1's stream was marked, and the producer got GPU 0's memory back while
+ * the read was still queued). */
+static int span_rel_producer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	static const char *const keys[] = { "a", "b" };
+	dlshare_publish_opts po = { .keys = keys,
+				    .flags = DLSHARE_PUBLISH_NO_COPY };
+	DLManagedTensor *ts[2], *t;
+	char *x, *y, *z;
+
+	CU(cudaSetDevice(1));
+	CU(cudaMalloc((void **)&y, CA_BYTES));
+	put_pattern(y, CA_BYTES, 92, NULL);
+	CU(cudaDeviceSynchronize());
+	CU(cudaSetDevice(0));
+	CU(cudaMalloc((void **)&x, CA_BYTES));
+	CU(cudaMalloc((void **)&z, CA_BYTES));
+	put_pattern(x, CA_BYTES, 91, NULL);
+	CU(cudaDeviceSynchronize());
+	ts[0] = owned_new(x, 0, CA_ROWS, CA_COLS, 0, 0);
+	ts[1] = owned_new(y, 0, CA_ROWS, CA_COLS, 1, 1);
+	DL_OK(dlshare_publish(c, a->name, ts, 2, &po, NULL));
+	SEND(a->to_c, 'p');
+	RECV(a->to_p, 'h');
+	t = owned_new(z, 0, CA_ROWS, CA_COLS, 0, 2);
+	DL_OK(dlshare_publish(c, a->name, &t, 1, &po, NULL));
+	SEND(a->to_c, '2');
+	/* Ours again: reuse it at once, as an allocator would. */
+	CHECK(wait_deleted(0, 1, 5000) == 1);
+	CU(cudaMemset(x, 0xff, CA_BYTES));
+	CU(cudaDeviceSynchronize());
+	SEND(a->to_c, 'w');
+	RECV(a->to_p, 'c');
+	dlshare_disconnect(c);
+	wait_no_importers(x);
+	wait_no_importers(y);
+	CU(cudaFree(x));
+	CU(cudaFree(z));
+	CU(cudaSetDevice(1));
+	CU(cudaFree(y));
+	return 0;
+}
+
+static int span_rel_consumer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	dlshare_get_opts go = { .select = DLSHARE_LATEST, .stream = NULL };
+	dlshare_bundle *b;
+	uint8_t *h;
+
+	CU(cudaSetDevice(0));
+	CU(cudaMallocHost((void **)&h, CA_BYTES)); /* so the copy is async */
+	memset(h, 0xa5, CA_BYTES);
+	RECV(a->to_c, 'p');
+	DL_OK(dlshare_get(c, a->name, &go, &b));
+	SEND(a->to_p, 'h');
+	RECV(a->to_c, '2');
+	set_delay_ms(300);
+	CU(cudaMemcpyAsync(h, dlshare_bundle_tensor(b, 0)->data, CA_BYTES,
+			   cudaMemcpyDeviceToHost, NULL));
+	dlshare_bundle_free(b);
+	if (chan_recv(a->to_c, 'w', 3000) != 0)
+		fprintf(stderr, "NOTE: the producer did not get version 1 "
+			"back within 3 s\n");
+	CU(cudaDeviceSynchronize());
+	set_delay_ms(1);
+	CHECK(pattern_diff(h, CA_BYTES, 91, "GPU 0 read after release") == 0);
+	CU(cudaFreeHost(h));
+	dlshare_disconnect(c);
+	SEND(a->to_p, 'c');
+	return 0;
+}
+
+static void release_spanning_two_gpus(void **state)
+{
+	struct two_chans a = { .name = "gpu/spanrel" };
+
+	(void)state;
+	if (!FAKE)
+		test_skip("a GPU copy of 64 KiB is done before the release");
+	need_gpus(2);
+	run_pair(&a, span_rel_producer, span_rel_consumer);
+}
+
 /* 11c. torchrun on an 8-GPU node: rank 3 sets device 3 and never touches
  * device 0 (each stray context costs hundreds of MiB there): not the
  * library's threads, not a thread of the application that calls it with
@@ -3112,6 +3202,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(publish_from_gpu1_while_current_is_gpu0,
 						setup_2gpu, teardown),
 		cmocka_unit_test_setup_teardown(version_spanning_two_gpus,
+						setup_2gpu, teardown),
+		cmocka_unit_test_setup_teardown(release_spanning_two_gpus,
 						setup_2gpu, teardown),
 		cmocka_unit_test_setup_teardown(torchrun_rank_never_touches_gpu0,
 						setup_8gpu, teardown),
