@@ -98,6 +98,33 @@ struct managed {
 	int64_t strides[CHECK_NDIM_MAX];
 };
 
+/* Adds to lr's release marker one on the default stream of each other
+ * device its CUDA buffers are on (or waits for that stream here). */
+static void mark_other_devices(struct lease_ref *lr, void *stream)
+{
+	for (size_t i = 0; i < lr->npins; i++) {
+		const struct ibuf *b = lr->pins[i];
+		int seen = b->ordinal == lr->ordinal;
+		void *m;
+
+		if (b->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC &&
+		    b->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM)
+			continue;
+		for (size_t j = 0; j < i && !seen; j++)
+			seen = lr->pins[j]->ordinal == b->ordinal &&
+			       (lr->pins[j]->kind ==
+				DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC ||
+				lr->pins[j]->kind ==
+				DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM);
+		if (seen)
+			continue;
+		if (cuda_event_mark(stream, b->ordinal, &m) == 0)
+			lr->event = cuda_chain_add(lr->event, m);
+		else
+			cuda_stream_wait_host(stream, b->ordinal);
+	}
+}
+
 static void lease_ref_unref(struct lease_ref *lr)
 {
 	dlshare_client *c;
@@ -128,6 +155,11 @@ static void lease_ref_unref(struct lease_ref *lr)
 		/* Without a marker, late rather than early: wait here. */
 		if (cuda_event_mark(stream, lr->ordinal, &lr->event) != 0)
 			cuda_stream_wait_host(stream, lr->ordinal);
+		/* The default streams are one per device: a version spanning
+		 * devices is released after each device's. */
+		if (stream == DLSHARE_STREAM_LEGACY || stream == NULL ||
+		    stream == DLSHARE_STREAM_PER_THREAD)
+			mark_other_devices(lr, stream);
 	}
 	if (lr->event) {
 		client_release_after(c, lr); /* frees lr */
@@ -355,7 +387,30 @@ int dlshare_get(dlshare_client *c, const char *name,
 			       r.npins)))
 		goto fail;
 	/* The consumer's stream waits for the producer's writes; the host
-	 * does not. */
+	 * does not. A version spanning devices (1.4) has an event per
+	 * device: each is waited for on its device (or on the one explicit
+	 * stream), and the chains form one group. */
+	for (size_t i = 0; b->cuda_ordinal >= 0 &&
+	     i < gr->n_device_events; i++) {
+		const Dlshare__DeviceEvent *de = gr->device_events[i];
+		void *ch = NULL;
+		int ord;
+
+		if (de->uuid.len != CUDA_UUID_BYTES ||
+		    de->handle.len != CUDA_IPC_HANDLE_BYTES) {
+			err = DLSHARE_EPROTO;
+			goto fail;
+		}
+		if ((ord = cuda_ordinal(de->uuid.data)) < 0) {
+			err = ord;
+			goto fail;
+		}
+		err = cuda_wait_event(de->handle.data, ord,
+				      (opts ? opts : &dflt)->stream, &ch);
+		if (err)
+			goto fail;
+		b->chain = cuda_chain_add(b->chain, ch);
+	}
 	if (b->cuda_ordinal >= 0 && gr->has_event_handle) {
 		if (gr->event_handle.len != CUDA_IPC_HANDLE_BYTES) {
 			err = DLSHARE_EPROTO;
@@ -378,6 +433,11 @@ int dlshare_get(dlshare_client *c, const char *name,
 	lr->ordinal = b->cuda_ordinal;
 	lr->npins = r.npins;
 	memcpy(lr->pins, r.pins, r.npins * sizeof(r.pins[0]));
+	/* kDLCUDAHost pages may be read by the consumer's kernels: their
+	 * release is ordered after its stream too, on the stream's device. */
+	for (size_t i = 0; i < lr->npins && lr->ordinal < 0; i++)
+		if (lr->pins[i]->cuda_host)
+			lr->ordinal = cuda_stream_ordinal(lr->stream);
 	r.npins = 0;
 	client_ref(c);
 	b->lr = lr;

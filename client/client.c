@@ -188,9 +188,13 @@ static int ibuf_map_host(struct ibuf *b, const Dlshare__Buffer *wb, int fd)
 		return client_errno(-errno);
 	}
 	/* kDLCUDAHost: the producer asks that readers register it with CUDA
-	 * too. */
+	 * too, read-only. Where that cannot be (no CUDA here, or a device
+	 * without read-only registration) the reader gets kDLCPU pages:
+	 * the data is the same. */
 	if (wb->device->type == kDLCUDAHost) {
 		e = cuda_host_register(b->base, wb->size, 1);
+		if (e == DLSHARE_ENOTSUP)
+			return 0;
 		if (e) {
 			munmap(b->base, wb->size);
 			b->base = NULL;
@@ -1128,6 +1132,7 @@ static int hello(dlshare_client *c)
 		c->goodbye = r.msg->frame->hello_reply->minor >= 2;
 		c->manifests = r.msg->frame->hello_reply->minor >= 4;
 		c->lifetimes = r.msg->frame->hello_reply->minor >= 4;
+		c->dev_events = r.msg->frame->hello_reply->minor >= 4;
 	}
 	reply_free(c, &r);
 	return err;

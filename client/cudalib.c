@@ -3,8 +3,10 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifdef DLSHARE_HAVE_CUDA
 
@@ -22,6 +24,12 @@
  * (so consumers find them in their caches); beyond this many they are
  * destroyed. */
 #define CUDA_EVENT_POOL 64
+/* Live interprocess events of ours (each live version's, and the pooled
+ * ones) at most: the driver limits them (where is not documented), so
+ * the library stays well below that. Beyond, a version is sealed with no
+ * event: the host waits for the producer's stream first, so the data is
+ * complete when a consumer sees it. DLSHARE_CUDA_IPC_EVENTS sets it. */
+#define CUDA_IPC_EVENTS_DEFAULT 1024
 
 /* The ABI asked of cuGetProcAddress: CUDA 12.0's, which every driver
  * since 525 has. For each base name the driver then hands out the newest
@@ -37,6 +45,7 @@
 	X(cuDeviceGetCount)                                         \
 	X(cuDeviceGet)                                              \
 	X(cuDeviceGetUuid)                                          \
+	X(cuDeviceGetAttribute)                                     \
 	X(cuDevicePrimaryCtxRetain)                                 \
 	X(cuDevicePrimaryCtxGetState)                               \
 	X(cuCtxGetCurrent)                                          \
@@ -81,7 +90,18 @@ static struct {
 	const char *why;
 } cu;
 
-static pthread_once_t once = PTHREAD_ONCE_INIT;
+/* Loading: once it succeeded, for good (loaded, then cu is read without
+ * a lock); a failure is tried again by a later call, at most every
+ * CUDA_LOAD_RETRY_NS (a driver that comes up after the process, a
+ * DLSHARE_CUDA_DRIVER set later, a device freed by another process), never
+ * cached for the life of the process. */
+#define CUDA_LOAD_RETRY_NS 1000000000LL
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int loaded;
+static int64_t load_tried_ns = -1;
+/* Live interprocess events of ours, and their cap. */
+static atomic_long ipc_events_live;
+static long ipc_events_max = CUDA_IPC_EVENTS_DEFAULT;
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* An event of this module: one we record for a version (interprocess,
@@ -91,7 +111,11 @@ struct cuda_event {
 	CUevent ev;
 	CUcontext ctx;
 	int ipc;
+	int ordinal;             /* ipc: the device it was recorded on */
 	uint8_t handle[CUDA_IPC_HANDLE_BYTES]; /* ipc: its handle */
+	struct cuda_event *next; /* a version's events per device: the next
+				  * device's (cuda_event_free and
+				  * cuda_event_wait take the whole group) */
 };
 
 struct event_entry {
@@ -203,6 +227,15 @@ static void load(void)
 	__typeof__(&cuGetProcAddress) getproc;
 	CUdriverProcAddressQueryResult found;
 
+	const char *cap = getenv("DLSHARE_CUDA_IPC_EVENTS");
+
+	if (cap && *cap) {
+		char *end;
+		long v = strtol(cap, &end, 10);
+
+		if (*end == '\0' && v > 0)
+			ipc_events_max = v;
+	}
 	cu.drv = cudaload_driver();
 	if (!cu.drv) {
 		cu.why = "the CUDA driver library (libcuda.so.1) cannot be "
@@ -244,12 +277,46 @@ static void load(void)
 	}
 }
 
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 int cuda_available(const char **why)
 {
-	pthread_once(&once, load);
+	const char *w;
+	int64_t now;
+
+	if (atomic_load_explicit(&loaded, memory_order_acquire)) {
+		if (why)
+			*why = "";
+		return 0;
+	}
+	pthread_mutex_lock(&load_lock);
+	now = now_ns();
+	if (!atomic_load_explicit(&loaded, memory_order_relaxed) &&
+	    (load_tried_ns < 0 || now - load_tried_ns >= CUDA_LOAD_RETRY_NS)) {
+		load_tried_ns = now;
+		/* A failed try's library stays open (closing a driver that
+		 * ran cuInit is not safe); dlopen hands it back counted. */
+		memset(&cu, 0, sizeof(cu));
+		load();
+		if (cu.ndev > 0)
+			atomic_store_explicit(&loaded, 1, memory_order_release);
+	}
+	w = cu.why;
+	pthread_mutex_unlock(&load_lock);
+	if (atomic_load_explicit(&loaded, memory_order_acquire)) {
+		if (why)
+			*why = "";
+		return 0;
+	}
 	if (why)
-		*why = cu.why ? cu.why : "";
-	return cu.ndev > 0 ? 0 : DLSHARE_ENOTSUP;
+		*why = w ? w : "";
+	return DLSHARE_ENOTSUP;
 }
 
 /* ---- contexts ------------------------------------------------------------ */
@@ -454,7 +521,35 @@ static void event_destroy(struct cuda_event *e)
 		cu.cuEventDestroy(e->ev);
 		ctx_leave(&sv);
 	}
+	if (e->ipc)
+		atomic_fetch_sub(&ipc_events_live, 1);
 	free(e);
+}
+
+/* A new interprocess event in ctx (current), within the cap: at the cap a
+ * pooled event of another context makes room. NULL beyond the cap, or
+ * when the driver refuses one (its own limit). */
+static struct cuda_event *ipc_event_new(CUcontext ctx)
+{
+	struct cuda_event *e, *victim = NULL;
+
+	if (atomic_fetch_add(&ipc_events_live, 1) >= ipc_events_max) {
+		pthread_mutex_lock(&cache_lock);
+		if (npool)
+			victim = pool[--npool];
+		pthread_mutex_unlock(&cache_lock);
+		/* Counted until destroyed: the count stays ours. */
+		if (victim) {
+			event_destroy(victim);
+		} else {
+			atomic_fetch_sub(&ipc_events_live, 1);
+			return NULL;
+		}
+	}
+	e = event_new(ctx, 1);
+	if (!e)
+		atomic_fetch_sub(&ipc_events_live, 1);
+	return e;
 }
 
 /* Joins the legacy (or per-thread) streams of devices ordinals[1..n-1]
@@ -492,7 +587,97 @@ static int join_devices(void *stream, const int *ordinals, size_t n,
 	return 0;
 }
 
-int cuda_event_record(void *stream, const int *ordinals, size_t n, void **evp,
+/* A pooled interprocess event of ctx, or NULL. */
+static struct cuda_event *pool_take(CUcontext ctx)
+{
+	struct cuda_event *e = NULL;
+
+	pthread_mutex_lock(&cache_lock);
+	for (unsigned i = npool; i-- > 0;)
+		if (pool[i]->ctx == ctx) {
+			e = pool[i];
+			pool[i] = pool[--npool];
+			break;
+		}
+	pthread_mutex_unlock(&cache_lock);
+	return e;
+}
+
+/* One interprocess event per device, each recorded on that device's
+ * default stream (stream is the legacy or per-thread one): a group, as
+ * one *evp. With no event to be had for one of them, none: the host waits
+ * for every device's stream instead (*evp NULL). */
+static int record_each(void *stream, const int *ordinals, size_t n,
+		       void **evp)
+{
+	struct cuda_event *head = NULL, **tail = &head;
+	CUipcEventHandle h;
+	int err = 0, none = 0;
+
+	for (size_t i = 0; i < n && !err && !none; i++) {
+		struct cuda_event *e;
+		struct ctx_saved sv;
+		CUcontext ctx;
+
+		if ((err = stream_ctx(stream, ordinals[i], &ctx)) ||
+		    (err = ctx_enter(ctx, &sv)))
+			break;
+		e = pool_take(ctx);
+		if (!e)
+			e = ipc_event_new(ctx);
+		if (!e) {
+			none = 1;
+		} else if (cu.cuEventRecord(e->ev, stream_of(stream)) !=
+			   CUDA_SUCCESS ||
+			   cu.cuIpcGetEventHandle(&h, e->ev) != CUDA_SUCCESS) {
+			err = DLSHARE_EINVAL;
+			event_destroy(e);
+		} else {
+			memcpy(e->handle, h.reserved, CUDA_IPC_HANDLE_BYTES);
+			e->ordinal = ordinals[i];
+			if ((err = own_add(e->handle, e->ev))) {
+				event_destroy(e);
+			} else {
+				*tail = e;
+				tail = &e->next;
+			}
+		}
+		ctx_leave(&sv);
+	}
+	if (err || none) {
+		cuda_event_free(head);
+		head = NULL;
+	}
+	/* Late, never early: the host waits for every device's stream. */
+	for (size_t i = 0; i < n && none && !err; i++) {
+		struct ctx_saved sv;
+		CUcontext ctx;
+
+		if ((err = stream_ctx(stream, ordinals[i], &ctx)) ||
+		    (err = ctx_enter(ctx, &sv)))
+			break;
+		if (cu.cuStreamSynchronize(stream_of(stream)) != CUDA_SUCCESS)
+			err = DLSHARE_EIO;
+		ctx_leave(&sv);
+	}
+	*evp = head;
+	return err;
+}
+
+size_t cuda_event_handles(void *ev, int *ordinals,
+			  uint8_t (*handles)[CUDA_IPC_HANDLE_BYTES], size_t max)
+{
+	size_t n = 0;
+
+	for (struct cuda_event *e = ev; e && n < max; e = e->next, n++) {
+		ordinals[n] = e->ordinal;
+		memcpy(handles[n], e->handle, CUDA_IPC_HANDLE_BYTES);
+	}
+	return n;
+}
+
+int cuda_event_record(void *stream, const int *ordinals, size_t n,
+		      int per_device, void **evp,
 		      uint8_t handle[CUDA_IPC_HANDLE_BYTES])
 {
 	struct cuda_event *e = NULL;
@@ -506,7 +691,17 @@ int cuda_event_record(void *stream, const int *ordinals, size_t n, void **evp,
 		return DLSHARE_ENOTSUP;
 	if (n == 0)
 		return DLSHARE_EINVAL;
-	/* Several devices behind the default streams: the event goes on the
+	*evp = NULL;
+	/* Several devices behind the default streams, and a daemon that
+	 * relays an event per device (1.4): one on each device's stream. */
+	if (n > 1 && special_stream(stream) && per_device) {
+		err = record_each(stream, ordinals, n, evp);
+		if (!err && *evp)
+			memcpy(handle, ((struct cuda_event *)*evp)->handle,
+			       CUDA_IPC_HANDLE_BYTES);
+		return err;
+	}
+	/* Else the event goes on the
 	 * library's stream of the first device, made to wait for every
 	 * device's default stream. One explicit stream names where all the
 	 * writes were queued. */
@@ -525,16 +720,14 @@ int cuda_event_record(void *stream, const int *ordinals, size_t n, void **evp,
 	/* A pooled event is named by no live version: it may be recorded
 	 * again (consumers that still have it open wait on the newest
 	 * record, as of their wait). Only one of this context will do. */
-	pthread_mutex_lock(&cache_lock);
-	for (unsigned i = npool; i-- > 0;)
-		if (pool[i]->ctx == ctx) {
-			e = pool[i];
-			pool[i] = pool[--npool];
-			break;
-		}
-	pthread_mutex_unlock(&cache_lock);
-	if (!e && !(e = event_new(ctx, 1))) {
-		err = DLSHARE_ENOMEM;
+	e = pool_take(ctx);
+	if (!e && !(e = ipc_event_new(ctx))) {
+		/* No event to be had (the cap, ours or the driver's): the
+		 * host waits for the writes instead, and the version goes
+		 * without one. Late, never early. */
+		if (cu.cuStreamSynchronize(on) != CUDA_SUCCESS)
+			err = DLSHARE_EIO;
+		*evp = NULL;
 		goto out;
 	}
 	if (cu.cuEventRecord(e->ev, on) != CUDA_SUCCESS ||
@@ -544,6 +737,7 @@ int cuda_event_record(void *stream, const int *ordinals, size_t n, void **evp,
 	}
 	memcpy(e->handle, h.reserved, CUDA_IPC_HANDLE_BYTES);
 	memcpy(handle, h.reserved, CUDA_IPC_HANDLE_BYTES);
+	e->ordinal = ordinals[0];
 	if ((err = own_add(handle, e->ev)))
 		goto out;
 	*evp = e;
@@ -556,11 +750,16 @@ out:
 
 void cuda_event_free(void *ev)
 {
-	struct cuda_event *e = ev;
+	struct cuda_event *e = ev, *next;
 	int pooled = 0;
 
 	if (!e || cuda_available(NULL))
 		return;
+	/* A group: each device's event goes its own way. */
+	next = e->next;
+	e->next = NULL;
+	if (next)
+		cuda_event_free(next);
 	own_del(e->handle);
 	/* Pooled only in a primary context of ours: those live as long as
 	 * the process, while an application's own context may be destroyed
@@ -869,27 +1068,46 @@ int cuda_wait_event(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
 		event_destroy(mark);
 		return err;
 	}
+	mark->ordinal = ordinal;
 	*chain = mark;
 	return 0;
 }
 
-int cuda_wait_chain(void *chain, int ordinal, void *stream)
+void *cuda_chain_add(void *chain, void *more)
 {
 	struct cuda_event *e = chain;
+
+	if (!e)
+		return more;
+	while (e->next)
+		e = e->next;
+	e->next = more;
+	return chain;
+}
+
+int cuda_wait_chain(void *chain, int ordinal, void *stream)
+{
 	struct ctx_saved sv;
 	CUcontext sc;
-	int err;
+	int err = 0;
 
-	if (stream == DLSHARE_STREAM_NONE || !e)
+	if (stream == DLSHARE_STREAM_NONE || !chain)
 		return 0;
 	if (cuda_available(NULL))
 		return DLSHARE_ENOTSUP;
-	if ((err = stream_ctx(stream, ordinal, &sc)) ||
-	    (err = ctx_enter(sc, &sv)))
-		return err;
-	if (cu.cuStreamWaitEvent(stream_of(stream), e->ev, 0) != CUDA_SUCCESS)
-		err = DLSHARE_EINVAL;
-	ctx_leave(&sv);
+	/* A group (events per device): each on the default stream of its
+	 * own device (a chain knows it: cuda_wait_event's ordinal), or all
+	 * on the one explicit stream. */
+	(void)ordinal;
+	for (struct cuda_event *e = chain; e && !err; e = e->next) {
+		if ((err = stream_ctx(stream, e->ordinal, &sc)) ||
+		    (err = ctx_enter(sc, &sv)))
+			return err;
+		if (cu.cuStreamWaitEvent(stream_of(stream), e->ev, 0) !=
+		    CUDA_SUCCESS)
+			err = DLSHARE_EINVAL;
+		ctx_leave(&sv);
+	}
 	return err;
 }
 
@@ -925,6 +1143,20 @@ int cuda_host_register(void *p, size_t n, int readonly)
 		return DLSHARE_ENOTSUP;
 	if ((err = host_enter(&sv)))
 		return err;
+	/* Read-only registration is a device capability: where it is
+	 * missing the reader gets the pages as plain host memory. */
+	if (readonly) {
+		CUdevice d;
+		int ok = 0;
+
+		if (cu.cuCtxGetDevice(&d) != CUDA_SUCCESS ||
+		    cu.cuDeviceGetAttribute(&ok,
+			CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED,
+			d) != CUDA_SUCCESS || !ok) {
+			ctx_leave(&sv);
+			return DLSHARE_ENOTSUP;
+		}
+	}
 	if (cu.cuMemHostRegister(p, n, flags) != CUDA_SUCCESS)
 		err = DLSHARE_EINVAL;
 	ctx_leave(&sv);
@@ -939,6 +1171,23 @@ void cuda_host_unregister(void *p)
 		return;
 	cu.cuMemHostUnregister(p);
 	ctx_leave(&sv);
+}
+
+int cuda_stream_ordinal(void *stream)
+{
+	CUcontext c = NULL;
+
+	if (stream == DLSHARE_STREAM_NONE || cuda_available(NULL))
+		return -1;
+	if (!special_stream(stream)) {
+		if (cu.cuStreamGetCtx((CUstream)stream, &c) != CUDA_SUCCESS)
+			return -1;
+	} else if (cu.cuCtxGetCurrent(&c) != CUDA_SUCCESS || !c) {
+		/* No context current: this thread queued nothing on a
+		 * default stream. */
+		return -1;
+	}
+	return ctx_ordinal(c);
 }
 
 /* ---- release markers -------------------------------------------------------- */
@@ -974,6 +1223,9 @@ int cuda_event_done(void *ev)
 	struct ctx_saved sv;
 	CUresult r;
 
+	/* A group (marks on several devices): done when each is. */
+	if (e->next && !cuda_event_done(e->next))
+		return 0;
 	/* Its context is gone (destroyed by the application), and the work
 	 * queued in it with it. */
 	if (ctx_enter(e->ctx, &sv))
@@ -991,18 +1243,22 @@ int cuda_event_done(void *ev)
 
 void cuda_event_wait(void *ev)
 {
-	struct cuda_event *e = ev;
 	struct ctx_saved sv;
 
-	if (!e || ctx_enter(e->ctx, &sv))
-		return;
-	cu.cuEventSynchronize(e->ev);
-	ctx_leave(&sv);
+	for (struct cuda_event *e = ev; e; e = e->next) {
+		if (ctx_enter(e->ctx, &sv))
+			continue;
+		cu.cuEventSynchronize(e->ev);
+		ctx_leave(&sv);
+	}
 }
 
 void cuda_event_drop(void *ev)
 {
-	event_destroy(ev);
+	for (struct cuda_event *e = ev, *next; e; e = next) {
+		next = e->next;
+		event_destroy(e);
+	}
 }
 
 void cuda_stream_wait_host(void *stream, int ordinal)
@@ -1164,6 +1420,11 @@ void cuda_stream_wait_host(void *stream, int ordinal)
 {
 }
 
+int cuda_stream_ordinal(void *stream)
+{
+	return -1;
+}
+
 
 int cuda_available(const char **why)
 {
@@ -1177,10 +1438,17 @@ int cuda_export_alloc(const void *p, struct cuda_alloc *out)
 	return DLSHARE_ENOTSUP;
 }
 
-int cuda_event_record(void *stream, const int *ordinals, size_t n, void **ev,
+int cuda_event_record(void *stream, const int *ordinals, size_t n,
+		      int per_device, void **ev,
 		      uint8_t handle[CUDA_IPC_HANDLE_BYTES])
 {
 	return DLSHARE_ENOTSUP;
+}
+
+size_t cuda_event_handles(void *ev, int *ordinals,
+			  uint8_t (*handles)[CUDA_IPC_HANDLE_BYTES], size_t max)
+{
+	return 0;
 }
 
 void cuda_event_free(void *ev)
@@ -1231,6 +1499,11 @@ int cuda_wait_event(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
 int cuda_wait_chain(void *chain, int ordinal, void *stream)
 {
 	return stream == DLSHARE_STREAM_NONE ? 0 : DLSHARE_ENOTSUP;
+}
+
+void *cuda_chain_add(void *chain, void *more)
+{
+	return chain ? chain : more;
 }
 
 #endif

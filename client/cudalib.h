@@ -63,9 +63,20 @@ void cuda_unexport_alloc(const uint8_t handle[CUDA_IPC_HANDLE_BYTES]);
  * stream of the library's. Its handle goes in *handle. The event must stay
  * alive and unrecorded while a version names it: the caller keeps *ev and
  * frees it with cuda_event_free() once no version does, which pools it
- * (by context) for a later record. Returns 0 or a DLSHARE_E* code. */
-int cuda_event_record(void *stream, const int *ordinals, size_t n, void **ev,
+ * (by context) for a later record. Beyond DLSHARE_CUDA_IPC_EVENTS live
+ * interprocess events (default 1024), or when the driver makes no more,
+ * the host waits for the stream instead: 0 with *ev NULL and no handle,
+ * and the version needs no event. Returns 0 or a DLSHARE_E* code. */
+int cuda_event_record(void *stream, const int *ordinals, size_t n,
+		      int per_device, void **ev,
 		      uint8_t handle[CUDA_IPC_HANDLE_BYTES]);
+/* With per_device (the daemon relays events per device: protocol 1.4),
+ * several devices and the legacy or per-thread stream, cuda_event_record
+ * records instead one event on each device's stream, in its context (no
+ * join), and *ev stands for the group (handle is the first's). This lists
+ * a group's devices and handles, at most max; 1 for a single event. */
+size_t cuda_event_handles(void *ev, int *ordinals,
+			  uint8_t (*handles)[CUDA_IPC_HANDLE_BYTES], size_t max);
 void cuda_event_free(void *ev);
 /* Destroys the pooled events and the library's streams (cuda_event_free
  * keeps some events for reuse). */
@@ -111,21 +122,34 @@ void cuda_cache_stats(unsigned long *open_now, unsigned long *opened_total);
 int cuda_wait_event(const uint8_t handle[CUDA_IPC_HANDLE_BYTES], int ordinal,
 		    void *stream, void **chain);
 /* Makes stream wait for chain (a no-op for DLSHARE_STREAM_NONE). Returns
- * 0 or a DLSHARE_E* code. */
+ * 0 or a DLSHARE_E* code. A group of chains (cuda_chain_add, one per
+ * device of a version with events per device) is waited for whole: the
+ * legacy and per-thread streams of each chain's own device. */
 int cuda_wait_chain(void *chain, int ordinal, void *stream);
+/* Appends chain more to chain (either may be NULL); returns the group,
+ * which cuda_event_drop() drops whole. */
+void *cuda_chain_add(void *chain, void *more);
 
 /* Registers host memory [p, p+n) with CUDA (pinned, device-accessible),
- * read-only when readonly. Returns 0 or a DLSHARE_E* code (DLSHARE_ENOTSUP
- * without CUDA). */
+ * read-only when readonly. Returns 0 or a DLSHARE_E* code: DLSHARE_ENOTSUP
+ * without CUDA, and for readonly where the device cannot register host
+ * memory read-only (CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED
+ * says 0): the caller then uses the pages as plain host memory. */
 int cuda_host_register(void *p, size_t n, int readonly);
 void cuda_host_unregister(void *p);
+
+/* The local device ordinal of stream's context (DLPack stream rules; the
+ * legacy and per-thread streams: the current context's), or -1 (none
+ * current, DLSHARE_STREAM_NONE, no CUDA). Creates no context. */
+int cuda_stream_ordinal(void *stream);
 
 /* A plain (not interprocess) event recorded on stream, in the stream's
  * context (the legacy and per-thread streams: device ordinal's), to learn
  * when the consumer's queued work is done. Returns 0 with *ev, or a
  * DLSHARE_E* code. */
 int cuda_event_mark(void *stream, int ordinal, void **ev);
-/* 1 when the event completed, 0 while pending. Asked in the event's own
+/* 1 when the event (each of a group: cuda_chain_add) completed, 0 while
+ * pending. Asked in the event's own
  * context; when the question fails, this waits for the event on the host
  * before it says 1, so that no work is ever taken as done early. */
 int cuda_event_done(void *ev);

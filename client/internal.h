@@ -99,6 +99,7 @@ struct dlshare_client {
 	int goodbye;             /* ...and Goodbye (1.2) */
 	int manifests;           /* ...and manifest memfds (1.4) */
 	int lifetimes;           /* ...and name lifetimes (1.4) */
+	int dev_events;          /* ...and events per device (1.4) */
 	uint64_t calls;          /* calls begun, to tell the receiver thread
 				  * whether callers are around */
 	int closed;              /* dlshare_disconnect() began */

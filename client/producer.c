@@ -534,19 +534,30 @@ int dlshare_seal(dlshare_writer *w, void *stream, uint64_t *version)
 	if (w->dev) {
 		/* Consumers' streams will wait for what the producer's
 		 * stream has queued so far: the host does not. */
-		err = cuda_event_record(stream, &w->ordinal, 1, &event,
+		err = cuda_event_record(stream, &w->ordinal, 1, 0, &event,
 					event_handle);
-		if (!err && !(kept = seal_event_keep(w, event)))
+		if (!err && event && !(kept = seal_event_keep(w, event)))
 			err = DLSHARE_ENOMEM;
 		if (err) {
 			cuda_event_free(event);
 			dlshare_writer_abort(w);
 			return err;
 		}
-		s.has_event_handle = 1;
+		/* No event (beyond the cap): the host waited. */
+		s.has_event_handle = event != NULL;
 		s.event_handle.data = event_handle;
 		s.event_handle.len = CUDA_IPC_HANDLE_BYTES;
 	} else {
+		/* kDLCUDAHost: the producer's stream may still be copying
+		 * into the pages, and host readers have no event to wait
+		 * for: the seal waits for that stream first (and the pages
+		 * stay registered until then). */
+		if (w->cuda_host && stream != DLSHARE_STREAM_NONE) {
+			int ord = cuda_stream_ordinal(stream);
+
+			if (ord >= 0)
+				cuda_stream_wait_host(stream, ord);
+		}
 		/* The daemon can only write-seal a memfd nobody maps
 		 * writable. */
 		writer_unmap(w);
@@ -838,6 +849,12 @@ static int publish_export(dlshare_client *c, const char *name,
 	struct export *e = NULL;
 	unsigned nb = 0, nfds = 0, ncuda = 0, nord = 0;
 	int ordinals[CLIENT_PINS_MAX];
+	/* 1.4: the version's events per device. */
+	Dlshare__DeviceEvent dev_ev[CLIENT_PINS_MAX], *dev_evp[CLIENT_PINS_MAX];
+	uint8_t ev_handles[CLIENT_PINS_MAX][CUDA_IPC_HANDLE_BYTES];
+	uint8_t ev_uuids[CLIENT_PINS_MAX][CUDA_UUID_BYTES];
+	int ev_ord[CLIENT_PINS_MAX];
+	size_t nev = 0;
 	void *event = NULL;
 	struct reply r;
 	char msg[160];
@@ -928,11 +945,29 @@ static int publish_export(dlshare_client *c, const char *name,
 	/* Consumers' streams will wait for what the producer's stream has
 	 * queued so far: the data is ready when their kernels run. */
 	if (ncuda) {
-		err = cuda_event_record(o->stream, ordinals, nord, &event,
-					event_handle);
+		err = cuda_event_record(o->stream, ordinals, nord,
+					c->dev_events, &event, event_handle);
 		if (err)
 			goto out;
-		p.has_event_handle = 1;
+		nev = event ? cuda_event_handles(event, ev_ord, ev_handles,
+						 CLIENT_PINS_MAX) : 0;
+		/* No event (beyond the cap): the host waited. One per
+		 * device (1.4): they go instead of the one. */
+		p.has_event_handle = nev == 1;
+		for (size_t i = 0; nev > 1 && i < nev; i++) {
+			dlshare__device_event__init(&dev_ev[i]);
+			dev_evp[i] = &dev_ev[i];
+			if ((err = cuda_uuid(ev_ord[i], ev_uuids[i])))
+				goto out;
+			dev_ev[i].uuid.data = ev_uuids[i];
+			dev_ev[i].uuid.len = CUDA_UUID_BYTES;
+			dev_ev[i].handle.data = ev_handles[i];
+			dev_ev[i].handle.len = CUDA_IPC_HANDLE_BYTES;
+		}
+		if (nev > 1) {
+			p.n_device_events = nev;
+			p.device_events = dev_evp;
+		}
 		p.event_handle.data = event_handle;
 		p.event_handle.len = CUDA_IPC_HANDLE_BYTES;
 	}

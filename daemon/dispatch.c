@@ -104,6 +104,8 @@ static void handle_publish(struct peer *peer, const Dlshare__Frame *f,
 		.buffers = m->buffers, .nbuffers = m->n_buffers,
 		.event_handle = m->has_event_handle ? m->event_handle.data : NULL,
 		.event_len = m->has_event_handle ? m->event_handle.len : 0,
+		.dev_events = m->device_events,
+		.ndev_events = m->n_device_events,
 	};
 	Dlshare__Frame out = DLSHARE__FRAME__INIT;
 	Dlshare__PublishReply r = DLSHARE__PUBLISH_REPLY__INIT;

@@ -40,6 +40,8 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v)
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__GetReply r = DLSHARE__GET_REPLY__INIT;
 	int attach[REGISTRY_BUFFERS_HARD_MAX];
+	Dlshare__DeviceEvent dev[REGISTRY_BUFFERS_HARD_MAX];
+	Dlshare__DeviceEvent *devp[REGISTRY_BUFFERS_HARD_MAX];
 	struct encode_version w;
 	const char *why = NULL;
 	struct lease *l;
@@ -51,6 +53,19 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v)
 				"in a manifest memfd (protocol 1.4); this client "
 				"speaks 1.%u", v->entry->name,
 				(unsigned long long)v->number, v->ntensors,
+				peer->minor);
+		return;
+	}
+	/* A version with an event per device (1.4) cannot be waited for
+	 * by a reader that knows one event only: refused, never handed
+	 * over half-synchronised. */
+	if (v->ndev_events && peer->minor < 4) {
+		conn_send_error(&peer->conn, id, DLSHARE_EVERSION,
+				"get %s: version %llu spans %u devices with an "
+				"event each, which needs protocol 1.4 (this "
+				"client speaks %u.%u)", v->entry->name,
+				(unsigned long long)v->number,
+				(unsigned)v->ndev_events, WIRE_PROTO_MAJOR,
 				peer->minor);
 		return;
 	}
@@ -96,6 +111,18 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v)
 		r.event_handle.data = v->event_handle;
 		r.event_handle.len = v->event_len;
 	}
+	for (size_t i = 0; i < v->ndev_events; i++) {
+		uint8_t *de = v->dev_events + i * REGISTRY_DEV_EVENT_LEN;
+
+		dlshare__device_event__init(&dev[i]);
+		dev[i].uuid.data = de;
+		dev[i].uuid.len = REGISTRY_UUID_LEN;
+		dev[i].handle.data = de + REGISTRY_UUID_LEN;
+		dev[i].handle.len = REGISTRY_HANDLE_MAX;
+		devp[i] = &dev[i];
+	}
+	r.n_device_events = v->ndev_events;
+	r.device_events = devp;
 	f.id = id;
 	f.body_case = DLSHARE__FRAME__BODY_GET_REPLY;
 	f.get_reply = &r;

@@ -321,6 +321,7 @@ static void version_destroy(struct registry *r, struct version *v)
 	if (retire && r->ops && r->ops->retired)
 		r->ops->retired(r->ud, producer, e->name, number);
 	free(v->event_handle);
+	free(v->dev_events);
 	free(v); /* its tensors, buffers, dims and keys with it */
 	entry_maybe_free(r, e);
 }
@@ -458,6 +459,40 @@ void registry_deinit(struct registry *r)
 	}
 }
 
+/* 1.4: a version's events per device (an export spanning devices). Each
+ * names, by UUID, a distinct device of one of its buffers, and carries a
+ * whole event handle; they replace the one event_handle. */
+static int check_dev_events(const struct registry_spec *s)
+{
+	if (!s->ndev_events)
+		return 0;
+	if (s->event_len || s->ndev_events > s->nbuffers)
+		return -EINVAL;
+	for (size_t i = 0; i < s->ndev_events; i++) {
+		const Dlshare__DeviceEvent *de = s->dev_events[i];
+		int found = 0;
+
+		if (de->uuid.len != REGISTRY_UUID_LEN ||
+		    de->handle.len != REGISTRY_HANDLE_MAX)
+			return -EINVAL;
+		for (size_t j = 0; j < i; j++)
+			if (memcmp(s->dev_events[j]->uuid.data, de->uuid.data,
+				   REGISTRY_UUID_LEN) == 0)
+				return -EINVAL;
+		for (size_t b = 0; b < s->nbuffers && !found; b++) {
+			const Dlshare__Device *dv = s->buffers[b]->device;
+
+			found = dv && dv->has_uuid &&
+				dv->uuid.len == REGISTRY_UUID_LEN &&
+				memcmp(dv->uuid.data, de->uuid.data,
+				       REGISTRY_UUID_LEN) == 0;
+		}
+		if (!found)
+			return -EINVAL;
+	}
+	return 0;
+}
+
 static int spec_check(struct registry *r, const struct registry_spec *s,
 		      int exported, uint64_t *sizes, uint64_t *owned,
 		      uint64_t *gpu, const char **why)
@@ -479,6 +514,8 @@ static int spec_check(struct registry *r, const struct registry_spec *s,
 		return -E2BIG;
 	if (s->event_len > REGISTRY_HANDLE_MAX)
 		return -EINVAL;
+	if ((err = check_dev_events(s)))
+		return err;
 	for (size_t i = 0; i < s->nbuffers; i++) {
 		const Dlshare__Buffer *b = s->buffers[i];
 
@@ -905,6 +942,20 @@ int registry_add(struct registry *r, struct registry_owner *o,
 		memcpy(v->event_handle, s->event_handle, s->event_len);
 		v->event_len = (uint8_t)s->event_len;
 	}
+	if (s->ndev_events) {
+		v->dev_events = malloc(s->ndev_events * REGISTRY_DEV_EVENT_LEN);
+		if (!v->dev_events)
+			goto fail_version;
+		for (size_t i = 0; i < s->ndev_events; i++) {
+			uint8_t *d = v->dev_events + i * REGISTRY_DEV_EVENT_LEN;
+
+			memcpy(d, s->dev_events[i]->uuid.data, REGISTRY_UUID_LEN);
+			memcpy(d + REGISTRY_UUID_LEN,
+			       s->dev_events[i]->handle.data,
+			       REGISTRY_HANDLE_MAX);
+		}
+		v->ndev_events = (uint8_t)s->ndev_events;
+	}
 	v->mode = e->mode;
 	v->number = e->last_number + 1;
 	v->producer = o;
@@ -949,6 +1000,8 @@ int registry_add(struct registry *r, struct registry_owner *o,
 	return 0;
 
 fail_version:
+	free(v->event_handle);
+	free(v->dev_events);
 	free(v);
 fail_entry:
 	if (fresh) {

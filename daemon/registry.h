@@ -21,6 +21,10 @@
 #include "dlshare.pb-c.h"
 
 #define REGISTRY_HANDLE_MAX 64u /* bytes of a CUDA IPC mem/event handle */
+/* Protocol 1.4, a version spanning devices: one event per device, stored
+ * as the device's UUID then its event handle (REGISTRY_HANDLE_MAX bytes). */
+#define REGISTRY_UUID_LEN 16u
+#define REGISTRY_DEV_EVENT_LEN (REGISTRY_UUID_LEN + REGISTRY_HANDLE_MAX)
 
 struct registry;
 struct version;
@@ -127,6 +131,9 @@ struct version {
 	struct rbuffer **buffers;              /* nbuffers of them */
 	uint8_t *event_handle;   /* event_len bytes, an allocation of its
 				  * own (set at seal); NULL when none */
+	uint8_t *dev_events;     /* 1.4: ndev_events entries of
+				  * REGISTRY_DEV_EVENT_LEN bytes; NULL when
+				  * none */
 	struct lease *lease_list;              /* the leases on it */
 	struct version *prev, *next;           /* entry->versions */
 	struct version *oprev, *onext;         /* producer->versions */
@@ -143,6 +150,7 @@ struct version {
 	uint16_t mode;
 	uint8_t nbuffers;        /* <= REGISTRY_BUFFERS_HARD_MAX */
 	uint8_t event_len;       /* <= REGISTRY_HANDLE_MAX */
+	uint8_t ndev_events;     /* <= its CUDA buffers */
 	uint8_t state;           /* enum version_state */
 	uint8_t exported;        /* producer memory: retired back to it */
 	uint8_t publishing;      /* in ops->published */
@@ -408,6 +416,8 @@ struct registry_spec {
 	int *fds;                /* one per buffer, -1 where none */
 	const uint8_t *event_handle;
 	size_t event_len;
+	Dlshare__DeviceEvent **dev_events; /* 1.4 export: one per device */
+	size_t ndev_events;
 	int precheck;            /* registry_precheck: cuda-vmm buffers'
 				  * fds are not made yet */
 	struct registry_manifest *manifest; /* NULL: tensors, else none */

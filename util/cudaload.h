@@ -11,8 +11,9 @@
 #include <dlfcn.h>
 
 /* A dlopen(RTLD_NOW | RTLD_LOCAL) handle of the driver (libcuda.so.1) or
- * the runtime (libcudart), or NULL. Any thread; each call opens again (a
- * counted reference, as dlopen does). */
+ * the runtime (libcudart: the newest whose cudaGetDeviceCount works with
+ * this driver), or NULL. Any thread; each call opens again (a counted
+ * reference, as dlopen does). */
 void *cudaload_driver(void);
 void *cudaload_runtime(void);
 /* The library $env names, else the first of names that dlopen finds. */

@@ -855,7 +855,7 @@ FC_API cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, 
     case cudaDevAttrUnifiedAddressing: *value = 1; break;
     case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
     case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
-    case cudaDevAttrManagedMemory: *value = 0; break;
+    case cudaDevAttrManagedMemory: *value = 1; break;
     case cudaDevAttrConcurrentManagedAccess: *value = 0; break;
     case cudaDevAttrCanUseHostPointerForRegisteredMem: *value = 1; break;
     case cudaDevAttrHostRegisterSupported: *value = 1; break;
@@ -990,6 +990,7 @@ FC_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevic
         *pi = fc_vmm_fd_supported();
         break;
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *pi = 1; break;
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: *pi = 1; break;
     case CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED: *pi = 1; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: *pi = g_fc.compute_mode[phys]; break;
     case CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: *pi = fc_host_register_readonly_supported(); break;

@@ -103,7 +103,7 @@ _Static_assert(sizeof(struct fc_ipc_wire) == 64, "IPC handle is 64 bytes");
 enum fc_range_kind {
     FC_R_MALLOC,  /* cudaMalloc: memfd, exportable with cudaIpcGetMemHandle */
     FC_R_IMPORT,  /* cudaIpcOpenMemHandle */
-    FC_R_POOL,    /* cudaMallocAsync: device memory that is not IPC-capable */
+    FC_R_POOL,    /* cudaMallocAsync, cudaMallocManaged: device memory that is not IPC-capable */
     FC_R_VMM,     /* one cuMemMap mapping */
     FC_R_HOST,    /* cudaHostRegister'd or cudaMallocHost'd host memory */
 };
@@ -151,6 +151,9 @@ struct fc_range {
     struct fc_vmm *vmm;
     struct fc_resv *resv;
     int prot;               /* PROT_* set by cuMemSetAccess */
+
+    /* POOL */
+    bool managed;           /* cudaMallocManaged (freed by cudaFree only) */
 
     /* HOST */
     bool host_alloc;        /* cudaMallocHost (else cudaHostRegister) */

@@ -238,6 +238,42 @@ FC_API cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStr
     return cudaSuccess;
 }
 
+/* ---- managed memory: cudaMallocManaged -------------------------------------------- */
+
+/* Managed memory is device memory to the pointer queries (IS_MANAGED says
+ * 1) that legacy IPC cannot export, as on CUDA; like all of the fake's
+ * device memory the host can touch it too. It lives on the current
+ * device, in the current context. */
+FC_API cudaError_t cudaMallocManaged(void **devPtr, size_t size, unsigned int flags)
+{
+    cudaError_t e = fc_rt_enter();
+    if (e)
+        return fc_rt_err(e);
+    if (!devPtr || (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost))
+        return fc_rt_err(cudaErrorInvalidValue);
+    FC_COUNT(malloc_calls);
+    if (size == 0)
+        return fc_rt_err(cudaErrorInvalidValue);
+    size_t len = fc_round_page(size);
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return fc_rt_err(cudaErrorMemoryAllocation);
+    struct fc_range *r = fc_range_new(FC_R_POOL, p, size, fc_phys_of_ordinal(fc_current_device()));
+    if (!r) {
+        munmap(p, len);
+        return fc_rt_err(cudaErrorMemoryAllocation);
+    }
+    r->map_len = len;
+    r->managed = true;
+    r->ctx = fc_ctx_current();
+    pthread_mutex_lock(&g_fc.mu);
+    fc_range_insert(r);
+    pthread_mutex_unlock(&g_fc.mu);
+    FC_COUNT(live_allocations);
+    *devPtr = p;
+    return cudaSuccess;
+}
+
 void fc_pool_free_now(void *ptr)
 {
     pthread_mutex_lock(&g_fc.mu);
@@ -260,7 +296,7 @@ FC_API cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream)
         return cudaSuccess;
     pthread_mutex_lock(&g_fc.mu);
     struct fc_range *r = fc_range_find((uintptr_t)devPtr);
-    bool ok = r && r->kind == FC_R_POOL && r->base == (uintptr_t)devPtr;
+    bool ok = r && r->kind == FC_R_POOL && !r->managed && r->base == (uintptr_t)devPtr;
     pthread_mutex_unlock(&g_fc.mu);
     if (!ok)
         return fc_rt_err(cudaErrorInvalidValue);
@@ -732,7 +768,7 @@ FC_API cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attrib
         attributes->devicePointer = (void *)ptr;
         attributes->hostPointer = (void *)ptr;
     } else {
-        attributes->type = cudaMemoryTypeDevice;
+        attributes->type = r->managed ? cudaMemoryTypeManaged : cudaMemoryTypeDevice;
         attributes->device = fc_ordinal_of_phys(r->phys_dev);
         attributes->devicePointer = (void *)ptr;
         attributes->hostPointer = NULL;
@@ -801,7 +837,7 @@ FC_API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute,
         *(unsigned long long *)data = r->buffer_id;
         break;
     case CU_POINTER_ATTRIBUTE_IS_MANAGED:
-        *(int *)data = 0;
+        *(int *)data = r->managed;
         break;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
         *(int *)data = ordinal;

@@ -864,6 +864,10 @@ struct two_chans {
 	int per_thread;          /* the consumer reads on its per-thread
 				  * stream, in a thread, and drops the
 				  * tensor on another one */
+	int ro_off;              /* kDLCUDAHost: the consumer's devices
+				  * cannot register host memory read-only */
+	int driver_cap;          /* the driver's cap on interprocess events
+				  * is met before the library's */
 };
 
 /* Runs a producer and a consumer child on a, which gets its channels here,
@@ -1603,8 +1607,12 @@ static void daemon_killed_tensor_survives(void **state)
 /* 8. Memory legacy IPC cannot export (a pool allocation).                  */
 /* ======================================================================== */
 
+/* arg: NULL for pool memory (cudaMallocAsync), non-NULL for managed memory
+ * (cudaMallocManaged): neither is legacy-IPC memory (issue 13, defect 8:
+ * managed memory gave DLSHARE_EINVAL, not the documented copy). */
 static int pool_child(void *arg)
 {
+	const char *name = arg ? "gpu/managed" : "gpu/pool";
 	dlshare_client *c = child_connect();
 	dlshare_publish_opts po = { .flags = DLSHARE_PUBLISH_NO_COPY };
 	dlshare_name_info info;
@@ -1614,18 +1622,20 @@ static int pool_child(void *arg)
 	uint64_t v = 77;
 	char *p;
 
-	(void)arg;
 	CU(cudaStreamCreate(&s));
-	CU(cudaMallocAsync((void **)&p, CA_BYTES, s));
+	if (arg)
+		CU(cudaMallocManaged((void **)&p, CA_BYTES, cudaMemAttachGlobal));
+	else
+		CU(cudaMallocAsync((void **)&p, CA_BYTES, s));
 	set_delay_ms(1);
 	CU(cudaMemsetAsync(p, 1, CA_BYTES, s));
 	t = owned_new(p, 0, CA_ROWS, CA_COLS, 0, 0);
 	po.stream = s;
-	DL_ERR(dlshare_publish(c, "gpu/pool", &t, 1, &po, &v), DLSHARE_ECOPY);
+	DL_ERR(dlshare_publish(c, name, &t, 1, &po, &v), DLSHARE_ECOPY);
 	CHECK(atomic_load(&g_deleted[0]) == 0);
 	/* Refused: nothing was published, nothing was left behind. */
 	CHECK(v == 77);
-	DL_ERR(dlshare_stat(c, "gpu/pool", &info, NULL), DLSHARE_ENOENT);
+	DL_ERR(dlshare_stat(c, name, &info, NULL), DLSHARE_ENOENT);
 	DL_OK(dlshare_stats_get(c, &st));
 	CHECK(st.versions == 0 && st.buffers == 0 && st.leases == 0);
 #if FAKE
@@ -1636,11 +1646,16 @@ static int pool_child(void *arg)
 	 * the producer's stream, and the deleter runs once that is done. */
 	put_pattern(p, CA_BYTES, 303, s);
 	po.flags = 0;
-	DL_OK(dlshare_publish(c, "gpu/pool", &t, 1, &po, &v));
+	DL_OK(dlshare_publish(c, name, &t, 1, &po, &v));
 	CHECK(v == 1);
 	CHECK(atomic_load(&g_deleted[0]) == 1);
-	CU(cudaFreeAsync(p, s));
-	DL_OK(dlshare_stat(c, "gpu/pool", &info, NULL));
+	if (arg) {
+		CU(cudaStreamSynchronize(s));
+		CU(cudaFree(p));
+	} else {
+		CU(cudaFreeAsync(p, s));
+	}
+	DL_OK(dlshare_stat(c, name, &info, NULL));
 	CHECK(info.kind == DLSHARE_KIND_CUDA_VMM && !info.exported);
 	dlshare_disconnect(c);
 	CU(cudaStreamSynchronize(s));
@@ -1650,15 +1665,15 @@ static int pool_child(void *arg)
 /* Another process reads the copy, bit for bit, after its producer left. */
 static int pool_reader(void *arg)
 {
+	const char *name = arg ? "gpu/managed" : "gpu/pool";
 	dlshare_client *c = child_connect();
 	dlshare_get_opts go = { .select = DLSHARE_LATEST };
 	DLManagedTensor *m;
 	cudaStream_t s;
 
-	(void)arg;
 	CU(cudaStreamCreate(&s));
 	go.stream = s;
-	DL_OK(dlshare_get_tensor(c, "gpu/pool", &go, &m));
+	DL_OK(dlshare_get_tensor(c, name, &go, &m));
 	check_meta(&m->dl_tensor, 0, CA_ROWS, CA_COLS);
 	CHECK(read_check(&m->dl_tensor, CA_BYTES, 303, s, "copy") == 0);
 	m->deleter(m);
@@ -1672,6 +1687,15 @@ static void pool_memory_copied(void **state)
 	(void)state;
 	assert_int_equal(reap(spawn(pool_child, NULL)), 0);
 	assert_int_equal(reap(spawn(pool_reader, NULL)), 0);
+}
+
+static void managed_memory_copied(void **state)
+{
+	static int managed = 1;
+
+	(void)state;
+	assert_int_equal(reap(spawn(pool_child, &managed)), 0);
+	assert_int_equal(reap(spawn(pool_reader, &managed)), 0);
 }
 
 /* ======================================================================== */
@@ -2156,6 +2180,123 @@ static void cuda_host_buffers(void **state)
 	run_pair(&a, cuda_host_producer, cuda_host_consumer);
 }
 
+/* 9b. kDLCUDAHost and streams (issue 13, defect 6). The producer fills the
+ * pages from the GPU on its stream and seals with that stream: host
+ * readers have no event to wait for, so the seal waits for the stream
+ * (before, it unregistered the pages at once, with the copy still queued:
+ * a fault on a GPU, a trap in the fake). Then it publishes version 2 when
+ * the consumer asks, so that version 1's buffer goes with its lease. */
+static int host_stream_producer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	int64_t shape[1] = { (int64_t)(CH_BYTES / 4) };
+	dlshare_tensor_spec spec = {
+		.dtype = { kDLFloat, 32, 1 }, .ndim = 1, .shape = shape,
+	};
+	dlshare_create_opts co = { .device = { kDLCUDAHost, 0 } };
+	uint8_t *h = malloc(CH_BYTES);
+	dlshare_writer *w;
+	cudaStream_t s;
+	DLTensor *t;
+	void *dev;
+
+	CHECK(h != NULL);
+	CU(cudaStreamCreate(&s));
+	CU(cudaMalloc(&dev, CH_BYTES));
+	harness_fill(h, CH_BYTES, 82);
+	CU(cudaMemcpy(dev, h, CH_BYTES, cudaMemcpyHostToDevice));
+	DL_OK(dlshare_create(c, a->name, &spec, 1, &co, &w));
+	t = dlshare_writer_tensor(w, 0);
+	set_delay_ms(300);
+	CU(cudaMemcpyAsync(t->data, dev, CH_BYTES, cudaMemcpyDeviceToHost, s));
+	DL_OK(dlshare_seal(w, s, NULL));
+	set_delay_ms(1);
+	SEND(a->to_c, '1');
+	RECV(a->to_p, 'n');
+	DL_OK(dlshare_create(c, a->name, &spec, 1, &co, &w));
+	memset(dlshare_writer_tensor(w, 0)->data, 0, CH_BYTES);
+	DL_OK(dlshare_seal(w, NULL, NULL));
+	SEND(a->to_c, '2');
+	RECV(a->to_p, 'd');
+	dlshare_disconnect(c);
+	CU(cudaFree(dev));
+	CU(cudaStreamDestroy(s));
+	free(h);
+	return 0;
+}
+
+/* Reads version 1 on the host at once, then queues a slow copy of it to
+ * the GPU on its stream and drops the tensor while the copy is queued:
+ * the release (and the unregistering and unmapping of the pages when the
+ * daemon frees them for version 2) must wait for the stream. With ro_off
+ * it cannot register the pages read-only: it gets them as kDLCPU. */
+static int host_stream_consumer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_get_opts go = { .select = DLSHARE_LATEST };
+	uint8_t *want = malloc(CH_BYTES), *back = malloc(CH_BYTES);
+	dlshare_client *c;
+	DLManagedTensor *t;
+	cudaStream_t s;
+	void *dev;
+
+	CHECK(want && back);
+	if (a->ro_off)
+		setenv("FAKECUDA_HOST_REGISTER_READONLY", "0", 1);
+	harness_fill(want, CH_BYTES, 82);
+	RECV(a->to_c, '1');
+	c = child_connect();
+	CU(cudaStreamCreate(&s));
+	CU(cudaMalloc(&dev, CH_BYTES));
+	go.stream = s;
+	DL_OK(dlshare_get_tensor(c, a->name, &go, &t));
+	CHECK(t->dl_tensor.device.device_type ==
+	      (a->ro_off ? kDLCPU : kDLCUDAHost));
+	CHECK(memcmp(t->dl_tensor.data, want, CH_BYTES) == 0);
+	SEND(a->to_p, 'n');
+	RECV(a->to_c, '2');
+	if (!a->ro_off) {
+		set_delay_ms(300);
+		CU(cudaMemcpyAsync(dev, t->dl_tensor.data, CH_BYTES,
+				   cudaMemcpyHostToDevice, s));
+	}
+	t->deleter(t);
+	CU(cudaStreamSynchronize(s));
+	set_delay_ms(1);
+	if (!a->ro_off) {
+		CU(cudaMemcpy(back, dev, CH_BYTES, cudaMemcpyDeviceToHost));
+		CHECK(memcmp(back, want, CH_BYTES) == 0);
+	}
+	CU(cudaFree(dev));
+	CU(cudaStreamDestroy(s));
+	dlshare_disconnect(c);
+	free(want);
+	free(back);
+	SEND(a->to_p, 'd');
+	return 0;
+}
+
+static void cuda_host_seal_and_release_follow_streams(void **state)
+{
+	struct two_chans a = { .name = "gpu/hoststream" };
+
+	(void)state;
+	if (!FAKE)
+		test_skip("needs the fake's slow streams");
+	run_pair(&a, host_stream_producer, host_stream_consumer);
+}
+
+static void cuda_host_without_readonly_register_is_cpu(void **state)
+{
+	struct two_chans a = { .name = "gpu/hostro", .ro_off = 1 };
+
+	(void)state;
+	if (!FAKE)
+		test_skip("the fake's FAKECUDA_HOST_REGISTER_READONLY=0");
+	run_pair(&a, host_stream_producer, host_stream_consumer);
+}
+
 /* ======================================================================== */
 /* 11. Devices and contexts: multi-GPU nodes (issue 13).                   */
 /* ======================================================================== */
@@ -2315,6 +2456,12 @@ static int span_producer(void *arg)
 	ts[0] = owned_new(x, 0, CA_ROWS, CA_COLS, 0, 0);
 	ts[1] = owned_new(y, 0, CA_ROWS, CA_COLS, 1, 1);
 	DL_OK(dlshare_publish(c, a->name, ts, 2, &po, NULL));
+#if FAKE
+	/* One event per device (protocol 1.4), each on its device's legacy
+	 * stream: no joined event, no stream of the library's. */
+	CHECK(fstats().live_ipc_events == 2);
+	CHECK(fstats().live_streams == 0);
+#endif
 	SEND(a->to_c, 'p');
 	RECV(a->to_p, 'd');
 	dlshare_disconnect(c);
@@ -2340,8 +2487,23 @@ static int span_consumer(void *arg)
 	CU(cudaSetDevice(0));
 	CU(cudaStreamCreate(&s));
 	set_delay_ms(1);
-	go.stream = s;
 	RECV(a->to_c, 'p');
+	/* With the legacy stream: each device's legacy stream waits for its
+	 * own device's event, so each tensor reads right on its own device's
+	 * default stream (before 1.4, only one device's waited: GPU 1's
+	 * tensor read stale on GPU 1). */
+	go.stream = NULL;
+	DL_OK(dlshare_get(c, a->name, &go, &b));
+	bad |= read_check(dlshare_bundle_tensor(b, 0), CA_BYTES, 91, NULL,
+			  "GPU 0, legacy stream");
+	CU(cudaSetDevice(1));
+	bad |= read_check(dlshare_bundle_tensor(b, 1), CA_BYTES, 92, NULL,
+			  "GPU 1, legacy stream");
+	CU(cudaSetDevice(0));
+	CHECK(bad == 0);
+	dlshare_bundle_free(b);
+	/* With one explicit stream: it waits for both. */
+	go.stream = s;
 	DL_OK(dlshare_get(c, a->name, &go, &b));
 	CHECK(dlshare_bundle_count(b) == 2);
 	check_meta(dlshare_bundle_tensor(b, 0), 0, CA_ROWS, CA_COLS);
@@ -2363,6 +2525,96 @@ static void version_spanning_two_gpus(void **state)
 	(void)state;
 	need_gpus(2);
 	run_pair(&a, span_producer, span_consumer);
+}
+
+/* 11b'. The release of a version spanning two GPUs, read on the legacy
+ * streams, waits for each device's legacy stream: here a slow read of the
+ * GPU 0 tensor while the bundle's own device is GPU 1 (before, only GPU
+ * 1's stream was marked, and the producer got GPU 0's memory back while
+ * the read was still queued). */
+static int span_rel_producer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	static const char *const keys[] = { "a", "b" };
+	dlshare_publish_opts po = { .keys = keys,
+				    .flags = DLSHARE_PUBLISH_NO_COPY };
+	DLManagedTensor *ts[2], *t;
+	char *x, *y, *z;
+
+	CU(cudaSetDevice(1));
+	CU(cudaMalloc((void **)&y, CA_BYTES));
+	put_pattern(y, CA_BYTES, 92, NULL);
+	CU(cudaDeviceSynchronize());
+	CU(cudaSetDevice(0));
+	CU(cudaMalloc((void **)&x, CA_BYTES));
+	CU(cudaMalloc((void **)&z, CA_BYTES));
+	put_pattern(x, CA_BYTES, 91, NULL);
+	CU(cudaDeviceSynchronize());
+	ts[0] = owned_new(x, 0, CA_ROWS, CA_COLS, 0, 0);
+	ts[1] = owned_new(y, 0, CA_ROWS, CA_COLS, 1, 1);
+	DL_OK(dlshare_publish(c, a->name, ts, 2, &po, NULL));
+	SEND(a->to_c, 'p');
+	RECV(a->to_p, 'h');
+	t = owned_new(z, 0, CA_ROWS, CA_COLS, 0, 2);
+	DL_OK(dlshare_publish(c, a->name, &t, 1, &po, NULL));
+	SEND(a->to_c, '2');
+	/* Ours again: reuse it at once, as an allocator would. */
+	CHECK(wait_deleted(0, 1, 5000) == 1);
+	CU(cudaMemset(x, 0xff, CA_BYTES));
+	CU(cudaDeviceSynchronize());
+	SEND(a->to_c, 'w');
+	RECV(a->to_p, 'c');
+	dlshare_disconnect(c);
+	wait_no_importers(x);
+	wait_no_importers(y);
+	CU(cudaFree(x));
+	CU(cudaFree(z));
+	CU(cudaSetDevice(1));
+	CU(cudaFree(y));
+	return 0;
+}
+
+static int span_rel_consumer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	dlshare_get_opts go = { .select = DLSHARE_LATEST, .stream = NULL };
+	dlshare_bundle *b;
+	uint8_t *h;
+
+	CU(cudaSetDevice(0));
+	CU(cudaMallocHost((void **)&h, CA_BYTES)); /* so the copy is async */
+	memset(h, 0xa5, CA_BYTES);
+	RECV(a->to_c, 'p');
+	DL_OK(dlshare_get(c, a->name, &go, &b));
+	SEND(a->to_p, 'h');
+	RECV(a->to_c, '2');
+	set_delay_ms(300);
+	CU(cudaMemcpyAsync(h, dlshare_bundle_tensor(b, 0)->data, CA_BYTES,
+			   cudaMemcpyDeviceToHost, NULL));
+	dlshare_bundle_free(b);
+	if (chan_recv(a->to_c, 'w', 3000) != 0)
+		fprintf(stderr, "NOTE: the producer did not get version 1 "
+			"back within 3 s\n");
+	CU(cudaDeviceSynchronize());
+	set_delay_ms(1);
+	CHECK(pattern_diff(h, CA_BYTES, 91, "GPU 0 read after release") == 0);
+	CU(cudaFreeHost(h));
+	dlshare_disconnect(c);
+	SEND(a->to_p, 'c');
+	return 0;
+}
+
+static void release_spanning_two_gpus(void **state)
+{
+	struct two_chans a = { .name = "gpu/spanrel" };
+
+	(void)state;
+	if (!FAKE)
+		test_skip("a GPU copy of 64 KiB is done before the release");
+	need_gpus(2);
+	run_pair(&a, span_rel_producer, span_rel_consumer);
 }
 
 /* 11c. torchrun on an 8-GPU node: rank 3 sets device 3 and never touches
@@ -2570,6 +2822,144 @@ static void release_after_per_thread_stream_of_reader(void **state)
 	if (!FAKE)
 		test_skip("a GPU copy of 64 KiB is done before the release");
 	run_pair(&a, ordered_producer, ordered_consumer);
+}
+
+/* 11h. A failed load of the driver is tried again (defect 5): not cached
+ * for the life of the process. The library is first pointed at no driver
+ * (publish: DLSHARE_ENOTSUP), then at the right one; after the retry
+ * interval (one second: a wait, not a timed assertion) it loads. */
+static int reload_child(void *arg)
+{
+	const char *drv = getenv("DLSHARE_CUDA_DRIVER");
+	char *keep = drv ? strdup(drv) : NULL;
+	dlshare_publish_opts po = { 0 };
+	struct timespec ts = { .tv_sec = 1, .tv_nsec = 100 * 1000 * 1000 };
+	dlshare_client *c = child_connect();
+	DLManagedTensor *t;
+	uint64_t v = 0;
+	char *b;
+
+	(void)arg;
+	CHECK(!drv || keep);
+	CU(cudaMalloc((void **)&b, CA_BYTES));
+	CU(cudaMemset(b, 7, CA_BYTES));
+	setenv("DLSHARE_CUDA_DRIVER", "/nonexistent/libcuda.so.1", 1);
+	t = owned_new(b, 0, CA_ROWS, CA_COLS, 0, 0);
+	DL_ERR(dlshare_publish(c, "gpu/reload", &t, 1, &po, &v),
+	       DLSHARE_ENOTSUP);
+	if (keep)
+		setenv("DLSHARE_CUDA_DRIVER", keep, 1);
+	else
+		unsetenv("DLSHARE_CUDA_DRIVER");
+	nanosleep(&ts, NULL);
+	DL_OK(dlshare_publish(c, "gpu/reload", &t, 1, &po, &v));
+	CHECK(v == 1);
+	dlshare_disconnect(c);
+	CHECK(wait_deleted(0, 1, 5000) == 1);
+	wait_no_importers(b);
+	CU(cudaFree(b));
+	free(keep);
+	return 0;
+}
+
+static void failed_driver_load_is_retried(void **state)
+{
+	(void)state;
+	assert_int_equal(reap(spawn(reload_child, NULL)), 0);
+}
+
+/* 11g. Live interprocess events are capped (defect 9): the library keeps
+ * DLSHARE_CUDA_IPC_EVENTS of them at most, and beyond that, or when the
+ * driver makes no more (the fake's cap), a version goes without an event
+ * and the host waits for the producer's stream instead: never an error,
+ * never early data. Three live versions with a cap of two. */
+#define EVCAP_N 3
+
+static int evcap_producer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_publish_opts po = { 0 };
+	dlshare_client *c;
+	DLManagedTensor *t;
+	char *b[EVCAP_N], name[64];
+	cudaStream_t s;
+	uint64_t v;
+
+	if (!a->driver_cap)
+		setenv("DLSHARE_CUDA_IPC_EVENTS", "2", 1);
+	c = child_connect();
+#if FAKE
+	if (a->driver_cap)
+		fakecuda_set_ipc_event_limit(2);
+#endif
+	CU(cudaStreamCreate(&s));
+	po.stream = s;
+	for (int i = 0; i < EVCAP_N; i++) {
+		CU(cudaMalloc((void **)&b[i], CA_BYTES));
+		/* Slow: the data is not there yet when it is published. */
+		set_delay_ms(100);
+		put_pattern(b[i], CA_BYTES, 400 + (uint32_t)i, s);
+		set_delay_ms(1);
+		t = owned_new(b[i], 0, CA_ROWS, CA_COLS, 0, i);
+		snprintf(name, sizeof(name), "%s%d", a->name, i);
+		DL_OK(dlshare_publish(c, name, &t, 1, &po, &v));
+#if FAKE
+		CHECK(fstats().live_ipc_events == (i < 2 ? i + 1 : 2));
+#endif
+	}
+	/* The third went without an event: the host waited for it. */
+	CU(cudaStreamQuery(s));
+	SEND(a->to_c, '1');
+	RECV(a->to_p, 'd');
+	dlshare_disconnect(c);
+	for (int i = 0; i < EVCAP_N; i++)
+		CU(cudaFree(b[i]));
+	CU(cudaStreamDestroy(s));
+	return 0;
+}
+
+static int evcap_consumer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_get_opts go = { .select = DLSHARE_LATEST };
+	dlshare_client *c;
+	DLManagedTensor *m;
+	cudaStream_t s;
+	char name[64];
+
+	RECV(a->to_c, '1');
+	c = child_connect();
+	CU(cudaStreamCreate(&s));
+	go.stream = s;
+	for (int i = 0; i < EVCAP_N; i++) {
+		snprintf(name, sizeof(name), "%s%d", a->name, i);
+		DL_OK(dlshare_get_tensor(c, name, &go, &m));
+		CHECK(read_check(&m->dl_tensor, CA_BYTES, 400 + (uint32_t)i,
+				 s, name) == 0);
+		m->deleter(m);
+	}
+	dlshare_disconnect(c);
+	CU(cudaStreamDestroy(s));
+	SEND(a->to_p, 'd');
+	return 0;
+}
+
+static void ipc_events_capped_by_library(void **state)
+{
+	struct two_chans a = { .name = "gpu/evcap" };
+
+	(void)state;
+	run_pair(&a, evcap_producer, evcap_consumer);
+}
+
+static void ipc_events_capped_by_driver(void **state)
+{
+	struct two_chans a = { .name = "gpu/evdrv", .driver_cap = 1 };
+
+	(void)state;
+	if (!FAKE)
+		test_skip("the driver's cap is the fake's");
+	run_pair(&a, evcap_producer, evcap_consumer);
 }
 
 /* 11f. Pooled events belong to a device: an event of GPU 1, freed by the
@@ -2791,6 +3181,10 @@ int main(void)
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(cuda_host_buffers, setup,
 						teardown),
+		cmocka_unit_test_setup_teardown(cuda_host_seal_and_release_follow_streams, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(cuda_host_without_readonly_register_is_cpu, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(store_on_device_outlives_producer_and_daemon,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(events_pooled, setup,
@@ -2803,9 +3197,13 @@ int main(void)
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(pool_memory_copied,
 						setup, teardown),
+		cmocka_unit_test_setup_teardown(managed_memory_copied,
+						setup, teardown),
 		cmocka_unit_test_setup_teardown(publish_from_gpu1_while_current_is_gpu0,
 						setup_2gpu, teardown),
 		cmocka_unit_test_setup_teardown(version_spanning_two_gpus,
+						setup_2gpu, teardown),
+		cmocka_unit_test_setup_teardown(release_spanning_two_gpus,
 						setup_2gpu, teardown),
 		cmocka_unit_test_setup_teardown(torchrun_rank_never_touches_gpu0,
 						setup_8gpu, teardown),
@@ -2816,6 +3214,12 @@ int main(void)
 		cmocka_unit_test_setup_teardown(release_after_per_thread_stream_of_reader,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(pooled_events_keyed_by_device,
+						setup_2gpu, teardown),
+		cmocka_unit_test_setup_teardown(ipc_events_capped_by_library,
+						setup_2gpu, teardown),
+		cmocka_unit_test_setup_teardown(failed_driver_load_is_retried,
+						setup_2gpu, teardown),
+		cmocka_unit_test_setup_teardown(ipc_events_capped_by_driver,
 						setup_2gpu, teardown),
 		cmocka_unit_test_setup_teardown(bundle_wait_after_store_producer_left,
 						setup, teardown),
