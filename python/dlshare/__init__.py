@@ -302,6 +302,24 @@ def _shape_str(dtype, shape):
 
 # ---- consumer side --------------------------------------------------------
 
+# NumPy's array-interface type strings of the dtypes NumPy has.
+_TYPESTR = {"bool": "|b1", "int8": "|i1", "uint8": "|u1", "int16": "<i2",
+            "uint16": "<u2", "int32": "<i4", "uint32": "<u4", "int64": "<i8",
+            "uint64": "<u8", "float16": "<f2", "float32": "<f4",
+            "float64": "<f8", "complex64": "<c8", "complex128": "<c16"}
+
+
+class _ArrayHolder:
+    """What Tensor.__array__ hands NumPy: the array interface of a tensor,
+    and the capsule whose lease keeps its memory mapped."""
+
+    __slots__ = ("_keep", "__array_interface__")
+
+    def __init__(self, keep, interface):
+        self._keep = keep
+        self.__array_interface__ = interface
+
+
 class Tensor(_DLPack):
     """One tensor of a version got from the daemon.
 
@@ -394,21 +412,36 @@ class Tensor(_DLPack):
 
     def __array__(self, dtype=None, copy=None):
         """NumPy's conversion (``numpy.asarray(t)``, ``numpy.array(t)``):
-        a read-only ndarray over the shared memory (no copy), or a writable
-        copy with copy=True; dtype converts (a copy). For consumers that
-        do not speak DLPack; NumPy >= 1.22 takes ``numpy.from_dlpack``."""
+        a read-only ndarray over the shared memory (no copy; it holds a
+        lease of its own), or a writable copy with copy=True; dtype
+        converts (a copy). For consumers without DLPack; the same with
+        NumPy 1.x and 2.x (bool included, which NumPy < 2 refuses through
+        DLPack)."""
         import numpy
         if int(self._info[3]) not in (DLDeviceType.kDLCPU,
                                       DLDeviceType.kDLCUDAHost):
             raise TypeError(f"{self!r} is in GPU memory: NumPy cannot read "
                             "it (copy it to the host with its framework)")
+        typestr = _TYPESTR.get(self.dtype)
+        if typestr is None:
+            raise TypeError(f"NumPy has no dtype {self.dtype}: use a "
+                            "framework that has it (torch.from_dlpack)")
         if copy:
             a = numpy.asarray(self.copy())
-        else:
-            a = numpy.from_dlpack(self)
-            # NumPy < 2 cannot see DLPack's read-only flag: say it here,
-            # since a write would crash the process (SIGSEGV).
+        elif self.size == 0:
+            a = numpy.empty(self.shape, typestr)
             a.flags.writeable = False
+        else:
+            strides = self.strides
+            if strides is not None:
+                strides = tuple(s * self.itemsize for s in strides)
+            # NumPy keeps the holder as the array's base, and the holder
+            # keeps a capsule holding a lease of its own: the memory stays
+            # while the array lives, whatever happens to this Tensor.
+            a = numpy.asarray(_ArrayHolder(
+                self._b.export(self._i, False, False),
+                {"version": 3, "shape": self.shape, "typestr": typestr,
+                 "strides": strides, "data": (self._info[5], True)}))
         if dtype is not None and numpy.dtype(dtype) != a.dtype:
             if copy is False:
                 raise ValueError("converting the dtype needs a copy")
