@@ -1014,9 +1014,18 @@ def _source_items(src):
                     f"of key to tensor, not {type(src).__name__}")
 
 
-def _geometry(x):
+def _geometry(x, key, what):
     """(dtype name, shape) of a tensor of any kind."""
-    return _dtype_name(x.dtype), tuple(int(n) for n in x.shape)
+    try:
+        return _dtype_name(x.dtype), tuple(int(n) for n in x.shape)
+    except (AttributeError, TypeError, ValueError):
+        raise TypeError(f"{what} {key!r} is a {type(x).__name__}, not a "
+                        "tensor with a dtype and a shape") from None
+
+
+def _copyable_into(dst):
+    return (isinstance(dst, Array) or _is_torch(dst) or
+            type(dst).__module__ == "numpy")
 
 
 def _is_torch(x):
@@ -1032,8 +1041,7 @@ def _copy_one(dst, src, stream):
         s = torch.from_dlpack(src) if not _is_torch(src) else src
         with torch.no_grad():
             dst.copy_(s)
-    elif hasattr(dst, "__array_interface__") or type(dst).__module__ == \
-            "numpy":
+    elif type(dst).__module__ == "numpy":
         import numpy
         s = src if isinstance(src, numpy.ndarray) else numpy.from_dlpack(src)
         numpy.copyto(dst, s, casting="no")
@@ -1073,7 +1081,13 @@ def load_state_dict(state_dict, source, strict=True, stream=None):
     mismatched = {}
     for k, dst in state_dict.items():
         if k in src:
-            want, got = _geometry(dst), _geometry(src[k])
+            if not _copyable_into(dst):
+                raise TypeError(f"cannot copy into {k!r}, a "
+                                f"{type(dst).__name__}: destinations are "
+                                "torch tensors, NumPy arrays and dlshare "
+                                "Arrays")
+            want = _geometry(dst, k, "the destination")
+            got = _geometry(src[k], k, "the source")
             if want != got:
                 mismatched[k] = (want, got)
     if mismatched or (strict and (missing or unexpected)):
