@@ -278,5 +278,36 @@ class LayoutPublishTest(DaemonTest):
                                        np.asarray(self.client.get(b))))
 
 
+def _free_huge_pages():
+    try:
+        with open("/sys/kernel/mm/hugepages/hugepages-2048kB/"
+                  "free_hugepages") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 0
+
+
+@unittest.skipIf(np is None, "NumPy is not installed for this interpreter")
+@unittest.skipUnless(_free_huge_pages() >= 4, "no free 2 MiB huge pages "
+                     "(vm.nr_hugepages): the daemon's huge-page buffers, "
+                     "which take no write(), cannot be made here")
+class HugePagePublishTest(DaemonTest):
+    """A store buffer of huge pages (hugetlbfs) takes no pwrite: the copy
+    maps it instead, and the data arrives the same."""
+
+    daemon_args = ("--huge-page-min", "2M")
+
+    def test_copy_into_huge_page_buffer(self):
+        n = self.name()
+        x = np.arange(1024 * 1536, dtype=np.float32).reshape(1024, 1536)
+        for what, v in (("compact", x), ("rows", x[:, 7:1500]),
+                        ("transposed", x.T)):
+            with self.subTest(what):
+                self.client.publish(n, v, copy=True)
+                got = np.asarray(self.client.get(n))
+                self.assertTrue(np.array_equal(got, v))
+                del got
+
+
 if __name__ == "__main__":
     unittest.main()
