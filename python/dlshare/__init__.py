@@ -224,6 +224,13 @@ def _capsule_of(obj, stream):
         if kw:
             raise
         return _buffer_fallback(obj, e)
+    except RuntimeError:
+        # torch < 2 exports no bool through DLPack ("Bool type is not
+        # supported by dlpack"), and a state dict may hold a bool buffer:
+        # a host one goes through NumPy's view of the same memory.
+        if kw or not _is_torch(obj) or str(obj.dtype) != "torch.bool":
+            raise
+        return _dlshare.buffer_capsule(obj.detach().numpy())
 
 
 # The dtypes DLPack gives a code to and dlshare takes (client/dtype.c).
@@ -1032,19 +1039,37 @@ def _is_torch(x):
     return type(x).__module__.split(".")[0] == "torch"
 
 
+def _torch_source(src):
+    """A torch view of a received tensor (no copy)."""
+    import torch
+    try:
+        return torch.from_dlpack(src)
+    except (RuntimeError, BufferError, TypeError):
+        # torch 1.13 refuses DLPack's bool (kDLBool): through NumPy.
+        if getattr(src, "dtype", None) != "bool":
+            raise
+    import numpy
+    import warnings
+    with warnings.catch_warnings():
+        # Read-only memory: nothing writes through this view.
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(numpy.asarray(src))
+
+
 def _copy_one(dst, src, stream):
     """dst[...] = src for one pair whose geometry was checked."""
     if isinstance(dst, Array):
         dst.copy_from(src)
     elif _is_torch(dst):
         import torch
-        s = torch.from_dlpack(src) if not _is_torch(src) else src
+        s = src if _is_torch(src) else _torch_source(src)
         with torch.no_grad():
             dst.copy_(s)
     elif type(dst).__module__ == "numpy":
         import numpy
-        s = src if isinstance(src, numpy.ndarray) else numpy.from_dlpack(src)
-        numpy.copyto(dst, s, casting="no")
+        # numpy.asarray: __array__ (bool too, which NumPy < 2 refuses
+        # through DLPack).
+        numpy.copyto(dst, numpy.asarray(src), casting="no")
     else:
         raise TypeError(f"cannot copy into a {type(dst).__name__}: "
                         "destinations are torch tensors, NumPy arrays and "

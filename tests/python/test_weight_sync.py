@@ -125,6 +125,13 @@ class LoadStateDictTest(DaemonTest):
         with self.assertRaises(TypeError):
             dlshare.load_state_dict({"w": [0] * 5}, self.client.get(n))
 
+    def test_bool_into_numpy(self):
+        n = self.name()
+        self.client.publish(n, {"m": np.array([True, False])})
+        dst = {"m": np.zeros(2, bool)}
+        self.client.load_state_dict(n, dst)
+        self.assertEqual(dst["m"].tolist(), [True, False])
+
     def test_waits_for_a_newer_version(self):
         src = numpy_state(9)
         n, v = self.publish(src)
@@ -151,6 +158,15 @@ class LoadStateDictTest(DaemonTest):
             self.assertTrue(torch.equal(a, b), k)
         self.assertEqual([p.data_ptr() for p in
                           follower.state_dict().values()], ptrs)
+        # bool (torch 1.13 refuses DLPack's kDLBool) and 0-d tensors.
+        m = self.name("mask")
+        self.client.publish(m, {"mask": torch.tensor([True, False, True]),
+                                "step": torch.tensor(7)})
+        dst = {"mask": torch.zeros(3, dtype=torch.bool),
+               "step": torch.tensor(0)}
+        self.client.load_state_dict(m, dst)
+        self.assertEqual(dst["mask"].tolist(), [True, False, True])
+        self.assertEqual(int(dst["step"]), 7)
         # A dtype the version does not have: named, nothing copied.
         bad = {k: v.double() if k == "0.weight" else v
                for k, v in follower.state_dict().items()}
