@@ -44,6 +44,7 @@ struct plan {
 	int storm_n;
 	int storm_leases;
 	int storm_reps;
+	long pub_iters;       /* publishes of 256 MiB per repeat */
 };
 
 static const char *floor_bin;
@@ -1006,6 +1007,156 @@ out:
 	return rc;
 }
 
+/* ---- publish (copy) --------------------------------------------------------------- */
+
+#define PUB_BYTES (UINT64_C(256) << 20)
+
+/* The interpreter that runs bench/publish_sources.py (torch and NumPy),
+ * and where it finds the dlshare package. */
+static const char *pub_python = "/usr/bin/python3";
+#ifdef DLBENCH_PYTHONPATH
+static const char *pub_pythonpath = DLBENCH_PYTHONPATH;
+#else
+static const char *pub_pythonpath;
+#endif
+
+/* Runs bench/publish_sources.py against d; its output line into out.
+ * Returns 0, 77 (no torch or NumPy there) or -1. */
+static int run_sources(const struct daemon_proc *d, long iters, char *out,
+		       size_t cap)
+{
+	char bytes[32], it[32];
+	int p[2], st;
+	pid_t pid;
+
+	num(bytes, sizeof(bytes), (double)PUB_BYTES);
+	num(it, sizeof(it), (double)iters);
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return -1;
+	pid = util_fork();
+	if (pid < 0) {
+		close(p[0]);
+		close(p[1]);
+		return -1;
+	}
+	if (pid == 0) {
+		dup2(p[1], 1);
+		if (pub_pythonpath)
+			setenv("PYTHONPATH", pub_pythonpath, 1);
+		execl(pub_python, pub_python,
+		      DLBENCH_SRC_DIR "/publish_sources.py", "--socket", d->sock,
+		      "--bytes", bytes, "--iters", it, (char *)NULL);
+		_exit(127);
+	}
+	close(p[1]);
+	if (util_read_all(p[0], out, cap) < 0)
+		out[0] = '\0';
+	close(p[0]);
+	st = child_wait(pid);
+	return st == 0 ? 0 : st == 77 ? 77 : -1;
+}
+
+static int section_publish(const struct plan *pl)
+{
+	char bb[32], it[32], out[512];
+	struct daemon_proc d = { 0 };
+	double *v = calloc((size_t)pl->pub_iters, sizeof(*v));
+	int rc = -1, sources = 1;
+
+	report_section("publish");
+	struct fig *fb = report_decl("floor_fill_256MiB_ms", "ms",
+		"floor: fill fresh shared memory, best way, 256 MiB");
+	struct fig *ff = report_decl("floor_fill_fault_256MiB_ms", "ms",
+		"floor: of which mapped, a page fault a page");
+	struct fig *fp = report_decl("floor_fill_populate_256MiB_ms", "ms",
+		"floor: of which fallocate+MADV_POPULATE_WRITE+memcpy");
+	struct fig *fw = report_decl("floor_fill_pwrite_256MiB_ms", "ms",
+		"floor: of which pwrite into the memfd");
+	struct fig *fm = report_decl("memcpy_256MiB_ms", "ms",
+		"memcpy between populated private buffers, 256 MiB");
+	struct fig *pc = report_decl("publish_copy_256MiB_ms", "ms",
+		"publish (copy), 256 MiB, no strides");
+	struct fig *ps = report_decl("publish_copy_strided_256MiB_ms", "ms",
+		"publish (copy), 256 MiB, explicit compact strides");
+	struct fig *key = report_decl("publish_copy_over_floor", "x",
+		"publish (copy) rate / floor fill rate");
+	struct fig *pt = report_decl("publish_torch_256MiB_ms", "ms",
+		"Python: publish a torch tensor, 256 MiB");
+	struct fig *pn = report_decl("publish_numpy_256MiB_ms", "ms",
+		"Python: publish its NumPy view, 256 MiB");
+	struct fig *ptn = report_decl("publish_torch_over_numpy", "x",
+		"Python: publish torch / NumPy source");
+	struct fig *tc = report_decl("torch_clone_256MiB_ms", "ms",
+		"Python: torch clone(), 256 MiB");
+	struct fig *nc = report_decl("numpy_copy_256MiB_ms", "ms",
+		"Python: numpy.array(copy=True), 256 MiB");
+	report_goal(key, REPORT_GOAL_GE, 0.8);
+	report_goal(ptn, REPORT_GOAL_LE, 1.1);
+	num(bb, sizeof(bb), (double)PUB_BYTES);
+	num(it, sizeof(it), (double)pl->pub_iters);
+	if (!v || daemon_start(&d, default_opts))
+		goto out;
+	for (int r = 0; r < pl->reps; r++) {
+		double fl = NAN, dl = NAN;
+
+		progress("publish: repeat %d/%d (256 MiB)", r + 1, pl->reps);
+		for (int side = 0; side < 2; side++) {
+			if ((side == 0) == (r % 2 == 0)) {
+				if (floor_run(out, sizeof(out), "fill",
+					      "--bytes", bb, "--iters", it,
+					      (const char *)NULL))
+					goto out;
+				fl = kv(out, "best_ns") / 1e6;
+				report_add(fb, fl);
+				report_add(ff, kv(out, "fault_ns") / 1e6);
+				report_add(fp, kv(out, "populate_ns") / 1e6);
+				report_add(fw, kv(out, "pwrite_ns") / 1e6);
+				report_add(fm, kv(out, "memcpy_ns") / 1e6);
+			} else {
+				if (fig_publish_copy(&d, PUB_BYTES, 0,
+						     pl->pub_iters, v))
+					goto out;
+				dl = median_of(v, pl->pub_iters, 1e6);
+				report_add(pc, dl);
+				if (fig_publish_copy(&d, PUB_BYTES, 1,
+						     pl->pub_iters, v))
+					goto out;
+				report_add(ps, median_of(v, pl->pub_iters, 1e6));
+			}
+		}
+		report_add(key, fl / dl);
+		if (!sources)
+			continue;
+		switch (run_sources(&d, pl->pub_iters, out, sizeof(out))) {
+		case 0: {
+			double t = kv(out, "torch_ns") / 1e6;
+			double n = kv(out, "numpy_ns") / 1e6;
+
+			report_add(pt, t);
+			report_add(pn, n);
+			report_add(ptn, t / n);
+			report_add(tc, kv(out, "torch_clone_ns") / 1e6);
+			report_add(nc, kv(out, "numpy_copy_ns") / 1e6);
+			break;
+		}
+		default:
+			sources = 0;
+			for (struct fig **f = (struct fig *[]){ pt, pn, ptn, tc,
+				     nc, NULL }; *f; f++) {
+				(*f)->is_null = 1;
+				report_note(*f, "not measured: publish_sources"
+					    ".py under %s failed or found no "
+					    "torch and NumPy", pub_python);
+			}
+		}
+	}
+	rc = 0;
+out:
+	free(v);
+	daemon_stop(&d);
+	return rc;
+}
+
 /* ---- output ---------------------------------------------------------------------- */
 
 static void fmt_val(char *buf, size_t cap, double v, const char *unit)
@@ -1068,7 +1219,8 @@ static int write_json(const char *path, const struct plan *pl,
 {
 	static const char *const keys[] = { "get_p50_over_floor",
 		"throughput_over_floor", "handoff_1GiB_over_4KiB",
-		"get_p50_1M_over_100", "mem_per_tensor_bytes" };
+		"get_p50_1M_over_100", "mem_per_tensor_bytes",
+		"publish_copy_over_floor", "publish_torch_over_numpy" };
 	FILE *o = fopen(path, "we");
 
 	if (!o) {
@@ -1111,8 +1263,12 @@ static void usage(FILE *o)
 	fprintf(o,
 		"usage: dlbench --daemon PATH --floor PATH [--quick] [--json FILE]\n"
 		"               [--only SECTIONS] [--repeats N] [--scale-max N]\n"
+		"               [--python PATH] [--pythonpath DIR]\n"
 		"       dlbench --daemon PATH --floor PATH --loop N [--loop-ms MS] [--pin]\n"
-		"  sections: latency,throughput,handoff,scale,idle,storm,bundle\n"
+		"  sections: latency,throughput,handoff,scale,idle,storm,bundle,publish\n"
+		"  --python: the interpreter (with torch and NumPy) that\n"
+		"  measures publish from torch and NumPy (/usr/bin/python3);\n"
+		"  --pythonpath: where it finds the dlshare package.\n"
 		"  --loop N: for a profiler, only get+release from N client\n"
 		"  processes for MS ms (default 5000), printing the daemon's pid\n"
 		"  first and the round trips a second at the end; --pin puts\n"
@@ -1155,6 +1311,8 @@ int main(int argc, char **argv)
 		{ "loop", required_argument, NULL, 'l' },
 		{ "loop-ms", required_argument, NULL, 'L' },
 		{ "pin", no_argument, NULL, 'p' },
+		{ "python", required_argument, NULL, 'P' },
+		{ "pythonpath", required_argument, NULL, 'Y' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -1198,6 +1356,12 @@ int main(int argc, char **argv)
 		case 'p':
 			pinned = 1;
 			break;
+		case 'P':
+			pub_python = optarg;
+			break;
+		case 'Y':
+			pub_pythonpath = optarg;
+			break;
 		case 'h':
 			usage(stdout);
 			return 0;
@@ -1223,6 +1387,7 @@ int main(int argc, char **argv)
 		pl.storm_n = 1000;
 		pl.storm_leases = 10;
 		pl.storm_reps = 3;
+		pl.pub_iters = 3;
 	} else {
 		pl.reps = 5;
 		pl.rt_iters = 20000;
@@ -1235,6 +1400,7 @@ int main(int argc, char **argv)
 		pl.storm_n = 1000;
 		pl.storm_leases = 10;
 		pl.storm_reps = 5;
+		pl.pub_iters = 5;
 	}
 	if (reps > 0)
 		pl.reps = pl.storm_reps = reps;
@@ -1289,6 +1455,7 @@ int main(int argc, char **argv)
 	if (util_list_has(only, "storm") && section_storm(&pl))
 		failed = 1;
 	if (util_list_has(only, "bundle") && section_bundle(&pl))
+	if (util_list_has(only, "publish") && section_publish(&pl))
 		failed = 1;
 	daemon_stop_all();
 

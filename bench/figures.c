@@ -563,6 +563,68 @@ int fig_handoff(const struct daemon_proc *d, uint64_t bytes, long iters,
 	return in_child(handoff_child, &a, out, (int)iters) == iters ? 0 : -1;
 }
 
+/* ---- publish (copy) ------------------------------------------------------ */
+
+struct pubcopy_arg {
+	const struct daemon_proc *d;
+	uint64_t bytes;
+	int strided;
+	long iters;
+};
+
+static void pubcopy_keep(DLManagedTensor *self)
+{
+	(void)self; /* the source is the child's buffer, freed at exit */
+}
+
+static int pubcopy_child(void *arg, double *out, int max)
+{
+	struct pubcopy_arg *a = arg;
+	dlshare_client *c = connect_or_die(a->d);
+	int64_t shape = (int64_t)(a->bytes / 4), stride = 1;
+	float *src = malloc(a->bytes);
+	int n = 0;
+
+	if (!src)
+		return -1;
+	/* A source in memory already written, as a framework's tensor is. */
+	memset(src, 0x3c, a->bytes);
+	for (long i = 0; i < a->iters && n < max; i++) {
+		DLManagedTensor mt = { 0 }, *tp = &mt;
+		dlshare_publish_opts o = { .flags = DLSHARE_PUBLISH_COPY };
+		uint64_t t0;
+		int err;
+
+		mt.dl_tensor.data = src;
+		mt.dl_tensor.device.device_type = kDLCPU;
+		mt.dl_tensor.ndim = 1;
+		mt.dl_tensor.dtype = (DLDataType){ kDLFloat, 32, 1 };
+		mt.dl_tensor.shape = &shape;
+		/* torch hands out explicit strides even when compact. */
+		mt.dl_tensor.strides = a->strided ? &stride : NULL;
+		mt.deleter = pubcopy_keep;
+		t0 = util_now_ns();
+		err = dlshare_publish(c, "bench/publish", &tp, 1, &o, NULL);
+		if (err) {
+			fail("publish (copy)", err);
+			n = -1;
+			break;
+		}
+		out[n++] = (double)(util_now_ns() - t0);
+	}
+	dlshare_disconnect(c);
+	free(src);
+	return n;
+}
+
+int fig_publish_copy(const struct daemon_proc *d, uint64_t bytes,
+		     int strided, long iters, double *out)
+{
+	struct pubcopy_arg a = { d, bytes, strided, iters };
+
+	return in_child(pubcopy_child, &a, out, (int)iters) == iters ? 0 : -1;
+}
+
 /* ---- scale: many names ---------------------------------------------------- */
 
 struct pop_arg {

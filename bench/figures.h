@@ -56,6 +56,13 @@ int fig_throughput(const struct daemon_proc *d, const char *name, int n,
 int fig_handoff(const struct daemon_proc *d, uint64_t bytes, long iters,
 		int exported, double *out);
 
+/* dlshare_publish with DLSHARE_PUBLISH_COPY of a float32 tensor of bytes
+ * bytes from written private memory, iters times (one name, each version
+ * replacing the last): each call's time in ns into out. strided: the
+ * tensor comes with explicit compact strides, as torch's do. */
+int fig_publish_copy(const struct daemon_proc *d, uint64_t bytes,
+		     int strided, long iters, double *out);
+
 /* Registers n names "s/0000000".. (one float32[1] tensor each, store mode)
  * from threads connections at once. *seconds: how long it took. */
 int fig_populate(const struct daemon_proc *d, long n, int threads,

@@ -232,4 +232,36 @@ int tensor_bytes(const DLTensor *t, uint64_t *out);
  * (byte_offset included). Returns 0 or DLSHARE_EINVAL. */
 int tensor_extent(const DLTensor *t, int64_t *lo, int64_t *hi);
 
+/* copy: a tensor's elements, compact and row-major, in the largest
+ * contiguous runs its strides allow (copy.c). The runs of t: run bytes
+ * each, count of them, at base plus the walked dims' byte strides. */
+struct copy_runs {
+	const char *base;
+	uint64_t run, elem, count;
+	int32_t nd;
+	int64_t shape[CHECK_NDIM_MAX];
+	int64_t stride[CHECK_NDIM_MAX]; /* bytes */
+};
+struct copy_iter {
+	const struct copy_runs *r;
+	const char *p;
+	uint64_t left;
+	int64_t idx[CHECK_NDIM_MAX];
+};
+void copy_runs_init(struct copy_runs *r, const DLTensor *t);
+void copy_iter_init(struct copy_iter *it, const struct copy_runs *r);
+/* Copies t's elements compact to dst (tensor_bytes(t) bytes). */
+void copy_to_mem(char *dst, const DLTensor *t);
+/* Writes t's elements compact into fd at off (pwrite: no mapping, no page
+ * faults). Returns 0 or -errno (EINVAL: the file takes no write(), as
+ * hugetlbfs memfds; map it then). */
+int copy_to_fd(int fd, uint64_t off, const DLTensor *t);
+/* Allocates and maps every page of a fresh writable shared mapping in one
+ * call (MADV_POPULATE_WRITE, where the kernel has it), with transparent
+ * huge pages where the kernel gives shared memory those on request. Never
+ * fails: what it could not do, the writes' faults do. */
+void copy_populate(void *p, size_t len);
+/* 1 when shmem_enabled is "advise" (read once). */
+int copy_shmem_thp_advised(void);
+
 #endif

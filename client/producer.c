@@ -17,8 +17,14 @@
 
 struct wtensor {
 	DLTensor t;
+	uint64_t offset;         /* in the buffer */
 	int64_t shape[CHECK_NDIM_MAX];
 };
+
+/* writer_create's flags. WRITER_FD: a host buffer is not mapped; the
+ * writer keeps its memfd (w->fd) and fills it with pwrite, which costs no
+ * page faults and no munmap before the seal: the copy of publish. */
+#define WRITER_FD 1u
 
 struct dlshare_writer {
 	dlshare_client *c;
@@ -28,6 +34,7 @@ struct dlshare_writer {
 				  * name the version by (0: a daemon before
 				  * 1.3, which goes by name and version) */
 	void *base;
+	int fd;                  /* host, WRITER_FD: the memfd, unmapped */
 	int cuda_host;           /* base is registered with CUDA */
 	struct ibuf *dev;        /* device buffer: the library's mapping */
 	int ordinal;             /* device buffer: the local device */
@@ -151,6 +158,9 @@ static void writer_unmap(dlshare_writer *w)
 		w->base = NULL;
 		return;
 	}
+	if (w->fd >= 0)
+		close(w->fd);
+	w->fd = -1;
 	if (w->cuda_host)
 		cuda_host_unregister(w->base);
 	w->cuda_host = 0;
@@ -204,9 +214,11 @@ static int lifetimes_supported(dlshare_client *c, const char *name)
 
 /* ---- store mode ---------------------------------------------------------- */
 
-int dlshare_create(dlshare_client *c, const char *name,
-		   const dlshare_tensor_spec *specs, size_t n,
-		   const dlshare_create_opts *opts, dlshare_writer **out)
+/* dlshare_create, with flags (WRITER_*). */
+static int writer_create(dlshare_client *c, const char *name,
+			 const dlshare_tensor_spec *specs, size_t n,
+			 const dlshare_create_opts *opts, unsigned flags,
+			 dlshare_writer **out)
 {
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Create cr = DLSHARE__CREATE__INIT;
@@ -252,6 +264,7 @@ int dlshare_create(dlshare_client *c, const char *name,
 		free(w);
 		return DLSHARE_ENOMEM;
 	}
+	w->fd = -1;
 	w->c = c;
 	client_ref(c);
 	w->n = n;
@@ -279,6 +292,7 @@ int dlshare_create(dlshare_client *c, const char *name,
 			goto fail;
 		total = (total + PRODUCER_ALIGN - 1) / PRODUCER_ALIGN *
 			PRODUCER_ALIGN;
+		t->offset = total;
 		t->t.byte_offset = total; /* until the mapping exists */
 		if (__builtin_add_overflow(total, bytes, &total) ||
 		    total > INT64_MAX) {
@@ -385,6 +399,13 @@ int dlshare_create(dlshare_client *c, const char *name,
 			goto fail;
 		}
 		w->size = rep->buffers[0]->size;
+		if (flags & WRITER_FD) {
+			/* Ours now: reply_free closes only what is left. */
+			w->fd = r.fds[0];
+			r.fds[0] = -1;
+			reply_free(c, &r);
+			goto mapped;
+		}
 		/* A child must not inherit it: the daemon can write-seal
 		 * the buffer only once no writable mapping of it is left,
 		 * and a child's would outlive ours. */
@@ -396,8 +417,12 @@ int dlshare_create(dlshare_client *c, const char *name,
 			err = DLSHARE_ENOMEM;
 			goto fail;
 		}
+		/* The producer writes all of it next: every page in one
+		 * call rather than a fault each. */
+		copy_populate(w->base, w->size);
 	}
 	reply_free(c, &r); /* closes the fd: the mapping holds the memory */
+mapped:
 	if (w->base && dev.type == kDLCUDAHost) {
 		err = cuda_host_register(w->base, w->size, 0);
 		if (err) {
@@ -425,6 +450,13 @@ fail:
 	wire_tensors_free(&wt);
 	writer_free(w);
 	return err;
+}
+
+int dlshare_create(dlshare_client *c, const char *name,
+		   const dlshare_tensor_spec *specs, size_t n,
+		   const dlshare_create_opts *opts, dlshare_writer **out)
+{
+	return writer_create(c, name, specs, n, opts, 0, out);
 }
 
 size_t dlshare_writer_count(const dlshare_writer *w)
@@ -596,41 +628,12 @@ void dlshare_writer_abort(dlshare_writer *w)
 
 /* ---- export mode ------------------------------------------------------- */
 
-/* Copies t's elements, in row-major order, to dst (compact). */
-static void copy_compact(char *dst, const DLTensor *t)
-{
-	uint64_t elem = check_dtype_size(t->dtype.code, t->dtype.bits,
-					 t->dtype.lanes);
-	const char *src = (const char *)t->data + t->byte_offset;
-	int64_t idx[CHECK_NDIM_MAX] = { 0 };
-	uint64_t bytes;
-
-	if (tensor_bytes(t, &bytes) || bytes == 0)
-		return;
-	if (!t->strides) {
-		memcpy(dst, src, bytes);
-		return;
-	}
-	for (uint64_t done = 0; done < bytes; done += elem) {
-		int64_t off = 0;
-
-		for (int32_t k = 0; k < t->ndim; k++)
-			off += idx[k] * t->strides[k];
-		memcpy(dst + done, src + off * (int64_t)elem, elem);
-		for (int32_t k = t->ndim - 1; k >= 0; k--) {
-			if (++idx[k] < t->shape[k])
-				break;
-			idx[k] = 0;
-		}
-	}
-}
-
 /* A store version shaped like tensors, compact, on device: the target of
  * a copy. Returns 0 with *w, or a DLSHARE_E* code. */
 static int create_like(dlshare_client *c, const char *name,
 		       DLManagedTensor *const *tensors, size_t n,
 		       const dlshare_publish_opts *o, DLDevice device,
-		       dlshare_writer **w)
+		       unsigned flags, dlshare_writer **w)
 {
 	dlshare_tensor_spec *specs = calloc(n, sizeof(*specs));
 	dlshare_create_opts co = {
@@ -649,9 +652,46 @@ static int create_like(dlshare_client *c, const char *name,
 		specs[i].ndim = t->ndim;
 		specs[i].shape = t->shape;
 	}
-	err = dlshare_create(c, name, specs, n, &co, w);
+	err = writer_create(c, name, specs, n, &co, flags, w);
 	free(specs);
 	return err;
+}
+
+/* Fills w's buffer from tensors through its memfd (WRITER_FD). Where the
+ * file takes no write() (hugetlbfs), maps it and copies in memory. Returns
+ * 0 or a DLSHARE_E* code. */
+static int writer_fill(dlshare_writer *w, DLManagedTensor *const *tensors)
+{
+	int err = 0;
+
+	for (size_t i = 0; w->fd >= 0 && i < w->n && !err; i++)
+		err = copy_to_fd(w->fd, w->ts[i].offset, &tensors[i]->dl_tensor);
+	if (w->fd < 0 || err == -EINVAL) {
+		if (w->fd >= 0) {
+			w->base = fork_mmap_writable(w->size, w->fd);
+			close(w->fd);
+			w->fd = -1;
+			if (w->base == MAP_FAILED) {
+				w->base = NULL;
+				return DLSHARE_ENOMEM;
+			}
+			copy_populate(w->base, w->size);
+		}
+		for (size_t i = 0; w->base && i < w->n; i++)
+			copy_to_mem((char *)w->base + w->ts[i].offset,
+				    &tensors[i]->dl_tensor);
+		return 0;
+	}
+	if (err) {
+		char msg[160];
+
+		snprintf(msg, sizeof(msg), "writing the copy into the "
+			 "daemon's buffer failed: %s", strerror(-err));
+		errmsg_set(msg);
+		return err == -ENOMEM || err == -ENOSPC || err == -EFBIG ?
+		       DLSHARE_ENOMEM : client_errno(err);
+	}
+	return 0;
 }
 
 static int publish_copy(dlshare_client *c, const char *name,
@@ -661,12 +701,15 @@ static int publish_copy(dlshare_client *c, const char *name,
 	dlshare_writer *w;
 	int err;
 
-	err = create_like(c, name, tensors, n, o, (DLDevice){ kDLCPU, 0 }, &w);
+	err = create_like(c, name, tensors, n, o, (DLDevice){ kDLCPU, 0 },
+			  WRITER_FD, &w);
 	if (err)
 		return err;
-	for (size_t i = 0; i < n; i++)
-		if (w->ts[i].t.data)
-			copy_compact(w->ts[i].t.data, &tensors[i]->dl_tensor);
+	err = writer_fill(w, tensors);
+	if (err) {
+		dlshare_writer_abort(w);
+		return err;
+	}
 	err = dlshare_seal(w, o->stream, version);
 	if (err)
 		return err;
@@ -736,7 +779,7 @@ static int publish_copy_device(dlshare_client *c, const char *name,
 			return DLSHARE_ENOTSUP;
 		}
 	}
-	err = create_like(c, name, tensors, n, o, device, &w);
+	err = create_like(c, name, tensors, n, o, device, 0, &w);
 	if (err)
 		return err;
 	for (size_t i = 0; i < n && !err; i++) {

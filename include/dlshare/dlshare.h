@@ -172,7 +172,9 @@ typedef struct dlshare_writer dlshare_writer;
 
 /* Creates a pending version of name holding n tensors, laid out compact and
  * 64-byte aligned in one daemon-owned buffer that this process maps writable.
- * Write the data through dlshare_writer_tensor(), then dlshare_seal().
+ * Write the data through dlshare_writer_tensor(), then dlshare_seal(). A
+ * host buffer's pages are allocated and mapped here in one call where the
+ * kernel can (MADV_POPULATE_WRITE, Linux 5.14+), not a fault per page.
  * The version is invisible to get until sealed, and dropped if the writer is
  * aborted or the connection closes first. opts may be NULL. With a kDLCUDA
  * device the buffer is GPU memory the daemon allocates on that GPU (by its
@@ -252,7 +254,11 @@ typedef struct dlshare_publish_opts {
  * a daemon-owned buffer and its deleter runs before this returns, unless
  * DLSHARE_PUBLISH_NO_COPY forbids that: host memory by the CPU; device memory
  * (pool, VMM, managed) on opts->stream into GPU memory of the daemon on the
- * same device, after which this waits for that stream. On success the library owns all n
+ * same device, after which this waits for that stream. A host copy is
+ * written into the daemon's memfd (pwrite: no mapping, no page faults) in
+ * the longest contiguous runs the strides allow: one for a compact tensor,
+ * with or without explicit strides, one per row of a row-contiguous view.
+ * On success the library owns all n
  * tensors; on failure the caller still does. opts may be NULL.
  * Shared tensors keep their strides, but one with a negative stride is never
  * shared (torch 1.13 aborts a consuming process on one, JAX refuses it): a

@@ -44,7 +44,8 @@ __version__ = _dlshare.version()
 __all__ = [
     "Client", "Tensor", "Bundle", "Writer", "Array", "TensorSpec",
     "NameInfo", "TensorInfo", "Stats", "UidStats", "DLDeviceType", "empty",
-    "socket_path", "WAIT_FOREVER",
+    "socket_path", "WAIT_FOREVER", "load_state_dict", "LoadResult",
+    "StateDictMismatch",
     "Error", "InvalidArgument", "NotFound", "Timeout", "PermissionDenied",
     "OutOfMemory", "LimitExceeded", "ProtocolError", "ConnectionFailed",
     "VersionMismatch", "NotSupported", "SystemCallFailed", "Busy",
@@ -234,6 +235,13 @@ def _capsule_of(obj, stream):
         if kw:
             raise
         return _buffer_fallback(obj, e)
+    except RuntimeError:
+        # torch < 2 exports no bool through DLPack ("Bool type is not
+        # supported by dlpack"), and a state dict may hold a bool buffer:
+        # a host one goes through NumPy's view of the same memory.
+        if kw or not _is_torch(obj) or str(obj.dtype) != "torch.bool":
+            raise
+        return _dlshare.buffer_capsule(obj.detach().numpy())
 
 
 # The dtypes DLPack gives a code to and dlshare takes (client/dtype.c).
@@ -312,6 +320,24 @@ def _shape_str(dtype, shape):
 
 # ---- consumer side --------------------------------------------------------
 
+# NumPy's array-interface type strings of the dtypes NumPy has.
+_TYPESTR = {"bool": "|b1", "int8": "|i1", "uint8": "|u1", "int16": "<i2",
+            "uint16": "<u2", "int32": "<i4", "uint32": "<u4", "int64": "<i8",
+            "uint64": "<u8", "float16": "<f2", "float32": "<f4",
+            "float64": "<f8", "complex64": "<c8", "complex128": "<c16"}
+
+
+class _ArrayHolder:
+    """What Tensor.__array__ hands NumPy: the array interface of a tensor,
+    and the capsule whose lease keeps its memory mapped."""
+
+    __slots__ = ("_keep", "__array_interface__")
+
+    def __init__(self, keep, interface):
+        self._keep = keep
+        self.__array_interface__ = interface
+
+
 class Tensor(_DLPack):
     """One tensor of a version got from the daemon.
 
@@ -322,7 +348,9 @@ class Tensor(_DLPack):
     are read-only; older consumers cannot see that flag, and writing through
     their arrays crashes the process (SIGSEGV) rather than change the data.
     Ask for ``copy=True`` (``numpy.from_dlpack(t, copy=True)``) for a
-    writable copy.
+    writable copy, or ``t.copy()`` / ``client.get(name, copy=True)`` for a
+    private writable ``Array``. ``numpy.asarray(t)`` works too (read-only,
+    through ``__array__``, for consumers without DLPack).
     """
 
     __slots__ = ("_b", "_i", "_info", "_owner", "_stream", "name", "key",
@@ -393,6 +421,50 @@ class Tensor(_DLPack):
 
     def _capsule(self, versioned, copy):
         return self._b.export(self._i, versioned, copy)
+
+    def copy(self):
+        """A private, writable, compact copy of this host tensor: an Array
+        (buffer protocol and DLPack, both writable), made at memory speed
+        without the GIL. It holds no lease and may be republished."""
+        return self._b.copy_out(Array, self._i)
+
+    def __array__(self, dtype=None, copy=None):
+        """NumPy's conversion (``numpy.asarray(t)``, ``numpy.array(t)``):
+        a read-only ndarray over the shared memory (no copy; it holds a
+        lease of its own), or a writable copy with copy=True; dtype
+        converts (a copy). For consumers without DLPack; the same with
+        NumPy 1.x and 2.x (bool included, which NumPy < 2 refuses through
+        DLPack)."""
+        import numpy
+        if int(self._info[3]) not in (DLDeviceType.kDLCPU,
+                                      DLDeviceType.kDLCUDAHost):
+            raise TypeError(f"{self!r} is in GPU memory: NumPy cannot read "
+                            "it (copy it to the host with its framework)")
+        typestr = _TYPESTR.get(self.dtype)
+        if typestr is None:
+            raise TypeError(f"NumPy has no dtype {self.dtype}: use a "
+                            "framework that has it (torch.from_dlpack)")
+        if copy:
+            a = numpy.asarray(self.copy())
+        elif self.size == 0:
+            a = numpy.empty(self.shape, typestr)
+            a.flags.writeable = False
+        else:
+            strides = self.strides
+            if strides is not None:
+                strides = tuple(s * self.itemsize for s in strides)
+            # NumPy keeps the holder as the array's base, and the holder
+            # keeps a capsule holding a lease of its own: the memory stays
+            # while the array lives, whatever happens to this Tensor.
+            a = numpy.asarray(_ArrayHolder(
+                self._b.export(self._i, False, False),
+                {"version": 3, "shape": self.shape, "typestr": typestr,
+                 "strides": strides, "data": (self._info[5], True)}))
+        if dtype is not None and numpy.dtype(dtype) != a.dtype:
+            if copy is False:
+                raise ValueError("converting the dtype needs a copy")
+            a = a.astype(dtype)
+        return a
 
     def release(self):
         """Drops this object's hold on the lease now (arrays made from the
@@ -490,6 +562,12 @@ class Bundle:
 
     def get(self, key, default=None):
         return self[key] if key in self else default
+
+    def copy_into(self, state_dict, strict=True, stream=None):
+        """Copies this version into existing tensors in place:
+        ``load_state_dict(state_dict, self, strict, stream)``."""
+        return load_state_dict(state_dict, self, strict=strict,
+                               stream=stream)
 
     def release(self):
         """Drops the lease now, for every Tensor of this bundle (arrays made
@@ -878,10 +956,18 @@ class Client:
                            _stream_value(stream))
 
     def get(self, name, version=None, newer_than=None, timeout=None,
-            stream=None):
+            stream=None, copy=False):
         """Gets a version of name: the newest, exactly ``version``, or the
         newest one newer than ``newer_than``. Returns a Tensor, or a Bundle
-        when the version holds several tensors.
+        when the version holds several tensors: read-only memory shared
+        with every reader (writing through an older consumer's array, as
+        torch 1.13's in-place ops, crashes the process).
+
+        copy=True returns private, writable copies instead, made at memory
+        speed and holding no lease: an Array (buffer protocol and DLPack:
+        ``torch.from_dlpack(a)``, ``numpy.asarray(a)``), or for several
+        tensors a dict of Arrays by key (a list when the version has no
+        keys). Host tensors only.
 
         timeout: None fails at once (NotFound) when there is no such
         version; a number of seconds waits for one to be published (Timeout
@@ -890,6 +976,8 @@ class Client:
         stream, 1 the same, 2 per-thread, -1 no synchronisation, or a
         cudaStream_t / torch.cuda.Stream)."""
         b = self._get(name, version, newer_than, timeout, stream)
+        if copy:
+            return _copies(b)
         if b.count() == 1:
             return Tensor(b, 0, name, b.keys()[0], stream, True)
         return Bundle(b, name, stream)
@@ -899,6 +987,18 @@ class Client:
         """As get(), but always a Bundle, also for one tensor."""
         return Bundle(self._get(name, version, newer_than, timeout, stream),
                       name, stream)
+
+    def load_state_dict(self, name, state_dict, strict=True, newer_than=None,
+                        timeout=None, stream=None):
+        """Gets a version of name (the newest, or the newest newer than
+        ``newer_than``, waiting up to timeout) and copies it into
+        state_dict's tensors in place: ``dlshare.load_state_dict``. Returns
+        the version's number (the next ``newer_than``)."""
+        b = self.get_bundle(name, newer_than=newer_than, timeout=timeout,
+                            stream=stream)
+        with b:
+            load_state_dict(state_dict, b, strict=strict, stream=stream)
+        return b.version
 
     # Looking inside.
     def delete(self, name=None, *, prefix=None):
@@ -934,3 +1034,176 @@ class Client:
         d = self._c.stats()
         d["uids"] = tuple(UidStats(**u) for u in d["uids"])
         return Stats(**d)
+
+
+def _copies(b):
+    """Private copies of every tensor of the _dlshare.Bundle b (see
+    Client.get(copy=True)); releases b."""
+    try:
+        n = b.count()
+        arrays = [b.copy_out(Array, i) for i in range(n)]
+        if n == 1:
+            return arrays[0]
+        keys = b.keys()
+        if not any(keys):
+            return arrays
+        return dict(zip(keys, arrays))
+    finally:
+        b.release()
+
+
+# ---- weight sync: a version into existing tensors --------------------------
+
+LoadResult = collections.namedtuple("LoadResult",
+                                    "missing_keys unexpected_keys")
+LoadResult.__doc__ = ("What load_state_dict(strict=False) left out: keys "
+                      "of the destination that the version lacks, and keys "
+                      "of the version that the destination lacks.")
+
+
+class StateDictMismatch(InvalidArgument):
+    """load_state_dict found the version and the destination disagreeing
+    (keys, shapes, dtypes); nothing was copied. ``missing_keys``,
+    ``unexpected_keys`` and ``mismatched`` ({key: (want, got)}) say how."""
+
+    def __init__(self, msg, missing=(), unexpected=(), mismatched=None):
+        super().__init__(msg)
+        self.missing_keys = list(missing)
+        self.unexpected_keys = list(unexpected)
+        self.mismatched = dict(mismatched or {})
+
+
+def _source_items(src):
+    """(key, tensor) pairs of a Bundle, a Tensor or a mapping."""
+    if isinstance(src, Bundle):
+        return list(zip(src.keys(), src))
+    if isinstance(src, Tensor):
+        return [(src.key, src)]
+    if isinstance(src, Mapping):
+        return list(src.items())
+    raise TypeError("the source is a dlshare Bundle, a Tensor or a mapping "
+                    f"of key to tensor, not {type(src).__name__}")
+
+
+def _geometry(x, key, what):
+    """(dtype name, shape) of a tensor of any kind."""
+    try:
+        return _dtype_name(x.dtype), tuple(int(n) for n in x.shape)
+    except (AttributeError, TypeError, ValueError):
+        raise TypeError(f"{what} {key!r} is a {type(x).__name__}, not a "
+                        "tensor with a dtype and a shape") from None
+
+
+def _copyable_into(dst):
+    return (isinstance(dst, Array) or _is_torch(dst) or
+            type(dst).__module__ == "numpy")
+
+
+def _is_torch(x):
+    return type(x).__module__.split(".")[0] == "torch"
+
+
+def _torch_source(src):
+    """A torch view of a received tensor (no copy)."""
+    import torch
+    try:
+        return torch.from_dlpack(src)
+    except (RuntimeError, BufferError, TypeError):
+        # torch 1.13 refuses DLPack's bool (kDLBool): through NumPy.
+        if getattr(src, "dtype", None) != "bool":
+            raise
+    import numpy
+    import warnings
+    with warnings.catch_warnings():
+        # Read-only memory: nothing writes through this view.
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(numpy.asarray(src))
+
+
+def _copy_one(dst, src, stream):
+    """dst[...] = src for one pair whose geometry was checked."""
+    if isinstance(dst, Array):
+        dst.copy_from(src)
+    elif _is_torch(dst):
+        import torch
+        s = src if _is_torch(src) else _torch_source(src)
+        with torch.no_grad():
+            dst.copy_(s)
+    elif type(dst).__module__ == "numpy":
+        import numpy
+        # numpy.asarray: __array__ (bool too, which NumPy < 2 refuses
+        # through DLPack).
+        numpy.copyto(dst, numpy.asarray(src), casting="no")
+    else:
+        raise TypeError(f"cannot copy into a {type(dst).__name__}: "
+                        "destinations are torch tensors, NumPy arrays and "
+                        "dlshare Arrays")
+
+
+def load_state_dict(state_dict, source, strict=True, stream=None):
+    """Copies a received version into existing tensors in place, as an
+    inference process updating its model does: ``state_dict`` maps keys to
+    the destination tensors (``model.state_dict()``: torch tensors sharing
+    the parameters' memory; NumPy arrays; dlshare Arrays), ``source`` is
+    the Bundle (or Tensor, or a mapping) got from the daemon.
+
+    Every key, shape and dtype is checked first, as torch's
+    ``load_state_dict(strict=True)`` does: keys of the destination missing
+    from the version and keys of the version the destination lacks are
+    errors under strict (both named), a shape or dtype that differs always
+    is; then StateDictMismatch is raised and nothing is copied. Returns a
+    LoadResult (missing_keys, unexpected_keys).
+
+    GPU destinations: torch copies on its current stream, or on ``stream``
+    (a torch.cuda.Stream) when given; the version's tensors made that
+    stream wait for the producer's event (DLPack's stream exchange, the
+    library's stream-ordered wait), so the copy runs after the producer's
+    writes and the host does not wait.
+    """
+    if not isinstance(state_dict, Mapping):
+        raise TypeError("state_dict is a mapping of key to tensor, not "
+                        f"{type(state_dict).__name__}")
+    items = _source_items(source)
+    src = dict(items)
+    missing = [k for k in state_dict if k not in src]
+    unexpected = [k for k, _ in items if k not in state_dict]
+    mismatched = {}
+    for k, dst in state_dict.items():
+        if k in src:
+            if not _copyable_into(dst):
+                raise TypeError(f"cannot copy into {k!r}, a "
+                                f"{type(dst).__name__}: destinations are "
+                                "torch tensors, NumPy arrays and dlshare "
+                                "Arrays")
+            want = _geometry(dst, k, "the destination")
+            got = _geometry(src[k], k, "the source")
+            if want != got:
+                mismatched[k] = (want, got)
+    if mismatched or (strict and (missing or unexpected)):
+        what = []
+        if strict and missing:
+            what.append("missing key(s) in the version: " +
+                        ", ".join(repr(k) for k in missing))
+        if strict and unexpected:
+            what.append("unexpected key(s) in the version: " +
+                        ", ".join(repr(k) for k in unexpected))
+        for k, (want, got) in mismatched.items():
+            what.append(f"{k!r}: the version has {_shape_str(*got)}, the "
+                        f"destination {_shape_str(*want)}")
+        name = getattr(source, "name", None)
+        ver = getattr(source, "version", None)
+        head = f"{name} v{ver}" if name else "the version"
+        raise StateDictMismatch(
+            f"cannot load {head} into the state dict (nothing copied): " +
+            "; ".join(what), missing, unexpected, mismatched)
+    pairs = [(state_dict[k], src[k]) for k, _ in items if k in state_dict]
+    if stream is not None and any(_is_torch(d) and d.is_cuda
+                                  for d, _ in pairs):
+        import torch
+        with torch.cuda.stream(stream):
+            for dst, s in pairs:
+                _copy_one(dst, s, stream)
+    else:
+        for dst, s in pairs:
+            _copy_one(dst, s, stream)
+    return LoadResult(missing, unexpected)

@@ -386,6 +386,78 @@ static void publish_copies(void **state)
 	assert_int_equal(util_wait(util_spawn(&fx->d, copy_consumer, NULL)), 0);
 }
 
+/* Layouts that take each path of the copy into the daemon's buffer: one
+ * pwrite (compact, with and without explicit strides), pwritev batches
+ * (rows of 4,200 bytes, more of them than one call takes), and gathers
+ * through the bounce buffer (a transpose, more than one buffer's worth). */
+static void keep_deleter(DLManagedTensor *self)
+{
+	(void)self; /* the source is the test's */
+}
+
+static int runs_child(const struct daemon_proc *d, void *arg)
+{
+	enum { R = 1200, C = 1100 };
+	static const struct {
+		const char *name;
+		int64_t shape[2], strides[2];
+		int strided;
+		int64_t first; /* element */
+	} cases[] = {
+		{ "runs/compact", { R, C }, { C, 1 }, 0, 0 },
+		{ "runs/compact-strided", { R, C }, { C, 1 }, 1, 0 },
+		{ "runs/rows", { R, 1050 }, { C, 1 }, 1, 3 },
+		{ "runs/transposed", { 600, 700 }, { 1, C }, 1, 5 },
+	};
+	dlshare_client *c = util_child_connect(d);
+	dlshare_publish_opts o = { .flags = DLSHARE_PUBLISH_COPY };
+	int32_t *a = malloc((size_t)R * C * sizeof(int32_t));
+
+	CHILD_CHECK(a != NULL);
+	harness_fill(a, (size_t)R * C * sizeof(int32_t), 31);
+	for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+		DLManagedTensor mt = { 0 }, *mp = &mt;
+		int64_t shape[2], strides[2];
+		const DLTensor *t;
+		const int32_t *got;
+		dlshare_bundle *b;
+
+		memcpy(shape, cases[k].shape, sizeof(shape));
+		memcpy(strides, cases[k].strides, sizeof(strides));
+		mt.dl_tensor.data = a;
+		mt.dl_tensor.device.device_type = kDLCPU;
+		mt.dl_tensor.dtype = DT_I32;
+		mt.dl_tensor.ndim = 2;
+		mt.dl_tensor.shape = shape;
+		mt.dl_tensor.strides = cases[k].strided ? strides : NULL;
+		mt.dl_tensor.byte_offset =
+			(uint64_t)cases[k].first * sizeof(int32_t);
+		mt.deleter = keep_deleter;
+		CHILD_OK(dlshare_publish(c, cases[k].name, &mp, 1, &o, NULL));
+		CHILD_OK(dlshare_get(c, cases[k].name, NULL, &b));
+		t = dlshare_bundle_tensor(b, 0);
+		CHILD_CHECK(t->ndim == 2 && t->shape[0] == shape[0] &&
+			    t->shape[1] == shape[1] && !t->strides);
+		got = (const int32_t *)((const char *)t->data + t->byte_offset);
+		for (int64_t i = 0; i < shape[0]; i++)
+			for (int64_t j = 0; j < shape[1]; j++)
+				CHILD_CHECK(got[i * shape[1] + j] ==
+					    a[cases[k].first + i * strides[0] +
+					      j * strides[1]]);
+		dlshare_bundle_free(b);
+	}
+	free(a);
+	dlshare_disconnect(c);
+	return 0;
+}
+
+static void publish_copy_runs(void **state)
+{
+	struct fixture *fx = *state;
+
+	assert_int_equal(util_wait(util_spawn(&fx->d, runs_child, NULL)), 0);
+}
+
 /* ---- a store version outlives its producer ----------------------------------- */
 
 static void store_outlives_producer(void **state)
@@ -588,6 +660,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(zero_size_and_scalar, setup, teardown),
 		cmocka_unit_test_setup_teardown(scalar_null_shape, setup, teardown),
 		cmocka_unit_test_setup_teardown(publish_copies, setup, teardown),
+		cmocka_unit_test_setup_teardown(publish_copy_runs, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(store_outlives_producer, setup, teardown),
 		cmocka_unit_test_setup_teardown(state_dict_one_version, setup, teardown),
 		cmocka_unit_test_setup_teardown(huge_pages_when_the_pool_has_them,
