@@ -588,6 +588,18 @@ static void *relay_main(void *arg)
 	return NULL;
 }
 
+/* A get that waits forever on the relayed client, in a thread of its own:
+ * it must end with the connection. */
+static void *forever_get(void *arg)
+{
+	dlshare_get_opts o = { .timeout_ms = DLSHARE_WAIT_FOREVER };
+	dlshare_bundle *b = NULL;
+	intptr_t err = dlshare_get(arg, "e/never", &o, &b);
+
+	dlshare_bundle_free(b);
+	return (void *)err;
+}
+
 static void dead_connection_hangs_up(void **state)
 {
 	struct fixture *fx = *state;
@@ -596,6 +608,8 @@ static void dead_connection_hangs_up(void **state)
 	int64_t shape[1] = { 1000 };
 	DLManagedTensor *kept, *dropped;
 	dlshare_bundle *b, *none;
+	pthread_t waiter;
+	void *ret;
 	char path[200];
 
 	snprintf(path, sizeof(path), "%s/relay.sock", fx->d.dir);
@@ -606,6 +620,11 @@ static void dead_connection_hangs_up(void **state)
 	assert_int_equal(dlshare_get_tensor(via, "e/pin", NULL, &kept), 0);
 	assert_int_equal(dlshare_get_tensor(via, "e/pin", NULL, &dropped), 0);
 	assert_int_equal(dlshare_get(via, "e/pin", NULL, &b), 0);
+	assert_int_equal(pthread_create(&waiter, NULL, forever_get, via), 0);
+	for (int ms = 0; util_stats(c).parked != 1; ms++) {
+		assert_true(ms < harness_ms(5000));
+		util_sleep_ms(1);
+	}
 	assert_int_equal(harness_wait_stats(c, 3, 2, NULL), 0);
 	/* The client reads a packet that is no frame: for it the connection
 	 * is dead. The daemon's side of it is fine. */
@@ -616,6 +635,9 @@ static void dead_connection_hangs_up(void **state)
 	assert_int_equal(harness_wait_stats(c, 0, 1, NULL), 0);
 	assert_int_equal(pthread_join(rl.thread, NULL), 0);
 	assert_true(atomic_load(&rl.client_gone));
+	/* The waiting get ended with the connection. */
+	assert_int_equal(pthread_join(waiter, &ret), 0);
+	assert_int_equal((intptr_t)ret, DLSHARE_ECONN);
 	assert_int_equal(dlshare_get(via, "e/pin", NULL, &none),
 			 DLSHARE_ECONN);
 	/* What it got is still readable. */
