@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -722,6 +723,48 @@ void client_release_after(dlshare_client *c, struct lease_ref *lr)
 	free(lr);
 }
 
+/* Receiver thread: whether dlshare_disconnect() began (it then hangs up
+ * itself, once device work on leased memory is done). */
+static int closed_here(dlshare_client *c)
+{
+	int closed;
+
+	pthread_mutex_lock(&c->lock);
+	closed = c->closed;
+	pthread_mutex_unlock(&c->lock);
+	return closed;
+}
+
+/* Receiver thread, once the connection failed (a bad packet, a send
+ * error, a Hello that timed out) but nobody disconnected: hangs up at
+ * once, so that the daemon drops this connection's leases (also those
+ * the application released since, which can no longer be sent) and its
+ * pending versions, instead of keeping them, and the versions they pin,
+ * until dlshare_disconnect(). Device work still queued on leased memory
+ * is waited for first, as dlshare_disconnect() does. The fd itself stays
+ * open until the client is freed: other threads may still be in a
+ * send or receive on it, and its number must not be reused under them;
+ * a shut-down socket fails them at once. */
+static void hang_up(dlshare_client *c)
+{
+	struct lease_ref *lr;
+
+	pthread_mutex_lock(&c->lock);
+	lr = c->deferred;
+	c->deferred = NULL;
+	pthread_mutex_unlock(&c->lock);
+	while (lr) {
+		struct lease_ref *next = lr->next;
+
+		cuda_event_wait(lr->event);
+		cuda_event_drop(lr->event);
+		client_unpin(c, lr->pins, lr->npins);
+		free(lr);
+		lr = next;
+	}
+	shutdown(c->fd, SHUT_RDWR);
+}
+
 /* The receiver thread: sends queued releases, watches deferred ones, frees
  * retired exports, and reads the socket while no caller does — taking the
  * reader role only once callers have gone quiet for CLIENT_IDLE_MS, and
@@ -858,6 +901,8 @@ static void *rx_main(void *arg)
 	wq.kick_rx = 0;
 	wakeq_run(c, &wq);
 	exports_free(retired);
+	if (!closed_here(c))
+		hang_up(c);
 	client_unref(c);
 	return NULL;
 }
@@ -873,6 +918,18 @@ void reply_free(dlshare_client *c, struct reply *r)
 	r->npins = 0;
 	wire_msg_free(r->msg);
 	r->msg = NULL;
+}
+
+/* Under c->lock: DLSHARE_ETIMEDOUT when the Hello's deadline passed (and
+ * the connection's last word says so), else 0. */
+static int hello_overdue(dlshare_client *c)
+{
+	if (!c->deadline || now_ms() < c->deadline)
+		return 0;
+	snprintf(c->fatal_msg, sizeof(c->fatal_msg), "the daemon did not "
+		 "answer Hello within %d ms (a listener that never accepts, "
+		 "or a hung daemon)", (int)c->timeout_ms);
+	return DLSHARE_ETIMEDOUT;
 }
 
 /* A caller that has sent p and found nobody reading, under c->lock: takes
@@ -897,6 +954,8 @@ static void lead(dlshare_client *c, struct pending *p, struct wakeq *wq)
 		pthread_mutex_lock(&c->lock);
 		if (r == 0)
 			r = dispatch(c, m, fds, nfds, wq);
+		else if (r == 1)
+			r = hello_overdue(c);
 		if (r < 0 && !c->dead)
 			conn_fail(c, r, wq);
 		/* p is done when its reply came, or when another thread
@@ -997,10 +1056,24 @@ int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 			client_errno(err);
 	}
 	while (!p->done) {
-		if (!c->reading && !c->dead)
+		if (!c->reading && !c->dead) {
 			lead(c, p, &wq);
-		else
+		} else if (!c->deadline) {
 			pthread_cond_wait(&p->cond, &c->lock);
+		} else if ((err = hello_overdue(c))) {
+			/* The receiver thread reads, and nothing came. */
+			conn_fail(c, err, &wq);
+		} else {
+			int64_t left = c->deadline - now_ms();
+			struct timespec ts;
+
+			clock_gettime(CLOCK_REALTIME, &ts);
+			left = left < 0 ? 0 : left > 100 ? 100 : left;
+			ts.tv_nsec += (long)left * 1000000;
+			ts.tv_sec += ts.tv_nsec / 1000000000;
+			ts.tv_nsec %= 1000000000;
+			pthread_cond_timedwait(&p->cond, &c->lock, &ts);
+		}
 	}
 	if (p->err && !p->msg)
 		errmsg_set(c->fatal_msg);
@@ -1192,10 +1265,27 @@ int client_bad_name(const char *name)
 	return 1;
 }
 
+/* Sets fd's receive (SO_RCVTIMEO) or send (SO_SNDTIMEO, which bounds a
+ * Unix socket's connect too) timeout; 0 ms waits forever. */
+static void sock_timeout(int fd, int opt, int64_t ms)
+{
+	struct timeval tv = { .tv_sec = (time_t)(ms / 1000),
+			      .tv_usec = (suseconds_t)(ms % 1000 * 1000) };
+
+	setsockopt(fd, SOL_SOCKET, opt, &tv, sizeof(tv));
+}
+
 int dlshare_connect(const char *path, dlshare_client **out)
+{
+	return dlshare_connect_ex(path, NULL, out);
+}
+
+int dlshare_connect_ex(const char *path, const dlshare_connect_opts *opts,
+		       dlshare_client **out)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	char dflt[sizeof(sa.sun_path)];
+	int32_t timeout = DLSHARE_CONNECT_TIMEOUT_MS;
 	dlshare_client *c;
 	sem_t up;
 	int err, e;
@@ -1204,6 +1294,20 @@ int dlshare_connect(const char *path, dlshare_client **out)
 	if (!out)
 		return DLSHARE_EINVAL;
 	*out = NULL;
+	if (opts) {
+		/* Only the fields the caller's size covers are read. */
+		if (opts->size < offsetof(dlshare_connect_opts, timeout_ms) +
+				 sizeof(opts->timeout_ms) ||
+		    opts->timeout_ms < DLSHARE_WAIT_FOREVER) {
+			errmsg_set("connect: invalid dlshare_connect_opts "
+				   "(size not set, or a timeout below -1)");
+			return DLSHARE_EINVAL;
+		}
+		if (opts->timeout_ms)
+			timeout = opts->timeout_ms;
+	}
+	if (timeout == DLSHARE_WAIT_FOREVER)
+		timeout = 0;
 	if (!path) {
 		if (paths_default_socket(dflt, sizeof(dflt))) {
 			errmsg_set("connect: the default socket path is longer "
@@ -1247,11 +1351,14 @@ int dlshare_connect(const char *path, dlshare_client **out)
 		goto fail;
 	}
 	/* Callers read with blocking receives; the receiver thread never
-	 * blocks in one. */
-	setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO,
-		   &(struct timeval){ .tv_sec = CLIENT_LEAD_CHECK_MS / 1000,
-				      .tv_usec = CLIENT_LEAD_CHECK_MS % 1000 * 1000 },
-		   sizeof(struct timeval));
+	 * blocks in one. Until the Hello is answered, they wake in time to
+	 * see its deadline pass. */
+	sock_timeout(c->fd, SO_RCVTIMEO, timeout && timeout < CLIENT_LEAD_CHECK_MS ?
+		     timeout : CLIENT_LEAD_CHECK_MS);
+	/* A listener whose backlog is full (it does not accept) makes
+	 * connect() wait, for as long as the send timeout says. */
+	sock_timeout(c->fd, SO_SNDTIMEO, timeout);
+	c->timeout_ms = timeout;
 	/* The reader's buffer, whichever thread reads. */
 	c->rbuf = malloc(c->max_packet);
 	if (!c->rbuf) {
@@ -1259,11 +1366,26 @@ int dlshare_connect(const char *path, dlshare_client **out)
 		goto fail;
 	}
 	if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		char why[128];
+
 		e = errno;
-		connect_msg(path, strerror(e));
-		err = e == EACCES ? DLSHARE_EPERM : DLSHARE_ECONN;
+		/* A Unix socket's connect says EAGAIN when the listener's
+		 * queue stayed full for the whole send timeout. */
+		if (e == EAGAIN && timeout) {
+			snprintf(why, sizeof(why), "the listener accepted no "
+				 "connection within %d ms (its queue is full: "
+				 "a hung daemon?)", (int)timeout);
+			err = DLSHARE_ETIMEDOUT;
+		} else {
+			snprintf(why, sizeof(why), "%s", strerror(e));
+			err = e == EACCES ? DLSHARE_EPERM : DLSHARE_ECONN;
+		}
+		connect_msg(path, why);
 		goto fail;
 	}
+	sock_timeout(c->fd, SO_SNDTIMEO, 0);
+	if (timeout)
+		c->deadline = now_ms() + timeout;
 	/* The receiver thread holds its own reference: it may outlive a
 	 * dlshare_disconnect() made from a deleter running on it. */
 	client_ref(c);
@@ -1286,6 +1408,10 @@ int dlshare_connect(const char *path, dlshare_client **out)
 	c->rx_started = 1;
 	atomic_fetch_add(&live_clients, 1); /* dlshare_disconnect drops it */
 	err = hello(c);
+	pthread_mutex_lock(&c->lock);
+	c->deadline = 0;
+	pthread_mutex_unlock(&c->lock);
+	sock_timeout(c->fd, SO_RCVTIMEO, CLIENT_LEAD_CHECK_MS);
 	if (err) {
 		char why[160];
 

@@ -104,6 +104,9 @@ struct dlshare_client {
 				  * whether callers are around */
 	int closed;              /* dlshare_disconnect() began */
 	int dead;                /* the connection is gone */
+	int64_t deadline;        /* CLOCK_MONOTONIC ms by which the Hello
+				  * must be answered, 0 for none */
+	int32_t timeout_ms;      /* ...counted from connect() */
 	uint64_t next_id;
 	struct pending *pending;
 	struct ibuf *bufs;

@@ -1,8 +1,12 @@
-/* create — Create requests: store versions, with GPU buffers made on the
- * thread pool, and the daemon-owned cuda-ipc memory they leave. */
+/* create — Create requests: store versions, with GPU buffers and large
+ * host buffers made on the thread pool, and the daemon-owned cuda-ipc
+ * memory they leave. Host buffers are backed (their pages allocated) as
+ * they are made, so that they are charged to the daemon's memory cgroup
+ * (host.c). */
 #include "create.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -11,7 +15,12 @@
 
 #include "encode.h"
 #include "gpu.h"
+#include "host.h"
 #include "reply.h"
+
+/* Host bytes of one Create that are made (and backed) on the loop: below
+ * this, allocating the pages costs less than a trip to the thread pool. */
+#define CREATE_BACK_INLINE_MAX (UINT64_C(1) << 20)
 
 /* Daemon-owned cuda-ipc memory: cudaMalloc memory of the daemon (the
  * fallback where the driver cannot export VMM memory as an fd), by buffer
@@ -62,9 +71,10 @@ static void devmem_free(struct daemon *d, void *ptr, int ordinal)
 	gpu_free_ipc(ptr, ordinal);
 }
 
-/* A Create whose GPU buffers are being made on the thread pool: a GPU
- * allocation may take long (the driver's first call, a full device), and
- * the loop never waits. It counts as a request in flight of its peer. */
+/* A Create whose buffers are being made on the thread pool: a GPU
+ * allocation may take long (the driver's first call, a full device), so
+ * may allocating the pages of a large host buffer (about 0.1 s per GiB),
+ * and the loop never waits. It counts as a request in flight of its peer. */
 struct gpu_job {
 	uv_work_t req;
 	struct daemon *d;
@@ -76,10 +86,31 @@ struct gpu_job {
 					    * (1.4), or fd -1 */
 	int made[REGISTRY_BUFFERS_HARD_MAX];     /* mem[i] is ours to free */
 	struct gpu_mem mem[REGISTRY_BUFFERS_HARD_MAX];
-	int fds[REGISTRY_BUFFERS_HARD_MAX];      /* cuda-vmm: mem[i].fd */
+	int fds[REGISTRY_BUFFERS_HARD_MAX];      /* cuda-vmm: mem[i].fd;
+						  * host: the memfd */
+	int host[REGISTRY_BUFFERS_HARD_MAX];     /* made[i] is a memfd */
+	uint64_t huge_min;                       /* the registry's */
 	int err;
 	const char *why;
 };
+
+/* Answers a create whose host memory could not be allocated: how much it
+ * wanted, and where the limit is likely to be. */
+static void create_refuse_unbacked(struct peer *peer, uint64_t id,
+				   const Dlshare__Create *m)
+{
+	uint64_t host = 0;
+
+	for (size_t i = 0; i < m->n_buffers; i++)
+		if (m->buffers[i]->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
+			host += m->buffers[i]->size;
+	conn_send_error(&peer->conn, id, DLSHARE_ENOMEM,
+			"create %s: the daemon could not allocate the %llu "
+			"bytes (%.1f MiB) of host memory of this version: its "
+			"memory cgroup's limit (MemoryMax), or the machine's "
+			"memory, is reached", m->name, (unsigned long long)host,
+			(double)host / (1024.0 * 1024.0));
+}
 
 /* Registers a store version whose GPU memory (if any, in j) is made, and
  * answers with every buffer's fd. The version's cuda-vmm buffers count the
@@ -111,6 +142,10 @@ static void create_finish(struct peer *peer, uint64_t id,
 	int err, ipc = 0;
 
 	err = registry_add(&d->reg, &peer->owner, &spec, 0, &v, &why);
+	if (err == HOST_ENOBACK) {
+		create_refuse_unbacked(peer, id, m);
+		return;
+	}
 	if (err) {
 		reply_err_why(peer, id, err, why, "create", m->name);
 		return;
@@ -183,14 +218,14 @@ static void gpu_job_unmake(struct gpu_job *j)
 	for (size_t i = 0; i < REGISTRY_BUFFERS_HARD_MAX; i++) {
 		if (!j->made[i])
 			continue;
-		if (j->mem[i].kind == GPU_CUDA_IPC)
+		if (!j->host[i] && j->mem[i].kind == GPU_CUDA_IPC)
 			gpu_free_ipc(j->mem[i].ptr, j->mem[i].ordinal);
 		j->made[i] = 0;
 	}
 	wire_close_fds(j->fds, REGISTRY_BUFFERS_HARD_MAX);
 }
 
-/* Thread pool: makes the GPU buffers, all or none. */
+/* Thread pool: makes the GPU buffers and the host ones, all or none. */
 static void gpu_job_work(uv_work_t *req)
 {
 	struct gpu_job *j = req->data;
@@ -199,6 +234,20 @@ static void gpu_job_work(uv_work_t *req)
 	for (size_t i = 0; i < m->n_buffers && !j->err; i++) {
 		const Dlshare__Buffer *b = m->buffers[i];
 
+		if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST) {
+			uint64_t actual;
+			int fd = host_create(m->name, b->size, j->huge_min,
+					     &actual);
+
+			if (fd < 0) {
+				j->err = fd;
+			} else {
+				j->made[i] = 1;
+				j->host[i] = 1;
+				j->fds[i] = fd;
+			}
+			continue;
+		}
 		if (!is_gpu_buffer(b))
 			continue;
 		j->err = gpu_alloc(b->device->uuid.data, b->size, &j->mem[i],
@@ -220,7 +269,7 @@ static void gpu_job_free(struct gpu_job *j)
 		close(j->manifest.fd);
 	wire_close_fds(j->fds, REGISTRY_BUFFERS_HARD_MAX);
 	for (size_t i = 0; i < REGISTRY_BUFFERS_HARD_MAX; i++)
-		if (j->made[i] && j->mem[i].kind == GPU_CUDA_IPC)
+		if (j->made[i] && !j->host[i] && j->mem[i].kind == GPU_CUDA_IPC)
 			devmem_free(j->d, j->mem[i].ptr, j->mem[i].ordinal);
 	dlshare__create__free_unpacked(j->create, NULL);
 	free(j);
@@ -242,6 +291,10 @@ static void gpu_job_done(uv_work_t *req, int status)
 	peer->inflight--;
 	if (!conn_open(&peer->conn)) {
 		/* Doomed meanwhile: nothing to answer. */
+	} else if (!status && j->err == HOST_ENOBACK) {
+		create_refuse_unbacked(peer, j->id, m);
+	} else if (!status && j->err && !j->why) {
+		reply_err(peer, j->id, j->err, "create", m->name);
 	} else if (status || j->err) {
 		conn_send_error(&peer->conn, j->id, status ? DLSHARE_EIO :
 				reply_code(j->err), "create %s: %s",
@@ -250,7 +303,9 @@ static void gpu_job_done(uv_work_t *req, int status)
 		for (size_t i = 0; i < m->n_buffers; i++) {
 			Dlshare__Buffer *b = m->buffers[i];
 
-			if (!j->made[i])
+			/* A memfd keeps the size asked for (the registry
+			 * reads the rounding of huge pages off the fd). */
+			if (!j->made[i] || j->host[i])
 				continue;
 			b->size = j->mem[i].size;
 			if (j->mem[i].kind == GPU_CUDA_VMM) {
@@ -346,6 +401,7 @@ static void create_gpu(struct peer *peer, uint64_t id, const Dlshare__Create *m,
 	}
 	j->id = id;
 	j->d = d;
+	j->huge_min = d->reg.limits.huge_min;
 	j->peer = peer;
 	j->req.data = j;
 	err = uv_queue_work(d->loop, &j->req, gpu_job_work, gpu_job_done);
@@ -356,6 +412,29 @@ static void create_gpu(struct peer *peer, uint64_t id, const Dlshare__Create *m,
 	}
 	DL_APPEND(peer->jobs, j);
 	peer->inflight++;
+}
+
+/* Makes the version's buffers: on the loop when they are host memory under
+ * CREATE_BACK_INLINE_MAX in all (backing them is quick), else on the thread
+ * pool. The manifest, when there is one, goes along. */
+static void create_route(struct peer *peer, uint64_t id,
+			 const Dlshare__Create *m,
+			 struct registry_manifest *manifest)
+{
+	uint64_t host = 0;
+
+	for (size_t i = 0; i < m->n_buffers; i++) {
+		const Dlshare__Buffer *b = m->buffers[i];
+
+		if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST &&
+		    __builtin_add_overflow(host, b->size, &host))
+			host = UINT64_MAX;
+		if (is_gpu_buffer(b) || host >= CREATE_BACK_INLINE_MAX) {
+			create_gpu(peer, id, m, manifest);
+			return;
+		}
+	}
+	create_finish(peer, id, m, NULL, manifest);
 }
 
 void create_request(struct peer *peer, const Dlshare__Frame *f,
@@ -372,12 +451,7 @@ void create_request(struct peer *peer, const Dlshare__Frame *f,
 	if (reply_refuse_same_keys(peer, f->id, "create", m->name, m->tensors,
 				   m->n_tensors))
 		return;
-	for (size_t i = 0; i < m->n_buffers; i++)
-		if (is_gpu_buffer(m->buffers[i])) {
-			create_gpu(peer, f->id, m, NULL);
-			return;
-		}
-	create_finish(peer, f->id, m, NULL, NULL);
+	create_route(peer, f->id, m, NULL);
 }
 
 void create_checked(struct peer *peer, const Dlshare__Frame *f, int *fds,
@@ -393,12 +467,7 @@ void create_checked(struct peer *peer, const Dlshare__Frame *f, int *fds,
 				"manifest's fd", m->name);
 		return;
 	}
-	for (size_t i = 0; i < m->n_buffers; i++)
-		if (is_gpu_buffer(m->buffers[i])) {
-			create_gpu(peer, f->id, m, manifest);
-			return;
-		}
-	create_finish(peer, f->id, m, NULL, manifest);
+	create_route(peer, f->id, m, manifest);
 }
 
 void create_buffer_freed(struct daemon *d, const struct rbuffer *b)

@@ -3,6 +3,7 @@
 #include "get.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -138,6 +139,81 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v)
 			return;
 }
 
+/* Says which version a get asked for: "the newest version", "version 7",
+ * "a version newer than 7". */
+static const char *get_wanted(enum registry_select sel, uint64_t number,
+			      char *buf, size_t len)
+{
+	if (sel == REG_EXACT)
+		snprintf(buf, len, "version %llu", (unsigned long long)number);
+	else if (sel == REG_NEWER_THAN)
+		snprintf(buf, len, "a version newer than %llu",
+			 (unsigned long long)number);
+	else
+		snprintf(buf, len, "the newest version");
+	return buf;
+}
+
+/* Says what the name holds instead, for a reader that may read it: "no
+ * such name", "no version sealed yet", "version 3 was replaced or
+ * deleted; the newest is 7", "the newest is 7". */
+static void get_found_instead(struct daemon *d, const char *name,
+			      enum registry_select sel, uint64_t number,
+			      char *buf, size_t len)
+{
+	struct entry *e = registry_entry(&d->reg, name);
+	uint64_t newest;
+
+	if (!e) {
+		snprintf(buf, len, "no such name");
+		return;
+	}
+	if (!e->latest) {
+		snprintf(buf, len, "no version sealed yet");
+		return;
+	}
+	newest = e->latest->number;
+	if (sel == REG_EXACT && number < newest)
+		snprintf(buf, len, "version %llu was replaced or deleted; the "
+			 "newest is %llu", (unsigned long long)number,
+			 (unsigned long long)newest);
+	else if (sel == REG_EXACT && number <= e->last_number)
+		snprintf(buf, len, "version %llu is not sealed; the newest is "
+			 "%llu", (unsigned long long)number,
+			 (unsigned long long)newest);
+	else if (sel == REG_EXACT)
+		snprintf(buf, len, "version %llu was not published yet; the "
+			 "newest is %llu", (unsigned long long)number,
+			 (unsigned long long)newest);
+	else
+		snprintf(buf, len, "the newest is %llu",
+			 (unsigned long long)newest);
+}
+
+/* Answers a get that found nothing (-ENOENT) or waited in vain
+ * (-ETIMEDOUT) with what was asked and what there is. Only a peer that
+ * may read the name gets here (registry_find says -EPERM first). */
+static void get_missing(struct peer *peer, uint64_t id, int err,
+			const char *name, enum registry_select sel,
+			uint64_t number)
+{
+	char wanted[64], instead[128];
+
+	get_wanted(sel, number, wanted, sizeof(wanted));
+	get_found_instead(peer->d, name, sel, number, instead,
+			  sizeof(instead));
+	if (err == -ETIMEDOUT)
+		conn_send_error(&peer->conn, id, DLSHARE_ETIMEDOUT,
+				"get %s: timed out waiting for %s (%s)", name,
+				wanted, instead);
+	else if (sel == REG_LATEST || !registry_entry(&peer->d->reg, name))
+		conn_send_error(&peer->conn, id, DLSHARE_ENOENT, "get %s: %s",
+				name, instead);
+	else
+		conn_send_error(&peer->conn, id, DLSHARE_ENOENT,
+				"get %s: no %s: %s", name, wanted, instead);
+}
+
 static void park_free_cb(uv_handle_t *h)
 {
 	free(h->data);
@@ -169,10 +245,14 @@ static void on_park_timeout(uv_timer_t *t)
 	struct peer *peer = p->peer;
 	struct daemon *d = peer->d;
 	uint64_t id = p->req_id;
+	enum registry_select sel = p->sel;
+	uint64_t number = p->number;
+	char name[CHECK_NAME_MAX + 1];
 
+	/* park_remove may free the queue that holds the name. */
+	memcpy(name, p->q->name, sizeof(name));
 	park_remove(d, p);
-	conn_send_error(&peer->conn, id, DLSHARE_ETIMEDOUT,
-			"get: no matching version before the timeout");
+	get_missing(peer, id, -ETIMEDOUT, name, sel, number);
 	conn_reap(&d->conns);
 }
 
@@ -257,7 +337,10 @@ void get_request(struct peer *peer, uint64_t id, const Dlshare__Get *m)
 			return;
 		}
 	}
-	reply_err(peer, id, err, "get", m->name);
+	if (err == -ENOENT)
+		get_missing(peer, id, err, m->name, sel, m->version);
+	else
+		reply_err(peer, id, err, "get", m->name);
 }
 
 void get_published(struct daemon *d, const struct entry *e)

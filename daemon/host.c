@@ -67,6 +67,17 @@ int host_create(const char *name, uint64_t size, uint64_t huge_min,
 		close(fd);
 		return err == -EFBIG ? -EINVAL : err;
 	}
+	/* The pages are allocated now, by the daemon, so that they are
+	 * charged to its memory cgroup, not to the first process that
+	 * touches them (a producer, or a reader of pages nobody wrote), and a
+	 * buffer that cannot have them is refused here, before anyone writes,
+	 * rather than with a SIGBUS or the OOM killer in a peer later. */
+	if (size && fallocate(fd, 0, 0, (off_t)size) < 0) {
+		err = -errno;
+		close(fd);
+		/* ENOSPC: shmem's own accounting (vm.overcommit_memory=2). */
+		return err == -ENOSPC || err == -ENOMEM ? HOST_ENOBACK : err;
+	}
 	return fd;
 }
 

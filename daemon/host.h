@@ -5,6 +5,7 @@
 #ifndef DLSHARE_HOST_H
 #define DLSHARE_HOST_H
 
+#include <errno.h>
 #include <stdint.h>
 
 #ifdef F_SEAL_FUTURE_WRITE
@@ -16,6 +17,11 @@
 /* Seals every host buffer carries from birth. */
 #define HOST_SEALS_BIRTH (F_SEAL_SHRINK | F_SEAL_GROW)
 
+/* host_create: the buffer's pages could not be allocated (the memory
+ * cgroup's limit, or the machine's memory). An errno no other step of
+ * host_create gives, so that the reply can say so. */
+#define HOST_ENOBACK (-ENOSR)
+
 /* The huge page size store buffers may use. */
 #define HOST_HUGE_PAGE (UINT64_C(2) << 20)
 
@@ -24,7 +30,11 @@
  * it is made of HOST_HUGE_PAGE pages, size rounded up, when the kernel's
  * pool (vm.nr_hugepages) has them free: sealing and unmapping then cost
  * 512 times fewer page-table entries. Else of normal pages, exactly size.
- * Returns the fd (O_CLOEXEC), or -EINVAL, -EMFILE, -ENOMEM, -errno. */
+ * Its pages are allocated here (fallocate; huge pages are reserved), and
+ * charged to the calling process's memory cgroup: this can take a while
+ * for a large buffer (about 0.1 s per GiB), so not on the loop.
+ * Returns the fd (O_CLOEXEC), or HOST_ENOBACK (no memory for its pages),
+ * -EINVAL, -EMFILE, -ENOMEM, -errno. */
 int host_create(const char *name, uint64_t size, uint64_t huge_min,
 		uint64_t *actual);
 

@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "host.h"
@@ -729,11 +730,12 @@ static struct version *version_alloc(const struct registry_spec *s,
 
 /* version_buffers failed at buffer n: the caller's fds in the buffers
  * before it stay the caller's. */
-static void buffers_untake(struct version *v, size_t n, int exported)
+static void buffers_untake(struct version *v, size_t n, int exported,
+			   const int *made)
 {
 	for (size_t j = 0; j < n; j++)
 		if (exported || v->buffers[j]->kind !=
-		    DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
+		    DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST || (made && made[j]))
 			v->buffers[j]->fd = -1;
 }
 
@@ -781,7 +783,7 @@ static int version_buffers(struct registry *r, struct version *v,
 			 * Without that seal the export is refused. */
 			if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST &&
 			    host_seal_future_write(s->fds[i])) {
-				buffers_untake(v, i, exported);
+				buffers_untake(v, i, exported, s->made);
 				return refuse(why, "the daemon could not add "
 					      "F_SEAL_FUTURE_WRITE to it",
 					      -EBADF);
@@ -797,13 +799,28 @@ static int version_buffers(struct registry *r, struct version *v,
 			b->daemon_owned = 1;
 			r->gpu_bytes += b->size;
 			v->owned_gpu += b->size;
+		} else if (s->made && s->made[i] && s->fds[i] >= 0) {
+			/* A memfd the caller made (and backed) off the loop:
+			 * taken over below once nothing can fail. */
+			struct stat st;
+
+			if (fstat(s->fds[i], &st) < 0 || st.st_size < 0 ||
+			    (uint64_t)st.st_size < in->size) {
+				buffers_untake(v, i, exported, s->made);
+				return -EINVAL;
+			}
+			b->size = (uint64_t)st.st_size;
+			b->fd = s->fds[i];
+			b->daemon_owned = 1;
+			r->owned_bytes += b->size;
+			v->owned_host += b->size;
 		} else {
 			b->fd = host_create(s->name, in->size,
 					    r->limits.huge_min, &b->size);
 			if (b->fd < 0) {
 				int err = b->fd;
 
-				buffers_untake(v, i, exported);
+				buffers_untake(v, i, exported, s->made);
 				return err;
 			}
 			b->daemon_owned = 1;
@@ -822,7 +839,8 @@ static int version_buffers(struct registry *r, struct version *v,
 	 * hands. */
 	for (size_t i = 0; s->fds && i < s->nbuffers; i++)
 		if (exported || s->buffers[i]->kind !=
-		    DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
+		    DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST ||
+		    (s->made && s->made[i]))
 			s->fds[i] = -1;
 	return 0;
 }

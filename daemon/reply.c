@@ -8,6 +8,7 @@
 #include <dlshare/dlshare.h>
 
 #include "check.h"
+#include "host.h"
 #include "log.h"
 
 /* Room a reply needs beyond the request that described the same version. */
@@ -29,6 +30,7 @@ int reply_code(int err)
 	case -EACCES:
 		return DLSHARE_EPERM;
 	case -ENOMEM:
+	case HOST_ENOBACK:
 		return DLSHARE_ENOMEM;
 	case -EMSGSIZE:
 		return DLSHARE_E2BIG;
@@ -80,6 +82,9 @@ static const char *errno_text(int err)
 		return "a seal of this version is in progress";
 	case -EBADF:
 		return "a buffer's fd is refused";
+	case HOST_ENOBACK:
+		return "the daemon could not allocate the buffer's memory (its "
+		       "memory cgroup's limit, or the machine's)";
 	case -EPERM:
 		return "permission denied";
 	case -ENOENT:

@@ -116,11 +116,40 @@ typedef struct dlshare_client dlshare_client;
 
 /* Connects to the daemon at path (NULL: dlshare_socket_path()) and says Hello.
  * On success *out is a client the caller frees with dlshare_disconnect().
+ * Waits at most DLSHARE_CONNECT_TIMEOUT_MS (see dlshare_connect_ex()).
  * Returns 0, DLSHARE_ECONN (nobody listening), DLSHARE_EPERM (no access to
- * the socket), DLSHARE_E2BIG (path too long), DLSHARE_EVERSION,
- * DLSHARE_ENOMEM or DLSHARE_EIO; dlshare_last_error() then names the path
- * and the reason ("connect /run/x.sock: No such file or directory"). */
+ * the socket), DLSHARE_E2BIG (path longer than the 107 bytes a Unix socket
+ * path may have), DLSHARE_ETIMEDOUT (nobody answered in time),
+ * DLSHARE_EVERSION, DLSHARE_ENOMEM or DLSHARE_EIO; dlshare_last_error()
+ * then names the path and the reason ("connect /run/x.sock: No such file
+ * or directory"). */
 DLSHARE_API int dlshare_connect(const char *path, dlshare_client **out);
+
+/* How long dlshare_connect() waits, in all, for the socket's listener to
+ * take the connection and for the daemon's answer to Hello, unless told
+ * otherwise: a socket whose listener never accepts, or a hung daemon, then
+ * fails with DLSHARE_ETIMEDOUT instead of blocking forever. */
+#define DLSHARE_CONNECT_TIMEOUT_MS 5000
+
+/* Options of dlshare_connect_ex(). Zero-initialise it and set size to
+ * sizeof(dlshare_connect_opts): later versions may add fields at the end,
+ * and a library reads only the fields size covers. */
+typedef struct dlshare_connect_opts {
+	uint32_t size;          /* sizeof(dlshare_connect_opts) */
+	int32_t timeout_ms;     /* connect + Hello: 0 the default
+				 * (DLSHARE_CONNECT_TIMEOUT_MS), > 0 this long,
+				 * DLSHARE_WAIT_FOREVER (-1) no limit */
+} dlshare_connect_opts;
+
+/* dlshare_connect() with options (opts may be NULL: the defaults).
+ * Returns what dlshare_connect() does, and DLSHARE_ETIMEDOUT when the
+ * listener did not take the connection, or the daemon did not answer
+ * Hello, within the timeout (dlshare_last_error() names the path and
+ * which of the two it was); DLSHARE_EINVAL for a size of 0 or a timeout
+ * below -1. */
+DLSHARE_API int dlshare_connect_ex(const char *path,
+				   const dlshare_connect_opts *opts,
+				   dlshare_client **out);
 
 /* Closes the connection. Calls in other threads fail with DLSHARE_ECLOSED.
  * Tensors obtained from this client stay valid: their deleters may run later

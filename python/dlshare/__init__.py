@@ -835,11 +835,23 @@ class Client:
     data-loader worker) every call on an inherited one raises ForkedClient,
     and closing or dropping it there leaves the parent's connection alone.
     Make the child's own Client in the child (worker_init_fn).
+
+    ``timeout`` (seconds) bounds connecting: the socket's listener must take
+    the connection and the daemon answer its Hello within it, else
+    ``dlshare.Timeout`` (whose message names the socket). ``None``: 5 seconds (the
+    library's DLSHARE_CONNECT_TIMEOUT_MS); a negative value waits forever.
     """
 
-    def __init__(self, socket=None):
+    def __init__(self, socket=None, timeout=None):
         path = None if socket is None else os.fsdecode(os.fspath(socket))
-        self._c = _dlshare.Client(path)
+        if timeout is None:
+            ms = 0
+        elif timeout < 0:
+            ms = -1
+        else:
+            # At least 1 ms: 0 would mean the default.
+            ms = max(1, min(int(math.ceil(timeout * 1000)), 2**31 - 1))
+        self._c = _dlshare.Client(path, ms)
         #: The socket path this client connected to.
         self.socket = path if path is not None else _dlshare.socket_path()
 

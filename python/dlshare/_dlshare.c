@@ -1608,16 +1608,19 @@ static PyTypeObject *Client_Type;
 
 static PyObject *Client_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = { "path", NULL };
+	static char *kwlist[] = { "path", "timeout_ms", NULL };
+	dlshare_connect_opts o = { .size = sizeof(o) };
 	const char *path = NULL;
 	dlshare_client *c = NULL;
 	ClientObject *s;
 	int err;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|z", kwlist, &path))
+	/* timeout_ms: 0 the library's default, -1 forever. */
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|zi", kwlist, &path,
+					 &o.timeout_ms))
 		return NULL;
 	Py_BEGIN_ALLOW_THREADS
-	err = dlshare_connect(path, &c);
+	err = dlshare_connect_ex(path, &o, &c);
 	Py_END_ALLOW_THREADS
 	if (err)
 		return raise_code(err);

@@ -161,8 +161,13 @@ int harness_daemon_stop(struct daemon_proc *d)
 
 dlshare_client *harness_connect(const struct daemon_proc *d)
 {
+	dlshare_connect_opts o = { .size = sizeof(o) };
 	dlshare_client *c = NULL;
-	int err = dlshare_connect(d->sock, &c);
+	int err;
+
+	/* A daemon under valgrind answers slower than the default allows. */
+	o.timeout_ms = harness_ms(DLSHARE_CONNECT_TIMEOUT_MS);
+	err = dlshare_connect_ex(d->sock, &o, &c);
 
 	if (err)
 		fail_msg("connect %s: %s", d->sock, dlshare_strerror(err));

@@ -6,11 +6,17 @@
  * refusals come with a message. Valid names at the edges of the rules work
  * from one process to another. */
 #include <errno.h>
+#include <poll.h>
+#include <pthread.h>
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -401,6 +407,252 @@ static void request_past_a_packet(void **state)
 	dlshare_disconnect(c);
 }
 
+/* ---- what a failed get says ---------------------------------------------------- */
+
+static void get_messages(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	dlshare_get_opts o = { 0 };
+	int64_t shape[1] = { 4 };
+	dlshare_bundle *b;
+
+	assert_int_equal(dlshare_get(c, "e/none", NULL, &b), DLSHARE_ENOENT);
+	assert_string_equal(dlshare_last_error(), "get e/none: no such name");
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(util_store(c, "e/v", DT_F32, 1, shape, 1, NULL),
+				 0);
+	/* A replaced version: which one is newest. */
+	o.select = DLSHARE_EXACT;
+	o.version = 1;
+	assert_int_equal(dlshare_get(c, "e/v", &o, &b), DLSHARE_ENOENT);
+	assert_string_equal(dlshare_last_error(),
+			    "get e/v: no version 1: version 1 was replaced or "
+			    "deleted; the newest is 3");
+	o.version = 9;
+	assert_int_equal(dlshare_get(c, "e/v", &o, &b), DLSHARE_ENOENT);
+	assert_string_equal(dlshare_last_error(),
+			    "get e/v: no version 9: version 9 was not "
+			    "published yet; the newest is 3");
+	/* A timeout: the name, the selector and the version waited for. */
+	o.select = DLSHARE_NEWER_THAN;
+	o.version = 3;
+	o.timeout_ms = 30;
+	assert_int_equal(dlshare_get(c, "e/v", &o, &b), DLSHARE_ETIMEDOUT);
+	assert_string_equal(dlshare_last_error(),
+			    "get e/v: timed out waiting for a version newer "
+			    "than 3 (the newest is 3)");
+	o.select = DLSHARE_EXACT;
+	o.version = 5;
+	assert_int_equal(dlshare_get(c, "e/v", &o, &b), DLSHARE_ETIMEDOUT);
+	assert_string_equal(dlshare_last_error(),
+			    "get e/v: timed out waiting for version 5 (version "
+			    "5 was not published yet; the newest is 3)");
+	o.select = DLSHARE_LATEST;
+	assert_int_equal(dlshare_get(c, "e/later", &o, &b), DLSHARE_ETIMEDOUT);
+	assert_string_equal(dlshare_last_error(),
+			    "get e/later: timed out waiting for the newest "
+			    "version (no such name)");
+	dlshare_disconnect(c);
+}
+
+/* ---- connect and Hello time out -------------------------------------------------- */
+
+/* A listener at path with backlog: returns its fd. */
+static int listener(const char *path, int backlog)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+
+	assert_true(fd >= 0);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(listen(fd, backlog), 0);
+	return fd;
+}
+
+static void connect_timeouts(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_connect_opts o = { .size = sizeof(o), .timeout_ms = 200 };
+	dlshare_client *c = NULL;
+	char path[200], want[300];
+	char buf[64];
+	int l, a;
+
+	o.timeout_ms = harness_ms(200);
+	/* A listener that never accepts: the connection is queued, and the
+	 * Hello is never answered. */
+	snprintf(path, sizeof(path), "%s/mute.sock", fx->d.dir);
+	l = listener(path, 0);
+	assert_int_equal(dlshare_connect_ex(path, &o, &c), DLSHARE_ETIMEDOUT);
+	assert_null(c);
+	snprintf(want, sizeof(want), "connect %s: the daemon did not answer "
+		 "Hello within %d ms", path, o.timeout_ms);
+	assert_memory_equal(dlshare_last_error(), want, strlen(want));
+	/* Its queue (backlog 0) is full now: connect() itself waits. */
+	assert_int_equal(dlshare_connect_ex(path, &o, &c), DLSHARE_ETIMEDOUT);
+	snprintf(want, sizeof(want), "connect %s: the listener accepted no "
+		 "connection within %d ms", path, o.timeout_ms);
+	assert_memory_equal(dlshare_last_error(), want, strlen(want));
+	close(l);
+	unlink(path);
+
+	/* One that accepts and never answers: the client hangs up when its
+	 * time is up (the listener reads the end of the stream). */
+	l = listener(path, 4);
+	assert_int_equal(dlshare_connect_ex(path, &o, &c), DLSHARE_ETIMEDOUT);
+	snprintf(want, sizeof(want), "connect %s: the daemon did not answer "
+		 "Hello within %d ms", path, o.timeout_ms);
+	assert_memory_equal(dlshare_last_error(), want, strlen(want));
+	a = accept4(l, NULL, NULL, SOCK_CLOEXEC);
+	assert_true(a >= 0);
+	/* The Hello it sent, then the end. */
+	assert_true(recv(a, buf, sizeof(buf), 0) > 0);
+	assert_int_equal(recv(a, buf, sizeof(buf), 0), 0);
+	close(a);
+	close(l);
+	unlink(path);
+
+	/* Bad options; a real daemon with a timeout, and with none. */
+	o.timeout_ms = -2;
+	assert_int_equal(dlshare_connect_ex(fx->d.sock, &o, &c), DLSHARE_EINVAL);
+	o.size = 0;
+	o.timeout_ms = 100;
+	assert_int_equal(dlshare_connect_ex(fx->d.sock, &o, &c), DLSHARE_EINVAL);
+	o.size = sizeof(o);
+	assert_int_equal(dlshare_connect_ex(fx->d.sock, &o, &c), 0);
+	util_stats(c);
+	dlshare_disconnect(c);
+	o.timeout_ms = DLSHARE_WAIT_FOREVER;
+	assert_int_equal(dlshare_connect_ex(fx->d.sock, &o, &c), 0);
+	dlshare_disconnect(c);
+	assert_int_equal(dlshare_connect_ex(fx->d.sock, NULL, &c), 0);
+	dlshare_disconnect(c);
+}
+
+/* ---- a client whose connection died hangs up at once ------------------------------ */
+
+/* A relay between one client and the daemon: forwards packets and their
+ * fds both ways until either side ends (then it closes both), or until
+ * told to break the client's side with a packet that is no frame. */
+struct relay {
+	int listen_fd, cli, dmn;
+	const char *daemon_sock;
+	atomic_int poison;     /* set: send the client garbage once */
+	atomic_int client_gone; /* the client hung up */
+	pthread_t thread;
+};
+
+static int relay_one(int from, int to)
+{
+	static uint8_t buf[256 * 1024]; /* the relay thread's alone */
+	int fds[WIRE_FDS_MAX];
+	unsigned nfds = 0;
+	size_t len = 0;
+	int r;
+
+	r = wire_recv(from, buf, sizeof(buf), fds, WIRE_FDS_MAX, &len, &nfds,
+		      MSG_DONTWAIT);
+	if (r == -EAGAIN)
+		return 0;
+	if (r || (len == 0 && nfds == 0))
+		return -1;
+	r = wire_send(to, buf, len, fds, nfds, 0);
+	wire_close_fds(fds, nfds);
+	return r ? -1 : 0;
+}
+
+static void *relay_main(void *arg)
+{
+	struct relay *rl = arg;
+
+	rl->cli = accept4(rl->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+	rl->dmn = raw_connect(rl->daemon_sock);
+	for (;;) {
+		struct pollfd p[2] = { { .fd = rl->cli, .events = POLLIN },
+				       { .fd = rl->dmn, .events = POLLIN } };
+
+		if (atomic_exchange(&rl->poison, 0)) {
+			static const uint8_t junk[3] = { 0xff, 0xff, 0xff };
+
+			wire_send(rl->cli, junk, sizeof(junk), NULL, 0, 0);
+		}
+		if (poll(p, 2, 10) < 0)
+			break;
+		if (p[0].revents && relay_one(rl->cli, rl->dmn)) {
+			atomic_store(&rl->client_gone, 1);
+			break;
+		}
+		if (p[1].revents && relay_one(rl->dmn, rl->cli))
+			break;
+	}
+	close(rl->cli);
+	close(rl->dmn);
+	return NULL;
+}
+
+/* A get that waits forever on the relayed client, in a thread of its own:
+ * it must end with the connection. */
+static void *forever_get(void *arg)
+{
+	dlshare_get_opts o = { .timeout_ms = DLSHARE_WAIT_FOREVER };
+	dlshare_bundle *b = NULL;
+	intptr_t err = dlshare_get(arg, "e/never", &o, &b);
+
+	dlshare_bundle_free(b);
+	return (void *)err;
+}
+
+static void dead_connection_hangs_up(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d), *via;
+	struct relay rl = { .daemon_sock = fx->d.sock };
+	int64_t shape[1] = { 1000 };
+	DLManagedTensor *kept, *dropped;
+	dlshare_bundle *b, *none;
+	pthread_t waiter;
+	void *ret;
+	char path[200];
+
+	snprintf(path, sizeof(path), "%s/relay.sock", fx->d.dir);
+	rl.listen_fd = listener(path, 4);
+	assert_int_equal(pthread_create(&rl.thread, NULL, relay_main, &rl), 0);
+	assert_int_equal(util_store(c, "e/pin", DT_F32, 1, shape, 7, NULL), 0);
+	assert_int_equal(dlshare_connect(path, &via), 0);
+	assert_int_equal(dlshare_get_tensor(via, "e/pin", NULL, &kept), 0);
+	assert_int_equal(dlshare_get_tensor(via, "e/pin", NULL, &dropped), 0);
+	assert_int_equal(dlshare_get(via, "e/pin", NULL, &b), 0);
+	assert_int_equal(pthread_create(&waiter, NULL, forever_get, via), 0);
+	for (int ms = 0; util_stats(c).parked != 1; ms++) {
+		assert_true(ms < harness_ms(5000));
+		util_sleep_ms(1);
+	}
+	assert_int_equal(harness_wait_stats(c, 3, 2, NULL), 0);
+	/* The client reads a packet that is no frame: for it the connection
+	 * is dead. The daemon's side of it is fine. */
+	atomic_store(&rl.poison, 1);
+	dropped->deleter(dropped); /* can no longer be sent */
+	/* It hangs up by itself: the daemon drops every lease of it, while
+	 * the client, a tensor and a bundle of it still exist. */
+	assert_int_equal(harness_wait_stats(c, 0, 1, NULL), 0);
+	assert_int_equal(pthread_join(rl.thread, NULL), 0);
+	assert_true(atomic_load(&rl.client_gone));
+	/* The waiting get ended with the connection. */
+	assert_int_equal(pthread_join(waiter, &ret), 0);
+	assert_int_equal((intptr_t)ret, DLSHARE_ECONN);
+	assert_int_equal(dlshare_get(via, "e/pin", NULL, &none),
+			 DLSHARE_ECONN);
+	/* What it got is still readable. */
+	assert_int_equal(util_check(&kept->dl_tensor, DT_F32, 1, shape, 7), 0);
+	kept->deleter(kept);
+	dlshare_bundle_free(b);
+	dlshare_disconnect(via);
+	close(rl.listen_fd);
+	dlshare_disconnect(c);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -410,6 +662,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(daemon_refusals, setup, teardown),
 		cmocka_unit_test_setup_teardown(connect_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(request_past_a_packet, setup, teardown),
+		cmocka_unit_test_setup_teardown(get_messages, setup, teardown),
+		cmocka_unit_test_setup_teardown(connect_timeouts, setup, teardown),
+		cmocka_unit_test_setup_teardown(dead_connection_hangs_up, setup,
+						teardown),
 	};
 
 	return cmocka_run_group_tests_name("errors", tests, NULL, NULL);

@@ -239,9 +239,12 @@ pid_t util_spawn_as(const struct daemon_proc *d, uid_t uid, gid_t gid,
 
 dlshare_client *util_child_connect(const struct daemon_proc *d)
 {
+	dlshare_connect_opts o = { .size = sizeof(o) };
 	dlshare_client *c = NULL;
 
-	CHILD_OK(dlshare_connect(d->sock, &c));
+	/* A daemon under valgrind answers slower than the default allows. */
+	o.timeout_ms = harness_ms(DLSHARE_CONNECT_TIMEOUT_MS);
+	CHILD_OK(dlshare_connect_ex(d->sock, &o, &c));
 	return c;
 }
 

@@ -61,6 +61,38 @@ class ModuleTest(unittest.TestCase):
                          + os.strerror(errno.ENOENT))
         self.assertEqual(type(e).__module__, "dlshare")
 
+    def test_connect_timeout(self):
+        # A listener that never accepts: connect() succeeds into its
+        # queue, and the Hello is never answered.
+        import socket as so
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "mute.sock")
+            ls = so.socket(so.AF_UNIX, so.SOCK_SEQPACKET)
+            ls.bind(path)
+            ls.listen(4)
+            try:
+                t0 = time.monotonic()
+                with self.assertRaises(dlshare.Timeout) as cm:
+                    dlshare.Client(path, timeout=0.2)
+                self.assertLess(time.monotonic() - t0, 30)  # no hang
+                self.assertIn(f"connect {path}: the daemon did not answer "
+                              "Hello within 200 ms", str(cm.exception))
+                # One that accepts and says nothing.
+                a, _ = ls.accept()
+                a.close()
+                with self.assertRaises(dlshare.Timeout):
+                    dlshare.Client(path, timeout=0.05)
+            finally:
+                ls.close()
+
+    def test_path_too_long(self):
+        path = "/tmp/" + "x" * 200
+        with self.assertRaises(dlshare.Error) as cm:
+            dlshare.Client(path)
+        self.assertIn("longer than the 107 bytes a Unix socket path may have",
+                      str(cm.exception))
+
     def test_error_hierarchy(self):
         self.assertTrue(issubclass(dlshare.NotFound, LookupError))
         self.assertTrue(issubclass(dlshare.Timeout, TimeoutError))
@@ -685,6 +717,32 @@ def fork_wait(pid, seconds=5):
             os.waitpid(pid, 0)
             return None
         time.sleep(0.01)
+
+
+class ErrorTextTest(DaemonTest):
+    """The exceptions carry the library's (and the daemon's) words."""
+
+    def test_get_errors_name_the_versions(self):
+        n = self.name()
+        for i in range(3):
+            self.client.publish(n, host([i]))
+        with self.assertRaises(dlshare.NotFound) as cm:
+            self.client.get(n, version=1)
+        self.assertEqual(str(cm.exception), f"get {n}: no version 1: version"
+                         " 1 was replaced or deleted; the newest is 3")
+        with self.assertRaises(dlshare.Timeout) as cm:
+            self.client.get(n, newer_than=3, timeout=0.05)
+        self.assertEqual(str(cm.exception), f"get {n}: timed out waiting for"
+                         " a version newer than 3 (the newest is 3)")
+        with self.assertRaises(dlshare.NotFound) as cm:
+            self.client.get(n + "-none")
+        self.assertEqual(str(cm.exception), f"get {n}-none: no such name")
+
+    def test_connect_with_timeout(self):
+        with dlshare.Client(self.daemon.socket, timeout=10) as c:
+            self.assertGreaterEqual(c.stats().connections, 2)
+        with dlshare.Client(self.daemon.socket, timeout=-1) as c:
+            c.stats()
 
 
 class ForkTest(DaemonTest):

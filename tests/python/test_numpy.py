@@ -29,6 +29,28 @@ SHAPES = [(), (0,), (7,), (2, 3, 4), (3, 0, 2), (1,) * 32, (1000, 1000)]
 
 @unittest.skipIf(np is None, "NumPy is not installed for this interpreter")
 class NumpyTest(DaemonTest):
+    def test_bool_matrix(self):
+        # The consumer matrix of python/README.md: dlshare hands out bool as
+        # kDLBool (code 6). NumPy 1.24 refuses it; the recipe for such a
+        # consumer is to publish uint8 and view it as bool, without a copy.
+        n = self.name()
+        a = dlshare.empty((5,), "bool")
+        m = memoryview(a).cast("B")
+        m[1] = m[4] = 1
+        self.client.publish(n, a)
+        t = self.client.get(n)
+        self.assertEqual(t.dtype, "bool")
+        want = [False, True, False, False, True]
+        if NP >= (2, 1):
+            self.assertEqual(np.from_dlpack(t).tolist(), want)
+        elif NP < (1, 25):
+            with self.assertRaisesRegex(RuntimeError, "Unsupported dtype"):
+                np.from_dlpack(t)
+        del t
+        self.client.publish(n + "8", np.array(want).view(np.uint8))
+        got = np.from_dlpack(self.client.get(n + "8")).view(np.bool_)
+        self.assertEqual(got.tolist(), want)
+
     def test_version_path(self):
         # Which side of the protocol this interpreter's NumPy exercises.
         n = self.name()
