@@ -934,6 +934,7 @@ int registry_add(struct registry *r, struct registry_owner *o,
 	return 0;
 
 fail_version:
+	r->meta_bytes -= v->meta_bytes;
 	free(v);
 fail_entry:
 	if (fresh) {
