@@ -302,9 +302,10 @@ static int writer_create(dlshare_client *c, const char *name,
 		wire_tensor_set(&wt.t[i], s->key, s->dtype, s->ndim, t->shape,
 				NULL, 0, t->t.byte_offset);
 	}
-	if ((err = keys_unique(wt.tp, n)))
-		goto fail;
-	if ((err = client_manifest_out(c, wt.tp, n, &mfd, &msize)))
+	/* Keys are checked here for inline tensors; a manifest's, once, by
+	 * the daemon (its answer names the two tensors just the same). */
+	if ((err = client_manifest_out(c, wt.tp, n, &mfd, &msize)) ||
+	    (mfd < 0 && (err = keys_unique(wt.tp, n))))
 		goto fail;
 	/* kDLCUDAHost: host memory that both sides register with CUDA. */
 	dev.type = opts ? (uint32_t)opts->device.device_type : kDLCPU;
@@ -981,9 +982,10 @@ static int publish_export(dlshare_client *c, const char *name,
 				(uint64_t)((char *)t->data + t->byte_offset -
 					   (char *)xs[b].base));
 	}
-	if ((err = keys_unique(wt.tp, n)))
-		goto out;
-	if ((err = client_manifest_out(c, wt.tp, n, &mfd, &msize)))
+	/* Keys are checked here for inline tensors; a manifest's, once, by
+	 * the daemon (its answer names the two tensors just the same). */
+	if ((err = client_manifest_out(c, wt.tp, n, &mfd, &msize)) ||
+	    (mfd < 0 && (err = keys_unique(wt.tp, n))))
 		goto out;
 	/* Consumers' streams will wait for what the producer's stream has
 	 * queued so far: the data is ready when their kernels run. */

@@ -1018,6 +1018,7 @@ int registry_add(struct registry *r, struct registry_owner *o,
 	return 0;
 
 fail_version:
+	r->meta_bytes -= v->meta_bytes;
 	free(v->event_handle);
 	free(v->dev_events);
 	free(v);

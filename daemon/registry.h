@@ -302,8 +302,9 @@ struct registry_limits {
 /* A whole state dict in one version: 10^5 tensors is a large MoE model. */
 #define REGISTRY_MAX_TENSORS_DEFAULT 1000000u
 /* A 10^6-tensor manifest with 60-byte keys takes about 110 MB: a few of
- * them per uid. */
-#define REGISTRY_UID_MANIFEST_BYTES_DEFAULT (UINT64_C(512) << 20)
+ * them per uid, beside the descriptions of many small versions (~330 B
+ * each: 10^6 one-tensor names fit). */
+#define REGISTRY_UID_MANIFEST_BYTES_DEFAULT (UINT64_C(1) << 30)
 #define REGISTRY_MAX_BUFFERS_DEFAULT 16u
 #define REGISTRY_BUFFERS_HARD_MAX 64u /* max_buffers can not go above */
 #define REGISTRY_MAX_LEASES_DEFAULT 16384u

@@ -338,8 +338,11 @@ DLSHARE_API size_t dlshare_bundle_count(const dlshare_bundle *b);
 /* The key of tensor i ("" when it has none), NULL when out of range. */
 DLSHARE_API const char *dlshare_bundle_key(const dlshare_bundle *b, size_t i);
 /* Index of the tensor with this key (the first, for keys given twice), or
- * DLSHARE_ENOENT; DLSHARE_EINVAL for a NULL b or key. O(1): a bundle of
- * more than a few tensors is indexed by key when it is received. */
+ * DLSHARE_ENOENT (dlshare_last_error() then names the key); DLSHARE_EINVAL
+ * for a NULL b or key. O(1): a bundle of more than a few tensors is indexed
+ * by key when it is received. A version of up to 10^6 tensors is one
+ * bundle: past a packet its descriptions travel in a sealed manifest memfd
+ * (protocol 1.4) that the bundle maps, so keys and shapes are not copied. */
 DLSHARE_API int dlshare_bundle_find(const dlshare_bundle *b, const char *key);
 /* A borrowed, read-only view of tensor i, valid until dlshare_bundle_free();
  * NULL when out of range. The library checked that every element it reaches

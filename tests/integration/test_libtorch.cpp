@@ -185,8 +185,8 @@ void strided(dlshare_client *c)
 		v->m.dl_tensor.shape = v->shape;
 		v->m.dl_tensor.strides = v->strides;
 		v->m.deleter = strided_view_free;
-		dlshare_publish_opts o = { nullptr, 0, DLSHARE_PUBLISH_NO_COPY,
-					   nullptr };
+		dlshare_publish_opts o = {};
+		o.flags = DLSHARE_PUBLISH_NO_COPY;
 		assert_int_equal(dlshare_publish(c, n.c_str(), &one, 1, &o,
 						 nullptr), 0);
 		got = get(c, n.c_str());

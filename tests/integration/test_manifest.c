@@ -731,6 +731,14 @@ static void manifest_quota(void **state)
 	assert_non_null(strstr(dlshare_last_error(),
 			       "more than the limit of 5000 tensors per "
 			       "version (--max-tensors)"));
+
+	/* Two tensors with one key in a manifest: the daemon's check names
+	 * them (the library leaves a manifest's keys to it). */
+	specs[2999].key = keys[7];
+	assert_int_equal(dlshare_create(c, "q/d", specs, 3000, NULL, &w2),
+			 DLSHARE_EINVAL);
+	assert_non_null(strstr(dlshare_last_error(), "tensors 7 and 2999 have "
+			       "the same key"));
 	free(specs);
 	free(keys);
 	free(shapes);
