@@ -729,6 +729,12 @@ static void *rx_main(void *arg)
 
 		pthread_mutex_lock(&c->lock);
 		if (c->closed || c->dead) {
+			/* closed: releases still queued go first (best
+			 * effort, without blocking): a released take of a
+			 * queue name is consumed, where the socket's close
+			 * alone would put it back for another taker. */
+			if (c->closed && !c->dead)
+				flush_releases(c);
 			/* dead: a caller found the connection failed. */
 			err = c->closed ? DLSHARE_ECLOSED : 0;
 			pthread_mutex_unlock(&c->lock);
@@ -1331,6 +1337,12 @@ void dlshare_disconnect(dlshare_client *c)
 		free(lr);
 		lr = next;
 	}
+	/* Without a receiver thread, queued releases go from here (see
+	 * rx_main's end). */
+	pthread_mutex_lock(&c->lock);
+	if (!c->dead && c->nrel)
+		flush_releases(c);
+	pthread_mutex_unlock(&c->lock);
 	/* The daemon drops our leases and withdraws our exports when the
 	 * socket closes; close it now, not when the last tensor goes. */
 	shutdown(c->fd, SHUT_RDWR);

@@ -123,6 +123,16 @@ static const struct opt opts[] = {
 	  "pending (created, not yet sealed) versions per connection",
 	  "Each holds its buffers' memfds. One more create fails with "
 	  "DLSHARE_ELIMIT.", NULL },
+	{ "queue-depth", 0, OPT_U32, "N", 1, 1u << 20,
+	  SRV(registry.queue_depth), NULL,
+	  "depth of a queue name whose creator asks for the default",
+	  "Pending, queued, and taken but not released versions count "
+	  "toward a queue name's depth. Clipped to max-queue-depth.", NULL },
+	{ "max-queue-depth", 0, OPT_U32, "N", 1, 1u << 20,
+	  SRV(registry.max_queue_depth), NULL,
+	  "the most a queue name's depth may be",
+	  "A create or publish asking for a deeper queue fails with "
+	  "DLSHARE_ELIMIT.", NULL },
 	{ "max-bytes", 0, OPT_BYTES, "BYTES", 0, UINT64_MAX,
 	  SRV(registry.max_bytes), NULL,
 	  "bytes of all daemon-owned buffers",

@@ -22,6 +22,10 @@ struct gpu_job;
 void create_request(struct peer *peer, const Dlshare__Frame *f,
 		    const Dlshare__Create *m);
 
+/* Handles a Create whose size was checked already: one that waited for
+ * room in a queue name (queue.c) comes back here. */
+void create_resume(struct peer *peer, uint64_t id, const Dlshare__Create *m);
+
 /* The registry frees b: the daemon-owned cuda-ipc memory behind it, if
  * any, is freed on the thread pool. */
 void create_buffer_freed(struct daemon *d, const struct rbuffer *b);

@@ -33,6 +33,7 @@ struct daemon_limits {
 struct waitq;
 struct devmem;
 struct seal_uid;
+struct qwaitq;
 
 struct daemon {
 	uv_loop_t *loop;
@@ -44,6 +45,9 @@ struct daemon {
 	struct devmem *devmem;    /* daemon-owned cuda-ipc memory (create.c) */
 	struct seal_uid *seal_uids; /* seals by uid (seal.c) */
 	uint64_t nparked;         /* parked gets of every peer */
+	struct qwaitq *qwaiters;  /* creates waiting for room, by queue
+				   * name (queue.c) */
+	uint64_t nqwaiting;       /* those creates, of every peer */
 	uint64_t requests;        /* packets handled */
 	uint64_t started_ms;
 };

@@ -13,6 +13,7 @@
 #include "list.h"
 #include "log.h"
 #include "peer.h"
+#include "queue.h"
 #include "reply.h"
 #include "seal.h"
 
@@ -51,6 +52,8 @@ static void handle_hello(struct peer *peer, uint64_t id,
 	r.max_inflight = d->limits->max_inflight;
 	r.max_tensors = d->reg.limits.max_tensors;
 	r.max_buffers = d->reg.limits.max_buffers;
+	r.has_max_queue_depth = 1;
+	r.max_queue_depth = d->reg.limits.max_queue_depth;
 	f.body_case = DLSHARE__FRAME__BODY_HELLO_REPLY;
 	f.hello_reply = &r;
 	reply_send(peer, id, &f);
@@ -88,6 +91,8 @@ static void handle_publish(struct peer *peer, const Dlshare__Frame *f,
 		.buffers = m->buffers, .nbuffers = m->n_buffers,
 		.event_handle = m->has_event_handle ? m->event_handle.data : NULL,
 		.event_len = m->has_event_handle ? m->event_handle.len : 0,
+		.queue = m->has_queue_depth,
+		.queue_depth = m->queue_depth,
 	};
 	Dlshare__Frame out = DLSHARE__FRAME__INIT;
 	Dlshare__PublishReply r = DLSHARE__PUBLISH_REPLY__INIT;
@@ -133,6 +138,12 @@ static void handle_publish(struct peer *peer, const Dlshare__Frame *f,
 	for (size_t i = 0; i < m->n_buffers; i++)
 		if (bfds[i] >= 0)
 			close(bfds[i]); /* not taken: failure */
+	/* An export never waits for room (it would hold the peer's fds
+	 * while parked): a full queue refuses it at once. */
+	if (err == -EAGAIN) {
+		reply_queue_full(peer, f->id, "publish", m->name, 0);
+		return;
+	}
 	if (err) {
 		reply_err_why(peer, f->id, err, why, "publish", m->name);
 		return;
@@ -201,14 +212,20 @@ static void handle_stat(struct peer *peer, uint64_t id, const Dlshare__Stat *m)
 		return;
 	}
 	encode_name_info(&ni, e);
+	if (e->queue_depth) {
+		ni.has_queue_waiting = 1;
+		ni.queue_waiting = queue_waiting(peer->d, e->name);
+	}
 	r.info = &ni;
-	if (e->latest) {
-		if (encode_version_init(&w, e->latest, NULL)) {
+	/* A queue name shows its oldest queued version. */
+	const struct version *shown = e->queue_depth ? e->qhead : e->latest;
+	if (shown) {
+		if (encode_version_init(&w, shown, NULL)) {
 			reply_err(peer, id, -ENOMEM, "stat", m->name);
 			return;
 		}
 		have_w = 1;
-		r.n_tensors = e->latest->ntensors;
+		r.n_tensors = shown->ntensors;
 		r.tensors = w.tp;
 	}
 	f.body_case = DLSHARE__FRAME__BODY_STAT_REPLY;
@@ -301,7 +318,14 @@ static void dispatch_frame(struct peer *peer, const struct wire_msg *m,
 		handle_hello(peer, f->id, f->hello);
 		break;
 	case DLSHARE__FRAME__BODY_CREATE:
+		/* A full queue name: this waits (parked), or is refused. */
+		if (f->create->has_queue_depth && reply_fits(peer, f) &&
+		    queue_create_gate(peer, f->id, f->create))
+			break;
 		create_request(peer, f, f->create);
+		break;
+	case DLSHARE__FRAME__BODY_TAKE:
+		take_request(peer, f->id, f->take);
 		break;
 	case DLSHARE__FRAME__BODY_SEAL:
 		handle_seal(peer, f->id, f->seal);
@@ -347,6 +371,7 @@ static void dispatch_frame(struct peer *peer, const struct wire_msg *m,
 static void dispatch_peer_closed(struct peer *peer)
 {
 	get_peer_closed(peer);
+	queue_peer_closed(peer);
 	seal_peer_closed(peer);
 	create_peer_closed(peer);
 	peer_drop(peer);
@@ -356,6 +381,7 @@ void dispatch_deinit(struct daemon *d)
 {
 	seal_deinit(d);
 	get_deinit(d);
+	queue_deinit(d);
 	create_deinit(d);
 }
 
@@ -389,7 +415,13 @@ static void on_buffer_freed(void *ud, struct rbuffer *b)
 	peer_buffer_freed(b);
 }
 
+static void on_queue_room(void *ud, const char *name)
+{
+	queue_room(ud, name);
+}
+
 const struct registry_ops dispatch_registry_ops = {
+	.queue_room = on_queue_room,
 	.published = on_published,
 	.retired = on_retired,
 	.buffer_freed = on_buffer_freed,

@@ -41,6 +41,8 @@ struct peer {
 	struct park *parked;      /* gets waiting for a version (get.c) */
 	struct gpu_job *jobs;     /* creates making GPU memory (create.c) */
 	struct seal_job *seals;   /* seals waiting or running (seal.c) */
+	struct qwait *qwaits;     /* creates waiting for room in a queue
+				   * name (queue.c) */
 	uint32_t inflight;        /* requests in flight: parks, jobs, seals */
 };
 

@@ -14,7 +14,8 @@
 #include "dlshare.pb-c.h"
 
 #define WIRE_PROTO_MAJOR 1
-#define WIRE_PROTO_MINOR 3 /* 1: Frame.releases; 2: Goodbye; 3: writer ids */
+#define WIRE_PROTO_MINOR 4 /* 1: Frame.releases; 2: Goodbye; 3: writer ids;
+			    * 4: queue names (Take) */
 
 /* Largest packet either side sends. AF_UNIX refuses a datagram larger than
  * the socket's send buffer (wmem_default, 208 KiB on stock kernels), so the
