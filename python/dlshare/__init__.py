@@ -43,7 +43,7 @@ __version__ = _dlshare.version()
 
 __all__ = [
     "Client", "Tensor", "Bundle", "Writer", "Array", "TensorSpec",
-    "NameInfo", "TensorInfo", "Stats", "DLDeviceType", "empty",
+    "NameInfo", "TensorInfo", "QueueInfo", "Stats", "DLDeviceType", "empty",
     "socket_path", "WAIT_FOREVER",
     "Error", "InvalidArgument", "NotFound", "Timeout", "PermissionDenied",
     "OutOfMemory", "LimitExceeded", "ProtocolError", "ConnectionFailed",
@@ -172,6 +172,19 @@ def _stream_value(stream):
         raise ValueError("stream 0 is ambiguous: pass None or 1 for the "
                          "legacy default stream, 2 for the per-thread one")
     return stream & _U64
+
+
+def _queue_args(queue, wait):
+    """queue=/wait= of publish() and create() as the extension takes them:
+    () for an ordinary name, else (True, depth, wait_s)."""
+    if queue is None or queue is False:
+        if wait is not None:
+            raise ValueError("wait= is for queue names (pass queue=)")
+        return ()
+    depth = 0 if queue is True else int(queue)
+    if queue is not True and (depth <= 0 or depth > 0xFFFFFFFF):
+        raise ValueError("queue must be True or a depth > 0")
+    return (True, depth, _timeout_value(wait))
 
 
 def _timeout_value(timeout):
@@ -667,6 +680,17 @@ class TensorInfo:
 
 
 @dataclasses.dataclass(frozen=True)
+class QueueInfo:
+    """What fills a queue name: at most ``depth`` versions are pending,
+    queued or taken (and not released) at once."""
+    depth: int           # the queue's depth
+    queued: int          # sealed, waiting to be taken
+    taken: int           # taken, not yet released
+    pending: int         # created, not yet sealed
+    waiting: int         # producers waiting for room (queue_info() only)
+
+
+@dataclasses.dataclass(frozen=True)
 class NameInfo:
     """What list() and stat() tell about a name."""
     name: str
@@ -680,12 +704,14 @@ class NameInfo:
     kind: str            # "host", "cuda-ipc", "cuda-vmm"; None when unsealed
     exported: bool       # the newest version is a producer's own memory
     manifest: tuple = ()  # stat() only: TensorInfo of the newest version
+    queue: QueueInfo = None  # list() only: a queue name's QueueInfo
 
     @classmethod
-    def _of(cls, t, manifest=()):
+    def _of(cls, t, manifest=(), queue=None):
         return cls(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
                    _KINDS.get(t[8]), bool(t[9]),
-                   tuple(TensorInfo(*m) for m in manifest))
+                   tuple(TensorInfo(*m) for m in manifest),
+                   None if queue is None else QueueInfo(*queue))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -748,7 +774,7 @@ class Client:
 
     # Producing.
     def publish(self, name, *tensors, keys=None, mode=None, copy=None,
-                stream=None):
+                stream=None, queue=None, wait=None):
         """Publishes tensors as a new version of name; returns its number.
 
         tensors: objects with ``__dlpack__`` (NumPy, PyTorch, JAX, CuPy
@@ -761,8 +787,17 @@ class Client:
         raises CopyForbidden instead; copy=True always copies. mode: the
         permission bits (0o644 style) of a new name. stream: the producer's
         CUDA stream for device tensors (None: the legacy default stream).
+
+        queue: publish into a queue name (see take()): True for the
+        daemon's default depth, or the depth N (> 0); None publishes to an
+        ordinary name. A name's kind and depth are fixed when it is first
+        created; asking for another raises InvalidArgument. wait: when the
+        queue is full, None raises LimitExceeded at once, a number of
+        seconds waits for room (Timeout when none came), WAIT_FOREVER
+        waits without limit. A shared dlshare.empty() array never waits.
         """
         _check_name(name)
+        qargs = _queue_args(queue, wait)
         if len(tensors) == 1 and isinstance(tensors[0], Mapping):
             if keys is not None:
                 raise TypeError("pass keys or a dict, not both")
@@ -779,9 +814,10 @@ class Client:
         sv = _stream_value(stream)
         caps = tuple(_capsule_of(t, stream) for t in tensors)
         return self._c.publish(name, caps, keys, mode, copy is False,
-                               copy is True, sv)
+                               copy is True, sv, *qargs)
 
-    def create(self, name, *specs, mode=None, device=None):
+    def create(self, name, *specs, mode=None, device=None, queue=None,
+               wait=None):
         """Creates a pending store-mode version of name in a daemon buffer
         and returns its Writer. specs: TensorSpec(key, dtype, shape),
         (key, dtype, shape) or (dtype, shape) tuples, or one dict
@@ -789,7 +825,12 @@ class Client:
         dtype. device: None (host memory), "cuda:N" (GPU memory the daemon
         allocates on this process's GPU N; seal(stream) then orders the
         consumers after the writes queued on stream), "cuda_host", a
-        (DLDeviceType, id) pair or a torch.device."""
+        (DLDeviceType, id) pair or a torch.device.
+
+        queue, wait: as publish()'s: the version goes into a queue name
+        once sealed, and a full queue makes this wait for room (the
+        pending version counts toward the depth from here on)."""
+        qargs = _queue_args(queue, wait)
         dev_type, dev_id = _device_arg(device)
         _check_name(name)
         if len(specs) == 1 and isinstance(specs[0], Mapping):
@@ -807,7 +848,8 @@ class Client:
                 shape = (shape,)
             norm.append((None if key is None else str(key),
                          _dtype_name(dtype), tuple(int(n) for n in shape)))
-        w = self._c.create(name, tuple(norm), _mode(mode), dev_type, dev_id)
+        w = self._c.create(name, tuple(norm), _mode(mode), dev_type, dev_id,
+                           *qargs)
         return Writer(self, name, w, tuple(k or "" for k, _, _ in norm))
 
     def seal(self, writer, stream=None):
@@ -853,6 +895,38 @@ class Client:
         return Bundle(self._get(name, version, newer_than, timeout, stream),
                       name, stream)
 
+    def take(self, name, timeout=None, stream=None):
+        """Takes the oldest queued version of a queue name: this client
+        alone gets it. Returns a Tensor, or a Bundle when it holds several
+        tensors. Releasing it (release(), a with block, or dropping every
+        reference, arrays made from it included) consumes the version and
+        frees its room in the queue; if this process dies or the client
+        closes first, the version goes back to the head of the queue for
+        the next taker.
+
+        timeout: None raises NotFound at once when nothing is queued; a
+        number of seconds waits (Timeout when nothing came); WAIT_FOREVER
+        waits without limit. A name that does not exist yet is waited for
+        too. Takers waiting on one name are served in the order they came.
+        get() on a queue name raises InvalidArgument."""
+        b = self._take(name, timeout, stream)
+        if b.count() == 1:
+            return Tensor(b, 0, name, b.keys()[0], stream, True)
+        return Bundle(b, name, stream)
+
+    def take_bundle(self, name, timeout=None, stream=None):
+        """As take(), but always a Bundle, also for one tensor."""
+        return Bundle(self._take(name, timeout, stream), name, stream)
+
+    def _take(self, name, timeout, stream):
+        _check_name(name)
+        return self._c.take(name, _timeout_value(timeout),
+                            _stream_value(stream))
+
+    def queue_info(self, name):
+        """QueueInfo of a queue name (depth 0: name is no queue)."""
+        return QueueInfo(*self._c.queue_stat(_check_name(name)))
+
     # Looking inside.
     def delete(self, name):
         """Removes name; leased data stays valid for its readers."""
@@ -860,7 +934,8 @@ class Client:
 
     def list(self, prefix=""):
         """NameInfo of every name starting with prefix, in byte order."""
-        return [NameInfo._of(t) for t in self._c.list(prefix or "")]
+        return [NameInfo._of(t, queue=q)
+                for t, q in self._c.list(prefix or "")]
 
     def stat(self, name):
         """NameInfo of name, with the newest version's manifest."""

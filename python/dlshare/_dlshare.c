@@ -1548,6 +1548,33 @@ static PyObject *Client_closed(ClientObject *s, PyObject *unused)
 		Py_END_ALLOW_THREADS                                    \
 	} while (0)
 
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* The next slice of a wait of timeout seconds (0: none, < 0: forever)
+ * that ends at deadline: at most a second, so that Ctrl-C (and a close
+ * from another thread) is seen between slices. Returns 1 when the wait is
+ * over, else 0 with *ms. */
+static int wait_slice(double timeout, double deadline, int32_t *ms)
+{
+	double left;
+
+	if (timeout == 0) {
+		*ms = 0;
+		return 0;
+	}
+	left = timeout < 0 ? 1.0 : deadline - now_s();
+	if (left <= 0)
+		return 1;
+	*ms = left >= 1.0 ? 1000 : (int32_t)ceil(left * 1000.0);
+	return 0;
+}
+
 /* --- publish --- */
 
 /* Our wrapper around a producer's tensor: the library owns it and calls its
@@ -1639,9 +1666,16 @@ static PyObject *Client_publish(ClientObject *s, PyObject *args)
 	PyObject *ret = NULL;
 	int err;
 
-	if (!PyArg_ParseTuple(args, "sO!OIppK", &name, &PyTuple_Type, &caps,
-			      &keys, &mode, &no_copy, &force_copy, &stream))
+	int queue = 0;
+	unsigned int depth = 0;
+	double wait = 0;
+	dlshare_queue_opts q = { 0 };
+
+	if (!PyArg_ParseTuple(args, "sO!OIppK|pId", &name, &PyTuple_Type,
+			      &caps, &keys, &mode, &no_copy, &force_copy,
+			      &stream, &queue, &depth, &wait))
 		return NULL;
+	q.depth = depth;
 	n = PyTuple_GET_SIZE(caps);
 	if (n == 0) {
 		PyErr_SetString(PyExc_ValueError, "nothing to publish");
@@ -1686,8 +1720,27 @@ static PyObject *Client_publish(ClientObject *s, PyObject *args)
 	o.flags = no_copy ? DLSHARE_PUBLISH_NO_COPY :
 		  force_copy ? DLSHARE_PUBLISH_COPY : 0;
 	o.stream = (void *)(uintptr_t)stream;
-	GUARDED(s, err, dlshare_publish(c_, name, ts, (size_t)n, &o,
-					&version));
+	if (!queue) {
+		GUARDED(s, err, dlshare_publish(c_, name, ts, (size_t)n, &o,
+						&version));
+	} else {
+		/* A long wait for room goes in slices, as a get's. */
+		double deadline = wait > 0 ? now_s() + wait : 0;
+
+		for (;;) {
+			if (wait_slice(wait, deadline, &q.wait_ms)) {
+				err = DLSHARE_ETIMEDOUT;
+				break;
+			}
+			GUARDED(s, err, dlshare_publish_queued(
+				c_, name, ts, (size_t)n, &o, &q, &version));
+			if (err != DLSHARE_ETIMEDOUT || wait == 0 ||
+			    (wait > 0 && now_s() >= deadline))
+				break;
+			if (PyErr_CheckSignals())
+				goto out;
+		}
+	}
 	if (err) {
 		raise_code(err);
 		goto out;
@@ -1708,8 +1761,10 @@ out:
 
 /* --- create --- */
 
-/* create(name, specs, mode[, device_type, device_id]) -> Writer; specs:
- * tuple of (key or None, dtype, shape) */
+/* create(name, specs, mode[, device_type, device_id, queue, depth,
+ * wait_s]) -> Writer; specs: tuple of (key or None, dtype, shape). With
+ * queue, into a queue name of depth (0: default), waiting up to wait_s
+ * (0: no wait, < 0: forever) for room. */
 static PyObject *Client_create(ClientObject *s, PyObject *args)
 {
 	const char *name;
@@ -1723,9 +1778,16 @@ static PyObject *Client_create(ClientObject *s, PyObject *args)
 	Py_ssize_t n;
 	int err;
 
-	if (!PyArg_ParseTuple(args, "sO!I|II", &name, &PyTuple_Type, &specs,
-			      &mode, &dev_type, &dev_id))
+	int queue = 0;
+	unsigned int depth = 0;
+	double wait = 0;
+	dlshare_queue_opts q = { 0 };
+
+	if (!PyArg_ParseTuple(args, "sO!I|IIpId", &name, &PyTuple_Type, &specs,
+			      &mode, &dev_type, &dev_id, &queue, &depth,
+			      &wait))
 		return NULL;
+	q.depth = depth;
 	n = PyTuple_GET_SIZE(specs);
 	if (n == 0) {
 		PyErr_SetString(PyExc_ValueError, "no tensor to create");
@@ -1757,7 +1819,26 @@ static PyObject *Client_create(ClientObject *s, PyObject *args)
 	o.mode = mode;
 	o.device.device_type = (DLDeviceType)dev_type;
 	o.device.device_id = (int32_t)dev_id;
-	GUARDED(s, err, dlshare_create(c_, name, sp, (size_t)n, &o, &w));
+	if (!queue) {
+		GUARDED(s, err, dlshare_create(c_, name, sp, (size_t)n, &o,
+					       &w));
+	} else {
+		double deadline = wait > 0 ? now_s() + wait : 0;
+
+		for (;;) {
+			if (wait_slice(wait, deadline, &q.wait_ms)) {
+				err = DLSHARE_ETIMEDOUT;
+				break;
+			}
+			GUARDED(s, err, dlshare_create_queued(
+				c_, name, sp, (size_t)n, &o, &q, &w));
+			if (err != DLSHARE_ETIMEDOUT || wait == 0 ||
+			    (wait > 0 && now_s() >= deadline))
+				break;
+			if (PyErr_CheckSignals())
+				goto out;
+		}
+	}
 	if (err) {
 		raise_code(err);
 		goto out;
@@ -1794,14 +1875,6 @@ out:
 }
 
 /* --- get --- */
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* get(name, select, version, timeout_s, stream) -> Bundle. timeout_s: 0
  * no wait, < 0 forever. A long wait goes in one-second slices so that
@@ -1856,6 +1929,67 @@ static PyObject *Client_get(ClientObject *s, PyObject *args)
 	return (PyObject *)bo;
 }
 
+/* take(name, timeout_s, stream) -> Bundle: the oldest queued version of
+ * a queue name, for this client alone. Waits in slices, as get. */
+static PyObject *Client_take(ClientObject *s, PyObject *args)
+{
+	const char *name;
+	unsigned long long stream;
+	double timeout, deadline;
+	dlshare_bundle *b = NULL;
+	BundleObject *bo;
+	int32_t ms;
+	int err;
+
+	if (!PyArg_ParseTuple(args, "sdK", &name, &timeout, &stream))
+		return NULL;
+	deadline = timeout > 0 ? now_s() + timeout : 0;
+	for (;;) {
+		if (wait_slice(timeout, deadline, &ms)) {
+			err = DLSHARE_ETIMEDOUT;
+			break;
+		}
+		GUARDED(s, err, dlshare_take(c_, name, ms,
+					     (void *)(uintptr_t)stream, &b));
+		if (err != DLSHARE_ETIMEDOUT || timeout == 0)
+			break;
+		if (timeout > 0 && now_s() >= deadline)
+			break;
+		if (PyErr_CheckSignals())
+			return NULL;
+	}
+	if (err)
+		return raise_code(err);
+	bo = PyObject_New(BundleObject, Bundle_Type);
+	if (!bo) {
+		dlshare_bundle_free(b);
+		return NULL;
+	}
+	bo->b = b;
+	return (PyObject *)bo;
+}
+
+static PyObject *queue_tuple(const dlshare_queue_info *q)
+{
+	return Py_BuildValue("(IIIII)", q->depth, q->queued, q->taken,
+			     q->pending, q->waiting);
+}
+
+/* queue_stat(name) -> (depth, queued, taken, pending, waiting) */
+static PyObject *Client_queue_stat(ClientObject *s, PyObject *args)
+{
+	const char *name;
+	dlshare_queue_info q;
+	int err;
+
+	if (!PyArg_ParseTuple(args, "s", &name))
+		return NULL;
+	GUARDED(s, err, dlshare_queue_stat(c_, name, &q));
+	if (err)
+		return raise_code(err);
+	return queue_tuple(&q);
+}
+
 /* --- delete, list, stat, stats --- */
 
 static PyObject *Client_delete(ClientObject *s, PyObject *args)
@@ -1882,30 +2016,43 @@ static PyObject *info_tuple(const dlshare_name_info *i)
 
 struct infos {
 	dlshare_name_info *v;
+	dlshare_queue_info *q;    /* depth 0: not a queue */
 	size_t n, cap;
 	int nomem;
 };
 
-static int infos_add(const dlshare_name_info *info, void *arg)
+static int infos_add(const dlshare_name_info *info,
+		     const dlshare_queue_info *queue, void *arg)
 {
 	struct infos *a = arg;
 
 	if (a->n == a->cap) {
 		size_t cap = a->cap ? a->cap * 2 : 64;
 		dlshare_name_info *v = realloc(a->v, cap * sizeof(*v));
+		dlshare_queue_info *q;
 
 		if (!v) {
 			a->nomem = 1;
 			return 1;
 		}
 		a->v = v;
+		q = realloc(a->q, cap * sizeof(*q));
+		if (!q) {
+			a->nomem = 1;
+			return 1;
+		}
+		a->q = q;
 		a->cap = cap;
 	}
+	if (queue)
+		a->q[a->n] = *queue;
+	else
+		memset(&a->q[a->n], 0, sizeof(a->q[a->n]));
 	a->v[a->n++] = *info;
 	return 0;
 }
 
-/* list(prefix) -> [info tuple] */
+/* list(prefix) -> [(info tuple, queue tuple or None)] */
 static PyObject *Client_list(ClientObject *s, PyObject *args)
 {
 	const char *prefix;
@@ -1916,7 +2063,7 @@ static PyObject *Client_list(ClientObject *s, PyObject *args)
 	if (!PyArg_ParseTuple(args, "s", &prefix))
 		return NULL;
 	/* The callback runs without the GIL: collect first, convert after. */
-	GUARDED(s, err, dlshare_list(c_, prefix, infos_add, &a));
+	GUARDED(s, err, dlshare_list_ex(c_, prefix, infos_add, &a));
 	if (!err && a.nomem)
 		err = DLSHARE_ENOMEM;
 	if (err) {
@@ -1926,7 +2073,10 @@ static PyObject *Client_list(ClientObject *s, PyObject *args)
 	if (!(l = PyList_New((Py_ssize_t)a.n)))
 		goto out;
 	for (size_t i = 0; i < a.n; i++) {
-		PyObject *t = info_tuple(&a.v[i]);
+		PyObject *t = a.q[i].depth ?
+			Py_BuildValue("(NN)", info_tuple(&a.v[i]),
+				      queue_tuple(&a.q[i])) :
+			Py_BuildValue("(NO)", info_tuple(&a.v[i]), Py_None);
 
 		if (!t) {
 			Py_CLEAR(l);
@@ -1936,6 +2086,7 @@ static PyObject *Client_list(ClientObject *s, PyObject *args)
 	}
 out:
 	free(a.v);
+	free(a.q);
 	return l;
 }
 
@@ -2002,6 +2153,8 @@ static PyMethodDef Client_methods[] = {
 	{ "publish", (PyCFunction)Client_publish, METH_VARARGS, NULL },
 	{ "create", (PyCFunction)Client_create, METH_VARARGS, NULL },
 	{ "get", (PyCFunction)Client_get, METH_VARARGS, NULL },
+	{ "take", (PyCFunction)Client_take, METH_VARARGS, NULL },
+	{ "queue_stat", (PyCFunction)Client_queue_stat, METH_VARARGS, NULL },
 	{ "delete", (PyCFunction)Client_delete, METH_VARARGS, NULL },
 	{ "list", (PyCFunction)Client_list, METH_VARARGS, NULL },
 	{ "stat", (PyCFunction)Client_stat, METH_VARARGS, NULL },
