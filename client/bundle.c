@@ -245,6 +245,7 @@ int dlshare_take(dlshare_client *c, const char *name, int32_t timeout_ms,
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Take t = DLSHARE__TAKE__INIT;
 	dlshare_get_opts o = { .timeout_ms = timeout_ms, .stream = stream };
+	int err;
 
 	errmsg_set(NULL);
 
@@ -253,6 +254,8 @@ int dlshare_take(dlshare_client *c, const char *name, int32_t timeout_ms,
 	*out = NULL;
 	if (timeout_ms < 0 && timeout_ms != DLSHARE_WAIT_FOREVER)
 		return DLSHARE_EINVAL;
+	if ((err = client_need_queues(c)))
+		return err;
 	t.name = (char *)name;
 	t.has_timeout_ms = timeout_ms != 0;
 	t.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;

@@ -1117,6 +1117,7 @@ static int hello(dlshare_client *c)
 	if (!err) {
 		c->piggyback = r.msg->frame->hello_reply->minor >= 1;
 		c->goodbye = r.msg->frame->hello_reply->minor >= 2;
+		c->queues = r.msg->frame->hello_reply->minor >= 4;
 	}
 	reply_free(c, &r);
 	return err;
@@ -1161,6 +1162,14 @@ static void goodbye(dlshare_client *c)
 static void connect_msg(const char *path, const char *why)
 {
 	snprintf(errmsg, sizeof(errmsg), "connect %s: %s", path, why);
+}
+
+int client_need_queues(dlshare_client *c)
+{
+	if (c->queues)
+		return 0;
+	errmsg_set("this daemon speaks no queue names (protocol 1.4 needed)");
+	return DLSHARE_ENOTSUP;
 }
 
 int client_bad_name(const char *name)

@@ -255,6 +255,8 @@ static int create_impl(dlshare_client *c, const char *name,
 	if (queue_wire(q, &cr.has_queue_depth, &cr.queue_depth,
 		       &cr.has_wait_ms, &cr.wait_ms))
 		return DLSHARE_EINVAL;
+	if (q && (err = client_need_queues(c)))
+		return err;
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return DLSHARE_ENOMEM;
@@ -1013,7 +1015,11 @@ int dlshare_publish_queued(dlshare_client *c, const char *name,
 			   const dlshare_queue_opts *queue, uint64_t *version)
 {
 	static const dlshare_queue_opts dflt = { 0 };
+	int err;
 
+	errmsg_set(NULL);
+	if (c && !client_forked(c) && (err = client_need_queues(c)))
+		return err;
 	return publish_impl(c, name, tensors, n, opts,
 			    queue ? queue : &dflt, version);
 }
