@@ -94,7 +94,8 @@ static const struct opt opts[] = {
 	  "More is a protocol error and disconnects the peer.", NULL },
 	{ "max-inflight", 0, OPT_U32, "N", 1, 1u << 20,
 	  SRV(limits.max_inflight), NULL,
-	  "requests in flight per connection: waiting gets, seals, GPU creates",
+	  "requests in flight per connection: waiting gets and takes, creates "
+	  "waiting for room in a queue, seals, GPU creates",
 	  "One more fails with DLSHARE_ELIMIT.", NULL },
 	{ "max-connections", 0, OPT_U32, "N", 1, 1u << 20,
 	  SRV(limits.max_connections), NULL,

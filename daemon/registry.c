@@ -1503,9 +1503,13 @@ void registry_owner_drop(struct registry *r, struct registry_owner *o)
 			continue;
 		}
 		/* An export ends with its producer: withdraw it; leases keep
-		 * their mappings, and the producer hears nothing more. */
+		 * their mappings, and the producer hears nothing more. A
+		 * queued one leaves its queue (a taken one is its taker's
+		 * until released). */
 		if (v->entry->latest == v)
 			v->entry->latest = NULL;
+		if (v->queued)
+			queue_forget(r, v);
 		version_check(r, v);
 	}
 	if (o->usage) {

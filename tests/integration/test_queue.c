@@ -34,6 +34,13 @@ static int setup_limits(void **state)
 	return util_setup_fdcheck(state, extra);
 }
 
+static int setup_inflight(void **state)
+{
+	static const char *const extra[] = { "--max-inflight=2", NULL };
+
+	return util_setup_fdcheck(state, extra);
+}
+
 static int teardown(void **state)
 {
 	return util_teardown(state);
@@ -565,6 +572,108 @@ static void limits(void **state)
 	dlshare_disconnect(c);
 }
 
+/* Creates waiting for room count as requests in flight of their
+ * connection: one past --max-inflight is refused at once, naming it. */
+struct waiter {
+	dlshare_client *c;
+	int32_t idx;
+	int err;
+};
+
+static void *waiter_run(void *arg)
+{
+	struct waiter *w = arg;
+
+	w->err = qput(w->c, "q/inflight", 1, DLSHARE_WAIT_FOREVER, w->idx);
+	return NULL;
+}
+
+static void waits_in_flight(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	dlshare_client *shared = harness_connect(&fx->d);
+	struct waiter w[2] = { { shared, 2, -1 }, { shared, 3, -1 } };
+	pthread_t th[2];
+	dlshare_queue_info qi;
+
+	assert_int_equal(qput(c, "q/inflight", 1, 0, 1), 0);
+	for (int i = 0; i < 2; i++)
+		assert_int_equal(pthread_create(&th[i], NULL, waiter_run, &w[i]),
+				 0);
+	for (int i = 0; i < harness_ms(20000) / 10; i++) {
+		assert_int_equal(dlshare_queue_stat(c, "q/inflight", &qi), 0);
+		if (qi.waiting == 2)
+			break;
+		util_sleep_ms(10);
+	}
+	assert_int_equal(qi.waiting, 2);
+	assert_int_equal(qput(shared, "q/inflight", 1, DLSHARE_WAIT_FOREVER, 4),
+			 DLSHARE_ELIMIT);
+	assert_non_null(strstr(dlshare_last_error(), "limit 2"));
+	/* Room for one at a time: the waiters go on, in their order. */
+	int32_t first = qtake(c, "q/inflight", 0);
+	assert_int_equal(first, 1);
+	int32_t a = qtake(c, "q/inflight", harness_ms(20000));
+	int32_t b = qtake(c, "q/inflight", harness_ms(20000));
+	assert_true((a == 2 && b == 3) || (a == 3 && b == 2));
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(pthread_join(th[i], NULL), 0);
+		assert_int_equal(w[i].err, 0);
+	}
+	assert_int_equal(dlshare_delete(c, "q/inflight"), 0);
+	dlshare_disconnect(shared);
+	struct util_want want = empty_want(1);
+	want.names = 0;
+	util_assert_want(c, &want);
+	dlshare_disconnect(c);
+}
+
+/* An export into a queue name: queued like a copy; its producer's leaving
+ * withdraws it from the queue, as from an ordinary name. */
+static void export_queue(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	dlshare_client *p = harness_connect(&fx->d);
+	dlshare_publish_opts o = { .flags = DLSHARE_PUBLISH_NO_COPY };
+	dlshare_queue_opts q = { .depth = 2 };
+	dlshare_queue_info qi;
+	DLManagedTensor *t;
+	dlshare_bundle *b;
+
+	for (int i = 1; i <= 3; i++) {
+		assert_int_equal(dlshare_host_alloc(DT_I32, 1, item_shape, &t), 0);
+		for (int k = 0; k < ITEM_LEN; k++)
+			((int32_t *)t->dl_tensor.data)[k] = i * 1000 + k;
+		int err = dlshare_publish_queued(p, "q/exp", &t, 1, &o, &q, NULL);
+		if (i <= 2) {
+			assert_int_equal(err, 0);
+		} else {
+			/* Full: an export never waits. */
+			assert_int_equal(err, DLSHARE_ELIMIT);
+			t->deleter(t);
+		}
+	}
+	assert_int_equal(dlshare_take(c, "q/exp", 0, NULL, &b), 0);
+	assert_int_equal(qitem(b), 1);
+	dlshare_disconnect(p);
+	/* Item 2 left with its producer; item 1 stays its taker's. */
+	struct util_want one = UTIL_ANY;
+	one.connections = 1;
+	util_assert_want(c, &one);
+	assert_int_equal(dlshare_queue_stat(c, "q/exp", &qi), 0);
+	assert_int_equal(qi.queued, 0);
+	assert_int_equal(qi.taken, 1);
+	assert_int_equal(qitem(b), 1);
+	dlshare_bundle_free(b);
+	assert_int_equal(dlshare_delete(c, "q/exp"), 0);
+	struct util_want want = empty_want(1);
+	want.names = 0;
+	util_assert_want(c, &want);
+	dlshare_disconnect(c);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -576,6 +685,9 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(queue_delete, setup, teardown),
 		cmocka_unit_test_setup_teardown(limits, setup_limits, teardown),
+		cmocka_unit_test_setup_teardown(waits_in_flight, setup_inflight,
+						teardown),
+		cmocka_unit_test_setup_teardown(export_queue, setup, teardown),
 	};
 
 	return cmocka_run_group_tests_name("queue", tests, NULL, NULL);
