@@ -143,11 +143,11 @@ static void on_park_timeout(uv_timer_t *t)
 	struct peer *peer = p->peer;
 	struct daemon *d = peer->d;
 	uint64_t id = p->req_id;
-
 	char name[CHECK_NAME_MAX + 1];
 	int take = p->take;
 	uint32_t timeout = p->timeout;
 
+	/* p and its wait queue go with park_remove. */
 	memcpy(name, p->q->name, sizeof(name));
 	park_remove(d, p);
 	if (take)
@@ -254,25 +254,24 @@ void get_request(struct peer *peer, uint64_t id, const Dlshare__Get *m)
 void take_request(struct peer *peer, uint64_t id, const Dlshare__Take *m)
 {
 	uint32_t timeout = m->has_timeout_ms ? m->timeout_ms : 0;
-	struct version *v;
-	int err;
+	struct waitq *q = NULL;
+	struct park *p = NULL;
+	struct version *v = NULL;
+	int err = -ENOENT;
 
 	if (check_name(m->name)) {
 		reply_err(peer, id, -EINVAL, "take (invalid name)", NULL);
 		return;
 	}
-	/* Parked takes of the name come first: a new take waits its turn. */
-	struct waitq *q = NULL;
-	struct park *p;
+	/* Takes parked on the name come first: a new take waits its turn. */
 	HASH_FIND_STR(peer->d->waiters, m->name, q);
 	if (q)
 		DL_FOREACH2(q->parks, p, wnext)
 			if (p->take)
 				break;
-	v = q && p ? NULL : registry_queue_head(&peer->d->reg, &peer->owner,
-						 m->name, &err);
-	if (q && p)
-		err = -ENOENT;
+	if (!p)
+		v = registry_queue_head(&peer->d->reg, &peer->owner, m->name,
+					&err);
 	if (v) {
 		get_answer(peer, id, v, 1);
 		return;

@@ -234,14 +234,16 @@ static void queue_consume(struct registry *r, struct lease *l)
 }
 
 /* l's owner goes without releasing its take l: the version goes back to
- * the head of its queue. Returns 1, or 0 when its name was deleted (it is
- * consumed then: there is no queue to go back to). */
+ * the head of its queue. Returns 1, or 0 when its name was deleted or it
+ * was withdrawn (an export whose producer went): it is consumed then. */
 static int queue_return(struct registry *r, struct lease *l)
 {
 	struct version *v = l->version;
 	struct entry *e = v->entry;
 
-	if (e->detached) {
+	/* An export whose producer went is withdrawn (registry_owner_drop):
+	 * it does not come back either. */
+	if (e->detached || !v->qheld || (v->exported && !v->producer)) {
 		queue_consume(r, l);
 		return 0;
 	}

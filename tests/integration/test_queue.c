@@ -667,6 +667,25 @@ static void export_queue(void **state)
 	assert_int_equal(qi.taken, 1);
 	assert_int_equal(qitem(b), 1);
 	dlshare_bundle_free(b);
+
+	/* A taker that goes without releasing an export whose producer
+	 * went: nothing to redeliver, the version is consumed. */
+	dlshare_client *p2 = harness_connect(&fx->d);
+	dlshare_client *t2 = harness_connect(&fx->d);
+	assert_int_equal(dlshare_host_alloc(DT_I32, 1, item_shape, &t), 0);
+	for (int k = 0; k < ITEM_LEN; k++)
+		((int32_t *)t->dl_tensor.data)[k] = 5000 + k;
+	assert_int_equal(dlshare_publish_queued(p2, "q/exp", &t, 1, &o, &q,
+						NULL), 0);
+	assert_int_equal(dlshare_take(t2, "q/exp", 0, NULL, &b), 0);
+	assert_int_equal(qitem(b), 5);
+	dlshare_disconnect(p2);
+	dlshare_disconnect(t2);
+	util_assert_want(c, &one);
+	assert_int_equal(dlshare_queue_stat(c, "q/exp", &qi), 0);
+	assert_int_equal(qi.queued + qi.taken + qi.pending, 0);
+	assert_int_equal(qitem(b), 5); /* the mapping stays the holder's */
+	dlshare_bundle_free(b);
 	assert_int_equal(dlshare_delete(c, "q/exp"), 0);
 	struct util_want want = empty_want(1);
 	want.names = 0;
