@@ -324,11 +324,10 @@ static int import_buffers(dlshare_client *c, Dlshare__GetReply *r, int *fds,
 
 /* Queues a lease for the receiver thread to release. Under c->lock.
  * Returns 1 when the thread must be woken. */
-static int queue_release(dlshare_client *c, uint64_t lease)
+/* Appends lease to the release queue. Returns 1, or 0 without memory.
+ * Under c->lock. */
+static int rel_push(dlshare_client *c, uint64_t lease)
 {
-	/* A dead connection took its leases with it. */
-	if (c->dead || c->closed)
-		return 0;
 	if (c->nrel == c->caprel) {
 		size_t cap = c->caprel ? c->caprel * 2 : 64;
 		uint64_t *n = realloc(c->rel, cap * sizeof(*n));
@@ -345,6 +344,14 @@ static int queue_release(dlshare_client *c, uint64_t lease)
 		return 0;
 	c->rel[c->nrel++] = lease;
 	return 1;
+}
+
+static int queue_release(dlshare_client *c, uint64_t lease)
+{
+	/* A dead connection took its leases with it. */
+	if (c->dead || c->closed)
+		return 0;
+	return rel_push(c, lease);
 }
 
 /* ---- the reader role ------------------------------------------------------ */
@@ -1314,6 +1321,25 @@ void dlshare_disconnect(dlshare_client *c)
 		 * for the same reason, until this process exits. */
 		fork_close_fds(c);
 		return;
+	}
+	/* Releases waiting for device work: wait for it now, and queue
+	 * them while the connection is open, so that they reach the daemon
+	 * (rx_main sends what is queued as it ends): a released take of a
+	 * queue name is consumed, where the socket's close alone would put
+	 * it back for another taker. */
+	pthread_mutex_lock(&c->lock);
+	struct lease_ref *early = c->deferred;
+	c->deferred = NULL;
+	pthread_mutex_unlock(&c->lock);
+	while (early) {
+		struct lease_ref *next = early->next;
+
+		cuda_event_wait(early->event);
+		cuda_event_drop(early->event);
+		client_unpin(c, early->pins, early->npins);
+		client_release(c, early->lease);
+		free(early);
+		early = next;
 	}
 	goodbye(c);
 	pthread_mutex_lock(&c->lock);

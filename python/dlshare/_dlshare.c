@@ -183,6 +183,20 @@ static PyObject *raise_code(int code)
 	return raise_msg(code, NULL);
 }
 
+/* A wait that ran out after slices (wait_slice): the library's message
+ * names the last slice; say the whole wait too. */
+static PyObject *raise_waited(int code, double wait)
+{
+	char msg[1024];
+
+	if (code != DLSHARE_ETIMEDOUT || wait <= 1.0)
+		return raise_code(code);
+	snprintf(msg, sizeof(msg), "%s; waited %.3g s in all",
+		 dlshare_last_error()[0] ? dlshare_last_error() :
+		 dlshare_strerror(code), wait);
+	return raise_msg(code, msg);
+}
+
 /* ---- the client guard ---------------------------------------------------- */
 
 /* A client and who is inside it. dlshare_disconnect() must not run while
@@ -1742,7 +1756,7 @@ static PyObject *Client_publish(ClientObject *s, PyObject *args)
 		}
 	}
 	if (err) {
-		raise_code(err);
+		raise_waited(err, queue ? wait : 0);
 		goto out;
 	}
 	/* The library owns the wrappers, and they the producers' tensors. */
@@ -1840,7 +1854,7 @@ static PyObject *Client_create(ClientObject *s, PyObject *args)
 		}
 	}
 	if (err) {
-		raise_code(err);
+		raise_waited(err, queue ? wait : 0);
 		goto out;
 	}
 	wo = PyObject_New(WriterObject, Writer_Type);
@@ -1959,7 +1973,7 @@ static PyObject *Client_take(ClientObject *s, PyObject *args)
 			return NULL;
 	}
 	if (err)
-		return raise_code(err);
+		return raise_waited(err, timeout);
 	bo = PyObject_New(BundleObject, Bundle_Type);
 	if (!bo) {
 		dlshare_bundle_free(b);
