@@ -122,7 +122,11 @@ typedef struct dlshare_client dlshare_client;
  * and the reason ("connect /run/x.sock: No such file or directory"). */
 DLSHARE_API int dlshare_connect(const char *path, dlshare_client **out);
 
-/* Closes the connection. Calls in other threads fail with DLSHARE_ECLOSED.
+/* Closes the connection. Releases of tensors already freed are sent first
+ * (for a device tensor, once its consumer's stream passed its work), so a
+ * released take of a queue name is consumed; leases still held go with the
+ * connection (a take then goes back to its queue). Calls in other threads
+ * fail with DLSHARE_ECLOSED.
  * Tensors obtained from this client stay valid: their deleters may run later
  * (their leases went with the connection). Exported tensors whose versions
  * were still published are handed back to their deleters here. NULL is a
