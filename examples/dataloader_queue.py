@@ -74,7 +74,9 @@ def batches_in_order(client, loader, n, timeout=60):
     their batches are sealed); the trainer takes batches as they come and
     holds the early ones until their turn."""
     order = []
-    feeder = threading.Thread(target=lambda: order.extend(loader),
+    # The workers fork here, before any thread of ours is inside dlshare.
+    batches = iter(loader)
+    feeder = threading.Thread(target=lambda: order.extend(batches),
                               daemon=True)
     feeder.start()
     early = {}                       # index -> bundle, taken early

@@ -93,7 +93,9 @@ class DataLoaderQueueTest(DaemonTest):
         sampler = torch.randperm(NBATCHES, generator=g).tolist()
         loader = self._loader(q, sampler)
         returned = []                  # the DataLoader's own, in order
-        feeder = threading.Thread(target=lambda: returned.extend(loader))
+        # The workers fork here, while no thread is inside dlshare.
+        batches = iter(loader)
+        feeder = threading.Thread(target=lambda: returned.extend(batches))
         feeder.start()
         got, by_worker, most = [], {}, 0
         try:
