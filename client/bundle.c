@@ -346,16 +346,15 @@ static int get_opts_wire(const dlshare_get_opts *o, Dlshare__Get *g)
 	return 0;
 }
 
+static int get_call(dlshare_client *c, Dlshare__Frame *f,
+		    const dlshare_get_opts *opts, dlshare_bundle **out);
+
 int dlshare_get(dlshare_client *c, const char *name,
 		const dlshare_get_opts *opts, dlshare_bundle **out)
 {
 	static const dlshare_get_opts dflt = { .select = DLSHARE_LATEST };
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Get g = DLSHARE__GET__INIT;
-	struct dlshare_bundle *b;
-	struct lease_ref *lr;
-	Dlshare__GetReply *gr;
-	struct reply r;
 	int err;
 
 	errmsg_set(NULL);
@@ -368,7 +367,46 @@ int dlshare_get(dlshare_client *c, const char *name,
 		return err;
 	f.body_case = DLSHARE__FRAME__BODY_GET;
 	f.get = &g;
-	err = client_call(c, &f, NULL, 0, NULL, &r);
+	return get_call(c, &f, opts, out);
+}
+
+int dlshare_take(dlshare_client *c, const char *name, int32_t timeout_ms,
+		 void *stream, dlshare_bundle **out)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Take t = DLSHARE__TAKE__INIT;
+	dlshare_get_opts o = { .timeout_ms = timeout_ms, .stream = stream };
+	int err;
+
+	errmsg_set(NULL);
+
+	if (!c || !out || client_bad_name(name))
+		return DLSHARE_EINVAL;
+	*out = NULL;
+	if (timeout_ms < 0 && timeout_ms != DLSHARE_WAIT_FOREVER)
+		return DLSHARE_EINVAL;
+	if ((err = client_need_queues(c)))
+		return err;
+	t.name = (char *)name;
+	t.has_timeout_ms = timeout_ms != 0;
+	t.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;
+	f.body_case = DLSHARE__FRAME__BODY_TAKE;
+	f.take = &t;
+	return get_call(c, &f, &o, out);
+}
+
+/* Sends f (a Get or a Take) and makes a bundle of its GetReply. */
+static int get_call(dlshare_client *c, Dlshare__Frame *f,
+		    const dlshare_get_opts *opts, dlshare_bundle **out)
+{
+	static const dlshare_get_opts dflt = { .select = DLSHARE_LATEST };
+	struct dlshare_bundle *b;
+	struct lease_ref *lr;
+	Dlshare__GetReply *gr;
+	struct reply r;
+	int err;
+
+	err = client_call(c, f, NULL, 0, NULL, &r);
 	if (err)
 		return err;
 	if (r.msg->frame->body_case != DLSHARE__FRAME__BODY_GET_REPLY) {
@@ -783,8 +821,66 @@ void dlshare_manifest_free(dlshare_manifest *m)
 	free(m);
 }
 
+static void queue_info_copy(dlshare_queue_info *d, const Dlshare__NameInfo *s)
+{
+	memset(d, 0, sizeof(*d));
+	d->depth = s->has_queue_depth ? s->queue_depth : 0;
+	d->queued = s->queued;
+	d->taken = s->taken;
+	d->pending = s->queue_pending;
+	d->waiting = s->queue_waiting;
+}
+
+int dlshare_queue_stat(dlshare_client *c, const char *name,
+		       dlshare_queue_info *out)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Stat s = DLSHARE__STAT__INIT;
+	struct reply r;
+	int err;
+
+	errmsg_set(NULL);
+
+	if (!c || !out || client_bad_name(name))
+		return DLSHARE_EINVAL;
+	s.name = (char *)name;
+	f.body_case = DLSHARE__FRAME__BODY_STAT;
+	f.stat = &s;
+	if ((err = call_expect(c, &f, DLSHARE__FRAME__BODY_STAT_REPLY, &r)))
+		return err;
+	queue_info_copy(out, r.msg->frame->stat_reply->info);
+	reply_free(c, &r);
+	return 0;
+}
+
+struct list_plain {
+	dlshare_list_fn fn;
+	void *arg;
+};
+
+static int list_plain_fn(const dlshare_name_info *info,
+			 const dlshare_queue_info *queue, void *arg)
+{
+	struct list_plain *lp = arg;
+
+	(void)queue;
+	return lp->fn(info, lp->arg);
+}
+
 int dlshare_list(dlshare_client *c, const char *prefix, dlshare_list_fn fn,
 		 void *arg)
+{
+	struct list_plain lp = { fn, arg };
+
+	if (!fn) {
+		errmsg_set(NULL);
+		return DLSHARE_EINVAL;
+	}
+	return dlshare_list_ex(c, prefix, list_plain_fn, &lp);
+}
+
+int dlshare_list_ex(dlshare_client *c, const char *prefix,
+		    dlshare_list_ex_fn fn, void *arg)
 {
 	char after[CHECK_NAME_MAX + 1] = "";
 	int more = 1, err = 0;
@@ -809,9 +905,13 @@ int dlshare_list(dlshare_client *c, const char *prefix, dlshare_list_fn fn,
 		more = lr->has_more && lr->more && lr->n_names > 0;
 		for (size_t i = 0; i < lr->n_names; i++) {
 			dlshare_name_info info;
+			dlshare_queue_info q;
+			int isq = lr->names[i]->has_queue_depth &&
+				  lr->names[i]->queue_depth;
 
 			name_info_copy(&info, lr->names[i]);
-			if (fn(&info, arg)) {
+			queue_info_copy(&q, lr->names[i]);
+			if (fn(&info, isq ? &q : NULL, arg)) {
 				more = 0;
 				break;
 			}

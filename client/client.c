@@ -339,11 +339,10 @@ static int import_buffers(dlshare_client *c, Dlshare__GetReply *r, int *fds,
 
 /* Queues a lease for the receiver thread to release. Under c->lock.
  * Returns 1 when the thread must be woken. */
-static int queue_release(dlshare_client *c, uint64_t lease)
+/* Appends lease to the release queue. Returns 1, or 0 without memory.
+ * Under c->lock. */
+static int rel_push(dlshare_client *c, uint64_t lease)
 {
-	/* A dead connection took its leases with it. */
-	if (c->dead || c->closed)
-		return 0;
 	if (c->nrel == c->caprel) {
 		size_t cap = c->caprel ? c->caprel * 2 : 64;
 		uint64_t *n = realloc(c->rel, cap * sizeof(*n));
@@ -360,6 +359,14 @@ static int queue_release(dlshare_client *c, uint64_t lease)
 		return 0;
 	c->rel[c->nrel++] = lease;
 	return 1;
+}
+
+static int queue_release(dlshare_client *c, uint64_t lease)
+{
+	/* A dead connection took its leases with it. */
+	if (c->dead || c->closed)
+		return 0;
+	return rel_push(c, lease);
 }
 
 /* ---- the reader role ------------------------------------------------------ */
@@ -791,6 +798,12 @@ static void *rx_main(void *arg)
 
 		pthread_mutex_lock(&c->lock);
 		if (c->closed || c->dead) {
+			/* closed: releases still queued go first (best
+			 * effort, without blocking): a released take of a
+			 * queue name is consumed, where the socket's close
+			 * alone would put it back for another taker. */
+			if (c->closed && !c->dead)
+				flush_releases(c);
 			/* dead: a caller found the connection failed. */
 			err = c->closed ? DLSHARE_ECLOSED : 0;
 			pthread_mutex_unlock(&c->lock);
@@ -1206,6 +1219,7 @@ static int hello(dlshare_client *c)
 		c->manifests = r.msg->frame->hello_reply->minor >= 4;
 		c->lifetimes = r.msg->frame->hello_reply->minor >= 4;
 		c->dev_events = r.msg->frame->hello_reply->minor >= 4;
+		c->queues = r.msg->frame->hello_reply->minor >= 4;
 	}
 	reply_free(c, &r);
 	return err;
@@ -1250,6 +1264,14 @@ static void goodbye(dlshare_client *c)
 static void connect_msg(const char *path, const char *why)
 {
 	snprintf(errmsg, sizeof(errmsg), "connect %s: %s", path, why);
+}
+
+int client_need_queues(dlshare_client *c)
+{
+	if (c->queues)
+		return 0;
+	errmsg_set("this daemon speaks no queue names (protocol 1.4 needed)");
+	return DLSHARE_ENOTSUP;
 }
 
 int client_bad_name(const char *name)
@@ -1448,6 +1470,25 @@ void dlshare_disconnect(dlshare_client *c)
 		fork_close_fds(c);
 		return;
 	}
+	/* Releases waiting for device work: wait for it now, and queue
+	 * them while the connection is open, so that they reach the daemon
+	 * (rx_main sends what is queued as it ends): a released take of a
+	 * queue name is consumed, where the socket's close alone would put
+	 * it back for another taker. */
+	pthread_mutex_lock(&c->lock);
+	struct lease_ref *early = c->deferred;
+	c->deferred = NULL;
+	pthread_mutex_unlock(&c->lock);
+	while (early) {
+		struct lease_ref *next = early->next;
+
+		cuda_event_wait(early->event);
+		cuda_event_drop(early->event);
+		client_unpin(c, early->pins, early->npins);
+		client_release(c, early->lease);
+		free(early);
+		early = next;
+	}
 	goodbye(c);
 	pthread_mutex_lock(&c->lock);
 	c->closed = 1;
@@ -1479,6 +1520,12 @@ void dlshare_disconnect(dlshare_client *c)
 		free(lr);
 		lr = next;
 	}
+	/* Without a receiver thread, queued releases go from here (see
+	 * rx_main's end). */
+	pthread_mutex_lock(&c->lock);
+	if (!c->dead && c->nrel)
+		flush_releases(c);
+	pthread_mutex_unlock(&c->lock);
 	/* The daemon drops our leases and withdraws our exports when the
 	 * socket closes; close it now, not when the last tensor goes. */
 	shutdown(c->fd, SHUT_RDWR);

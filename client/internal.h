@@ -100,6 +100,7 @@ struct dlshare_client {
 	int manifests;           /* ...and manifest memfds (1.4) */
 	int lifetimes;           /* ...and name lifetimes (1.4) */
 	int dev_events;          /* ...and events per device (1.4) */
+	int queues;              /* ...and queue names (1.4) */
 	uint64_t calls;          /* calls begun, to tell the receiver thread
 				  * whether callers are around */
 	int closed;              /* dlshare_disconnect() began */
@@ -186,6 +187,9 @@ void export_free(struct export *e);
 
 /* Remembers the daemon's message for dlshare_last_error() of this thread. */
 void errmsg_set(const char *msg);
+/* DLSHARE_ENOTSUP, saying so, when c's daemon speaks no queue names
+ * (before protocol 1.4); else 0. */
+int client_need_queues(dlshare_client *c);
 /* Whether name is refused (check_name); if so, dlshare_last_error() says
  * which rule it breaks. Returns 0, or 1. */
 int client_bad_name(const char *name);

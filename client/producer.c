@@ -214,10 +214,53 @@ static int lifetimes_supported(dlshare_client *c, const char *name)
 
 /* ---- store mode ---------------------------------------------------------- */
 
-/* dlshare_create, with flags (WRITER_*). */
+/* Queue options on the wire (Create and Publish share the fields).
+ * Returns 0 or DLSHARE_EINVAL. */
+static int queue_wire(const dlshare_queue_opts *q, protobuf_c_boolean *has_depth,
+		      uint32_t *depth, protobuf_c_boolean *has_wait,
+		      uint32_t *wait)
+{
+	if (!q)
+		return 0;
+	if (q->wait_ms < 0 && q->wait_ms != DLSHARE_WAIT_FOREVER)
+		return DLSHARE_EINVAL;
+	*has_depth = 1;
+	*depth = q->depth;
+	*has_wait = q->wait_ms != 0;
+	*wait = q->wait_ms < 0 ? UINT32_MAX : (uint32_t)q->wait_ms;
+	return 0;
+}
+
+/* dlshare_create, with queue options (NULL: an ordinary name) and flags
+ * (WRITER_*). */
 static int writer_create(dlshare_client *c, const char *name,
 			 const dlshare_tensor_spec *specs, size_t n,
-			 const dlshare_create_opts *opts, unsigned flags,
+			 const dlshare_create_opts *opts,
+			 const dlshare_queue_opts *q, unsigned flags,
+			 dlshare_writer **out);
+
+int dlshare_create(dlshare_client *c, const char *name,
+		   const dlshare_tensor_spec *specs, size_t n,
+		   const dlshare_create_opts *opts, dlshare_writer **out)
+{
+	return writer_create(c, name, specs, n, opts, NULL, 0, out);
+}
+
+int dlshare_create_queued(dlshare_client *c, const char *name,
+			  const dlshare_tensor_spec *specs, size_t n,
+			  const dlshare_create_opts *opts,
+			  const dlshare_queue_opts *queue, dlshare_writer **out)
+{
+	static const dlshare_queue_opts dflt = { 0 };
+
+	return writer_create(c, name, specs, n, opts, queue ? queue : &dflt,
+			     0, out);
+}
+
+static int writer_create(dlshare_client *c, const char *name,
+			 const dlshare_tensor_spec *specs, size_t n,
+			 const dlshare_create_opts *opts,
+			 const dlshare_queue_opts *q, unsigned flags,
 			 dlshare_writer **out)
 {
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
@@ -254,6 +297,11 @@ static int writer_create(dlshare_client *c, const char *name,
 		return DLSHARE_EINVAL;
 	if (opts && (opts->ttl_ms || (opts->flags & DLSHARE_NAME_OWNED)) &&
 	    (err = lifetimes_supported(c, name)))
+		return err;
+	if (queue_wire(q, &cr.has_queue_depth, &cr.queue_depth,
+		       &cr.has_wait_ms, &cr.wait_ms))
+		return DLSHARE_EINVAL;
+	if (q && (err = client_need_queues(c)))
 		return err;
 	w = calloc(1, sizeof(*w));
 	if (!w)
@@ -453,13 +501,6 @@ fail:
 	return err;
 }
 
-int dlshare_create(dlshare_client *c, const char *name,
-		   const dlshare_tensor_spec *specs, size_t n,
-		   const dlshare_create_opts *opts, dlshare_writer **out)
-{
-	return writer_create(c, name, specs, n, opts, 0, out);
-}
-
 size_t dlshare_writer_count(const dlshare_writer *w)
 {
 	return w ? w->n : 0;
@@ -633,7 +674,8 @@ void dlshare_writer_abort(dlshare_writer *w)
  * a copy. Returns 0 with *w, or a DLSHARE_E* code. */
 static int create_like(dlshare_client *c, const char *name,
 		       DLManagedTensor *const *tensors, size_t n,
-		       const dlshare_publish_opts *o, DLDevice device,
+		       const dlshare_publish_opts *o,
+		       const dlshare_queue_opts *q, DLDevice device,
 		       unsigned flags, dlshare_writer **w)
 {
 	dlshare_tensor_spec *specs = calloc(n, sizeof(*specs));
@@ -653,7 +695,7 @@ static int create_like(dlshare_client *c, const char *name,
 		specs[i].ndim = t->ndim;
 		specs[i].shape = t->shape;
 	}
-	err = writer_create(c, name, specs, n, &co, flags, w);
+	err = writer_create(c, name, specs, n, &co, q, flags, w);
 	free(specs);
 	return err;
 }
@@ -697,12 +739,13 @@ static int writer_fill(dlshare_writer *w, DLManagedTensor *const *tensors)
 
 static int publish_copy(dlshare_client *c, const char *name,
 			DLManagedTensor *const *tensors, size_t n,
-			const dlshare_publish_opts *o, uint64_t *version)
+			const dlshare_publish_opts *o,
+			const dlshare_queue_opts *q, uint64_t *version)
 {
 	dlshare_writer *w;
 	int err;
 
-	err = create_like(c, name, tensors, n, o, (DLDevice){ kDLCPU, 0 },
+	err = create_like(c, name, tensors, n, o, q, (DLDevice){ kDLCPU, 0 },
 			  WRITER_FD, &w);
 	if (err)
 		return err;
@@ -753,7 +796,8 @@ static int is_compact(const DLTensor *t)
  * publishing waits on the host; sharing without a copy never does). */
 static int publish_copy_device(dlshare_client *c, const char *name,
 			       DLManagedTensor *const *tensors, size_t n,
-			       const dlshare_publish_opts *o, uint64_t *version)
+			       const dlshare_publish_opts *o,
+			       const dlshare_queue_opts *q, uint64_t *version)
 {
 	DLDevice device = tensors[0]->dl_tensor.device;
 	dlshare_writer *w;
@@ -780,7 +824,7 @@ static int publish_copy_device(dlshare_client *c, const char *name,
 			return DLSHARE_ENOTSUP;
 		}
 	}
-	err = create_like(c, name, tensors, n, o, device, 0, &w);
+	err = create_like(c, name, tensors, n, o, q, device, 0, &w);
 	if (err)
 		return err;
 	for (size_t i = 0; i < n && !err; i++) {
@@ -876,7 +920,7 @@ static void ordinal_add(int *ords, unsigned *n, int ordinal)
  * says DLSHARE_ENOENT / DLSHARE_ECOPY when one does not (see xbuf_find). */
 static int publish_export(dlshare_client *c, const char *name,
 			  DLManagedTensor *const *tensors, size_t n,
-			  const dlshare_publish_opts *o, uint64_t *version)
+			  const dlshare_publish_opts *o, const dlshare_queue_opts *q, uint64_t *version)
 {
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Publish p = DLSHARE__PUBLISH__INIT;
@@ -1041,6 +1085,18 @@ static int publish_export(dlshare_client *c, const char *name,
 		p.n_tensors = n;
 		p.tensors = wt.tp;
 	}
+	/* An export never waits for room in a queue: the daemon refuses
+	 * one at once (wait_ms is not sent). */
+	{
+		protobuf_c_boolean has_wait = 0;
+		uint32_t wait = 0;
+
+		if (queue_wire(q, &p.has_queue_depth, &p.queue_depth,
+			       &has_wait, &wait)) {
+			err = DLSHARE_EINVAL;
+			goto out;
+		}
+	}
 	p.n_buffers = nb;
 	p.buffers = bufp;
 	if (o->mode) {
@@ -1095,9 +1151,37 @@ out:
 	return err;
 }
 
+static int publish_impl(dlshare_client *c, const char *name,
+			DLManagedTensor *const *tensors, size_t n,
+			const dlshare_publish_opts *opts,
+			const dlshare_queue_opts *q, uint64_t *version);
+
 int dlshare_publish(dlshare_client *c, const char *name,
 		    DLManagedTensor *const *tensors, size_t n,
 		    const dlshare_publish_opts *opts, uint64_t *version)
+{
+	return publish_impl(c, name, tensors, n, opts, NULL, version);
+}
+
+int dlshare_publish_queued(dlshare_client *c, const char *name,
+			   DLManagedTensor *const *tensors, size_t n,
+			   const dlshare_publish_opts *opts,
+			   const dlshare_queue_opts *queue, uint64_t *version)
+{
+	static const dlshare_queue_opts dflt = { 0 };
+	int err;
+
+	errmsg_set(NULL);
+	if (c && !client_forked(c) && (err = client_need_queues(c)))
+		return err;
+	return publish_impl(c, name, tensors, n, opts,
+			    queue ? queue : &dflt, version);
+}
+
+static int publish_impl(dlshare_client *c, const char *name,
+			DLManagedTensor *const *tensors, size_t n,
+			const dlshare_publish_opts *opts,
+			const dlshare_queue_opts *q, uint64_t *version)
 {
 	static const dlshare_publish_opts dflt = { 0 };
 	const dlshare_publish_opts *o = opts ? opts : &dflt;
@@ -1133,12 +1217,12 @@ int dlshare_publish(dlshare_client *c, const char *name,
 	    (err = lifetimes_supported(c, name)))
 		return err;
 	err = (o->flags & DLSHARE_PUBLISH_COPY) ? DLSHARE_ENOENT :
-		publish_export(c, name, tensors, n, o, version);
+		publish_export(c, name, tensors, n, o, q, version);
 	if (err != DLSHARE_ENOENT && err != DLSHARE_ECOPY)
 		return err;
 	if (o->flags & DLSHARE_PUBLISH_NO_COPY)
 		return DLSHARE_ECOPY;
 	if (cuda_dev)
-		return publish_copy_device(c, name, tensors, n, o, version);
-	return publish_copy(c, name, tensors, n, o, version);
+		return publish_copy_device(c, name, tensors, n, o, q, version);
+	return publish_copy(c, name, tensors, n, o, q, version);
 }

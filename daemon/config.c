@@ -95,7 +95,8 @@ static const struct opt opts[] = {
 	  "More is a protocol error and disconnects the peer.", NULL },
 	{ "max-inflight", 0, OPT_U32, "N", 1, 1u << 20,
 	  SRV(limits.max_inflight), NULL,
-	  "requests in flight per connection: waiting gets, seals, GPU creates",
+	  "requests in flight per connection: waiting gets and takes, creates "
+	  "waiting for room in a queue, seals, GPU creates",
 	  "One more fails with DLSHARE_ELIMIT.", NULL },
 	{ "max-connections", 0, OPT_U32, "N", 1, 1u << 20,
 	  SRV(limits.max_connections), NULL,
@@ -127,6 +128,16 @@ static const struct opt opts[] = {
 	  SRV(registry.max_pending), NULL,
 	  "pending (created, not yet sealed) versions per connection",
 	  "Each holds its buffers' memfds. One more create fails with "
+	  "DLSHARE_ELIMIT.", NULL },
+	{ "queue-depth", 0, OPT_U32, "N", 1, 1u << 20,
+	  SRV(registry.queue_depth), NULL,
+	  "depth of a queue name whose creator asks for the default",
+	  "Pending, queued, and taken but not released versions count "
+	  "toward a queue name's depth. Clipped to max-queue-depth.", NULL },
+	{ "max-queue-depth", 0, OPT_U32, "N", 1, 1u << 20,
+	  SRV(registry.max_queue_depth), NULL,
+	  "the most a queue name's depth may be",
+	  "A create or publish asking for a deeper queue fails with "
 	  "DLSHARE_ELIMIT.", NULL },
 	{ "max-bytes", 0, OPT_BYTES, "BYTES", 0, UINT64_MAX,
 	  SRV(registry.max_bytes), NULL,

@@ -131,6 +131,8 @@ static void create_finish(struct peer *peer, uint64_t id,
 		.buffers = m->buffers, .nbuffers = m->n_buffers,
 		.fds = j ? j->fds : NULL,
 		.made = j ? j->made : NULL,
+		.queue = m->has_queue_depth,
+		.queue_depth = m->queue_depth,
 	};
 	Dlshare__Frame out = DLSHARE__FRAME__INIT;
 	Dlshare__CreateReply r = DLSHARE__CREATE_REPLY__INIT;
@@ -144,6 +146,10 @@ static void create_finish(struct peer *peer, uint64_t id,
 	err = registry_add(&d->reg, &peer->owner, &spec, 0, &v, &why);
 	if (err == HOST_ENOBACK) {
 		create_refuse_unbacked(peer, id, m);
+		return;
+	}
+	if (err == -EAGAIN) {
+		reply_queue_full(peer, id, "create", m->name, 0);
 		return;
 	}
 	if (err) {
@@ -347,6 +353,8 @@ static void create_gpu(struct peer *peer, uint64_t id, const Dlshare__Create *m,
 		.tensors = m->tensors, .ntensors = m->n_tensors,
 		.buffers = m->buffers, .nbuffers = m->n_buffers,
 		.precheck = 1,
+		.queue = m->has_queue_depth,
+		.queue_depth = m->queue_depth,
 	};
 	const char *why = NULL;
 	struct gpu_job *j;
@@ -363,6 +371,10 @@ static void create_gpu(struct peer *peer, uint64_t id, const Dlshare__Create *m,
 			m->buffers[i]->has_ipc_handle = 0;
 		}
 	err = registry_precheck(&d->reg, &peer->owner, &spec, 0, &why);
+	if (err == -EAGAIN) {
+		reply_queue_full(peer, id, "create", m->name, 0);
+		return;
+	}
 	if (err) {
 		reply_err_why(peer, id, err, why, "create", m->name);
 		return;
@@ -437,6 +449,18 @@ static void create_route(struct peer *peer, uint64_t id,
 	create_finish(peer, id, m, NULL, manifest);
 }
 
+void create_resume(struct peer *peer, uint64_t id, const Dlshare__Create *m)
+{
+	if (m->n_buffers > REGISTRY_BUFFERS_HARD_MAX) {
+		reply_err(peer, id, -E2BIG, "create", m->name);
+		return;
+	}
+	if (reply_refuse_same_keys(peer, id, "create", m->name, m->tensors,
+				   m->n_tensors))
+		return;
+	create_route(peer, id, m, NULL);
+}
+
 void create_request(struct peer *peer, const Dlshare__Frame *f,
 		    const Dlshare__Create *m)
 {
@@ -444,14 +468,7 @@ void create_request(struct peer *peer, const Dlshare__Frame *f,
 		reply_err(peer, f->id, -EMSGSIZE, "create", m->name);
 		return;
 	}
-	if (m->n_buffers > REGISTRY_BUFFERS_HARD_MAX) {
-		reply_err(peer, f->id, -E2BIG, "create", m->name);
-		return;
-	}
-	if (reply_refuse_same_keys(peer, f->id, "create", m->name, m->tensors,
-				   m->n_tensors))
-		return;
-	create_route(peer, f->id, m, NULL);
+	create_resume(peer, f->id, m);
 }
 
 void create_checked(struct peer *peer, const Dlshare__Frame *f, int *fds,

@@ -26,6 +26,10 @@ void create_request(struct peer *peer, const Dlshare__Frame *f,
  * it carries no other fd). */
 void create_checked(struct peer *peer, const Dlshare__Frame *f, int *fds,
 		    unsigned nfds, struct registry_manifest *manifest);
+/* Handles a Create whose size was checked already: one that waited for
+ * room in a queue name (queue.c) comes back here. */
+void create_resume(struct peer *peer, uint64_t id, const Dlshare__Create *m);
+
 /* The registry frees b: the daemon-owned cuda-ipc memory behind it, if
  * any, is freed on the thread pool. */
 void create_buffer_freed(struct daemon *d, const struct rbuffer *b);

@@ -34,6 +34,7 @@ struct waitq;
 struct devmem;
 struct seal_uid;
 struct mcheck_uid;
+struct qwaitq;
 
 struct daemon {
 	uv_loop_t *loop;
@@ -49,6 +50,9 @@ struct daemon {
 	uint64_t expire_at;       /* when it wakes next; UINT64_MAX: never */
 	int expire_open;
 	uint64_t nparked;         /* parked gets of every peer */
+	struct qwaitq *qwaiters;  /* creates waiting for room, by queue
+				   * name (queue.c) */
+	uint64_t nqwaiting;       /* those creates, of every peer */
 	uint64_t requests;        /* packets handled */
 	uint64_t started_ms;
 };

@@ -16,6 +16,7 @@
 #include "list.h"
 #include "log.h"
 #include "peer.h"
+#include "queue.h"
 #include "reply.h"
 #include "seal.h"
 #include "check.h"
@@ -62,6 +63,8 @@ static void handle_hello(struct peer *peer, uint64_t id,
 	r.max_ttl_ms = d->reg.limits.max_ttl_ms;
 	r.has_default_ttl_ms = 1;
 	r.default_ttl_ms = d->reg.limits.default_ttl_ms;
+	r.has_max_queue_depth = 1;
+	r.max_queue_depth = d->reg.limits.max_queue_depth;
 	f.body_case = DLSHARE__FRAME__BODY_HELLO_REPLY;
 	f.hello_reply = &r;
 	reply_send(peer, id, &f);
@@ -106,6 +109,8 @@ static void handle_publish(struct peer *peer, const Dlshare__Frame *f,
 		.event_len = m->has_event_handle ? m->event_handle.len : 0,
 		.dev_events = m->device_events,
 		.ndev_events = m->n_device_events,
+		.queue = m->has_queue_depth,
+		.queue_depth = m->queue_depth,
 	};
 	Dlshare__Frame out = DLSHARE__FRAME__INIT;
 	Dlshare__PublishReply r = DLSHARE__PUBLISH_REPLY__INIT;
@@ -151,6 +156,12 @@ static void handle_publish(struct peer *peer, const Dlshare__Frame *f,
 	for (size_t i = 0; i < m->n_buffers; i++)
 		if (bfds[i] >= 0)
 			close(bfds[i]); /* not taken: failure */
+	/* An export never waits for room (it would hold the peer's fds
+	 * while parked): a full queue refuses it at once. */
+	if (err == -EAGAIN) {
+		reply_queue_full(peer, f->id, "publish", m->name, 0);
+		return;
+	}
 	if (err) {
 		reply_err_why(peer, f->id, err, why, "publish", m->name);
 		return;
@@ -277,11 +288,16 @@ static void handle_stat(struct peer *peer, uint64_t id, const Dlshare__Stat *m)
 	}
 	encode_name_info(&ni, e);
 	encode_name_lifetime(&ni, &peer->d->reg, e);
+	if (e->queue_depth) {
+		ni.has_queue_waiting = 1;
+		ni.queue_waiting = queue_waiting(peer->d, e->name);
+	}
 	r.info = &ni;
-	/* A client before 1.4 cannot read a manifest memfd: it gets the
-	 * summary alone. */
-	if (e->latest && (e->latest->manifest_fd < 0 || peer->minor >= 4)) {
-		if (encode_version_init(&w, e->latest, NULL)) {
+	/* A queue name shows its oldest queued version. A client before
+	 * 1.4 cannot read a manifest memfd: it gets the summary alone. */
+	const struct version *shown = e->queue_depth ? e->qhead : e->latest;
+	if (shown && (shown->manifest_fd < 0 || peer->minor >= 4)) {
+		if (encode_version_init(&w, shown, NULL)) {
 			reply_err(peer, id, -ENOMEM, "stat", m->name);
 			return;
 		}
@@ -291,9 +307,9 @@ static void handle_stat(struct peer *peer, uint64_t id, const Dlshare__Stat *m)
 			 * rides along (1.4). */
 			r.manifest = &w.manifest;
 			r.has_manifest_tensors = 1;
-			r.manifest_tensors = e->latest->ntensors;
+			r.manifest_tensors = shown->ntensors;
 		} else {
-			r.n_tensors = e->latest->ntensors;
+			r.n_tensors = shown->ntensors;
 			r.tensors = w.tp;
 		}
 	}
@@ -452,10 +468,21 @@ static void dispatch_frame(struct peer *peer, const struct wire_msg *m,
 		handle_hello(peer, f->id, f->hello);
 		break;
 	case DLSHARE__FRAME__BODY_CREATE:
-		if (f->create->manifest)
+		if (f->create->manifest) {
+			/* A Create with a manifest memfd is checked first; a
+			 * full queue then refuses it at once (it never
+			 * parks: the memfd would wait with it). */
 			mcheck_request(peer, f, fds, nfds, create_checked);
-		else
-			create_request(peer, f, f->create);
+			break;
+		}
+		/* A full queue name: this waits (parked), or is refused. */
+		if (f->create->has_queue_depth && reply_fits(peer, f) &&
+		    queue_create_gate(peer, f->id, f->create))
+			break;
+		create_request(peer, f, f->create);
+		break;
+	case DLSHARE__FRAME__BODY_TAKE:
+		take_request(peer, f->id, f->take);
 		break;
 	case DLSHARE__FRAME__BODY_SEAL:
 		handle_seal(peer, f->id, f->seal);
@@ -504,6 +531,7 @@ static void dispatch_frame(struct peer *peer, const struct wire_msg *m,
 static void dispatch_peer_closed(struct peer *peer)
 {
 	get_peer_closed(peer);
+	queue_peer_closed(peer);
 	seal_peer_closed(peer);
 	create_peer_closed(peer);
 	mcheck_peer_closed(peer);
@@ -514,6 +542,7 @@ void dispatch_deinit(struct daemon *d)
 {
 	seal_deinit(d);
 	get_deinit(d);
+	queue_deinit(d);
 	create_deinit(d);
 	mcheck_deinit(d);
 }
@@ -560,7 +589,13 @@ static void on_expiry_changed(void *ud)
 	expire_arm(ud);
 }
 
+static void on_queue_room(void *ud, const char *name)
+{
+	queue_room(ud, name);
+}
+
 const struct registry_ops dispatch_registry_ops = {
+	.queue_room = on_queue_room,
 	.published = on_published,
 	.retired = on_retired,
 	.buffer_freed = on_buffer_freed,

@@ -117,7 +117,8 @@ int encode_version_init(struct encode_version *w, const struct version *v,
 
 void encode_name_info(Dlshare__NameInfo *ni, const struct entry *e)
 {
-	const struct version *v = e->latest;
+	/* A queue name shows its oldest queued version. */
+	const struct version *v = e->queue_depth ? e->qhead : e->latest;
 
 	dlshare__name_info__init(ni);
 	ni->name = (char *)e->name;
@@ -135,6 +136,14 @@ void encode_name_info(Dlshare__NameInfo *ni, const struct entry *e)
 		ni->kind = v->buffers[0]->kind;
 		ni->has_exported = 1;
 		ni->exported = v->exported;
+	}
+	if (e->queue_depth) {
+		ni->has_queue_depth = ni->has_queued = ni->has_taken = 1;
+		ni->has_queue_pending = 1;
+		ni->queue_depth = e->queue_depth;
+		ni->queued = e->qqueued;
+		ni->taken = e->qtaken;
+		ni->queue_pending = e->qheld - e->qqueued - e->qtaken;
 	}
 }
 

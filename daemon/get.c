@@ -20,6 +20,8 @@ struct park {
 	uint64_t req_id;
 	enum registry_select sel;
 	uint64_t number;
+	int take;                   /* a Take (queue names), not a Get */
+	uint32_t timeout;           /* as asked, for the timeout's message */
 	int has_timer;
 	uv_timer_t timer;
 	struct park *prev, *next;   /* peer->parked */
@@ -33,10 +35,12 @@ struct waitq {
 	UT_hash_handle hh;
 };
 
-/* Answers a get with v: takes a lease and sends each buffer's fd the first
- * time this peer needs it. */
-static void get_answer(struct peer *peer, uint64_t id, struct version *v)
+/* Answers a get (or, with take, a Take) with v: takes a lease (the take
+ * of v) and sends each buffer's fd the first time this peer needs it. */
+static void get_answer(struct peer *peer, uint64_t id, struct version *v,
+		       int take)
 {
+	const char *what = take ? "take" : "get";
 	struct daemon *d = peer->d;
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__GetReply r = DLSHARE__GET_REPLY__INIT;
@@ -86,12 +90,17 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v)
 	if (!err)
 		err = registry_lease(&d->reg, &peer->owner, v, &l, &why);
 	if (err) {
-		reply_err_why(peer, id, err, why, "get", v->entry->name);
+		reply_err_why(peer, id, err, why, what, v->entry->name);
 		return;
 	}
+	if (take)
+		registry_queue_take(&d->reg, l);
 	if (encode_version_init(&w, v, attach)) {
-		reply_err(peer, id, -ENOMEM, "get", v->entry->name);
-		registry_release(&d->reg, &peer->owner, l->id);
+		reply_err(peer, id, -ENOMEM, what, v->entry->name);
+		if (take)
+			registry_queue_untake(&d->reg, &peer->owner, l);
+		else
+			registry_release(&d->reg, &peer->owner, l->id);
 		return;
 	}
 	r.version = v->number;
@@ -214,6 +223,14 @@ static void get_missing(struct peer *peer, uint64_t id, int err,
 				"get %s: no %s: %s", name, wanted, instead);
 }
 
+/* A get of a queue name: refused, take is how a queue is read. */
+static void reply_not_plain(struct peer *peer, uint64_t id, const char *name)
+{
+	conn_send_error(&peer->conn, id, DLSHARE_EINVAL,
+			"get %s: the name is a queue: take its versions (dlshare_take, Client.take, dlsharectl take); get reads ordinary names only",
+			name);
+}
+
 static void park_free_cb(uv_handle_t *h)
 {
 	free(h->data);
@@ -248,16 +265,24 @@ static void on_park_timeout(uv_timer_t *t)
 	enum registry_select sel = p->sel;
 	uint64_t number = p->number;
 	char name[CHECK_NAME_MAX + 1];
+	int take = p->take;
+	uint32_t timeout = p->timeout;
 
-	/* park_remove may free the queue that holds the name. */
+	/* p and its wait queue go with park_remove. */
 	memcpy(name, p->q->name, sizeof(name));
 	park_remove(d, p);
-	get_missing(peer, id, -ETIMEDOUT, name, sel, number);
+	if (take)
+		conn_send_error(&peer->conn, id, DLSHARE_ETIMEDOUT,
+				"take %s: nothing queued within the timeout (%u ms)",
+				name, (unsigned)timeout);
+	else
+		get_missing(peer, id, -ETIMEDOUT, name, sel, number);
 	conn_reap(&d->conns);
 }
 
 static int park(struct peer *peer, uint64_t id, const char *name,
-		enum registry_select sel, uint64_t number, uint32_t timeout)
+		enum registry_select sel, uint64_t number, uint32_t timeout,
+		int take)
 {
 	struct daemon *d = peer->d;
 	struct waitq *q = NULL;
@@ -283,6 +308,8 @@ static int park(struct peer *peer, uint64_t id, const char *name,
 	p->req_id = id;
 	p->sel = sel;
 	p->number = number;
+	p->take = take;
+	p->timeout = timeout;
 	DL_APPEND(peer->parked, p);
 	peer->inflight++;
 	DL_APPEND2(q->parks, p, wprev, wnext);
@@ -323,11 +350,15 @@ void get_request(struct peer *peer, uint64_t id, const Dlshare__Get *m)
 	v = registry_find(&peer->d->reg, &peer->owner, m->name, sel, m->version,
 			  &err);
 	if (v) {
-		get_answer(peer, id, v);
+		get_answer(peer, id, v, 0);
+		return;
+	}
+	if (err == -EMEDIUMTYPE) {
+		reply_not_plain(peer, id, m->name);
 		return;
 	}
 	if (err == -ENOENT && m->timeout_ms > 0 && id != 0) {
-		err = park(peer, id, m->name, sel, m->version, m->timeout_ms);
+		err = park(peer, id, m->name, sel, m->version, m->timeout_ms, 0);
 		if (!err)
 			return;
 		if (err == -EDQUOT) {
@@ -341,6 +372,57 @@ void get_request(struct peer *peer, uint64_t id, const Dlshare__Get *m)
 		get_missing(peer, id, err, m->name, sel, m->version);
 	else
 		reply_err(peer, id, err, "get", m->name);
+}
+
+void take_request(struct peer *peer, uint64_t id, const Dlshare__Take *m)
+{
+	uint32_t timeout = m->has_timeout_ms ? m->timeout_ms : 0;
+	struct waitq *q = NULL;
+	struct park *p = NULL;
+	struct version *v = NULL;
+	int err = -ENOENT;
+
+	if (check_name(m->name)) {
+		reply_err(peer, id, -EINVAL, "take (invalid name)", NULL);
+		return;
+	}
+	/* Takes parked on the name come first: a new take waits its turn. */
+	HASH_FIND_STR(peer->d->waiters, m->name, q);
+	if (q)
+		DL_FOREACH2(q->parks, p, wnext)
+			if (p->take)
+				break;
+	if (!p)
+		v = registry_queue_head(&peer->d->reg, &peer->owner, m->name,
+					&err);
+	if (v) {
+		get_answer(peer, id, v, 1);
+		return;
+	}
+	if (err == -EMEDIUMTYPE) {
+		conn_send_error(&peer->conn, id, DLSHARE_EINVAL,
+				"take %s: not a queue name (create it with a queue depth; get reads an ordinary name)",
+				m->name);
+		return;
+	}
+	if (err == -ENOENT && timeout > 0) {
+		err = park(peer, id, m->name, REG_LATEST, 0, timeout, 1);
+		if (!err)
+			return;
+		if (err == -EDQUOT) {
+			conn_send_error(&peer->conn, id, DLSHARE_ELIMIT,
+					"take %s: too many waiting requests on this connection (limit %u)",
+					m->name, peer->d->limits->max_inflight);
+			return;
+		}
+	}
+	if (err == -ENOENT)
+		conn_send_error(&peer->conn, id, DLSHARE_ENOENT,
+				"take %s: %s", m->name,
+				registry_entry(&peer->d->reg, m->name) ?
+				"nothing queued" : "no such name");
+	else
+		reply_err(peer, id, err, "take", m->name);
 }
 
 void get_published(struct daemon *d, const struct entry *e)
@@ -364,14 +446,23 @@ void get_published(struct daemon *d, const struct entry *e)
 				break;
 			continue;
 		}
-		found = registry_find(&d->reg, &peer->owner, e->name, p->sel,
-				      p->number, &err);
+		if (p->take)
+			found = registry_queue_head(&d->reg, &peer->owner,
+						    e->name, &err);
+		else
+			found = registry_find(&d->reg, &peer->owner, e->name,
+					      p->sel, p->number, &err);
 		if (found || err != -ENOENT) {
+			int take = p->take;
+
 			park_remove(d, p);
 			if (found)
-				get_answer(peer, id, found);
+				get_answer(peer, id, found, take);
+			else if (err == -EMEDIUMTYPE && !take)
+				reply_not_plain(peer, id, e->name);
 			else
-				reply_err(peer, id, err, "get", e->name);
+				reply_err(peer, id, err, take ? "take" : "get",
+					  e->name);
 		}
 		if (last)
 			break;

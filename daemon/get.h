@@ -19,6 +19,10 @@ struct waitq;
 /* Handles a Get of peer: answered now, or parked. */
 void get_request(struct peer *peer, uint64_t id, const Dlshare__Get *m);
 
+/* Handles a Take of peer (a queue name): the oldest queued version now,
+ * or parked like a get until one is queued (get_published). */
+void take_request(struct peer *peer, uint64_t id, const Dlshare__Take *m);
+
 /* A version of e was published: answers the parked gets of its name that
  * it, or an error (the name's mode changed), settles. The registry's
  * published callback. */

@@ -43,6 +43,8 @@ struct peer {
 	struct gpu_job *jobs;     /* creates making GPU memory (create.c) */
 	struct seal_job *seals;   /* seals waiting or running (seal.c) */
 	struct mcheck_job *mchecks; /* manifests being checked (mcheck.c) */
+	struct qwait *qwaits;     /* creates waiting for room in a queue
+				   * name (queue.c) */
 	uint32_t inflight;        /* requests in flight: parks, jobs, seals */
 	uint32_t minor;           /* the protocol minor its Hello said */
 };

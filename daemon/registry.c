@@ -50,6 +50,8 @@ void registry_limits_default(struct registry_limits *l)
 	l->uid_manifest_bytes = REGISTRY_UID_MANIFEST_BYTES_DEFAULT;
 	l->default_ttl_ms = 0;      /* names live until deleted */
 	l->max_ttl_ms = REGISTRY_MAX_TTL_MS_DEFAULT;
+	l->queue_depth = REGISTRY_QUEUE_DEPTH_DEFAULT;
+	l->max_queue_depth = REGISTRY_MAX_QUEUE_DEPTH_DEFAULT;
 }
 
 /* The per-uid byte caps in effect, 0 resolved. */
@@ -177,6 +179,169 @@ static unsigned buffer_fds(unsigned kind)
 	}
 }
 
+/* ---- queue names: the parts of the model that only they have ---------- */
+
+/* Puts sealed v on e's queue at its place by seal order (a redelivered
+ * version goes back before every version sealed after it). */
+static void queue_insert(struct entry *e, struct version *v)
+{
+	struct version *at;
+
+	DL_FOREACH2(e->qhead, at, qnext)
+		if (at->qseq > v->qseq)
+			break;
+	if (at)
+		DL_PREPEND_ELEM2(e->qhead, at, v, qprev, qnext);
+	else
+		DL_APPEND2(e->qhead, v, qprev, qnext);
+	v->queued = 1;
+	e->qqueued++;
+}
+
+static void queue_unlink(struct entry *e, struct version *v)
+{
+	if (!v->queued)
+		return;
+	DL_DELETE2(e->qhead, v, qprev, qnext);
+	v->queued = 0;
+	e->qqueued--;
+}
+
+/* v no longer counts toward its queue's depth: tells whoever waits for
+ * room. */
+static void queue_unhold(struct registry *r, struct version *v)
+{
+	struct entry *e = v->entry;
+
+	if (!v->qheld)
+		return;
+	v->qheld = 0;
+	e->qheld--;
+	if (r->ops && r->ops->queue_room)
+		r->ops->queue_room(r->ud, e->name);
+}
+
+/* v dies: off its queue, and out of its depth. */
+static void queue_forget(struct registry *r, struct version *v)
+{
+	queue_unlink(v->entry, v);
+	queue_unhold(r, v);
+}
+
+/* l, a take, is released: its version is consumed. The caller drops l
+ * next, and the version dies unless another lease holds it. */
+static void queue_consume(struct registry *r, struct lease *l)
+{
+	l->take = 0;
+	l->version->entry->qtaken--;
+	queue_unhold(r, l->version);
+}
+
+/* l's owner goes without releasing its take l: the version goes back to
+ * the head of its queue. Returns 1, or 0 when its name was deleted or it
+ * was withdrawn (an export whose producer went): it is consumed then. */
+static int queue_return(struct registry *r, struct lease *l)
+{
+	struct version *v = l->version;
+	struct entry *e = v->entry;
+
+	/* An export whose producer went is withdrawn (registry_owner_drop):
+	 * it does not come back either. */
+	if (e->detached || !v->qheld || (v->exported && !v->producer)) {
+		queue_consume(r, l);
+		return 0;
+	}
+	l->take = 0;
+	e->qtaken--;
+	queue_insert(e, v);
+	return 1;
+}
+
+/* registry_add's part for queue names: the mode asked must be the name's,
+ * and the name must have room. Returns 0, -EMEDIUMTYPE, -EDQUOT (a depth
+ * over max_queue_depth) or -EAGAIN (full); *why says which. */
+static int queue_check(struct registry *r, const struct entry *e,
+		       const struct registry_spec *s, const char **why)
+{
+	if (!e) {
+		if (s->queue && s->queue_depth > r->limits.max_queue_depth)
+			return refuse(why, "queue depth (max-queue-depth)",
+				      -EDQUOT);
+		return 0;
+	}
+	if (!e->queue_depth && s->queue)
+		return refuse(why, "the name is not a queue, and this asks "
+			      "for one (a name's mode is chosen when it is "
+			      "created)", -EMEDIUMTYPE);
+	if (e->queue_depth && !s->queue)
+		return refuse(why, "the name is a queue, and this asks for "
+			      "an ordinary name (pass its queue depth, or 0 "
+			      "for any)", -EMEDIUMTYPE);
+	if (e->queue_depth && s->queue_depth &&
+	    s->queue_depth != e->queue_depth)
+		return refuse(why, "the queue has another depth than this "
+			      "asks for", -EMEDIUMTYPE);
+	if (e->queue_depth && e->qheld >= e->queue_depth)
+		return refuse(why, "the queue is full", -EAGAIN);
+	return 0;
+}
+
+int registry_queue_room(struct registry *r, const char *name,
+			uint32_t *depth)
+{
+	struct entry *e = registry_entry(r, name);
+
+	if (!e || !e->queue_depth || e->qheld < e->queue_depth)
+		return 1;
+	*depth = e->queue_depth;
+	return 0;
+}
+
+struct version *registry_queue_head(struct registry *r,
+				    struct registry_owner *o,
+				    const char *name, int *err)
+{
+	struct entry *e = registry_entry(r, name);
+
+	*err = -ENOENT;
+	if (!e)
+		return NULL;
+	/* Taking changes the name: it needs read and write. */
+	if (!registry_may(e, o, 4) || !registry_may(e, o, 2)) {
+		*err = -EPERM;
+		return NULL;
+	}
+	if (!e->queue_depth) {
+		*err = -EMEDIUMTYPE;
+		return NULL;
+	}
+	if (!e->qhead)
+		return NULL;
+	*err = 0;
+	return e->qhead;
+}
+
+void registry_queue_take(struct registry *r, struct lease *l)
+{
+	struct version *v = l->version;
+
+	(void)r;
+	queue_unlink(v->entry, v);
+	v->entry->qtaken++;
+	l->take = 1;
+}
+
+void registry_queue_untake(struct registry *r, struct registry_owner *o,
+			   struct lease *l)
+{
+	struct version *v = l->version;
+
+	l->take = 0;
+	v->entry->qtaken--;
+	queue_insert(v->entry, v);
+	registry_release(r, o, l->id);
+}
+
 /* Charges u, v's producer's uid (NULL: none), for v: v is reachable. */
 static void version_charge(struct version *v, struct uid_usage *u)
 {
@@ -269,6 +434,9 @@ static void entry_maybe_free(struct registry *r, struct entry *e)
 {
 	if (e->versions)
 		return;
+	/* A queue name keeps its mode while empty, until deleted. */
+	if (e->queue_depth && !e->detached)
+		return;
 	/* Not deleted, and readers saw its numbers: the name numbers on
 	 * after them. (Numbers only ever handed to writers that aborted
 	 * are nobody's.) */
@@ -310,6 +478,7 @@ static void version_destroy(struct registry *r, struct version *v)
 	r->nversions--;
 	if (e->latest == v)
 		e->latest = NULL;
+	queue_forget(r, v);
 	/* A buffer's pointer is set once it is whole (version_buffers). */
 	for (size_t i = 0; i < v->nbuffers; i++)
 		if (v->buffers[i])
@@ -329,6 +498,10 @@ static void version_destroy(struct registry *r, struct version *v)
 
 static int version_reachable(const struct version *v)
 {
+	/* A sealed queue version: until consumed (queued, or taken). */
+	if (v->entry->queue_depth && v->state == VERSION_SEALED &&
+	    !v->publishing && !v->sealing)
+		return !v->entry->detached && v->qheld;
 	/* Alive while its publication is being announced, whatever the
 	 * callback does with leases. */
 	if (v->publishing)
@@ -367,7 +540,11 @@ static void version_publish(struct registry *r, struct version *v)
 	if (v->number > e->last_sealed)
 		e->last_sealed = v->number;
 	lifetime_sealed(r, e);
-	if (!old || v->number > old->number) {
+	if (e->queue_depth) {
+		/* In seal order, after every version queued so far. */
+		v->qseq = ++e->qseq;
+		queue_insert(e, v);
+	} else if (!old || v->number > old->number) {
 		e->latest = v;
 		if (old)
 			version_check(r, old);
@@ -416,6 +593,12 @@ static void version_kill(struct registry *r, struct version *v)
  * An entry has a version as long as it lives; the last one frees it. */
 static void entry_destroy(struct registry *r, struct entry *e)
 {
+	if (!e->versions) {
+		/* An empty queue name: freed as any other entry. */
+		e->queue_depth = 0;
+		entry_maybe_free(r, e);
+		return;
+	}
 	for (;;) {
 		struct version *v = e->versions;
 		int last = !v->next;
@@ -883,6 +1066,8 @@ static int add_check(struct registry *r, struct registry_owner *o,
 		return -EPERM;
 	if ((err = lifetime_check(r, o, e, s, why)))
 		return err;
+	if ((err = queue_check(r, e, s, why)))
+		return err;
 	return quota_check(r, o, !e, exported, owned, gpu, spec_fds(s),
 			   spec_meta_bytes(s), why);
 }
@@ -941,6 +1126,12 @@ int registry_add(struct registry *r, struct registry_owner *o,
 		if (e->usage)
 			e->usage->names++;
 		e->mode = s->mode ? s->mode : r->limits.default_mode;
+		if (s->queue)
+			e->queue_depth = s->queue_depth ? s->queue_depth :
+					 r->limits.queue_depth <
+					 r->limits.max_queue_depth ?
+					 r->limits.queue_depth :
+					 r->limits.max_queue_depth;
 		HASH_ADD_STR(r->names, name, e);
 		r->nnames++;
 		fresh = 1;
@@ -1003,6 +1194,10 @@ int registry_add(struct registry *r, struct registry_owner *o,
 		r->nfds++;
 	}
 	e->last_number = v->number;
+	if (e->queue_depth) {
+		v->qheld = 1;
+		e->qheld++;
+	}
 	/* Reachable from birth: its producer's uid pays for it. */
 	version_charge(v, o->usage);
 	if (!exported) {
@@ -1197,6 +1392,10 @@ struct version *registry_find(struct registry *r, struct registry_owner *o,
 		*err = -EPERM;
 		return NULL;
 	}
+	if (e->queue_depth) {
+		*err = -EMEDIUMTYPE;
+		return NULL;
+	}
 	switch (sel) {
 	case REG_LATEST:
 		v = e->latest;
@@ -1295,6 +1494,8 @@ static void lease_drop(struct registry *r, struct registry_owner *o,
 {
 	struct version *v = l->version;
 
+	if (l->take)
+		queue_consume(r, l);
 	lease_uncharge(v, l);
 	HASH_DEL(o->leases, l);
 	DL_DELETE2(v->lease_list, l, vprev, vnext);
@@ -1361,6 +1562,13 @@ void registry_detach(struct registry *r, struct entry *e)
 		e->usage = NULL;
 	}
 	e->latest = NULL;
+	/* Producers waiting for room in it find a new name. */
+	if (e->queue_depth && r->ops && r->ops->queue_room)
+		r->ops->queue_room(r->ud, e->name);
+	if (!e->versions) {
+		entry_maybe_free(r, e); /* an empty queue name */
+		return 0;
+	}
 	/* Pending versions are withdrawn: their writers' Seals find nothing.
 	 * One that a writer lease holds (daemon-owned cuda-ipc memory, which
 	 * its writer still maps) dies when that lease goes, like a sealed
@@ -1399,8 +1607,19 @@ void registry_owner_drop(struct registry *r, struct registry_owner *o)
 {
 	struct lease *l, *ltmp;
 
-	HASH_ITER(hh, o->leases, l, ltmp)
+	HASH_ITER(hh, o->leases, l, ltmp) {
+		struct version *v = l->version;
+		int back = l->take && queue_return(r, l);
+
 		lease_drop(r, o, l);
+		/* Redelivered: whoever waits to take it may. */
+		if (back && r->ops && r->ops->published) {
+			v->publishing = 1;
+			r->ops->published(r->ud, v->entry, v);
+			v->publishing = 0;
+			version_check(r, v);
+		}
+	}
 	/* Its owned names go, before its pending versions: those die
 	 * either way. */
 	lifetime_owner_drop(r, o);
@@ -1423,9 +1642,13 @@ void registry_owner_drop(struct registry *r, struct registry_owner *o)
 			continue;
 		}
 		/* An export ends with its producer: withdraw it; leases keep
-		 * their mappings, and the producer hears nothing more. */
+		 * their mappings, and the producer hears nothing more. A
+		 * queued one leaves its queue (a taken one is its taker's
+		 * until released). */
 		if (v->entry->latest == v)
 			v->entry->latest = NULL;
+		if (v->queued)
+			queue_forget(r, v);
 		version_check(r, v);
 	}
 	if (o->usage) {

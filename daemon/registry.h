@@ -163,6 +163,12 @@ struct version {
 	uint8_t sealing;         /* between registry_seal_begin and _end */
 	uint8_t orphaned;        /* its producer went while sealing: it dies
 				  * at registry_seal_end */
+	/* Queue names (see struct entry): */
+	uint8_t qheld;           /* counts toward its queue's depth: from
+				  * create until consumed (or it dies) */
+	uint8_t queued;          /* sealed, on entry->qhead, not taken */
+	uint64_t qseq;           /* its place in the queue: seal order */
+	struct version *qprev, *qnext; /* entry->qhead */
 	struct rtensor tensors[];
 };
 
@@ -190,6 +196,16 @@ struct entry {
 	uint8_t doomed;          /* owned, and its owner went: due at once in
 				  * the heap, deleted in the timer's batches;
 				  * a new version of the name replaces it */
+	/* A queue name (queue_depth > 0), chosen when the entry is made:
+	 * sealed versions wait on qhead, oldest first, until taken; the
+	 * entry lives on while empty. qheld counts its versions that are
+	 * pending, queued, or taken and not released: at most queue_depth. */
+	uint32_t queue_depth;
+	uint32_t qheld;
+	uint32_t qqueued;        /* on qhead */
+	uint32_t qtaken;         /* held by take leases */
+	uint64_t qseq;           /* last seal order handed out */
+	struct version *qhead;
 	char name[];             /* as long as it is; allocated from
 				  * offsetof(struct entry, name) */
 };
@@ -200,6 +216,9 @@ struct lease {
 	struct registry_owner *owner;
 	struct vcharge *charge;  /* its uid's on the version; NULL when the
 				  * owner has no uid record */
+	uint8_t take;            /* a take of a queue version: its release
+				  * consumes the version, its owner's end
+				  * puts it back at the head */
 	UT_hash_handle hh;       /* owner->leases */
 	struct lease *vprev, *vnext; /* version->lease_list */
 };
@@ -260,6 +279,10 @@ struct registry_ops {
 	/* The earliest TTL expiry may have moved earlier: the caller's timer
 	 * should wake at registry_next_expiry(). */
 	void (*expiry_changed)(void *ud);
+	/* The queue name may have room now (a version was consumed or died,
+	 * or the name was deleted): producers waiting for room may retry.
+	 * The callee must not change the registry from inside the call. */
+	void (*queue_room)(void *ud, const char *name);
 };
 
 struct registry_limits {
@@ -297,6 +320,9 @@ struct registry_limits {
 	uint32_t default_ttl_ms;    /* TTL of a new name that asks for none;
 				     * 0: none */
 	uint32_t max_ttl_ms;        /* longest TTL a request may ask for */
+	uint32_t queue_depth;       /* depth of a queue name that asks for
+				     * the default (queue_depth 0) */
+	uint32_t max_queue_depth;   /* the most a queue name's depth may be */
 };
 
 /* A whole state dict in one version: 10^5 tensors is a large MoE model. */
@@ -314,6 +340,9 @@ struct registry_limits {
 #define REGISTRY_UID_NAMES_DEFAULT 65536u
 #define REGISTRY_UID_LEASES_DEFAULT 65536u
 #define REGISTRY_UID_FDS_DEFAULT 4096u
+/* A data loader keeps a few batches ahead of its trainer. */
+#define REGISTRY_QUEUE_DEPTH_DEFAULT 8u
+#define REGISTRY_MAX_QUEUE_DEPTH_DEFAULT 1024u
 /* A producer writes a few versions at once (double buffering, a thread
  * or two per connection); thousands are a flood, each holding a memfd. */
 #define REGISTRY_MAX_PENDING_DEFAULT 256u
@@ -429,6 +458,9 @@ struct registry_spec {
 	int owned;               /* 1.4: the name belongs to the caller's
 				  * connection (lifetime.c) */
 	uint32_t ttl_ms;         /* 1.4: the name's TTL; 0: unchanged */
+	int queue;               /* the name is (to be) a queue name */
+	uint32_t queue_depth;    /* with queue: its depth; 0: the default
+				  * for a new name, any for an existing one */
 };
 
 /* The checks of registry_add (name, ACL, tensors against buffers, limits
@@ -449,7 +481,8 @@ int registry_precheck(struct registry *r, struct registry_owner *o,
  * -E2BIG (a limit on tensors or buffers), -ENOSPC (a limit of the daemon),
  * -EDQUOT (a limit of o or its uid), -EFBIG (a buffer over
  * max_buffer_bytes), -EOPNOTSUPP (a buffer kind this daemon cannot hold),
- * -ENOMEM. With -EBADF, *why says what is wrong with the fd; with -EDQUOT
+ * -ENOMEM, -EMEDIUMTYPE (the request's queue mode is not the name's;
+ * *why says how), -EAGAIN (a full queue name). With -EBADF, *why says what is wrong with the fd; with -EDQUOT
  * and -ENOSPC, it names the limit (a static string), except for a sum of
  * buffer sizes that overflows, which leaves it alone. why may be NULL; a
  * caller that reads it sets it to NULL first. */
@@ -504,6 +537,30 @@ int registry_abort(struct registry *r, struct registry_owner *o,
 		   const char *name, uint64_t number, uint64_t writer);
 
 enum registry_select { REG_LATEST, REG_EXACT, REG_NEWER_THAN };
+
+/* ---- queue names ---- */
+
+/* Whether name (a queue) has room for one more version: 1, or 0 with
+ * *depth its depth; 1 also when name is no queue or does not exist (then
+ * registry_add decides). */
+int registry_queue_room(struct registry *r, const char *name,
+			uint32_t *depth);
+
+/* The oldest queued version of the queue name, for o to take. Returns it,
+ * or NULL with *err -ENOENT (no such name, or nothing queued yet), -EPERM
+ * (o may not read and write it), or -EMEDIUMTYPE (name is no queue). */
+struct version *registry_queue_head(struct registry *r,
+				    struct registry_owner *o,
+				    const char *name, int *err);
+
+/* Makes l (a fresh lease on a queued version) its take: the version leaves
+ * the queue; releasing l consumes it, the end of l's owner puts it back at
+ * the head. */
+void registry_queue_take(struct registry *r, struct lease *l);
+
+/* Undoes registry_queue_take (the answer could not be sent) and drops l. */
+void registry_queue_untake(struct registry *r, struct registry_owner *o,
+			   struct lease *l);
 
 /* Finds a sealed, live version of name. Returns it or NULL; *err is -ENOENT
  * when nothing matches (yet) or -EPERM when o may not read the name. */

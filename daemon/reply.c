@@ -53,6 +53,10 @@ int reply_code(int err)
 	case -EALREADY:
 	case -EINPROGRESS:
 		return DLSHARE_ESTATE;
+	case -EMEDIUMTYPE:
+		return DLSHARE_EINVAL;
+	case -EAGAIN:
+		return DLSHARE_ELIMIT;
 	default:
 		return DLSHARE_EIO;
 	}
@@ -162,6 +166,15 @@ void reply_err_why(struct peer *peer, uint64_t id, int err, const char *why,
 				(unsigned)peer->owner.gid,
 				strncmp(what, "get", 3) && strcmp(what, "stat") ?
 				"write" : "read");
+	else if (err == -EMEDIUMTYPE && why)
+		conn_send_error(&peer->conn, id, reply_code(err),
+				"%s%s%s: %s", what, name ? " " : "",
+				name ? name : "", why);
+	else if (err == -EMEDIUMTYPE)
+		conn_send_error(&peer->conn, id, reply_code(err),
+				"%s%s%s: the name is not of the kind this needs "
+				"(a queue name, or an ordinary one)", what,
+				name ? " " : "", name ? name : "");
 	else if (err == -EBADF && why)
 		conn_send_error(&peer->conn, id, reply_code(err),
 				"%s%s%s: a buffer's fd is refused: %s", what,
@@ -217,4 +230,25 @@ void reply_no_pending(struct peer *peer, uint64_t id, const char *what,
 		conn_send_error(&peer->conn, id, DLSHARE_ENOENT,
 				"%s %s version %llu: no pending version of this connection",
 				what, name, (unsigned long long)number);
+}
+
+void reply_queue_full(struct peer *peer, uint64_t id, const char *what,
+		      const char *name, uint32_t waited_ms)
+{
+	struct entry *e = registry_entry(&peer->d->reg, name);
+	uint32_t depth = e ? e->queue_depth : 0;
+	uint32_t pending = e ? e->qheld - e->qqueued - e->qtaken : 0;
+
+	if (waited_ms)
+		conn_send_error(&peer->conn, id, DLSHARE_ETIMEDOUT,
+				"%s %s: the queue stayed full for the whole wait (%u ms): depth %u, with %u queued, %u taken and not released, %u pending",
+				what, name, (unsigned)waited_ms, (unsigned)depth,
+				e ? (unsigned)e->qqueued : 0,
+				e ? (unsigned)e->qtaken : 0, (unsigned)pending);
+	else
+		conn_send_error(&peer->conn, id, DLSHARE_ELIMIT,
+				"%s %s: the queue is full: depth %u, with %u queued, %u taken and not released, %u pending (no wait was asked)",
+				what, name, (unsigned)depth,
+				e ? (unsigned)e->qqueued : 0,
+				e ? (unsigned)e->qtaken : 0, (unsigned)pending);
 }

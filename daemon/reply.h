@@ -36,6 +36,13 @@ void reply_err(struct peer *peer, uint64_t id, int err, const char *what,
 
 /* Whether a reply describing the version that f (a Create or a Publish)
  * describes fits in a packet. */
+/* Answers id with the error of a full queue name (registry_add's
+ * -EAGAIN): the name, its depth, what fills it, and, when it waited
+ * (waited_ms > 0), for how long: DLSHARE_ETIMEDOUT then, else
+ * DLSHARE_ELIMIT. */
+void reply_queue_full(struct peer *peer, uint64_t id, const char *what,
+		      const char *name, uint32_t waited_ms);
+
 int reply_fits(const struct peer *peer, const Dlshare__Frame *f);
 
 /* Refuses a version two of whose tensors share a key: the second would be

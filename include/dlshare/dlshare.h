@@ -151,7 +151,11 @@ DLSHARE_API int dlshare_connect_ex(const char *path,
 				   const dlshare_connect_opts *opts,
 				   dlshare_client **out);
 
-/* Closes the connection. Calls in other threads fail with DLSHARE_ECLOSED.
+/* Closes the connection. Releases of tensors already freed are sent first
+ * (for a device tensor, once its consumer's stream passed its work), so a
+ * released take of a queue name is consumed; leases still held go with the
+ * connection (a take then goes back to its queue). Calls in other threads
+ * fail with DLSHARE_ECLOSED.
  * Tensors obtained from this client stay valid: their deleters may run later
  * (their leases went with the connection). Exported tensors whose versions
  * were still published are handed back to their deleters here. NULL is a
@@ -251,6 +255,48 @@ DLSHARE_API int dlshare_seal(dlshare_writer *w, void *stream,
  * (its mapping goes at once). */
 DLSHARE_API void dlshare_writer_abort(dlshare_writer *w);
 
+/* ---- queue names --------------------------------------------------------
+ *
+ * A queue name keeps every sealed version until one taker takes it
+ * (dlshare_take), oldest first; an ordinary name keeps only its newest.
+ * Whether a name is a queue, and its depth, is chosen when the name is
+ * first created and kept until it is deleted: a create or publish that asks
+ * for the other kind, or another depth, fails with DLSHARE_EINVAL. At most
+ * depth versions of a queue name exist at once — pending (created, not
+ * sealed), queued (sealed, not taken), and taken but not yet released each
+ * count one — so a producer ahead of its consumer waits for room, up to
+ * wait_ms, instead of growing memory. The daemon keeps each producer's
+ * order: versions are queued in the order their seals completed. get on a
+ * queue name fails with DLSHARE_EINVAL: take it. */
+
+#define DLSHARE_WAIT_FOREVER (-1)
+
+typedef struct dlshare_queue_opts {
+	uint32_t depth;   /* the queue's depth; 0: the daemon's default
+			   * (dlshared --queue-depth) for a new name, and any
+			   * depth for an existing queue name. Over the
+			   * daemon's --max-queue-depth: DLSHARE_ELIMIT */
+	int32_t wait_ms;  /* when the queue is full: 0 fail at once
+			   * (DLSHARE_ELIMIT), > 0 wait up to this long for
+			   * room (then DLSHARE_ETIMEDOUT), or
+			   * DLSHARE_WAIT_FOREVER. The daemon parks the
+			   * request; nobody polls */
+} dlshare_queue_opts;
+
+/* dlshare_create() into a queue name (made one if new). queue may be NULL
+ * (the default depth, no wait). Waits for room as queue->wait_ms says; a
+ * GPU create (kDLCUDA) that finds the queue filled meanwhile fails with
+ * DLSHARE_ELIMIT. Returns what dlshare_create() returns; and
+ * DLSHARE_ETIMEDOUT when the queue stayed full for the whole wait, or
+ * DLSHARE_ELIMIT when it is full and no wait was asked
+ * (dlshare_last_error() names the queue, its depth, what fills it and the
+ * wait). */
+DLSHARE_API int dlshare_create_queued(dlshare_client *c, const char *name,
+				      const dlshare_tensor_spec *tensors,
+				      size_t n, const dlshare_create_opts *opts,
+				      const dlshare_queue_opts *queue,
+				      dlshare_writer **out);
+
 /* ---- publishing, export mode: the producer owns the memory ------------- */
 
 /* Allocates a compact host tensor in shareable memory (a sealed memfd), so
@@ -304,6 +350,19 @@ DLSHARE_API int dlshare_publish(dlshare_client *c, const char *name,
 				const dlshare_publish_opts *opts,
 				uint64_t *version);
 
+/* dlshare_publish() into a queue name (made one if new). queue may be NULL.
+ * A copy (the usual case) waits for room as queue->wait_ms says, like
+ * dlshare_create_queued(); an export without a copy (memory from
+ * dlshare_host_alloc(), cudaMalloc) never waits: on a full queue it fails
+ * with DLSHARE_ELIMIT at once. Returns what dlshare_publish() and
+ * dlshare_create_queued() return. */
+DLSHARE_API int dlshare_publish_queued(dlshare_client *c, const char *name,
+				       DLManagedTensor *const *tensors,
+				       size_t n,
+				       const dlshare_publish_opts *opts,
+				       const dlshare_queue_opts *queue,
+				       uint64_t *version);
+
 /* ---- consuming ---------------------------------------------------------- */
 
 enum {
@@ -311,8 +370,6 @@ enum {
 	DLSHARE_EXACT = 1,      /* exactly opts.version */
 	DLSHARE_NEWER_THAN = 2, /* the newest version > opts.version */
 };
-
-#define DLSHARE_WAIT_FOREVER (-1)
 
 typedef struct dlshare_get_opts {
 	uint32_t select;    /* DLSHARE_LATEST, DLSHARE_EXACT, DLSHARE_NEWER_THAN */
@@ -349,6 +406,25 @@ DLSHARE_API int dlshare_bundle_find(const dlshare_bundle *b, const char *key);
  * lies inside the mapped buffer. */
 DLSHARE_API const DLTensor *dlshare_bundle_tensor(const dlshare_bundle *b,
 						  size_t i);
+
+/* Takes the oldest queued version of the queue name: this client alone
+ * gets it, as a bundle like dlshare_get()'s. Freeing the bundle and every
+ * tensor exported from it (the lease's release) consumes the version and
+ * frees its room in the queue; if this client's connection closes first
+ * (the process died, or dlshare_disconnect()), the version goes back to
+ * the head of the queue for the next taker. timeout_ms: 0 fails at once
+ * with DLSHARE_ENOENT when nothing is queued, > 0 waits up to this long
+ * (DLSHARE_ETIMEDOUT), or DLSHARE_WAIT_FOREVER; a name that does not exist
+ * yet is waited for too. Takers waiting on one name are served in the
+ * order they came. stream: as dlshare_get_opts.stream. Taking needs read
+ * and write permission on the name. Returns 0 and a bundle the caller
+ * frees with dlshare_bundle_free(), or DLSHARE_ENOENT, DLSHARE_ETIMEDOUT,
+ * DLSHARE_EINVAL (not a queue name), DLSHARE_EPERM, DLSHARE_ELIMIT,
+ * DLSHARE_ECONN, DLSHARE_EPROTO, DLSHARE_ENOMEM. Any thread; a waiting
+ * take does not block other threads' calls on c. */
+DLSHARE_API int dlshare_take(dlshare_client *c, const char *name,
+			     int32_t timeout_ms, void *stream,
+			     dlshare_bundle **out);
 
 /* Makes a DLManagedTensor of tensor i for a DLPack consumer. It holds the
  * lease on its own (the bundle may be freed first); its deleter releases it
@@ -420,6 +496,31 @@ typedef int (*dlshare_list_fn)(const dlshare_name_info *info, void *arg);
  * error code. */
 DLSHARE_API int dlshare_list(dlshare_client *c, const char *prefix,
 			     dlshare_list_fn fn, void *arg);
+
+/* What fills a queue name. */
+typedef struct dlshare_queue_info {
+	uint32_t depth;      /* its depth; 0: the name is not a queue */
+	uint32_t queued;     /* sealed, waiting to be taken */
+	uint32_t taken;      /* taken, not yet released */
+	uint32_t pending;    /* created, not yet sealed */
+	uint32_t waiting;    /* creates waiting for room (dlshare_queue_stat
+			      * only; 0 in listings) */
+} dlshare_queue_info;
+
+/* Called once per name; queue is NULL unless the name is a queue. Return
+ * non-zero to stop early. */
+typedef int (*dlshare_list_ex_fn)(const dlshare_name_info *info,
+				  const dlshare_queue_info *queue, void *arg);
+
+/* dlshare_list() that also says what fills each queue name. */
+DLSHARE_API int dlshare_list_ex(dlshare_client *c, const char *prefix,
+				dlshare_list_ex_fn fn, void *arg);
+
+/* What fills the queue name (out->depth 0: name is not a queue). For a
+ * queue name dlshare_stat() describes its oldest queued version. Returns
+ * 0, DLSHARE_ENOENT, DLSHARE_EPERM, DLSHARE_ECONN. */
+DLSHARE_API int dlshare_queue_stat(dlshare_client *c, const char *name,
+				   dlshare_queue_info *out);
 
 /* The manifest of a version: keys and tensor shapes, without data. */
 typedef struct dlshare_manifest dlshare_manifest;

@@ -43,9 +43,9 @@ __version__ = _dlshare.version()
 
 __all__ = [
     "Client", "Tensor", "Bundle", "Writer", "Array", "TensorSpec",
-    "NameInfo", "TensorInfo", "Stats", "UidStats", "DLDeviceType", "empty",
-    "socket_path", "WAIT_FOREVER", "load_state_dict", "LoadResult",
-    "StateDictMismatch",
+    "NameInfo", "TensorInfo", "QueueInfo", "Stats", "UidStats",
+    "DLDeviceType", "empty", "socket_path", "WAIT_FOREVER", "load_state_dict",
+    "LoadResult", "StateDictMismatch",
     "Error", "InvalidArgument", "NotFound", "Timeout", "PermissionDenied",
     "OutOfMemory", "LimitExceeded", "ProtocolError", "ConnectionFailed",
     "VersionMismatch", "NotSupported", "SystemCallFailed", "Busy",
@@ -184,6 +184,19 @@ def _stream_value(stream):
         raise ValueError("stream 0 is ambiguous: pass None or 1 for the "
                          "legacy default stream, 2 for the per-thread one")
     return stream & _U64
+
+
+def _queue_args(queue, wait):
+    """queue=/wait= of publish() and create() as the extension takes them:
+    () for an ordinary name, else (True, depth, wait_s)."""
+    if queue is None or queue is False:
+        if wait is not None:
+            raise ValueError("wait= is for queue names (pass queue=)")
+        return ()
+    depth = 0 if queue is True else int(queue)
+    if queue is not True and (depth <= 0 or depth > 0xFFFFFFFF):
+        raise ValueError("queue must be True or a depth > 0")
+    return (True, depth, _timeout_value(wait))
 
 
 def _timeout_value(timeout):
@@ -763,6 +776,17 @@ class TensorInfo:
 
 
 @dataclasses.dataclass(frozen=True)
+class QueueInfo:
+    """What fills a queue name: at most ``depth`` versions are pending,
+    queued or taken (and not released) at once."""
+    depth: int           # the queue's depth
+    queued: int          # sealed, waiting to be taken
+    taken: int           # taken, not yet released
+    pending: int         # created, not yet sealed
+    waiting: int         # producers waiting for room (queue_info() only)
+
+
+@dataclasses.dataclass(frozen=True)
 class NameInfo:
     """What list() and stat() tell about a name."""
     name: str
@@ -780,13 +804,15 @@ class NameInfo:
     owner_pid: int = 0   # owned: the process of that connection
     ttl_ms: int = 0      # its TTL, 0 when none
     expires_in_ms: int = 0  # with a TTL: left until it is deleted
+    queue: QueueInfo = None  # list() only: a queue name's QueueInfo
 
     @classmethod
-    def _of(cls, t, manifest=()):
+    def _of(cls, t, manifest=(), queue=None):
         return cls(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
                    _KINDS.get(t[8]), bool(t[9]),
                    tuple(TensorInfo(*m) for m in manifest),
-                   bool(t[10]), t[11], t[12], t[13])
+                   bool(t[10]), t[11], t[12], t[13],
+                   None if queue is None else QueueInfo(*queue))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -876,7 +902,7 @@ class Client:
 
     # Producing.
     def publish(self, name, *tensors, keys=None, mode=None, copy=None,
-                stream=None, owned=False, ttl=None):
+                stream=None, owned=False, ttl=None, queue=None, wait=None):
         """Publishes tensors as a new version of name; returns its number.
 
         tensors: objects with ``__dlpack__`` (NumPy, PyTorch, JAX, CuPy
@@ -895,8 +921,16 @@ class Client:
         what they hold. ttl: seconds; the name is deleted when no version
         was sealed for that long (None: the name's TTL stays; a new name
         gets the daemon's --default-ttl). Needs a daemon of protocol 1.4.
+        queue: publish into a queue name (see take()): True for the
+        daemon's default depth, or the depth N (> 0); None publishes to an
+        ordinary name. A name's kind and depth are fixed when it is first
+        created; asking for another raises InvalidArgument. wait: when the
+        queue is full, None raises LimitExceeded at once, a number of
+        seconds waits for room (Timeout when none came), WAIT_FOREVER
+        waits without limit. A shared dlshare.empty() array never waits.
         """
         _check_name(name)
+        qargs = _queue_args(queue, wait)
         if len(tensors) == 1 and isinstance(tensors[0], Mapping):
             if keys is not None:
                 raise TypeError("pass keys or a dict, not both")
@@ -913,10 +947,11 @@ class Client:
         sv = _stream_value(stream)
         caps = tuple(_capsule_of(t, stream) for t in tensors)
         return self._c.publish(name, caps, keys, mode, copy is False,
-                               copy is True, sv, bool(owned), _ttl_ms(ttl))
+                               copy is True, sv, bool(owned), _ttl_ms(ttl),
+                               *qargs)
 
     def create(self, name, *specs, mode=None, device=None, owned=False,
-               ttl=None):
+               ttl=None, queue=None, wait=None):
         """Creates a pending store-mode version of name in a daemon buffer
         and returns its Writer. specs: TensorSpec(key, dtype, shape),
         (key, dtype, shape) or (dtype, shape) tuples, or one dict
@@ -925,7 +960,12 @@ class Client:
         allocates on this process's GPU N; seal(stream) then orders the
         consumers after the writes queued on stream), "cuda_host", a
         (DLDeviceType, id) pair or a torch.device. owned, ttl: the name's
-        lifetime, as for publish()."""
+        lifetime, as for publish().
+
+        queue, wait: as publish()'s: the version goes into a queue name
+        once sealed, and a full queue makes this wait for room (the
+        pending version counts toward the depth from here on)."""
+        qargs = _queue_args(queue, wait)
         dev_type, dev_id = _device_arg(device)
         _check_name(name)
         if len(specs) == 1 and isinstance(specs[0], Mapping):
@@ -944,7 +984,7 @@ class Client:
             norm.append((None if key is None else str(key),
                          _dtype_name(dtype), tuple(int(n) for n in shape)))
         w = self._c.create(name, tuple(norm), _mode(mode), dev_type, dev_id,
-                           bool(owned), _ttl_ms(ttl))
+                           bool(owned), _ttl_ms(ttl), *qargs)
         return Writer(self, name, w, tuple(k or "" for k, _, _ in norm))
 
     def seal(self, writer, stream=None):
@@ -1012,6 +1052,38 @@ class Client:
             load_state_dict(state_dict, b, strict=strict, stream=stream)
         return b.version
 
+    def take(self, name, timeout=None, stream=None):
+        """Takes the oldest queued version of a queue name: this client
+        alone gets it. Returns a Tensor, or a Bundle when it holds several
+        tensors. Releasing it (release(), a with block, or dropping every
+        reference, arrays made from it included) consumes the version and
+        frees its room in the queue; if this process dies or the client
+        closes first, the version goes back to the head of the queue for
+        the next taker.
+
+        timeout: None raises NotFound at once when nothing is queued; a
+        number of seconds waits (Timeout when nothing came); WAIT_FOREVER
+        waits without limit. A name that does not exist yet is waited for
+        too. Takers waiting on one name are served in the order they came.
+        get() on a queue name raises InvalidArgument."""
+        b = self._take(name, timeout, stream)
+        if b.count() == 1:
+            return Tensor(b, 0, name, b.keys()[0], stream, True)
+        return Bundle(b, name, stream)
+
+    def take_bundle(self, name, timeout=None, stream=None):
+        """As take(), but always a Bundle, also for one tensor."""
+        return Bundle(self._take(name, timeout, stream), name, stream)
+
+    def _take(self, name, timeout, stream):
+        _check_name(name)
+        return self._c.take(name, _timeout_value(timeout),
+                            _stream_value(stream))
+
+    def queue_info(self, name):
+        """QueueInfo of a queue name (depth 0: name is no queue)."""
+        return QueueInfo(*self._c.queue_stat(_check_name(name)))
+
     # Looking inside.
     def delete(self, name=None, *, prefix=None):
         """Removes name; leased data stays valid for its readers.
@@ -1034,7 +1106,8 @@ class Client:
 
     def list(self, prefix=""):
         """NameInfo of every name starting with prefix, in byte order."""
-        return [NameInfo._of(t) for t in self._c.list(prefix or "")]
+        return [NameInfo._of(t, queue=q)
+                for t, q in self._c.list(prefix or "")]
 
     def stat(self, name):
         """NameInfo of name, with the newest version's manifest."""

@@ -184,6 +184,20 @@ static PyObject *raise_code(int code)
 	return raise_msg(code, NULL);
 }
 
+/* A wait that ran out after slices (wait_slice): the library's message
+ * names the last slice; say the whole wait too. */
+static PyObject *raise_waited(int code, double wait)
+{
+	char msg[1024];
+
+	if (code != DLSHARE_ETIMEDOUT || wait <= 1.0)
+		return raise_code(code);
+	snprintf(msg, sizeof(msg), "%s; waited %.3g s in all",
+		 dlshare_last_error()[0] ? dlshare_last_error() :
+		 dlshare_strerror(code), wait);
+	return raise_msg(code, msg);
+}
+
 /* ---- the client guard ---------------------------------------------------- */
 
 /* A client and who is inside it. dlshare_disconnect() must not run while
@@ -1703,6 +1717,33 @@ static PyObject *Client_closed(ClientObject *s, PyObject *unused)
 		Py_END_ALLOW_THREADS                                    \
 	} while (0)
 
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* The next slice of a wait of timeout seconds (0: none, < 0: forever)
+ * that ends at deadline: at most a second, so that Ctrl-C (and a close
+ * from another thread) is seen between slices. Returns 1 when the wait is
+ * over, else 0 with *ms. */
+static int wait_slice(double timeout, double deadline, int32_t *ms)
+{
+	double left;
+
+	if (timeout == 0) {
+		*ms = 0;
+		return 0;
+	}
+	left = timeout < 0 ? 1.0 : deadline - now_s();
+	if (left <= 0)
+		return 1;
+	*ms = left >= 1.0 ? 1000 : (int32_t)ceil(left * 1000.0);
+	return 0;
+}
+
 /* --- publish --- */
 
 /* Our wrapper around a producer's tensor: the library owns it and calls its
@@ -1795,10 +1836,16 @@ static PyObject *Client_publish(ClientObject *s, PyObject *args)
 	PyObject *ret = NULL;
 	int err;
 
-	if (!PyArg_ParseTuple(args, "sO!OIppK|pI", &name, &PyTuple_Type, &caps,
-			      &keys, &mode, &no_copy, &force_copy, &stream,
-			      &owned, &ttl_ms))
+	int queue = 0;
+	unsigned int depth = 0;
+	double wait = 0;
+	dlshare_queue_opts q = { 0 };
+
+	if (!PyArg_ParseTuple(args, "sO!OIppK|pIpId", &name, &PyTuple_Type,
+			      &caps, &keys, &mode, &no_copy, &force_copy,
+			      &stream, &owned, &ttl_ms, &queue, &depth, &wait))
 		return NULL;
+	q.depth = depth;
 	n = PyTuple_GET_SIZE(caps);
 	if (n == 0) {
 		PyErr_SetString(PyExc_ValueError, "nothing to publish");
@@ -1845,10 +1892,29 @@ static PyObject *Client_publish(ClientObject *s, PyObject *args)
 		  (no_copy ? DLSHARE_PUBLISH_NO_COPY :
 		   force_copy ? DLSHARE_PUBLISH_COPY : 0);
 	o.stream = (void *)(uintptr_t)stream;
-	GUARDED(s, err, dlshare_publish(c_, name, ts, (size_t)n, &o,
-					&version));
+	if (!queue) {
+		GUARDED(s, err, dlshare_publish(c_, name, ts, (size_t)n, &o,
+						&version));
+	} else {
+		/* A long wait for room goes in slices, as a get's. */
+		double deadline = wait > 0 ? now_s() + wait : 0;
+
+		for (;;) {
+			if (wait_slice(wait, deadline, &q.wait_ms)) {
+				err = DLSHARE_ETIMEDOUT;
+				break;
+			}
+			GUARDED(s, err, dlshare_publish_queued(
+				c_, name, ts, (size_t)n, &o, &q, &version));
+			if (err != DLSHARE_ETIMEDOUT || wait == 0 ||
+			    (wait > 0 && now_s() >= deadline))
+				break;
+			if (PyErr_CheckSignals())
+				goto out;
+		}
+	}
 	if (err) {
-		raise_code(err);
+		raise_waited(err, queue ? wait : 0);
 		goto out;
 	}
 	/* The library owns the wrappers, and they the producers' tensors. */
@@ -1867,9 +1933,10 @@ out:
 
 /* --- create --- */
 
-/* create(name, specs, mode[, device_type, device_id, owned, ttl_ms]) ->
- * Writer; specs:
- * tuple of (key or None, dtype, shape) */
+/* create(name, specs, mode[, device_type, device_id, owned, ttl_ms, queue,
+ * depth, wait_s]) -> Writer; specs: tuple of (key or None, dtype, shape).
+ * With queue, into a queue name of depth (0: default), waiting up to wait_s
+ * (0: no wait, < 0: forever) for room. */
 static PyObject *Client_create(ClientObject *s, PyObject *args)
 {
 	const char *name;
@@ -1884,9 +1951,16 @@ static PyObject *Client_create(ClientObject *s, PyObject *args)
 	Py_ssize_t n;
 	int err;
 
-	if (!PyArg_ParseTuple(args, "sO!I|IIpI", &name, &PyTuple_Type, &specs,
-			      &mode, &dev_type, &dev_id, &owned, &ttl_ms))
+	int queue = 0;
+	unsigned int depth = 0;
+	double wait = 0;
+	dlshare_queue_opts q = { 0 };
+
+	if (!PyArg_ParseTuple(args, "sO!I|IIpIpId", &name, &PyTuple_Type,
+			      &specs, &mode, &dev_type, &dev_id, &owned,
+			      &ttl_ms, &queue, &depth, &wait))
 		return NULL;
+	q.depth = depth;
 	n = PyTuple_GET_SIZE(specs);
 	if (n == 0) {
 		PyErr_SetString(PyExc_ValueError, "no tensor to create");
@@ -1920,9 +1994,28 @@ static PyObject *Client_create(ClientObject *s, PyObject *args)
 	o.ttl_ms = ttl_ms;
 	o.device.device_type = (DLDeviceType)dev_type;
 	o.device.device_id = (int32_t)dev_id;
-	GUARDED(s, err, dlshare_create(c_, name, sp, (size_t)n, &o, &w));
+	if (!queue) {
+		GUARDED(s, err, dlshare_create(c_, name, sp, (size_t)n, &o,
+					       &w));
+	} else {
+		double deadline = wait > 0 ? now_s() + wait : 0;
+
+		for (;;) {
+			if (wait_slice(wait, deadline, &q.wait_ms)) {
+				err = DLSHARE_ETIMEDOUT;
+				break;
+			}
+			GUARDED(s, err, dlshare_create_queued(
+				c_, name, sp, (size_t)n, &o, &q, &w));
+			if (err != DLSHARE_ETIMEDOUT || wait == 0 ||
+			    (wait > 0 && now_s() >= deadline))
+				break;
+			if (PyErr_CheckSignals())
+				goto out;
+		}
+	}
 	if (err) {
-		raise_code(err);
+		raise_waited(err, queue ? wait : 0);
 		goto out;
 	}
 	wo = PyObject_New(WriterObject, Writer_Type);
@@ -1958,13 +2051,6 @@ out:
 
 /* --- get --- */
 
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* How long one slice of a waiting call lasts: Ctrl-C (and a close from
  * another thread) is seen between slices, so within about this long. A
@@ -2043,7 +2129,7 @@ static PyObject *Client_get(ClientObject *s, PyObject *args)
 	if (err == ERR_SIGNALLED)
 		return NULL;
 	if (err)
-		return raise_code(err);
+		return raise_waited(err, timeout);
 	bo = PyObject_New(BundleObject, Bundle_Type);
 	if (!bo) {
 		dlshare_bundle_free(g.b);
@@ -2051,6 +2137,67 @@ static PyObject *Client_get(ClientObject *s, PyObject *args)
 	}
 	bo->b = g.b;
 	return (PyObject *)bo;
+}
+
+struct take_call {
+	const char *name;
+	void *stream;
+	dlshare_bundle *b;
+};
+
+static int take_slice(dlshare_client *c, void *arg, int32_t timeout_ms)
+{
+	struct take_call *t = arg;
+
+	return dlshare_take(c, t->name, timeout_ms, t->stream, &t->b);
+}
+
+/* take(name, timeout_s, stream) -> Bundle: the oldest queued version of
+ * a queue name, for this client alone. Waits in slices, as get. */
+static PyObject *Client_take(ClientObject *s, PyObject *args)
+{
+	unsigned long long stream;
+	struct take_call t = { 0 };
+	double timeout;
+	BundleObject *bo;
+	int err;
+
+	if (!PyArg_ParseTuple(args, "sdK", &t.name, &timeout, &stream))
+		return NULL;
+	t.stream = (void *)(uintptr_t)stream;
+	err = wait_sliced(s, timeout, take_slice, &t);
+	if (err == ERR_SIGNALLED)
+		return NULL;
+	if (err)
+		return raise_waited(err, timeout);
+	bo = PyObject_New(BundleObject, Bundle_Type);
+	if (!bo) {
+		dlshare_bundle_free(t.b);
+		return NULL;
+	}
+	bo->b = t.b;
+	return (PyObject *)bo;
+}
+
+static PyObject *queue_tuple(const dlshare_queue_info *q)
+{
+	return Py_BuildValue("(IIIII)", q->depth, q->queued, q->taken,
+			     q->pending, q->waiting);
+}
+
+/* queue_stat(name) -> (depth, queued, taken, pending, waiting) */
+static PyObject *Client_queue_stat(ClientObject *s, PyObject *args)
+{
+	const char *name;
+	dlshare_queue_info q;
+	int err;
+
+	if (!PyArg_ParseTuple(args, "s", &name))
+		return NULL;
+	GUARDED(s, err, dlshare_queue_stat(c_, name, &q));
+	if (err)
+		return raise_code(err);
+	return queue_tuple(&q);
 }
 
 /* --- delete, list, stat, stats --- */
@@ -2097,30 +2244,43 @@ static PyObject *info_tuple(const dlshare_name_info *i)
 
 struct infos {
 	dlshare_name_info *v;
+	dlshare_queue_info *q;    /* depth 0: not a queue */
 	size_t n, cap;
 	int nomem;
 };
 
-static int infos_add(const dlshare_name_info *info, void *arg)
+static int infos_add(const dlshare_name_info *info,
+		     const dlshare_queue_info *queue, void *arg)
 {
 	struct infos *a = arg;
 
 	if (a->n == a->cap) {
 		size_t cap = a->cap ? a->cap * 2 : 64;
 		dlshare_name_info *v = realloc(a->v, cap * sizeof(*v));
+		dlshare_queue_info *q;
 
 		if (!v) {
 			a->nomem = 1;
 			return 1;
 		}
 		a->v = v;
+		q = realloc(a->q, cap * sizeof(*q));
+		if (!q) {
+			a->nomem = 1;
+			return 1;
+		}
+		a->q = q;
 		a->cap = cap;
 	}
+	if (queue)
+		a->q[a->n] = *queue;
+	else
+		memset(&a->q[a->n], 0, sizeof(a->q[a->n]));
 	a->v[a->n++] = *info;
 	return 0;
 }
 
-/* list(prefix) -> [info tuple] */
+/* list(prefix) -> [(info tuple, queue tuple or None)] */
 static PyObject *Client_list(ClientObject *s, PyObject *args)
 {
 	const char *prefix;
@@ -2131,7 +2291,7 @@ static PyObject *Client_list(ClientObject *s, PyObject *args)
 	if (!PyArg_ParseTuple(args, "s", &prefix))
 		return NULL;
 	/* The callback runs without the GIL: collect first, convert after. */
-	GUARDED(s, err, dlshare_list(c_, prefix, infos_add, &a));
+	GUARDED(s, err, dlshare_list_ex(c_, prefix, infos_add, &a));
 	if (!err && a.nomem)
 		err = DLSHARE_ENOMEM;
 	if (err) {
@@ -2141,7 +2301,10 @@ static PyObject *Client_list(ClientObject *s, PyObject *args)
 	if (!(l = PyList_New((Py_ssize_t)a.n)))
 		goto out;
 	for (size_t i = 0; i < a.n; i++) {
-		PyObject *t = info_tuple(&a.v[i]);
+		PyObject *t = a.q[i].depth ?
+			Py_BuildValue("(NN)", info_tuple(&a.v[i]),
+				      queue_tuple(&a.q[i])) :
+			Py_BuildValue("(NO)", info_tuple(&a.v[i]), Py_None);
 
 		if (!t) {
 			Py_CLEAR(l);
@@ -2151,6 +2314,7 @@ static PyObject *Client_list(ClientObject *s, PyObject *args)
 	}
 out:
 	free(a.v);
+	free(a.q);
 	return l;
 }
 
@@ -2240,6 +2404,8 @@ static PyMethodDef Client_methods[] = {
 	{ "publish", (PyCFunction)Client_publish, METH_VARARGS, NULL },
 	{ "create", (PyCFunction)Client_create, METH_VARARGS, NULL },
 	{ "get", (PyCFunction)Client_get, METH_VARARGS, NULL },
+	{ "take", (PyCFunction)Client_take, METH_VARARGS, NULL },
+	{ "queue_stat", (PyCFunction)Client_queue_stat, METH_VARARGS, NULL },
 	{ "delete", (PyCFunction)Client_delete, METH_VARARGS, NULL },
 	{ "delete_prefix", (PyCFunction)Client_delete_prefix, METH_VARARGS,
 	  NULL },

@@ -485,6 +485,67 @@ static void cat_failures(void **state)
 	assert_true(file_size(p.err) > 0);
 }
 
+/* ---- queue names -------------------------------------------------------------- */
+
+static void queue_put_take(void **state)
+{
+	struct fixture *fx = *state;
+	struct paths p;
+	uint8_t *one = malloc(NBYTES), *two = malloc(NBYTES);
+	char *out;
+
+	paths_init(&p, &fx->d);
+	harness_fill(one, NBYTES, 1);
+	harness_fill(two, NBYTES, 2);
+	write_file(p.in, one, NBYTES);
+	assert_int_equal(CTL(p.in, "put", "cli/q", "--dtype", "float32",
+			     "--shape", "3,1000", "--queue", "2"), 0);
+	write_file(p.in, two, NBYTES);
+	assert_int_equal(CTL(p.in, "put", "cli/q", "--dtype", "float32",
+			     "--shape", "3,1000", "--queue", "0"), 0);
+	/* Full: refused, naming the queue's depth; a wait that runs out. */
+	assert_int_equal(CTL(p.in, "put", "cli/q", "--dtype", "float32",
+			     "--shape", "3,1000", "--queue", "2"), 1);
+	out = util_slurp(p.err, NULL);
+	assert_non_null(strstr(out, "depth 2"));
+	free(out);
+	assert_int_equal(CTL(p.in, "put", "cli/q", "--dtype", "float32",
+			     "--shape", "3,1000", "--queue", "2", "--wait",
+			     "20"), 1);
+	out = util_slurp(p.err, NULL);
+	assert_non_null(strstr(out, "20 ms"));
+	free(out);
+	/* ls and stat show how full it is. */
+	assert_int_equal(CTL(NULL, "ls", "cli/"), 0);
+	out = util_slurp(p.out, NULL);
+	assert_non_null(strstr(out, "QUEUE"));
+	assert_non_null(strstr(out, "2/2"));
+	free(out);
+	assert_int_equal(CTL(NULL, "stat", "cli/q"), 0);
+	out = util_slurp(p.out, NULL);
+	assert_non_null(strstr(out, "queue     depth 2: 2 queued"));
+	free(out);
+	assert_int_equal(CTL(NULL, "--json", "stat", "cli/q"), 0);
+	out = util_slurp(p.out, NULL);
+	assert_non_null(strstr(out, "\"queue\":{\"depth\":2,\"queued\":2"));
+	free(out);
+	/* cat refuses a queue name; take consumes, oldest first. */
+	assert_int_equal(CTL(NULL, "cat", "cli/q"), 1);
+	assert_int_equal(CTL(NULL, "take", "cli/q"), 0);
+	assert_file(p.out, one, NBYTES);
+	assert_int_equal(CTL(NULL, "take", "cli/q", "--wait", "1000"), 0);
+	assert_file(p.out, two, NBYTES);
+	assert_int_equal(CTL(NULL, "take", "cli/q"), 1);
+	assert_int_equal(CTL(NULL, "take", "cli/q", "--wait", "20"), 1);
+	/* Usage: --wait on put needs --queue. */
+	assert_int_equal(CTL(p.in, "put", "cli/q", "--dtype", "float32",
+			     "--shape", "3,1000", "--wait", "20"), 2);
+	assert_int_equal(CTL(NULL, "take"), 2);
+	assert_int_equal(CTL(NULL, "rm", "cli/q"), 0);
+	free(one);
+	free(two);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -494,6 +555,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(stats_json, setup, teardown),
 		cmocka_unit_test_setup_teardown(ls_stat_rm, setup, teardown),
 		cmocka_unit_test_setup_teardown(cat_failures, setup, teardown),
+		cmocka_unit_test_setup_teardown(queue_put_take, setup, teardown),
 	};
 
 	return cmocka_run_group_tests_name("cli", tests, NULL, NULL);

@@ -18,8 +18,11 @@
  * free it), delete, stat, list, fork (a child that makes its own client,
  * publishes and reads), forkexit (a child that exit()s holding the inherited
  * client), forkcall (a child that calls on the inherited client), forkdisc
- * (a child that dlshare_disconnect()s the inherited client), kill (the test
- * process SIGKILLs a worker and starts another).
+ * (a child that dlshare_disconnect()s the inherited client), qput and qtake
+ * (a write into, and a take from, one queue name of depth QDEPTH, waiting
+ * 0..20 ms; what is taken is checked bit for bit, and its version is the
+ * one its writer was told; at the end the queue is drained and checked),
+ * kill (the test process SIGKILLs a worker and starts another).
  *
  * The checks, and what each relies on:
  * - Content. Each version's tensors carry a header (writer slot, write
@@ -130,17 +133,17 @@
 enum op {
 	OP_STORE, OP_OPEN, OP_SEAL, OP_ABORT, OP_EXPORT, OP_COPY, OP_LATEST,
 	OP_EXACT, OP_NEWER, OP_RELEASE, OP_DELETE, OP_STAT, OP_LIST, OP_FORK,
-	OP_FORKEXIT, OP_FORKCALL, OP_FORKDISC, OP_KILL, OP_N
+	OP_FORKEXIT, OP_FORKCALL, OP_FORKDISC, OP_QPUT, OP_QTAKE, OP_KILL, OP_N
 };
 
 static const char *const op_names[OP_N] = {
 	"store", "open", "seal", "abort", "export", "copy", "latest", "exact",
 	"newer", "release", "delete", "stat", "list", "fork", "forkexit",
-	"forkcall", "forkdisc", "kill",
+	"forkcall", "forkdisc", "qput", "qtake", "kill",
 };
 
 static const int op_weight[OP_N] = {
-	10, 5, 6, 3, 8, 3, 14, 8, 10, 8, 3, 3, 1, 1, 1, 1, 1, 0,
+	10, 5, 6, 3, 8, 3, 14, 8, 10, 8, 3, 3, 1, 1, 1, 1, 1, 4, 4, 0,
 };
 
 /* What a writer records about one of its writes. */
@@ -328,6 +331,7 @@ struct actor {
 	uint32_t child_exported; /* a fork child's exports, by name */
 	uint64_t rng;
 	uint32_t seq;
+	uint32_t qseq;           /* its writes into the queue name */
 	enum op op;
 	struct seen seen[NAMES];
 	struct held held[MAX_HELD];
@@ -1482,6 +1486,99 @@ static enum op pick(struct actor *a)
 	return OP_LIST;
 }
 
+/* ---- the queue name ---------------------------------------------------------- */
+
+/* Outside model/, so that the checks of the ordinary names never see it;
+ * writers are named slot + MAX_SLOTS in its contents. */
+#define QNAME "modelq/q"
+#define QINDEX 1000u
+#define QDEPTH 4u
+
+static int op_qput(struct actor *a)
+{
+	int64_t shape[1] = { CONTENT_HDR + (int64_t)(rnd(a) % cfg.max_bytes) };
+	dlshare_tensor_spec s = { .key = "k0", .dtype = DT_U8, .ndim = 1,
+				  .shape = shape };
+	dlshare_queue_opts q = { .depth = QDEPTH,
+				 .wait_ms = (int32_t)(rnd(a) % 21) };
+	struct content_hdr h = { .magic = CONTENT_MAGIC, .name = QINDEX,
+				 .ntensors = 1, .index = 0 };
+	dlshare_writer *w;
+	DLTensor *t;
+	int err;
+
+	h.who = (uint32_t)a->slot + MAX_SLOTS;
+	h.seq = a->qseq++;
+	h.token = content_token(cfg.seed, h.who, h.seq);
+	h.nbytes = (uint64_t)shape[0];
+	err = dlshare_create_queued(a->c, QNAME, &s, 1, NULL, &q, &w);
+	if (err == DLSHARE_ELIMIT || err == DLSHARE_ETIMEDOUT) {
+		slog(a->slot, "qput %u: %s", h.seq, code(err));
+		return 0;
+	}
+	if (err)
+		return model_fail(a, "qput create: %s", code(err));
+	h.version = dlshare_writer_version(w);
+	t = dlshare_writer_tensor(w, 0);
+	content_fill((char *)t->data + t->byte_offset, &h, 0,
+		     (size_t)h.nbytes);
+	err = dlshare_seal(w, NULL, NULL);
+	if (err)
+		return model_fail(a, "qput seal of v%llu: %s",
+				  (unsigned long long)h.version, code(err));
+	slog(a->slot, "qput %u -> v%llu", h.seq,
+	     (unsigned long long)h.version);
+	return 0;
+}
+
+/* Checks a version taken from the queue. Returns 0 or model_fail's. */
+static int qcheck(struct actor *a, dlshare_bundle *b, const char *what)
+{
+	const DLTensor *t = dlshare_bundle_tensor(b, 0);
+	struct content_hdr h;
+	char why[160];
+
+	if (dlshare_bundle_count(b) != 1 || !t || t->ndim != 1)
+		return model_fail(a, "%s: v%llu is not one 1-d tensor", what,
+				  (unsigned long long)dlshare_bundle_version(b));
+	if (content_check((const char *)t->data + t->byte_offset,
+			  (size_t)t->shape[0], cfg.seed, &h, why, sizeof(why)))
+		return model_fail(a, "%s: v%llu: %s", what,
+				  (unsigned long long)dlshare_bundle_version(b),
+				  why);
+	if (h.name != QINDEX || h.who < MAX_SLOTS)
+		return model_fail(a, "%s: v%llu holds what writer %u wrote for "
+				  "name %u", what,
+				  (unsigned long long)dlshare_bundle_version(b),
+				  h.who, h.name);
+	/* The version its writer was told it would be. */
+	if (h.version != dlshare_bundle_version(b))
+		return model_fail(a, "%s: v%llu holds what writer %u wrote as "
+				  "v%llu", what,
+				  (unsigned long long)dlshare_bundle_version(b),
+				  h.who - MAX_SLOTS,
+				  (unsigned long long)h.version);
+	return 0;
+}
+
+static int op_qtake(struct actor *a)
+{
+	dlshare_bundle *b;
+	int err = dlshare_take(a->c, QNAME, (int32_t)(rnd(a) % 21), NULL, &b);
+
+	if (err == DLSHARE_ENOENT || err == DLSHARE_ETIMEDOUT ||
+	    err == DLSHARE_ELIMIT) {
+		slog(a->slot, "qtake: %s", code(err));
+		return 0;
+	}
+	if (err)
+		return model_fail(a, "qtake: %s", code(err));
+	slog(a->slot, "qtake v%llu", (unsigned long long)dlshare_bundle_version(b));
+	err = qcheck(a, b, "qtake");
+	dlshare_bundle_free(b);
+	return err;
+}
+
 static int run_op(struct actor *a, enum op op)
 {
 	switch (op) {
@@ -1500,6 +1597,8 @@ static int run_op(struct actor *a, enum op op)
 	case OP_LIST: return op_list(a);
 	case OP_FORK: case OP_FORKEXIT: case OP_FORKCALL: case OP_FORKDISC:
 		return op_fork(a, op);
+	case OP_QPUT: return op_qput(a);
+	case OP_QTAKE: return op_qtake(a);
 	default: return 0;
 	}
 }
@@ -1869,6 +1968,28 @@ static void final_checks(struct fixture *fx, dlshare_client *c, int fds0)
 	w.connections = 1;
 	w.leases = 0;
 	w.parked = 0;
+	util_assert_want(c, &w);
+	/* The queue: whatever is left of it reads back intact, once each
+	 * (nobody takes any more), and then it goes. */
+	for (int k = 0; k <= (int)QDEPTH; k++) {
+		dlshare_bundle *b;
+		dlshare_queue_info qi;
+		int err = dlshare_take(c, QNAME, 0, NULL, &b);
+
+		if (err == DLSHARE_ENOENT)
+			break;
+		if (err)
+			fail_msg("take %s at the end: %s", QNAME, code(err));
+		if (k == (int)QDEPTH)
+			fail_msg("%s at the end: more than its depth queued",
+				 QNAME);
+		if (qcheck(&me, b, "final take"))
+			fail_msg("final take of %s: %s", QNAME, S->fail);
+		dlshare_bundle_free(b);
+		if (dlshare_queue_stat(c, QNAME, &qi) == 0 && qi.taken > 1)
+			fail_msg("%s at the end: %u taken", QNAME, qi.taken);
+	}
+	(void)dlshare_delete(c, QNAME);
 	util_assert_want(c, &w);
 	st = util_stats(c);
 	for (int n = 0; n < NAMES; n++) {

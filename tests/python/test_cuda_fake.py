@@ -11,6 +11,7 @@ import unittest
 
 import dlshare
 from fakecuda_dlpack import DLManagedTensor, DLTENSOR, capi, cuda
+import harness
 from harness import DaemonTest
 
 FAKECUDA = os.environ.get("DLSHARE_TEST_FAKECUDA", "")
@@ -131,6 +132,48 @@ with dlshare.Client() as c:
 """, env=CUDA_ENV)
         self.assertEqual(cons.readline(), repr(values))
         self.assertEqual(cons.wait(), 0)
+
+    def test_queue_on_device(self):
+        """A queue name of GPU versions: full refuses a device create (the
+        daemon checks before it allocates), another process takes the
+        version and reads it, and its release makes room."""
+        n = self.name()
+        values = [1.0, 2.0, 3.0, 4.0, 5.0]
+        w = self.client.create(n, ("float32", (5,)), device="cuda:0",
+                               queue=1)
+        cap = w[0].__dlpack__(stream=-1)
+        mt = DLManagedTensor.from_address(
+            capi.PyCapsule_GetPointer(cap, DLTENSOR))
+        vals = (ctypes.c_float * 5)(*values)
+        fc = cuda(FAKECUDA)
+        self.assertEqual(fc.cudaMemcpy(mt.dl_tensor.data, vals,
+                                       ctypes.sizeof(vals), 1), 0)  # H2D
+        del mt, cap
+        w.seal()
+        with self.assertRaises(dlshare.LimitExceeded):
+            self.client.create(n, ("float32", (5,)), device="cuda:0",
+                               queue=1)
+        cons = self.child(f"""
+import ctypes, dlshare
+from fakecuda_dlpack import *
+fc = cuda({FAKECUDA!r})
+with dlshare.Client() as c:
+    t = c.take({n!r}, timeout=10)
+    cap = t.__dlpack__()
+    mt = DLManagedTensor.from_address(capi.PyCapsule_GetPointer(cap, DLTENSOR))
+    host = (ctypes.c_float * 5)()
+    assert fc.cudaMemcpy(host, mt.dl_tensor.data, ctypes.sizeof(host), 2) == 0
+    print(list(host), flush=True)
+    del mt, cap
+    t.release()          # consumed; a close with it held would put it back
+""", env=CUDA_ENV)
+        self.assertEqual(cons.readline(), repr(values))
+        self.assertEqual(cons.wait(), 0)
+        # The taker released it: room for the next one.
+        w2 = self.client.create(n, ("float32", (5,)), device="cuda:0",
+                                queue=1, wait=harness.timeout(10))
+        w2.abort()
+        self.client.delete(n)
 
 
 if __name__ == "__main__":

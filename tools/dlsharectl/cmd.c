@@ -44,26 +44,39 @@ static int ctl_connect(const struct ctl *ctl, dlshare_client **out)
  * leaves no half-printed table or unterminated JSON array behind. */
 struct name_list {
 	dlshare_name_info *v;
+	dlshare_queue_info *q;	/* depth 0: not a queue */
 	size_t n;
 	size_t cap;
 	int err;
 };
 
-static int ls_collect(const dlshare_name_info *info, void *arg)
+static int ls_collect(const dlshare_name_info *info,
+		      const dlshare_queue_info *queue, void *arg)
 {
 	struct name_list *l = arg;
 
 	if (l->n == l->cap) {
 		size_t cap = l->cap ? 2 * l->cap : 64;
 		dlshare_name_info *v = reallocarray(l->v, cap, sizeof(*v));
+		dlshare_queue_info *q;
 
 		if (!v) {
 			l->err = DLSHARE_ENOMEM;
 			return 1;
 		}
 		l->v = v;
+		q = reallocarray(l->q, cap, sizeof(*q));
+		if (!q) {
+			l->err = DLSHARE_ENOMEM;
+			return 1;
+		}
+		l->q = q;
 		l->cap = cap;
 	}
+	if (queue)
+		l->q[l->n] = *queue;
+	else
+		memset(&l->q[l->n], 0, sizeof(l->q[l->n]));
 	l->v[l->n] = *info;
 	/* It gets printed with %s: make sure it ends. */
 	l->v[l->n].name[sizeof(l->v[l->n].name) - 1] = '\0';
@@ -82,19 +95,38 @@ static void ls_print_text(const struct name_list *l)
 		if (len > w)
 			w = len;
 	}
-	printf("%-*s  %8s  %8s  %7s  %14s  %6s  %-8s  %-4s  %s\n", w, "NAME",
-	       "LATEST", "VERSIONS", "TENSORS", "BYTES", "LEASES", "KIND",
-	       "MODE", "OWNER");
+	printf("%-*s  %8s  %8s  %7s  %14s  %6s  %-8s  %-4s  %5s  %-11s\n",
+	       w, "NAME", "LATEST", "VERSIONS", "TENSORS", "BYTES", "LEASES",
+	       "KIND", "MODE", "OWNER", "QUEUE");
 	for (i = 0; i < l->n; i++) {
 		const dlshare_name_info *in = &l->v[i];
+		const dlshare_queue_info *q = &l->q[i];
 		const char *kind = ctl_kind_name(in->kind);
+		char queue[48] = "-";
 
+		/* A queue name: how full it is, of its depth. */
+		if (q->depth)
+			snprintf(queue, sizeof(queue), "%" PRIu32 "/%" PRIu32,
+				 q->queued + q->taken + q->pending, q->depth);
 		printf("%-*s  %8" PRIu64 "  %8" PRIu32 "  %7" PRIu32 "  %14" PRIu64
-		       "  %6" PRIu32 "  %-8s  %04" PRIo32 "  %" PRIu32 "\n",
+		       "  %6" PRIu32 "  %-8s  %04" PRIo32 "  %5" PRIu32 "  %s\n",
 		       w, in->name, in->latest, in->versions, in->tensors,
 		       in->bytes, in->leases, kind ? kind : "-",
-		       in->mode & 07777, in->owner_uid);
+		       in->mode & 07777, in->owner_uid, queue);
 	}
+}
+
+/* ,"queue":{...} of a queue name, or ,"queue":null. */
+static void json_queue(const dlshare_queue_info *q)
+{
+	if (!q->depth) {
+		fputs(",\"queue\":null", stdout);
+		return;
+	}
+	printf(",\"queue\":{\"depth\":%" PRIu32 ",\"queued\":%" PRIu32
+	       ",\"taken\":%" PRIu32 ",\"pending\":%" PRIu32
+	       ",\"waiting\":%" PRIu32 "}", q->depth, q->queued, q->taken,
+	       q->pending, q->waiting);
 }
 
 static void ls_print_json(const struct name_list *l)
@@ -106,6 +138,7 @@ static void ls_print_json(const struct name_list *l)
 		if (i)
 			putchar(',');
 		ctl_json_name_info(stdout, &l->v[i], true);
+		json_queue(&l->q[i]);
 		putchar('}');
 	}
 	fputs("]\n", stdout);
@@ -121,7 +154,7 @@ int cmd_ls(const struct ctl *ctl)
 	ret = ctl_connect(ctl, &c);
 	if (ret < 0)
 		return ret;
-	err = dlshare_list(c, prefix, ls_collect, &list);
+	err = dlshare_list_ex(c, prefix, ls_collect, &list);
 	if (err == 0)
 		err = list.err;
 	if (err < 0) {
@@ -133,11 +166,13 @@ int cmd_ls(const struct ctl *ctl)
 		ls_print_text(&list);
 	}
 	free(list.v);
+	free(list.q);
 	dlshare_disconnect(c);
 	return ret;
 }
 
 static void stat_print_text(const dlshare_name_info *in,
+			    const dlshare_queue_info *q,
 			    const dlshare_manifest *m)
 {
 	const char *kind = ctl_kind_name(in->kind);
@@ -161,6 +196,12 @@ static void stat_print_text(const dlshare_name_info *in,
 		printf("ttl       %" PRIu32 " ms (expires in %" PRIu64 " ms "
 		       "unless a version is sealed)\n", in->ttl_ms,
 		       in->expires_in_ms);
+	/* A queue name: latest and the manifest are its oldest queued. */
+	if (q->depth)
+		printf("queue     depth %" PRIu32 ": %" PRIu32 " queued, %" PRIu32
+		       " taken, %" PRIu32 " pending, %" PRIu32
+		       " producers waiting\n", q->depth, q->queued, q->taken,
+		       q->pending, q->waiting);
 
 	for (i = 0; i < n; i++) {
 		const DLTensor *t = dlshare_manifest_tensor(m, i);
@@ -193,6 +234,7 @@ static void stat_print_text(const dlshare_name_info *in,
 }
 
 static void stat_print_json(const dlshare_name_info *in,
+			    const dlshare_queue_info *q,
 			    const dlshare_manifest *m)
 {
 	size_t i, n = m ? dlshare_manifest_count(m) : 0;
@@ -200,6 +242,7 @@ static void stat_print_json(const dlshare_name_info *in,
 	char buf[64];
 
 	ctl_json_name_info(stdout, in, false);
+	json_queue(q);
 	fputs(",\"tensors\":[", stdout);
 	for (i = 0; i < n; i++) {
 		const DLTensor *t = dlshare_manifest_tensor(m, i);
@@ -234,6 +277,7 @@ int cmd_stat(const struct ctl *ctl)
 {
 	const char *name = ctl->args[0];
 	dlshare_name_info info;
+	dlshare_queue_info q;
 	dlshare_manifest *m = NULL;
 	dlshare_client *c = NULL;
 	int err, ret;
@@ -248,10 +292,13 @@ int cmd_stat(const struct ctl *ctl)
 		goto out;
 	}
 	info.name[sizeof(info.name) - 1] = '\0';
+	/* Gone between the two calls: described as no queue. */
+	if (dlshare_queue_stat(c, name, &q) < 0)
+		memset(&q, 0, sizeof(q));
 	if (ctl->json)
-		stat_print_json(&info, m);
+		stat_print_json(&info, &q, m);
 	else
-		stat_print_text(&info, m);
+		stat_print_text(&info, &q, m);
 out:
 	/* The header does not promise that NULL is a no-op here. */
 	if (m)
@@ -459,6 +506,8 @@ struct put_plan {
 	int64_t shape[CTL_MAX_NDIM];
 	dlshare_tensor_spec spec;
 	dlshare_create_opts copts;
+	bool queue;		/* --queue: into a queue name */
+	dlshare_queue_opts qopts;
 	uint64_t nbytes;
 };
 
@@ -491,6 +540,29 @@ static int put_plan_parse(const struct ctl *ctl, struct put_plan *p)
 	}
 	if (ctl->ttl) {
 		ret = ctl_parse_ttl(ctl->cmd, ctl->ttl, &p->copts.ttl_ms);
+		if (ret < 0)
+			return ret;
+	}
+	if (ctl->wait && !ctl->queue)
+		return ctl_usage_error(ctl->cmd, "--wait is for a queue name "
+				       "(with --queue)");
+	if (ctl->queue) {
+		uint64_t depth;
+
+		/* 0: the daemon's default depth for a new name, any depth of
+		 * an existing queue name. */
+		ret = ctl_parse_version(ctl->cmd, "--queue", ctl->queue,
+					&depth);
+		if (ret < 0)
+			return ret;
+		if (depth > UINT32_MAX)
+			return ctl_usage_error(ctl->cmd, "--queue: depth %s is "
+					       "too large", ctl->queue);
+		p->queue = true;
+		p->qopts.depth = (uint32_t)depth;
+	}
+	if (ctl->wait) {
+		ret = ctl_parse_wait(ctl->cmd, ctl->wait, &p->qopts.wait_ms);
 		if (ret < 0)
 			return ret;
 	}
@@ -548,7 +620,10 @@ static int put_write(dlshare_client *c, const char *name, int fd,
 	bool more;
 	int err;
 
-	err = dlshare_create(c, name, &p->spec, 1, &p->copts, &w);
+	err = p->queue ?
+		dlshare_create_queued(c, name, &p->spec, 1, &p->copts,
+				      &p->qopts, &w) :
+		dlshare_create(c, name, &p->spec, 1, &p->copts, &w);
 	if (err < 0) {
 		ctl_report("put", err, name);
 		return CTL_EFAIL;
@@ -671,15 +746,44 @@ static int cat_tensor(const char *what, const DLTensor *t)
 	return CTL_OK;
 }
 
+/* Writes tensor key (NULL: the first) of b, a version of name, to stdout,
+ * as cat does. Returns CTL_OK or CTL_EFAIL after saying why. */
+static int write_bundle(const char *cmd, const char *name, dlshare_bundle *b,
+			const char *key)
+{
+	const DLTensor *t;
+	char what[512];
+	size_t i = 0;
+	int err;
+
+	/* Messages name the version actually got. */
+	snprintf(what, sizeof(what), "%s version %" PRIu64, name,
+		 dlshare_bundle_version(b));
+	if (key) {
+		err = dlshare_bundle_find(b, key);
+		if (err < 0) {
+			ctl_errmsg(cmd, "%s has no tensor with key '%s'", what,
+				   key);
+			return CTL_EFAIL;
+		}
+		i = (size_t)err;
+	}
+	t = dlshare_bundle_tensor(b, i);
+	if (!t) {
+		ctl_errmsg(cmd, "%s holds no tensors", what);
+		return CTL_EFAIL;
+	}
+	/* Written before dlshare_bundle_free(): the lease keeps it valid. */
+	return cat_tensor(what, t);
+}
+
 int cmd_cat(const struct ctl *ctl)
 {
 	const char *name = ctl->args[0];
 	dlshare_get_opts opts = { .select = DLSHARE_LATEST, .timeout_ms = 0 };
 	dlshare_client *c = NULL;
 	dlshare_bundle *b = NULL;
-	const DLTensor *t;
 	char what[512];
-	size_t i = 0;
 	int err, ret;
 
 	if (ctl->at_version && ctl->newer_than)
@@ -719,28 +823,38 @@ int cmd_cat(const struct ctl *ctl)
 		ret = CTL_EFAIL;
 		goto out;
 	}
-	/* From here on, messages name the version actually got. */
-	snprintf(what, sizeof(what), "%s version %" PRIu64, name,
-		 dlshare_bundle_version(b));
+	ret = write_bundle("cat", name, b, ctl->key);
+out:
+	dlshare_bundle_free(b);
+	dlshare_disconnect(c);
+	return ret;
+}
 
-	if (ctl->key) {
-		err = dlshare_bundle_find(b, ctl->key);
-		if (err < 0) {
-			ctl_errmsg("cat", "%s has no tensor with key '%s'",
-				   what, ctl->key);
-			ret = CTL_EFAIL;
-			goto out;
-		}
-		i = (size_t)err;
+int cmd_take(const struct ctl *ctl)
+{
+	const char *name = ctl->args[0];
+	int32_t wait = 0;
+	dlshare_client *c = NULL;
+	dlshare_bundle *b = NULL;
+	int err, ret;
+
+	if (ctl->wait) {
+		ret = ctl_parse_wait(ctl->cmd, ctl->wait, &wait);
+		if (ret < 0)
+			return ret;
 	}
-	t = dlshare_bundle_tensor(b, i);
-	if (!t) {
-		ctl_errmsg("cat", "%s holds no tensors", what);
+	ret = ctl_connect(ctl, &c);
+	if (ret < 0)
+		return ret;
+	err = dlshare_take(c, name, wait, NULL, &b);
+	if (err < 0) {
+		ctl_report("take", err, name);
 		ret = CTL_EFAIL;
 		goto out;
 	}
-	/* Written before dlshare_bundle_free(): the lease keeps it valid. */
-	ret = cat_tensor(what, t);
+	/* Freeing the bundle consumes the version, also when writing it
+	 * failed: the take is not undone (only a taker that dies is). */
+	ret = write_bundle("take", name, b, ctl->key);
 out:
 	dlshare_bundle_free(b);
 	dlshare_disconnect(c);

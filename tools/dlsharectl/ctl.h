@@ -4,7 +4,7 @@
  * Single-threaded.
  *
  *   main.c  the command line (getopt_long), the subcommand table, main()
- *   cmd.c   the subcommands: ls, stat, stats, rm, put, cat, help
+ *   cmd.c   the subcommands: ls, stat, stats, rm, put, cat, take, help
  *   text.c  messages and usage, parsing option values, formatting tensors
  *           as text and JSON
  *   io.c    reading and writing whole buffers and strided tensors
@@ -56,6 +56,7 @@ enum {
 	OPT_WAIT,
 	OPT_PREFIX,		/* rm --prefix */
 	OPT_TTL,		/* put --ttl MS */
+	OPT_QUEUE,		/* put --queue DEPTH */
 };
 
 struct ctl;
@@ -88,6 +89,7 @@ struct ctl {
 	const char *wait;
 	bool prefix;		/* rm --prefix */
 	const char *ttl;	/* put --ttl MS */
+	const char *queue;
 };
 
 /* ---- subcommands (cmd.c): each reports its own errors and returns CTL_OK,
@@ -98,6 +100,7 @@ int cmd_stats(const struct ctl *ctl);
 int cmd_rm(const struct ctl *ctl);
 int cmd_put(const struct ctl *ctl);
 int cmd_cat(const struct ctl *ctl);
+int cmd_take(const struct ctl *ctl);
 int cmd_help(const struct ctl *ctl);
 
 /* ---- messages, option values, formatting (text.c) ---------------------- */

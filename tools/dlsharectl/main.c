@@ -43,11 +43,19 @@ static const struct option put_opts[] = {
 	{ "shape", required_argument, NULL, OPT_SHAPE },
 	{ "mode", required_argument, NULL, OPT_MODE },
 	{ "ttl", required_argument, NULL, OPT_TTL },
+	{ "queue", required_argument, NULL, OPT_QUEUE },
+	{ "wait", required_argument, NULL, OPT_WAIT },
 	{ NULL, 0, NULL, 0 },
 };
 
 static const struct option rm_opts[] = {
 	{ "prefix", no_argument, NULL, OPT_PREFIX },
+	{ NULL, 0, NULL, 0 },
+};
+
+static const struct option take_opts[] = {
+	{ "key", required_argument, NULL, OPT_KEY },
+	{ "wait", required_argument, NULL, OPT_WAIT },
 	{ NULL, 0, NULL, 0 },
 };
 
@@ -66,11 +74,13 @@ static const struct ctl_cmd ctl_cmds[] = {
 	{ "rm", cmd_rm, 1, 1, "rm NAME | rm --prefix PREFIX", rm_opts },
 	{ "put", cmd_put, 1, 2,
 	  "put NAME --dtype TYPE --shape D0,D1,... [--mode OCTAL] [--ttl MS] "
-	  "[FILE]",
+	  "[--queue DEPTH [--wait MS]] [FILE]",
 	  put_opts },
 	{ "cat", cmd_cat, 1, 1,
 	  "cat NAME [--version N | --newer-than N] [--key KEY] [--wait MS]",
 	  cat_opts },
+	{ "take", cmd_take, 1, 1, "take NAME [--key KEY] [--wait MS]",
+	  take_opts },
 	{ "help", cmd_help, 0, 0, "help", NULL },
 };
 
@@ -162,6 +172,9 @@ static int take_opt(struct ctl *ctl, const struct ctl_cmd *cmd, int c,
 		break;
 	case OPT_TTL:
 		ctl->ttl = optarg;
+		break;
+	case OPT_QUEUE:
+		ctl->queue = optarg;
 		break;
 	case ':':
 		return ctl_usage_error(cmd, "option '%s' needs a value", bad);

@@ -39,7 +39,14 @@ void ctl_errmsg(const char *cmd, const char *fmt, ...)
  * the name (or socket) it concerns; NULL leaves it out. */
 void ctl_report(const char *cmd, int err, const char *what)
 {
-	if (what)
+	/* The daemon's explanation names what the code cannot (a queue's
+	 * depth, a limit, an owner): add it when there is one. */
+	const char *why = dlshare_last_error();
+
+	if (what && why && *why)
+		ctl_errmsg(cmd, "%s: %s (%s)", dlshare_strerror(err), what,
+			   why);
+	else if (what)
 		ctl_errmsg(cmd, "%s: %s", dlshare_strerror(err), what);
 	else
 		ctl_errmsg(cmd, "%s", dlshare_strerror(err));
@@ -51,7 +58,7 @@ static void print_usage_line(FILE *f, const struct ctl_cmd *cmd)
 		fprintf(f, "Usage: " CTL_PROG " [OPTIONS] %s\n", cmd->synopsis);
 	} else {
 		fputs("Usage: " CTL_PROG " [OPTIONS] COMMAND [ARGS...]\n"
-		      "Commands: ls, stat, stats, rm, put, cat, help.\n", f);
+		      "Commands: ls, stat, stats, rm, put, cat, take, help.\n", f);
 	}
 	fputs("Run '" CTL_PROG " --help' for more.\n", f);
 }
@@ -87,7 +94,8 @@ void ctl_print_help(FILE *f)
 	      "\n"
 	      "Commands:\n"
 	      "  ls [PREFIX]          list names (those starting with PREFIX, or all)\n"
-	      "  stat NAME            show NAME and the tensors of its newest version\n"
+	      "  stat NAME            show NAME and the tensors of its newest version (a\n"
+	      "                       queue name: its oldest queued one, and its depth)\n"
 	      "  stats                show the daemon's counters\n"
 	      "  rm NAME              delete NAME; leased versions live on until released\n"
 	      "  rm --prefix PREFIX   delete every name under PREFIX that you may write\n"
@@ -97,11 +105,19 @@ void ctl_print_help(FILE *f)
 	      "      --shape D0,D1,...  dimensions; \"\" or \"scalar\" for a 0-d tensor\n"
 	      "      --mode OCTAL       permission bits, e.g. 0640 (default: the daemon's)\n"
 	      "      --ttl MS           delete the name when no version was sealed for MS ms\n"
+	      "      --queue DEPTH      into a queue name of this depth (0: the daemon's\n"
+	      "                         default, or any depth of an existing queue)\n"
+	      "      --wait MS          a full queue: wait up to MS ms for room; -1 or\n"
+	      "                         \"forever\": no limit (default: 0, fail at once)\n"
 	      "  cat NAME             write one tensor's raw bytes to stdout, row-major\n"
 	      "      --version N        version N exactly (default: the newest)\n"
 	      "      --newer-than N     the newest version after N\n"
 	      "      --wait MS          wait up to MS ms for it; -1 or \"forever\": no limit\n"
 	      "                         (default: 0, fail at once when there is none)\n"
+	      "      --key KEY          the tensor with this key (default: the first)\n"
+	      "  take NAME            take the oldest version of a queue name, write it\n"
+	      "                       as cat does, and release it: it is consumed\n"
+	      "      --wait MS          wait up to MS ms for one; -1 or \"forever\": no limit\n"
 	      "      --key KEY          the tensor with this key (default: the first)\n"
 	      "  help                 show this help\n"
 	      "\n"
