@@ -1567,7 +1567,7 @@ void registry_detach(struct registry *r, struct entry *e)
 		r->ops->queue_room(r->ud, e->name);
 	if (!e->versions) {
 		entry_maybe_free(r, e); /* an empty queue name */
-		return 0;
+		return;
 	}
 	/* Pending versions are withdrawn: their writers' Seals find nothing.
 	 * One that a writer lease holds (daemon-owned cuda-ipc memory, which
