@@ -777,142 +777,178 @@ static void hang_up(dlshare_client *c)
  * reader role only once callers have gone quiet for CLIENT_IDLE_MS, and
  * giving it back as soon as it answered one, so that a reply wakes one
  * thread, the caller's own. */
+/* The receiver thread's own state. */
+struct rx {
+	struct wakeq wq;
+	uint64_t calls_seen;
+	int64_t quiet_since;     /* since when no call began, as far as we saw */
+	int reader;              /* this thread reads the socket */
+	int want_out;            /* releases wait for room in the socket */
+	int timeout;             /* of the next poll, in ms; -1: none */
+};
+
+/* Gives the socket back to the callers (called with c->lock held). */
+static void rx_step_back(dlshare_client *c, struct rx *x, int64_t now)
+{
+	c->reading = 0;
+	c->rx_reading = 0;
+	x->reader = 0;
+	x->quiet_since = now;
+	handoff(c, &x->wq);
+}
+
+/* One turn's bookkeeping: sends queued releases, frees retired exports,
+ * and takes the socket over when the callers went quiet. Returns 0 to go
+ * on, or 1 to stop with *err. */
+static int rx_turn(dlshare_client *c, struct rx *x, int *err)
+{
+	struct export *retired;
+	int64_t now = now_ms();
+	int r;
+
+	x->timeout = -1;
+	pthread_mutex_lock(&c->lock);
+	if (c->closed || c->dead) {
+		/* closed: releases still queued go first (best effort,
+		 * without blocking): a released take of a queue name is
+		 * consumed, where the socket's close alone would put it back
+		 * for another taker. dead: a caller found the connection
+		 * failed. */
+		if (c->closed && !c->dead)
+			flush_releases(c);
+		*err = c->closed ? DLSHARE_ECLOSED : 0;
+		pthread_mutex_unlock(&c->lock);
+		return 1;
+	}
+	r = flush_releases(c);
+	retired = c->retired;
+	c->retired = NULL;
+	/* Deleters may call into the library: not while callers wait for
+	 * us to read their replies. */
+	if (retired && x->reader)
+		rx_step_back(c, x, now);
+	if (c->calls != x->calls_seen) {
+		x->calls_seen = c->calls;
+		x->quiet_since = now;
+	}
+	if (!x->reader && !retired && !c->reading) {
+		if (now - x->quiet_since >= CLIENT_IDLE_MS) {
+			c->reading = 1;
+			c->rx_reading = 1;
+			x->reader = 1;
+		} else {
+			x->timeout = (int)(CLIENT_IDLE_MS -
+					   (now - x->quiet_since));
+		}
+	}
+	pthread_mutex_unlock(&c->lock);
+	wakeq_run(c, &x->wq);
+	exports_free(retired);
+	x->want_out = r == -EAGAIN;
+	if (r && r != -EAGAIN) {
+		*err = DLSHARE_ECONN;
+		return 1;
+	}
+	return 0;
+}
+
+/* Sleeps until something happens: releases waiting for device work are
+ * checked every millisecond; otherwise until the socket or the wake fd
+ * says so, or, while callers read, until they may have gone quiet.
+ * Returns 1 when a packet may be read, 0 when not, or -1 with *err. */
+static int rx_wait(dlshare_client *c, struct rx *x, int *err)
+{
+	struct pollfd pfd[2];
+	uint64_t v;
+
+	if (deferred_poll(c))
+		x->timeout = 1;
+	else if (!x->reader && x->timeout < 0)
+		x->timeout = CLIENT_IDLE_MS; /* a caller reads */
+	pfd[0] = (struct pollfd){
+		.fd = c->fd,
+		.events = (x->reader ? POLLIN : 0) | (x->want_out ? POLLOUT : 0),
+	};
+	/* Not even a hang-up of the socket is ours while a caller reads
+	 * (poll reports one whatever the events). */
+	if (!pfd[0].events)
+		pfd[0].fd = -1;
+	pfd[1] = (struct pollfd){ .fd = c->wake_fd, .events = POLLIN };
+	if (poll(pfd, 2, x->timeout) < 0) {
+		if (errno == EINTR)
+			return 0;
+		*err = DLSHARE_EIO;
+		return -1;
+	}
+	if ((pfd[1].revents & POLLIN) &&
+	    read(c->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN) {
+		*err = DLSHARE_EIO;
+		return -1;
+	}
+	return x->reader && (pfd[0].revents & (POLLIN | POLLHUP | POLLERR));
+}
+
+/* Reads one packet and hands it to whoever waits for it. Returns 0, or -1
+ * with *err. */
+static int rx_read(dlshare_client *c, struct rx *x, int *err)
+{
+	int fds[WIRE_FDS_MAX];
+	unsigned nfds = 0;
+	struct wire_msg *m = NULL;
+	int r;
+
+	r = conn_read(c, &m, fds, &nfds, MSG_DONTWAIT);
+	if (r == 1)
+		return 0;
+	if (r) {
+		*err = r;
+		return -1;
+	}
+	pthread_mutex_lock(&c->lock);
+	r = dispatch(c, m, fds, nfds, &x->wq);
+	/* A caller is back: leave the socket to the callers until they go
+	 * quiet again. */
+	if (r == 1)
+		rx_step_back(c, x, now_ms());
+	pthread_mutex_unlock(&c->lock);
+	x->wq.kick_rx = 0; /* we are the receiver thread */
+	wakeq_run(c, &x->wq);
+	if (r < 0) {
+		*err = r;
+		return -1;
+	}
+	return 0;
+}
+
+/* The receiver thread: reads the socket while no caller does (replies
+ * for callers, pushes from the daemon), sends queued releases, frees
+ * retired exports; on a failure, fails every call and hangs up. */
 static void *rx_main(void *arg)
 {
 	dlshare_client *c = arg;
-	struct wakeq wq = { 0 };
+	struct rx x = { .timeout = -1 };
 	struct export *retired;
-	uint64_t calls_seen = 0;
-	int64_t quiet_since = 0; /* since when no call began, as far as we saw */
-	int want_out = 0, reader = 0, err = 0;
+	int err = 0, r;
 
 	/* dlshare_connect waits for this: see there. */
 	sem_post(c->rx_up);
-	for (;;) {
-		struct pollfd pfd[2];
-		int fds[WIRE_FDS_MAX];
-		unsigned nfds = 0;
-		struct wire_msg *m = NULL;
-		int64_t now = now_ms();
-		int r, timeout = -1;
-
-		pthread_mutex_lock(&c->lock);
-		if (c->closed || c->dead) {
-			/* closed: releases still queued go first (best
-			 * effort, without blocking): a released take of a
-			 * queue name is consumed, where the socket's close
-			 * alone would put it back for another taker. */
-			if (c->closed && !c->dead)
-				flush_releases(c);
-			/* dead: a caller found the connection failed. */
-			err = c->closed ? DLSHARE_ECLOSED : 0;
-			pthread_mutex_unlock(&c->lock);
+	while (!rx_turn(c, &x, &err)) {
+		r = rx_wait(c, &x, &err);
+		if (r < 0 || (r > 0 && rx_read(c, &x, &err) < 0))
 			break;
-		}
-		r = flush_releases(c);
-		retired = c->retired;
-		c->retired = NULL;
-		if (retired && reader) {
-			/* Deleters may call into the library: not while
-			 * callers wait for us to read their replies. */
-			c->reading = 0;
-			c->rx_reading = 0;
-			reader = 0;
-			quiet_since = now;
-			handoff(c, &wq);
-		}
-		if (c->calls != calls_seen) {
-			calls_seen = c->calls;
-			quiet_since = now;
-		}
-		if (!reader && !retired && !c->reading) {
-			if (now - quiet_since >= CLIENT_IDLE_MS) {
-				c->reading = 1;
-				c->rx_reading = 1;
-				reader = 1;
-			} else {
-				timeout = (int)(CLIENT_IDLE_MS - (now - quiet_since));
-			}
-		}
-		pthread_mutex_unlock(&c->lock);
-		wakeq_run(c, &wq);
-		exports_free(retired);
-		want_out = r == -EAGAIN;
-		if (r && r != -EAGAIN) {
-			err = DLSHARE_ECONN;
-			break;
-		}
-
-		/* Releases waiting for device work are checked every
-		 * millisecond; otherwise we sleep until something happens,
-		 * or, while callers read, until they may have gone quiet. */
-		if (deferred_poll(c))
-			timeout = 1;
-		else if (!reader && timeout < 0)
-			timeout = CLIENT_IDLE_MS; /* a caller reads */
-		pfd[0] = (struct pollfd){
-			.fd = c->fd,
-			.events = (reader ? POLLIN : 0) | (want_out ? POLLOUT : 0),
-		};
-		/* Not even a hang-up of the socket is ours while a caller
-		 * reads (poll reports one whatever the events). */
-		if (!pfd[0].events)
-			pfd[0].fd = -1;
-		pfd[1] = (struct pollfd){ .fd = c->wake_fd, .events = POLLIN };
-		if (poll(pfd, 2, timeout) < 0) {
-			if (errno == EINTR)
-				continue;
-			err = DLSHARE_EIO;
-			break;
-		}
-		if (pfd[1].revents & POLLIN) {
-			uint64_t v;
-
-			if (read(c->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN) {
-				err = DLSHARE_EIO;
-				break;
-			}
-		}
-		if (!reader || !(pfd[0].revents & (POLLIN | POLLHUP | POLLERR)))
-			continue;
-		r = conn_read(c, &m, fds, &nfds, MSG_DONTWAIT);
-		if (r == 1)
-			continue;
-		if (r) {
-			err = r;
-			break;
-		}
-		pthread_mutex_lock(&c->lock);
-		r = dispatch(c, m, fds, nfds, &wq);
-		if (r == 1) {
-			/* A caller is back: leave the socket to the callers
-			 * until they go quiet again. */
-			c->reading = 0;
-			c->rx_reading = 0;
-			reader = 0;
-			quiet_since = now_ms();
-			handoff(c, &wq);
-		}
-		pthread_mutex_unlock(&c->lock);
-		wq.kick_rx = 0; /* we are the receiver thread */
-		wakeq_run(c, &wq);
-		if (r < 0) {
-			err = r;
-			break;
-		}
 	}
 	pthread_mutex_lock(&c->lock);
-	if (reader) {
+	if (x.reader) {
 		c->reading = 0;
 		c->rx_reading = 0;
 	}
 	if (!c->dead || c->pending)
-		conn_fail(c, err, &wq);
+		conn_fail(c, err, &x.wq);
 	retired = c->retired;
 	c->retired = NULL;
 	pthread_mutex_unlock(&c->lock);
-	wq.kick_rx = 0;
-	wakeq_run(c, &wq);
+	x.wq.kick_rx = 0;
+	wakeq_run(c, &x.wq);
 	exports_free(retired);
 	if (!closed_here(c))
 		hang_up(c);
@@ -982,36 +1018,30 @@ static void lead(dlshare_client *c, struct pending *p, struct wakeq *wq)
 	handoff(c, wq);
 }
 
-int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
-		unsigned nfds, struct export *export, struct reply *out)
-{
-	struct wakeq wq = { 0 };
-	uint64_t ride[CLIENT_RELEASE_RIDE];
-	size_t nride = 0;
+/* A request on its way: what client_call's steps share. */
+struct call {
+	dlshare_client *c;
+	Dlshare__Frame *req;
 	struct pending *p;
-	uint8_t *data;
-	size_t len;
+	struct wakeq wq;
+	uint64_t ride[CLIENT_RELEASE_RIDE]; /* releases riding on it (1.1) */
+	size_t nride;
+};
+
+/* Registers req as pending with a fresh id, queued releases riding on
+ * it. Returns 0, with a reference on c, or a DLSHARE_E* code. */
+static int call_begin(struct call *k, struct export *export)
+{
+	dlshare_client *c = k->c;
+	struct pending *p = calloc(1, sizeof(*p));
 	int err;
 
-	errmsg_set(NULL);
-	memset(out, 0, sizeof(*out));
-	/* Not one byte of a child's goes to its parent's connection. */
-	if (client_forked(c))
-		return fork_refuse();
-	/* A deleter run by our receiver thread (Retired) must not wait for a
-	 * reply while the thread that frees exports is blocked. */
-	if (c->rx_started && pthread_equal(pthread_self(), c->rx)) {
-		errmsg_set("dlshare call from a deleter on the library's thread");
-		return DLSHARE_EINVAL;
-	}
-	p = calloc(1, sizeof(*p));
 	if (!p)
 		return DLSHARE_ENOMEM;
 	atomic_init(&p->refs, 1);
 	pthread_cond_init(&p->cond, NULL);
-	wq.self = p;
-	req->nfds = nfds;
-	req->has_nfds = nfds > 0;
+	k->p = p;
+	k->wq.self = p;
 	pthread_mutex_lock(&c->lock);
 	if (c->closed || c->dead) {
 		err = c->closed ? DLSHARE_ECLOSED : DLSHARE_ECONN;
@@ -1020,16 +1050,16 @@ int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 		pending_unref(p);
 		return err;
 	}
-	p->id = req->id = c->next_id++;
+	p->id = k->req->id = c->next_id++;
 	p->export = export;
-	/* Queued releases ride on this request. */
 	if (c->piggyback && c->nrel) {
-		nride = c->nrel < CLIENT_RELEASE_RIDE ? c->nrel :
-			CLIENT_RELEASE_RIDE;
-		memcpy(ride, c->rel + c->nrel - nride, nride * sizeof(*ride));
-		c->nrel -= nride;
-		req->releases = ride;
-		req->n_releases = nride;
+		k->nride = c->nrel < CLIENT_RELEASE_RIDE ? c->nrel :
+			   CLIENT_RELEASE_RIDE;
+		memcpy(k->ride, c->rel + c->nrel - k->nride,
+		       k->nride * sizeof(*k->ride));
+		c->nrel -= k->nride;
+		k->req->releases = k->ride;
+		k->req->n_releases = k->nride;
 	}
 	HASH_ADD(hh, c->pending, id, sizeof(p->id), p);
 	c->calls++;
@@ -1037,45 +1067,57 @@ int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 	 * thread disconnects meanwhile. */
 	client_ref(c);
 	pthread_mutex_unlock(&c->lock);
+	return 0;
+}
 
-	err = wire_encode(req, c->send_max, &data, &len);
-	if (err && nride) {
-		/* Too large with them: they go on their own. */
-		req->releases = NULL;
-		req->n_releases = 0;
+/* Encodes and sends the request; releases that make it too large go on
+ * their own. Returns 0 or -errno. */
+static int call_send(struct call *k, const int *fds, unsigned nfds)
+{
+	dlshare_client *c = k->c;
+	uint8_t *data;
+	size_t len;
+	int err;
+
+	err = wire_encode(k->req, c->send_max, &data, &len);
+	if (err && k->nride) {
+		k->req->releases = NULL;
+		k->req->n_releases = 0;
 		pthread_mutex_lock(&c->lock);
-		for (size_t i = 0; i < nride; i++)
-			queue_release(c, ride[i]);
+		for (size_t i = 0; i < k->nride; i++)
+			queue_release(c, k->ride[i]);
 		pthread_mutex_unlock(&c->lock);
-		nride = 0;
-		err = wire_encode(req, c->send_max, &data, &len);
+		k->nride = 0;
+		err = wire_encode(k->req, c->send_max, &data, &len);
 	}
-	req->releases = NULL;
-	req->n_releases = 0;
-	if (!err) {
-		pthread_mutex_lock(&c->send_lock);
-		err = wire_send(c->fd, data, len, fds, nfds, 0);
-		pthread_mutex_unlock(&c->send_lock);
-		free(data);
-	}
+	k->req->releases = NULL;
+	k->req->n_releases = 0;
+	if (err)
+		return err;
+	pthread_mutex_lock(&c->send_lock);
+	err = wire_send(c->fd, data, len, fds, nfds, 0);
+	pthread_mutex_unlock(&c->send_lock);
+	free(data);
+	return err;
+}
 
-	pthread_mutex_lock(&c->lock);
-	if (err) {
-		/* Never sent: nobody will answer. */
-		if (!p->done)
-			HASH_DEL(c->pending, p);
-		p->done = 1;
-		p->err = err == -E2BIG || err == -EMSGSIZE ? DLSHARE_E2BIG :
-			client_errno(err);
-	}
+/* Waits until the request is answered or failed (called with c->lock
+ * held): reads the socket itself when nobody does, else sleeps — in
+ * slices while the Hello has a deadline. */
+static void call_wait(struct call *k)
+{
+	dlshare_client *c = k->c;
+	struct pending *p = k->p;
+	int err;
+
 	while (!p->done) {
 		if (!c->reading && !c->dead) {
-			lead(c, p, &wq);
+			lead(c, p, &k->wq);
 		} else if (!c->deadline) {
 			pthread_cond_wait(&p->cond, &c->lock);
 		} else if ((err = hello_overdue(c))) {
 			/* The receiver thread reads, and nothing came. */
-			conn_fail(c, err, &wq);
+			conn_fail(c, err, &k->wq);
 		} else {
 			int64_t left = c->deadline - now_ms();
 			struct timespec ts;
@@ -1088,13 +1130,14 @@ int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 			pthread_cond_timedwait(&p->cond, &c->lock, &ts);
 		}
 	}
-	if (p->err && !p->msg)
-		errmsg_set(c->fatal_msg);
-	/* Whoever offered us the role may have found us done: pass it on. */
-	handoff(c, &wq);
-	/* An export the reply did not register stays the caller's. */
-	pthread_mutex_unlock(&c->lock);
-	wakeq_run(c, &wq);
+}
+
+/* Moves the answer of k into out, the daemon's Error into a code and
+ * dlshare_last_error(). Returns 0 or a DLSHARE_E* code (out then freed). */
+static int call_result(struct call *k, struct reply *out)
+{
+	struct pending *p = k->p;
+	int err;
 
 	out->msg = p->msg;
 	memcpy(out->fds, p->fds, p->nfds * sizeof(int));
@@ -1111,7 +1154,50 @@ int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 		err = e->code < 0 ? e->code : DLSHARE_EPROTO;
 	}
 	if (err)
-		reply_free(c, out);
+		reply_free(k->c, out);
+	return err;
+}
+
+int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
+		unsigned nfds, struct export *export, struct reply *out)
+{
+	struct call k = { .c = c, .req = req };
+	int err;
+
+	errmsg_set(NULL);
+	memset(out, 0, sizeof(*out));
+	/* Not one byte of a child's goes to its parent's connection. */
+	if (client_forked(c))
+		return fork_refuse();
+	/* A deleter run by our receiver thread (Retired) must not wait for a
+	 * reply while the thread that frees exports is blocked. */
+	if (c->rx_started && pthread_equal(pthread_self(), c->rx)) {
+		errmsg_set("dlshare call from a deleter on the library's thread");
+		return DLSHARE_EINVAL;
+	}
+	req->nfds = nfds;
+	req->has_nfds = nfds > 0;
+	if ((err = call_begin(&k, export)))
+		return err;
+	err = call_send(&k, fds, nfds);
+	pthread_mutex_lock(&c->lock);
+	if (err) {
+		/* Never sent: nobody will answer. */
+		if (!k.p->done)
+			HASH_DEL(c->pending, k.p);
+		k.p->done = 1;
+		k.p->err = err == -E2BIG || err == -EMSGSIZE ? DLSHARE_E2BIG :
+			   client_errno(err);
+	}
+	call_wait(&k);
+	if (k.p->err && !k.p->msg)
+		errmsg_set(c->fatal_msg);
+	/* Whoever offered us the role may have found us done: pass it on. */
+	handoff(c, &k.wq);
+	/* An export the reply did not register stays the caller's. */
+	pthread_mutex_unlock(&c->lock);
+	wakeq_run(c, &k.wq);
+	err = call_result(&k, out);
 	client_unref(c);
 	return err;
 }
@@ -1302,20 +1388,12 @@ int dlshare_connect(const char *path, dlshare_client **out)
 	return dlshare_connect_ex(path, NULL, out);
 }
 
-int dlshare_connect_ex(const char *path, const dlshare_connect_opts *opts,
-		       dlshare_client **out)
+/* The connect timeout opts ask for, in ms (0: none). Returns 0 or
+ * DLSHARE_EINVAL, having said why. */
+static int connect_timeout(const dlshare_connect_opts *opts, int32_t *out)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	char dflt[sizeof(sa.sun_path)];
 	int32_t timeout = DLSHARE_CONNECT_TIMEOUT_MS;
-	dlshare_client *c;
-	sem_t up;
-	int err, e;
 
-	errmsg_set(NULL);
-	if (!out)
-		return DLSHARE_EINVAL;
-	*out = NULL;
 	if (opts) {
 		/* Only the fields the caller's size covers are read. */
 		if (opts->size < offsetof(dlshare_connect_opts, timeout_ms) +
@@ -1328,8 +1406,16 @@ int dlshare_connect_ex(const char *path, const dlshare_connect_opts *opts,
 		if (opts->timeout_ms)
 			timeout = opts->timeout_ms;
 	}
-	if (timeout == DLSHARE_WAIT_FOREVER)
-		timeout = 0;
+	*out = timeout == DLSHARE_WAIT_FOREVER ? 0 : timeout;
+	return 0;
+}
+
+/* The socket address of path (NULL: the default). Returns 0 or
+ * DLSHARE_E2BIG for a path too long for a Unix socket, having said so. */
+static int connect_address(const char *path, struct sockaddr_un *sa)
+{
+	char dflt[sizeof(sa->sun_path)];
+
 	if (!path) {
 		if (paths_default_socket(dflt, sizeof(dflt))) {
 			errmsg_set("connect: the default socket path is longer "
@@ -1338,15 +1424,27 @@ int dlshare_connect_ex(const char *path, const dlshare_connect_opts *opts,
 		}
 		path = dflt;
 	}
-	if (strlen(path) >= sizeof(sa.sun_path)) {
+	if (strlen(path) >= sizeof(sa->sun_path)) {
 		snprintf(errmsg, sizeof(errmsg),
 			 "connect %.160s...: longer than the %zu bytes a Unix "
-			 "socket path may have", path, sizeof(sa.sun_path) - 1);
+			 "socket path may have", path, sizeof(sa->sun_path) - 1);
 		return DLSHARE_E2BIG;
 	}
-	memcpy(sa.sun_path, path, strlen(path) + 1);
+	memset(sa, 0, sizeof(*sa));
+	sa->sun_family = AF_UNIX;
+	memcpy(sa->sun_path, path, strlen(path) + 1);
+	return 0;
+}
 
-	c = calloc(1, sizeof(*c));
+/* A client with its socket and wake fd, not connected yet; timeout: the
+ * connect timeout (0: none). Returns 0 with *out, or a DLSHARE_E* code
+ * (*out then to be freed with client_free, when not NULL). */
+static int client_new(const char *path, int32_t timeout, dlshare_client **out)
+{
+	dlshare_client *c = calloc(1, sizeof(*c));
+	int e;
+
+	*out = c;
 	if (!c)
 		return DLSHARE_ENOMEM;
 	atomic_init(&c->refs, 1);
@@ -1369,8 +1467,7 @@ int dlshare_connect_ex(const char *path, const dlshare_connect_opts *opts,
 	fork_unhold();
 	if (c->fd < 0) {
 		connect_msg(path, strerror(e));
-		err = client_errno(-e);
-		goto fail;
+		return client_errno(-e);
 	}
 	/* Callers read with blocking receives; the receiver thread never
 	 * blocks in one. Until the Hello is answered, they wake in time to
@@ -1383,41 +1480,50 @@ int dlshare_connect_ex(const char *path, const dlshare_connect_opts *opts,
 	c->timeout_ms = timeout;
 	/* The reader's buffer, whichever thread reads. */
 	c->rbuf = malloc(c->max_packet);
-	if (!c->rbuf) {
-		err = DLSHARE_ENOMEM;
-		goto fail;
-	}
-	if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		char why[128];
+	return c->rbuf ? 0 : DLSHARE_ENOMEM;
+}
 
-		e = errno;
-		/* A Unix socket's connect says EAGAIN when the listener's
-		 * queue stayed full for the whole send timeout. */
-		if (e == EAGAIN && timeout) {
-			snprintf(why, sizeof(why), "the listener accepted no "
-				 "connection within %d ms (its queue is full: "
-				 "a hung daemon?)", (int)timeout);
-			err = DLSHARE_ETIMEDOUT;
-		} else {
-			snprintf(why, sizeof(why), "%s", strerror(e));
-			err = e == EACCES ? DLSHARE_EPERM : DLSHARE_ECONN;
-		}
-		connect_msg(path, why);
-		goto fail;
+/* Connects c's socket to sa. Returns 0 or a DLSHARE_E* code, having said
+ * why. */
+static int client_dial(dlshare_client *c, const struct sockaddr_un *sa)
+{
+	char why[128];
+	int e;
+
+	if (connect(c->fd, (const struct sockaddr *)sa, sizeof(*sa)) == 0) {
+		sock_timeout(c->fd, SO_SNDTIMEO, 0);
+		if (c->timeout_ms)
+			c->deadline = now_ms() + c->timeout_ms;
+		return 0;
 	}
-	sock_timeout(c->fd, SO_SNDTIMEO, 0);
-	if (timeout)
-		c->deadline = now_ms() + timeout;
-	/* The receiver thread holds its own reference: it may outlive a
-	 * dlshare_disconnect() made from a deleter running on it. */
+	e = errno;
+	/* A Unix socket's connect says EAGAIN when the listener's queue
+	 * stayed full for the whole send timeout. */
+	if (e == EAGAIN && c->timeout_ms) {
+		snprintf(why, sizeof(why), "the listener accepted no connection "
+			 "within %d ms (its queue is full: a hung daemon?)",
+			 (int)c->timeout_ms);
+		connect_msg(sa->sun_path, why);
+		return DLSHARE_ETIMEDOUT;
+	}
+	connect_msg(sa->sun_path, strerror(e));
+	return e == EACCES ? DLSHARE_EPERM : DLSHARE_ECONN;
+}
+
+/* Starts c's receiver thread, which holds its own reference: it may
+ * outlive a dlshare_disconnect() made from a deleter running on it.
+ * Returns 0 or DLSHARE_ENOMEM. */
+static int client_start_rx(dlshare_client *c)
+{
+	sem_t up;
+
 	client_ref(c);
 	sem_init(&up, 0, 0);
 	c->rx_up = &up;
 	if (pthread_create(&c->rx, NULL, rx_main, c)) {
 		sem_destroy(&up);
 		atomic_fetch_sub(&c->refs, 1);
-		err = DLSHARE_ENOMEM;
-		goto fail;
+		return DLSHARE_ENOMEM;
 	}
 	/* The thread is running before we return: a program that forks
 	 * right after connecting must not fork while the new thread is still
@@ -1429,27 +1535,50 @@ int dlshare_connect_ex(const char *path, const dlshare_connect_opts *opts,
 	c->rx_up = NULL;
 	c->rx_started = 1;
 	atomic_fetch_add(&live_clients, 1); /* dlshare_disconnect drops it */
+	return 0;
+}
+
+int dlshare_connect_ex(const char *path, const dlshare_connect_opts *opts,
+		       dlshare_client **out)
+{
+	struct sockaddr_un sa;
+	dlshare_client *c;
+	int32_t timeout;
+	char why[128];
+	int err;
+
+	errmsg_set(NULL);
+	if (!out)
+		return DLSHARE_EINVAL;
+	*out = NULL;
+	if ((err = connect_timeout(opts, &timeout)) ||
+	    (err = connect_address(path, &sa)))
+		return err;
+	err = client_new(sa.sun_path, timeout, &c);
+	if (!err)
+		err = client_dial(c, &sa);
+	if (!err)
+		err = client_start_rx(c);
+	if (err) {
+		if (c)
+			client_free(c);
+		return err;
+	}
 	err = hello(c);
 	pthread_mutex_lock(&c->lock);
 	c->deadline = 0;
 	pthread_mutex_unlock(&c->lock);
 	sock_timeout(c->fd, SO_RCVTIMEO, CLIENT_LEAD_CHECK_MS);
 	if (err) {
-		char why[160];
-
 		/* The daemon's own words when it gave some. */
 		snprintf(why, sizeof(why), "%.*s", (int)sizeof(why) - 1,
 			 *errmsg ? errmsg : dlshare_strerror(err));
 		dlshare_disconnect(c);
-		connect_msg(path, why);
+		connect_msg(sa.sun_path, why);
 		return err;
 	}
 	*out = c;
 	return 0;
-
-fail:
-	client_free(c);
-	return err;
 }
 
 void dlshare_disconnect(dlshare_client *c)

@@ -257,32 +257,15 @@ int dlshare_create_queued(dlshare_client *c, const char *name,
 			     0, out);
 }
 
-static int writer_create(dlshare_client *c, const char *name,
-			 const dlshare_tensor_spec *specs, size_t n,
-			 const dlshare_create_opts *opts,
-			 const dlshare_queue_opts *q, unsigned flags,
-			 dlshare_writer **out)
+/* The arguments of dlshare_create that need no daemon to refuse.
+ * Returns 0 or a DLSHARE_E* code. */
+static int create_args_check(dlshare_client *c, const char *name,
+			     const dlshare_tensor_spec *specs, size_t n,
+			     const dlshare_create_opts *opts,
+			     const dlshare_queue_opts *q)
 {
-	Dlshare__Frame f = DLSHARE__FRAME__INIT;
-	Dlshare__Create cr = DLSHARE__CREATE__INIT;
-	Dlshare__Buffer buf = DLSHARE__BUFFER__INIT;
-	Dlshare__Buffer *bufp = &buf;
-	Dlshare__Device dev = DLSHARE__DEVICE__INIT;
-	Dlshare__CreateReply *rep;
-	struct wire_tensors wt = { 0 };
-	uint8_t uuid[CUDA_UUID_BYTES];
-	dlshare_writer *w;
-	Dlshare__Buffer mbuf = DLSHARE__BUFFER__INIT;
-	Dlshare__Device mdev = DLSHARE__DEVICE__INIT;
-	uint64_t total = 0, msize;
-	struct reply r;
-	int err, mfd = -1;
+	int err;
 
-	errmsg_set(NULL);
-
-	if (!out)
-		return DLSHARE_EINVAL;
-	*out = NULL;
 	if (!c || client_bad_name(name) || !specs || n == 0)
 		return DLSHARE_EINVAL;
 	if (client_forked(c))
@@ -298,16 +281,29 @@ static int writer_create(dlshare_client *c, const char *name,
 	if (opts && (opts->ttl_ms || (opts->flags & DLSHARE_NAME_OWNED)) &&
 	    (err = lifetimes_supported(c, name)))
 		return err;
-	if (queue_wire(q, &cr.has_queue_depth, &cr.queue_depth,
-		       &cr.has_wait_ms, &cr.wait_ms))
+	if (q && q->wait_ms < 0 && q->wait_ms != DLSHARE_WAIT_FOREVER)
 		return DLSHARE_EINVAL;
 	if (q && (err = client_need_queues(c)))
 		return err;
-	w = calloc(1, sizeof(*w));
+	return 0;
+}
+
+/* A writer for n tensors of name on c, its tensors laid out compact, one
+ * after another, aligned, and described in wt; *total: the bytes they
+ * span. Returns 0 with *out, or a DLSHARE_E* code. */
+static int writer_layout(dlshare_client *c, const char *name,
+			 const dlshare_tensor_spec *specs, size_t n,
+			 struct wire_tensors *wt, uint64_t *total,
+			 dlshare_writer **out)
+{
+	dlshare_writer *w = calloc(1, sizeof(*w));
+	uint64_t end = 0;
+	int err;
+
 	if (!w)
 		return DLSHARE_ENOMEM;
 	w->ts = calloc(n, sizeof(*w->ts));
-	if (!w->ts || wire_tensors_alloc(&wt, n)) {
+	if (!w->ts || wire_tensors_alloc(wt, n)) {
 		free(w->ts);
 		free(w);
 		return DLSHARE_ENOMEM;
@@ -317,8 +313,6 @@ static int writer_create(dlshare_client *c, const char *name,
 	client_ref(c);
 	w->n = n;
 	memcpy(w->name, name, strlen(name) + 1);
-
-	/* Lay the tensors out compact, one after another, aligned. */
 	for (size_t i = 0; i < n; i++) {
 		const dlshare_tensor_spec *s = &specs[i];
 		struct wtensor *t = &w->ts[i];
@@ -338,167 +332,271 @@ static int writer_create(dlshare_client *c, const char *name,
 			       (size_t)s->ndim * sizeof(int64_t));
 		if ((err = tensor_bytes(&t->t, &bytes)))
 			goto fail;
-		total = (total + PRODUCER_ALIGN - 1) / PRODUCER_ALIGN *
-			PRODUCER_ALIGN;
-		t->offset = total;
-		t->t.byte_offset = total; /* until the mapping exists */
-		if (__builtin_add_overflow(total, bytes, &total) ||
-		    total > INT64_MAX) {
+		end = (end + PRODUCER_ALIGN - 1) / PRODUCER_ALIGN *
+		      PRODUCER_ALIGN;
+		t->offset = end;
+		t->t.byte_offset = end; /* until the mapping exists */
+		if (__builtin_add_overflow(end, bytes, &end) ||
+		    end > INT64_MAX) {
 			err = DLSHARE_EINVAL;
 			goto fail;
 		}
-		wire_tensor_set(&wt.t[i], s->key, s->dtype, s->ndim, t->shape,
+		wire_tensor_set(&wt->t[i], s->key, s->dtype, s->ndim, t->shape,
 				NULL, 0, t->t.byte_offset);
 	}
+	*total = end;
+	*out = w;
+	return 0;
+fail:
+	wire_tensors_free(wt);
+	writer_free(w);
+	return err;
+}
+
+/* A Create request and what it points to; lives for one call. */
+struct create_msg {
+	Dlshare__Frame f;
+	Dlshare__Create cr;
+	Dlshare__Buffer buf, *bufp;
+	Dlshare__Device dev;
+	Dlshare__Buffer mbuf;
+	Dlshare__Device mdev;
+	uint8_t uuid[CUDA_UUID_BYTES];
+	int mfd;                 /* the manifest memfd (1.4), or -1 */
+};
+
+/* Fills m: one buffer of total bytes on opts' device for w's tensors
+ * (described in wt, or in a manifest memfd when they are too many for a
+ * packet), the name's mode, lifetime and queue options. Returns 0 or a
+ * DLSHARE_E* code; m->mfd is then closed by the caller. */
+static int create_msg_fill(struct create_msg *m, dlshare_writer *w,
+			   const struct wire_tensors *wt, uint64_t total,
+			   const dlshare_create_opts *opts,
+			   const dlshare_queue_opts *q)
+{
+	uint64_t msize;
+	int err;
+
+	*m = (struct create_msg){
+		.f = DLSHARE__FRAME__INIT, .cr = DLSHARE__CREATE__INIT,
+		.buf = DLSHARE__BUFFER__INIT, .dev = DLSHARE__DEVICE__INIT,
+		.mbuf = DLSHARE__BUFFER__INIT, .mdev = DLSHARE__DEVICE__INIT,
+		.mfd = -1,
+	};
+	m->bufp = &m->buf;
 	/* Keys are checked here for inline tensors; a manifest's, once, by
 	 * the daemon (its answer names the two tensors just the same). */
-	if ((err = client_manifest_out(c, wt.tp, n, &mfd, &msize)) ||
-	    (mfd < 0 && (err = keys_unique(wt.tp, n))))
-		goto fail;
+	if ((err = client_manifest_out(w->c, wt->tp, w->n, &m->mfd, &msize)) ||
+	    (m->mfd < 0 && (err = keys_unique(wt->tp, w->n))))
+		return err;
 	/* kDLCUDAHost: host memory that both sides register with CUDA. */
-	dev.type = opts ? (uint32_t)opts->device.device_type : kDLCPU;
-	buf.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
-	buf.size = total;
-	if (dev.type == kDLCUDA) {
+	m->dev.type = opts ? (uint32_t)opts->device.device_type : kDLCPU;
+	m->buf.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
+	m->buf.size = total;
+	if (m->dev.type == kDLCUDA) {
 		/* Device memory of the daemon's choosing, on this GPU. */
 		w->ordinal = opts->device.device_id;
-		err = cuda_uuid(w->ordinal, uuid);
-		if (err)
-			goto fail;
-		buf.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_UNSPECIFIED;
-		dev.has_uuid = 1;
-		dev.uuid.data = uuid;
-		dev.uuid.len = CUDA_UUID_BYTES;
+		if ((err = cuda_uuid(w->ordinal, m->uuid)))
+			return err;
+		m->buf.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_UNSPECIFIED;
+		m->dev.has_uuid = 1;
+		m->dev.uuid.data = m->uuid;
+		m->dev.uuid.len = CUDA_UUID_BYTES;
 	}
-	buf.device = &dev;
-	cr.name = w->name;
-	if (mfd >= 0) {
-		manifest_buffer(&mbuf, &mdev, msize);
-		cr.manifest = &mbuf;
-		cr.has_manifest_tensors = 1;
-		cr.manifest_tensors = (uint32_t)n;
+	m->buf.device = &m->dev;
+	m->cr.name = w->name;
+	if (m->mfd >= 0) {
+		manifest_buffer(&m->mbuf, &m->mdev, msize);
+		m->cr.manifest = &m->mbuf;
+		m->cr.has_manifest_tensors = 1;
+		m->cr.manifest_tensors = (uint32_t)w->n;
 	} else {
-		cr.n_tensors = n;
-		cr.tensors = wt.tp;
+		m->cr.n_tensors = w->n;
+		m->cr.tensors = wt->tp;
 	}
-	cr.n_buffers = 1;
-	cr.buffers = &bufp;
+	m->cr.n_buffers = 1;
+	m->cr.buffers = &m->bufp;
 	if (opts && opts->mode) {
-		cr.has_mode = 1;
-		cr.mode = opts->mode;
+		m->cr.has_mode = 1;
+		m->cr.mode = opts->mode;
 	}
 	if (opts && (opts->flags & DLSHARE_NAME_OWNED))
-		cr.has_owned = cr.owned = 1;
+		m->cr.has_owned = m->cr.owned = 1;
 	if (opts && opts->ttl_ms) {
-		cr.has_ttl_ms = 1;
-		cr.ttl_ms = opts->ttl_ms;
+		m->cr.has_ttl_ms = 1;
+		m->cr.ttl_ms = opts->ttl_ms;
 	}
-	f.body_case = DLSHARE__FRAME__BODY_CREATE;
-	f.create = &cr;
-	err = client_call(c, &f, mfd >= 0 ? &mfd : NULL, mfd >= 0, NULL, &r);
-	if (mfd >= 0)
-		close(mfd);
-	mfd = -1;
-	if (err)
-		goto fail;
-	if (r.msg->frame->body_case != DLSHARE__FRAME__BODY_CREATE_REPLY ||
-	    (r.nfds != 1 && dev.type != kDLCUDA) || r.nfds > 1 ||
-	    r.msg->frame->create_reply->n_buffers != 1) {
-		reply_free(c, &r);
-		err = DLSHARE_EPROTO;
-		goto fail;
-	}
-	rep = r.msg->frame->create_reply;
-	w->version = rep->version;
-	w->writer = rep->has_writer ? rep->writer : 0;
-	w->size = total;
-	if (dev.type == kDLCUDA) {
-		Dlshare__Buffer *wb = rep->buffers[0];
+	if (queue_wire(q, &m->cr.has_queue_depth, &m->cr.queue_depth,
+		       &m->cr.has_wait_ms, &m->cr.wait_ms))
+		return DLSHARE_EINVAL;
+	m->f.body_case = DLSHARE__FRAME__BODY_CREATE;
+	m->f.create = &m->cr;
+	return 0;
+}
 
-		/* cuda-vmm: the daemon counts us among the buffer's holders,
-		 * and the mapping stays in the import cache until it frees
-		 * it (BufferGone). cuda-ipc: the mapping closes when we
-		 * unpin it, and then the writer lease goes. */
-		w->lease = rep->writer_lease;
-		if ((wb->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM &&
-		     wb->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC) ||
-		    wb->size < total ||
-		    (wb->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM) !=
-		    (r.nfds == 1))
-			err = DLSHARE_EPROTO;
-		else
-			err = client_pin_buffer(c, wb, r.nfds ? r.fds[0] : -1,
-						&w->dev);
-		reply_free(c, &r);
-		if (err) {
-			send_abort(w);
-			w->lease = 0; /* the abort took it */
-			goto fail;
-		}
-		w->base = w->dev->base;
-		w->ordinal = w->dev->ordinal;
-	} else if (total) {
-		/* The whole buffer: the daemon may round it up (huge pages,
-		 * which are mapped and unmapped in whole pages). */
-		if (rep->buffers[0]->size < total ||
-		    rep->buffers[0]->size > SIZE_MAX) {
-			reply_free(c, &r);
-			send_abort(w);
-			err = DLSHARE_EPROTO;
-			goto fail;
-		}
-		w->size = rep->buffers[0]->size;
-		if (flags & WRITER_FD) {
-			/* Ours now: reply_free closes only what is left. */
-			w->fd = r.fds[0];
-			r.fds[0] = -1;
-			reply_free(c, &r);
-			goto mapped;
-		}
-		/* A child must not inherit it: the daemon can write-seal
-		 * the buffer only once no writable mapping of it is left,
-		 * and a child's would outlive ours. */
-		w->base = fork_mmap_writable(w->size, r.fds[0]);
-		if (w->base == MAP_FAILED) {
-			w->base = NULL;
-			reply_free(c, &r);
-			send_abort(w);
-			err = DLSHARE_ENOMEM;
-			goto fail;
-		}
-		/* The producer writes all of it next: every page in one
-		 * call rather than a fault each. */
-		copy_populate(w->base, w->size);
+/* Takes the device buffer of a CreateReply (r, consumed): cuda-vmm, the
+ * daemon counts us among the buffer's holders, and the mapping stays in
+ * the import cache until it frees it (BufferGone); cuda-ipc, the mapping
+ * closes when we unpin it, and then the writer lease goes. Returns 0 or a
+ * DLSHARE_E* code, the version then aborted. */
+static int writer_take_device(dlshare_writer *w, struct reply *r)
+{
+	Dlshare__CreateReply *rep = r->msg->frame->create_reply;
+	Dlshare__Buffer *wb = rep->buffers[0];
+	int err;
+
+	w->lease = rep->writer_lease;
+	if ((wb->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM &&
+	     wb->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC) ||
+	    wb->size < w->size ||
+	    (wb->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM) !=
+	    (r->nfds == 1))
+		err = DLSHARE_EPROTO;
+	else
+		err = client_pin_buffer(w->c, wb, r->nfds ? r->fds[0] : -1,
+					&w->dev);
+	reply_free(w->c, r);
+	if (err) {
+		send_abort(w);
+		w->lease = 0; /* the abort took it */
+		return err;
 	}
-	reply_free(c, &r); /* closes the fd: the mapping holds the memory */
-mapped:
-	if (w->base && dev.type == kDLCUDAHost) {
+	w->base = w->dev->base;
+	w->ordinal = w->dev->ordinal;
+	return 0;
+}
+
+/* Takes the host buffer of a CreateReply (r, consumed): keeps its memfd
+ * (WRITER_FD) or maps it writable. Returns 0 or a DLSHARE_E* code, the
+ * version then aborted. */
+static int writer_take_host(dlshare_writer *w, struct reply *r,
+			    unsigned flags)
+{
+	Dlshare__Buffer *b = r->msg->frame->create_reply->buffers[0];
+
+	if (!w->size) {
+		reply_free(w->c, r);
+		return 0;
+	}
+	/* The whole buffer: the daemon may round it up (huge pages, which
+	 * are mapped and unmapped in whole pages). */
+	if (b->size < w->size || b->size > SIZE_MAX) {
+		reply_free(w->c, r);
+		send_abort(w);
+		return DLSHARE_EPROTO;
+	}
+	w->size = b->size;
+	if (flags & WRITER_FD) {
+		/* Ours now: reply_free closes only what is left. */
+		w->fd = r->fds[0];
+		r->fds[0] = -1;
+		reply_free(w->c, r);
+		return 0;
+	}
+	/* A child must not inherit it: the daemon can write-seal the buffer
+	 * only once no writable mapping of it is left, and a child's would
+	 * outlive ours. */
+	w->base = fork_mmap_writable(w->size, r->fds[0]);
+	reply_free(w->c, r); /* closes the fd: the mapping holds the memory */
+	if (w->base == MAP_FAILED) {
+		w->base = NULL;
+		send_abort(w);
+		return DLSHARE_ENOMEM;
+	}
+	/* The producer writes all of it next: every page in one call rather
+	 * than a fault each. */
+	copy_populate(w->base, w->size);
+	return 0;
+}
+
+/* Sends m and takes the daemon's buffer into w. Returns 0 or a DLSHARE_E*
+ * code. */
+static int writer_request(dlshare_writer *w, struct create_msg *m,
+			  unsigned flags)
+{
+	struct reply r;
+	int err;
+
+	err = client_call(w->c, &m->f, m->mfd >= 0 ? &m->mfd : NULL,
+			  m->mfd >= 0, NULL, &r);
+	if (err)
+		return err;
+	if (r.msg->frame->body_case != DLSHARE__FRAME__BODY_CREATE_REPLY ||
+	    (r.nfds != 1 && m->dev.type != kDLCUDA) || r.nfds > 1 ||
+	    r.msg->frame->create_reply->n_buffers != 1) {
+		reply_free(w->c, &r);
+		return DLSHARE_EPROTO;
+	}
+	w->version = r.msg->frame->create_reply->version;
+	w->writer = r.msg->frame->create_reply->has_writer ?
+		    r.msg->frame->create_reply->writer : 0;
+	if (m->dev.type == kDLCUDA)
+		return writer_take_device(w, &r);
+	return writer_take_host(w, &r, flags);
+}
+
+/* Points w's tensors into its memory on device dev_type, registering host
+ * memory with CUDA for kDLCUDAHost. Returns 0 or a DLSHARE_E* code, the
+ * version then aborted. */
+static int writer_ready(dlshare_writer *w, uint32_t dev_type)
+{
+	int err;
+
+	if (w->base && dev_type == kDLCUDAHost) {
 		err = cuda_host_register(w->base, w->size, 0);
 		if (err) {
 			writer_unmap(w);
 			send_abort(w);
-			goto fail;
+			return err;
 		}
 		w->cuda_host = 1;
 	}
-	for (size_t i = 0; i < n; i++) {
+	for (size_t i = 0; i < w->n; i++) {
 		DLTensor *t = &w->ts[i].t;
 
 		t->data = w->base ? (char *)w->base + t->byte_offset : NULL;
 		t->byte_offset = 0;
-		t->device.device_type = (DLDeviceType)dev.type;
-		t->device.device_id = dev.type == kDLCUDA ? w->ordinal : 0;
+		t->device.device_type = (DLDeviceType)dev_type;
+		t->device.device_id = dev_type == kDLCUDA ? w->ordinal : 0;
 	}
+	return 0;
+}
+
+static int writer_create(dlshare_client *c, const char *name,
+			 const dlshare_tensor_spec *specs, size_t n,
+			 const dlshare_create_opts *opts,
+			 const dlshare_queue_opts *q, unsigned flags,
+			 dlshare_writer **out)
+{
+	struct wire_tensors wt = { 0 };
+	struct create_msg m = { .mfd = -1 };
+	dlshare_writer *w = NULL;
+	uint64_t total;
+	int err;
+
+	errmsg_set(NULL);
+	if (!out)
+		return DLSHARE_EINVAL;
+	*out = NULL;
+	if ((err = create_args_check(c, name, specs, n, opts, q)))
+		return err;
+	if ((err = writer_layout(c, name, specs, n, &wt, &total, &w)))
+		return err;
+	w->size = total;
+	err = create_msg_fill(&m, w, &wt, total, opts, q);
+	if (!err)
+		err = writer_request(w, &m, flags);
+	if (m.mfd >= 0)
+		close(m.mfd);
 	wire_tensors_free(&wt);
+	if (!err)
+		err = writer_ready(w, m.dev.type);
+	if (err) {
+		writer_free(w);
+		return err;
+	}
 	*out = w;
 	return 0;
-
-fail:
-	if (mfd >= 0)
-		close(mfd);
-	wire_tensors_free(&wt);
-	writer_free(w);
-	return err;
 }
 
 size_t dlshare_writer_count(const dlshare_writer *w)
@@ -918,48 +1016,119 @@ static void ordinal_add(int *ords, unsigned *n, int ordinal)
 
 /* Publishes tensors that all live in shareable memory, without a copy, or
  * says DLSHARE_ENOENT / DLSHARE_ECOPY when one does not (see xbuf_find). */
-static int publish_export(dlshare_client *c, const char *name,
-			  DLManagedTensor *const *tensors, size_t n,
-			  const dlshare_publish_opts *o, const dlshare_queue_opts *q, uint64_t *version)
-{
-	Dlshare__Frame f = DLSHARE__FRAME__INIT;
-	Dlshare__Publish p = DLSHARE__PUBLISH__INIT;
+/* A Publish of producer memory and what it points to; lives for one
+ * call. */
+struct export_msg {
+	Dlshare__Frame f;
+	Dlshare__Publish p;
+	struct wire_tensors wt;
+	/* The version's buffers: one per allocation its tensors live in. */
 	Dlshare__Buffer bufs[CLIENT_PINS_MAX], *bufp[CLIENT_PINS_MAX];
 	Dlshare__Device devs[CLIENT_PINS_MAX];
 	struct xbuf xs[CLIENT_PINS_MAX];
-	uint8_t event_handle[CUDA_IPC_HANDLE_BYTES];
-	int fds[CLIENT_PINS_MAX + 1];
-	Dlshare__Buffer mbuf = DLSHARE__BUFFER__INIT;
-	Dlshare__Device mdev = DLSHARE__DEVICE__INIT;
-	uint64_t msize;
-	int mfd = -1;
-	struct wire_tensors wt = { 0 };
-	struct export *e = NULL;
-	unsigned nb = 0, nfds = 0, ncuda = 0, nord = 0;
+	unsigned nb, ncuda;
+	int fds[CLIENT_PINS_MAX + 1]; /* the host buffers', then the manifest's */
+	unsigned nfds;
+	int mfd;                 /* the manifest memfd (1.4) until in fds */
+	Dlshare__Buffer mbuf;
+	Dlshare__Device mdev;
+	/* CUDA: the devices the event stands for, the event, its handle, and
+	 * (1.4) one event per device. */
 	int ordinals[CLIENT_PINS_MAX];
-	/* 1.4: the version's events per device. */
+	unsigned nord;
+	void *event;
+	uint8_t event_handle[CUDA_IPC_HANDLE_BYTES];
 	Dlshare__DeviceEvent dev_ev[CLIENT_PINS_MAX], *dev_evp[CLIENT_PINS_MAX];
 	uint8_t ev_handles[CLIENT_PINS_MAX][CUDA_IPC_HANDLE_BYTES];
 	uint8_t ev_uuids[CLIENT_PINS_MAX][CUDA_UUID_BYTES];
-	int ev_ord[CLIENT_PINS_MAX];
-	size_t nev = 0;
-	void *event = NULL;
-	struct reply r;
+};
+
+/* The index in m->xs of the allocation t lives in, added when new.
+ * Returns 0 with *index, or a DLSHARE_E* code. */
+static int export_buffer_of(struct export_msg *m, const char *name,
+			    const DLTensor *t, unsigned *index)
+{
+	Dlshare__Buffer *wb;
+	Dlshare__Device *dev;
+	struct xbuf x;
+	unsigned b;
+	int err;
+
+	if ((err = xbuf_find(t, &x)))
+		return err;
+	for (b = 0; b < m->nb && (m->xs[b].base != x.base ||
+				  m->xs[b].kind != x.kind); b++)
+		;
+	if (b < m->nb) {
+		xbuf_release(&x);
+		*index = b;
+		return 0;
+	}
+	if (m->nb == CLIENT_PINS_MAX) {
+		char why[CHECK_NAME_MAX + 200];
+
+		xbuf_release(&x);
+		snprintf(why, sizeof(why), "publish %s: the tensors live in "
+			 "more than %d separate allocations, the most one "
+			 "version may share without a copy; allocate them "
+			 "together, or publish with a copy", name,
+			 CLIENT_PINS_MAX);
+		errmsg_set(why);
+		return DLSHARE_ELIMIT;
+	}
+	wb = &m->bufs[b];
+	dev = &m->devs[b];
+	m->xs[b] = x;
+	dlshare__buffer__init(wb);
+	dlshare__device__init(dev);
+	wb->kind = x.kind;
+	wb->size = x.size;
+	wb->device = dev;
+	if (x.kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC) {
+		dev->type = kDLCUDA;
+		dev->has_uuid = 1;
+		dev->uuid.data = m->xs[b].cuda.uuid;
+		dev->uuid.len = CUDA_UUID_BYTES;
+		wb->has_ipc_handle = 1;
+		wb->ipc_handle.data = m->xs[b].cuda.handle;
+		wb->ipc_handle.len = CUDA_IPC_HANDLE_BYTES;
+		wb->has_ipc_offset = 1;
+		wb->ipc_offset = 0;
+		m->ncuda++;
+		/* The devices the event must stand for. */
+		ordinal_add(m->ordinals, &m->nord, x.cuda.ordinal);
+	} else {
+		dev->type = kDLCPU;
+		wb->has_fd_attached = 1;
+		wb->fd_attached = 1;
+		m->fds[m->nfds++] = x.fd;
+	}
+	m->bufp[b] = wb;
+	m->nb++;
+	*index = b;
+	return 0;
+}
+
+/* Describes each tensor by its allocation and offset in it, then the
+ * whole list inline or in a manifest memfd. Returns 0 or a DLSHARE_E*
+ * code. */
+static int export_describe(struct export_msg *m, dlshare_client *c,
+			   const char *name, DLManagedTensor *const *tensors,
+			   size_t n, const char *const *keys)
+{
+	uint64_t msize;
 	char msg[160];
 	int err;
 
-	if ((err = wire_tensors_alloc(&wt, n)))
+	if ((err = wire_tensors_alloc(&m->wt, n)))
 		return err;
 	for (size_t i = 0; i < n; i++) {
-		DLTensor *t = &tensors[i]->dl_tensor;
-		const char *key = o->keys ? o->keys[i] : NULL;
-		struct xbuf x;
+		const DLTensor *t = &tensors[i]->dl_tensor;
+		const char *key = keys ? keys[i] : NULL;
 		unsigned b;
 
-		if (key && strlen(key) > CHECK_KEY_MAX) {
-			err = DLSHARE_EINVAL;
-			goto out;
-		}
+		if (key && strlen(key) > CHECK_KEY_MAX)
+			return DLSHARE_EINVAL;
 		/* A consumer of a negative stride may die of it: torch 1.13
 		 * aborts the process (JAX refuses it). A copy is compact. */
 		if (has_negative_stride(t)) {
@@ -967,187 +1136,194 @@ static int publish_export(dlshare_client *c, const char *name,
 				 "stride, which is never shared without a copy "
 				 "(torch 1.13 aborts the consuming process)", i);
 			errmsg_set(msg);
-			err = t->device.device_type == kDLCUDA ? DLSHARE_ECOPY :
-				DLSHARE_ENOENT;
-			goto out;
+			return t->device.device_type == kDLCUDA ?
+			       DLSHARE_ECOPY : DLSHARE_ENOENT;
 		}
-		if ((err = xbuf_find(t, &x)))
-			goto out;
-		for (b = 0; b < nb && (xs[b].base != x.base ||
-				       xs[b].kind != x.kind); b++)
-			;
-		if (b < nb) {
-			xbuf_release(&x);
-		} else if (nb == CLIENT_PINS_MAX) {
-			xbuf_release(&x);
-			char why[CHECK_NAME_MAX + 200];
-
-			snprintf(why, sizeof(why),
-				 "publish %s: the tensors live in more than %d "
-				 "separate allocations, the most one version "
-				 "may share without a copy; allocate them "
-				 "together, or publish with a copy", name,
-				 CLIENT_PINS_MAX);
-			errmsg_set(why);
-			err = DLSHARE_ELIMIT;
-			goto out;
-		} else {
-			Dlshare__Buffer *wb = &bufs[nb];
-
-			xs[nb] = x;
-			dlshare__buffer__init(wb);
-			dlshare__device__init(&devs[nb]);
-			wb->kind = x.kind;
-			wb->size = x.size;
-			wb->device = &devs[nb];
-			if (x.kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC) {
-				devs[nb].type = kDLCUDA;
-				devs[nb].has_uuid = 1;
-				devs[nb].uuid.data = xs[nb].cuda.uuid;
-				devs[nb].uuid.len = CUDA_UUID_BYTES;
-				wb->has_ipc_handle = 1;
-				wb->ipc_handle.data = xs[nb].cuda.handle;
-				wb->ipc_handle.len = CUDA_IPC_HANDLE_BYTES;
-				wb->has_ipc_offset = 1;
-				wb->ipc_offset = 0;
-				ncuda++;
-				/* The devices the event must stand for. */
-				ordinal_add(ordinals, &nord, x.cuda.ordinal);
-			} else {
-				devs[nb].type = kDLCPU;
-				wb->has_fd_attached = 1;
-				wb->fd_attached = 1;
-				fds[nfds++] = x.fd;
-			}
-			bufp[nb++] = wb;
-		}
-		wire_tensor_set(&wt.t[i], key, t->dtype, t->ndim, t->shape,
+		if ((err = export_buffer_of(m, name, t, &b)))
+			return err;
+		wire_tensor_set(&m->wt.t[i], key, t->dtype, t->ndim, t->shape,
 				t->strides, b,
 				(uint64_t)((char *)t->data + t->byte_offset -
-					   (char *)xs[b].base));
+					   (char *)m->xs[b].base));
 	}
 	/* Keys are checked here for inline tensors; a manifest's, once, by
 	 * the daemon (its answer names the two tensors just the same). */
-	if ((err = client_manifest_out(c, wt.tp, n, &mfd, &msize)) ||
-	    (mfd < 0 && (err = keys_unique(wt.tp, n))))
-		goto out;
-	/* Consumers' streams will wait for what the producer's stream has
-	 * queued so far: the data is ready when their kernels run. */
-	if (ncuda) {
-		err = cuda_event_record(o->stream, ordinals, nord,
-					c->dev_events, &event, event_handle);
-		if (err)
-			goto out;
-		nev = event ? cuda_event_handles(event, ev_ord, ev_handles,
-						 CLIENT_PINS_MAX) : 0;
-		/* No event (beyond the cap): the host waited. One per
-		 * device (1.4): they go instead of the one. */
-		p.has_event_handle = nev == 1;
-		for (size_t i = 0; nev > 1 && i < nev; i++) {
-			dlshare__device_event__init(&dev_ev[i]);
-			dev_evp[i] = &dev_ev[i];
-			if ((err = cuda_uuid(ev_ord[i], ev_uuids[i])))
-				goto out;
-			dev_ev[i].uuid.data = ev_uuids[i];
-			dev_ev[i].uuid.len = CUDA_UUID_BYTES;
-			dev_ev[i].handle.data = ev_handles[i];
-			dev_ev[i].handle.len = CUDA_IPC_HANDLE_BYTES;
-		}
-		if (nev > 1) {
-			p.n_device_events = nev;
-			p.device_events = dev_evp;
-		}
-		p.event_handle.data = event_handle;
-		p.event_handle.len = CUDA_IPC_HANDLE_BYTES;
+	if ((err = client_manifest_out(c, m->wt.tp, n, &m->mfd, &msize)) ||
+	    (m->mfd < 0 && (err = keys_unique(m->wt.tp, n))))
+		return err;
+	if (m->mfd >= 0) {
+		manifest_buffer(&m->mbuf, &m->mdev, msize);
+		m->p.manifest = &m->mbuf;
+		m->p.has_manifest_tensors = 1;
+		m->p.manifest_tensors = (uint32_t)n;
+		m->fds[m->nfds++] = m->mfd; /* after the buffers' */
+		m->mfd = -1;                /* closed with them */
+	} else {
+		m->p.n_tensors = n;
+		m->p.tensors = m->wt.tp;
 	}
-	e = calloc(1, sizeof(*e));
-	if (e) {
-		e->tensors = calloc(n, sizeof(*e->tensors));
-		e->cuda_handles = ncuda ? calloc(ncuda, sizeof(*e->cuda_handles)) :
-					  NULL;
+	return 0;
+}
+
+/* Records on stream the event that consumers' streams will wait for —
+ * what the producer's stream has queued so far: the data is ready when
+ * their kernels run — one per device to a daemon of 1.4. Beyond the
+ * library's cap there is none: the host waited. Returns 0 or a DLSHARE_E*
+ * code. */
+static int export_events(struct export_msg *m, dlshare_client *c,
+			 void *stream)
+{
+	int ev_ord[CLIENT_PINS_MAX];
+	size_t nev;
+	int err;
+
+	err = cuda_event_record(stream, m->ordinals, m->nord, c->dev_events,
+				&m->event, m->event_handle);
+	if (err)
+		return err;
+	nev = m->event ? cuda_event_handles(m->event, ev_ord, m->ev_handles,
+					    CLIENT_PINS_MAX) : 0;
+	m->p.has_event_handle = nev == 1;
+	m->p.event_handle.data = m->event_handle;
+	m->p.event_handle.len = CUDA_IPC_HANDLE_BYTES;
+	if (nev <= 1)
+		return 0;
+	for (size_t i = 0; i < nev; i++) {
+		Dlshare__DeviceEvent *de = &m->dev_ev[i];
+
+		dlshare__device_event__init(de);
+		m->dev_evp[i] = de;
+		if ((err = cuda_uuid(ev_ord[i], m->ev_uuids[i])))
+			return err;
+		de->uuid.data = m->ev_uuids[i];
+		de->uuid.len = CUDA_UUID_BYTES;
+		de->handle.data = m->ev_handles[i];
+		de->handle.len = CUDA_IPC_HANDLE_BYTES;
 	}
-	if (!e || !e->tensors || (ncuda && !e->cuda_handles)) {
-		err = DLSHARE_ENOMEM;
-		goto out;
+	m->p.n_device_events = nev;
+	m->p.device_events = m->dev_evp;
+	return 0;
+}
+
+/* The name's options on the Publish: mode, lifetime, queue. An export
+ * never waits for room in a queue: the daemon refuses one at once
+ * (wait_ms is not sent). Returns 0 or DLSHARE_EINVAL. */
+static int export_options(struct export_msg *m, const char *name,
+			  const dlshare_publish_opts *o,
+			  const dlshare_queue_opts *q)
+{
+	protobuf_c_boolean has_wait = 0;
+	uint32_t wait = 0;
+
+	m->p.name = (char *)name;
+	m->p.n_buffers = m->nb;
+	m->p.buffers = m->bufp;
+	if (o->mode) {
+		m->p.has_mode = 1;
+		m->p.mode = o->mode;
+	}
+	if (o->flags & DLSHARE_NAME_OWNED)
+		m->p.has_owned = m->p.owned = 1;
+	if (o->ttl_ms) {
+		m->p.has_ttl_ms = 1;
+		m->p.ttl_ms = o->ttl_ms;
+	}
+	if (queue_wire(q, &m->p.has_queue_depth, &m->p.queue_depth, &has_wait,
+		       &wait))
+		return DLSHARE_EINVAL;
+	m->f.body_case = DLSHARE__FRAME__BODY_PUBLISH;
+	m->f.publish = &m->p;
+	return 0;
+}
+
+/* The library's record of an export of n tensors, owning m's event and
+ * CUDA allocations. Returns it, or NULL when out of memory. */
+static struct export *export_new(struct export_msg *m, const char *name,
+				 DLManagedTensor *const *tensors, size_t n)
+{
+	struct export *e = calloc(1, sizeof(*e));
+
+	if (!e)
+		return NULL;
+	e->tensors = calloc(n, sizeof(*e->tensors));
+	e->cuda_handles = m->ncuda ? calloc(m->ncuda,
+					    sizeof(*e->cuda_handles)) : NULL;
+	if (!e->tensors || (m->ncuda && !e->cuda_handles)) {
+		free(e->tensors);
+		free(e->cuda_handles);
+		free(e);
+		return NULL;
 	}
 	memcpy(e->name, name, strlen(name) + 1);
 	memcpy(e->tensors, tensors, n * sizeof(*tensors));
 	e->n = n;
-	p.name = (char *)name;
-	if (mfd >= 0) {
-		manifest_buffer(&mbuf, &mdev, msize);
-		p.manifest = &mbuf;
-		p.has_manifest_tensors = 1;
-		p.manifest_tensors = (uint32_t)n;
-		fds[nfds++] = mfd; /* after the buffers' */
-		mfd = -1;          /* closed with them */
-	} else {
-		p.n_tensors = n;
-		p.tensors = wt.tp;
-	}
-	/* An export never waits for room in a queue: the daemon refuses
-	 * one at once (wait_ms is not sent). */
-	{
-		protobuf_c_boolean has_wait = 0;
-		uint32_t wait = 0;
+	e->event = m->event;
+	for (unsigned b = 0; b < m->nb; b++)
+		if (m->xs[b].kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC)
+			memcpy(e->cuda_handles[e->ncuda++], m->xs[b].cuda.handle,
+			       CUDA_IPC_HANDLE_BYTES);
+	return e;
+}
 
-		if (queue_wire(q, &p.has_queue_depth, &p.queue_depth,
-			       &has_wait, &wait)) {
-			err = DLSHARE_EINVAL;
-			goto out;
-		}
-	}
-	p.n_buffers = nb;
-	p.buffers = bufp;
-	if (o->mode) {
-		p.has_mode = 1;
-		p.mode = o->mode;
-	}
-	if (o->flags & DLSHARE_NAME_OWNED)
-		p.has_owned = p.owned = 1;
-	if (o->ttl_ms) {
-		p.has_ttl_ms = 1;
-		p.ttl_ms = o->ttl_ms;
-	}
-	f.body_case = DLSHARE__FRAME__BODY_PUBLISH;
-	f.publish = &p;
+static int publish_export(dlshare_client *c, const char *name,
+			  DLManagedTensor *const *tensors, size_t n,
+			  const dlshare_publish_opts *o,
+			  const dlshare_queue_opts *q, uint64_t *version)
+{
+	struct export_msg *m = calloc(1, sizeof(*m));
+	struct export *e = NULL;
+	struct reply r;
+	int err;
+
+	if (!m)
+		return DLSHARE_ENOMEM;
+	m->f = (Dlshare__Frame)DLSHARE__FRAME__INIT;
+	m->p = (Dlshare__Publish)DLSHARE__PUBLISH__INIT;
+	m->mbuf = (Dlshare__Buffer)DLSHARE__BUFFER__INIT;
+	m->mdev = (Dlshare__Device)DLSHARE__DEVICE__INIT;
+	m->mfd = -1;
+	err = export_describe(m, c, name, tensors, n, o->keys);
+	if (!err && m->ncuda)
+		err = export_events(m, c, o->stream);
+	if (!err)
+		err = export_options(m, name, o, q);
+	if (!err && !(e = export_new(m, name, tensors, n)))
+		err = DLSHARE_ENOMEM;
+	if (err)
+		goto out;
 	/* The export owns the event and the CUDA allocations from here: the
 	 * receiver thread may register it (and a Retired free it) before
 	 * client_call returns. */
-	e->event = event;
-	for (unsigned b = 0; b < nb; b++)
-		if (xs[b].kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC)
-			memcpy(e->cuda_handles[e->ncuda++], xs[b].cuda.handle,
-			       CUDA_IPC_HANDLE_BYTES);
-	err = client_call(c, &f, fds, nfds, e, &r);
-	if (!err) {
-		if (r.msg->frame->body_case != DLSHARE__FRAME__BODY_PUBLISH_REPLY)
-			err = DLSHARE_EPROTO;
-		else if (version)
-			*version = r.msg->frame->publish_reply->version;
-		reply_free(c, &r);
-		e = NULL; /* registered by the receiver thread */
-		event = NULL;
-		for (unsigned b = 0; b < nb; b++)
-			xs[b].kind = 0; /* the export holds them now */
-	} else {
+	err = client_call(c, &m->f, m->fds, m->nfds, e, &r);
+	if (err) {
 		e->event = NULL;
 		e->ncuda = 0;
+		goto out;
 	}
+	if (r.msg->frame->body_case != DLSHARE__FRAME__BODY_PUBLISH_REPLY)
+		err = DLSHARE_EPROTO;
+	else if (version)
+		*version = r.msg->frame->publish_reply->version;
+	reply_free(c, &r);
+	e = NULL; /* registered by the receiver thread */
+	m->event = NULL;
+	for (unsigned b = 0; b < m->nb; b++)
+		m->xs[b].kind = 0; /* the export holds them now */
 out:
-	if (mfd >= 0)
-		close(mfd);
-	if (p.manifest)
-		close(fds[nfds - 1]);
-	for (unsigned b = 0; b < nb; b++)
-		xbuf_release(&xs[b]);
-	cuda_event_free(event);
+	if (m->mfd >= 0)
+		close(m->mfd);
+	if (m->p.manifest)
+		close(m->fds[m->nfds - 1]);
+	for (unsigned b = 0; b < m->nb; b++)
+		xbuf_release(&m->xs[b]);
+	cuda_event_free(m->event);
 	if (e) {
 		free(e->cuda_handles);
 		free(e->tensors);
 		free(e);
 	}
-	wire_tensors_free(&wt);
+	wire_tensors_free(&m->wt);
+	free(m);
 	return err;
 }
 
