@@ -730,6 +730,30 @@ void client_release_after(dlshare_client *c, struct lease_ref *lr)
 	free(lr);
 }
 
+/* Waits for the device work of every deferred release, then unpins its
+ * memory, and (release) queues its lease's release; without, the lease
+ * goes with the connection. */
+static void deferred_drain(dlshare_client *c, int release)
+{
+	struct lease_ref *lr;
+
+	pthread_mutex_lock(&c->lock);
+	lr = c->deferred;
+	c->deferred = NULL;
+	pthread_mutex_unlock(&c->lock);
+	while (lr) {
+		struct lease_ref *next = lr->next;
+
+		cuda_event_wait(lr->event);
+		cuda_event_drop(lr->event);
+		client_unpin(c, lr->pins, lr->npins);
+		if (release)
+			client_release(c, lr->lease);
+		free(lr);
+		lr = next;
+	}
+}
+
 /* Receiver thread: whether dlshare_disconnect() began (it then hangs up
  * itself, once device work on leased memory is done). */
 static int closed_here(dlshare_client *c)
@@ -754,21 +778,7 @@ static int closed_here(dlshare_client *c)
  * a shut-down socket fails them at once. */
 static void hang_up(dlshare_client *c)
 {
-	struct lease_ref *lr;
-
-	pthread_mutex_lock(&c->lock);
-	lr = c->deferred;
-	c->deferred = NULL;
-	pthread_mutex_unlock(&c->lock);
-	while (lr) {
-		struct lease_ref *next = lr->next;
-
-		cuda_event_wait(lr->event);
-		cuda_event_drop(lr->event);
-		client_unpin(c, lr->pins, lr->npins);
-		free(lr);
-		lr = next;
-	}
+	deferred_drain(c, 0);
 	shutdown(c->fd, SHUT_RDWR);
 }
 
@@ -1604,20 +1614,7 @@ void dlshare_disconnect(dlshare_client *c)
 	 * (rx_main sends what is queued as it ends): a released take of a
 	 * queue name is consumed, where the socket's close alone would put
 	 * it back for another taker. */
-	pthread_mutex_lock(&c->lock);
-	struct lease_ref *early = c->deferred;
-	c->deferred = NULL;
-	pthread_mutex_unlock(&c->lock);
-	while (early) {
-		struct lease_ref *next = early->next;
-
-		cuda_event_wait(early->event);
-		cuda_event_drop(early->event);
-		client_unpin(c, early->pins, early->npins);
-		client_release(c, early->lease);
-		free(early);
-		early = next;
-	}
+	deferred_drain(c, 1);
 	goodbye(c);
 	pthread_mutex_lock(&c->lock);
 	c->closed = 1;
@@ -1636,19 +1633,7 @@ void dlshare_disconnect(dlshare_client *c)
 	}
 	/* Releases still waiting for device work: their kernels must finish
 	 * before the daemon, seeing the socket close, hands the memory back. */
-	pthread_mutex_lock(&c->lock);
-	struct lease_ref *lr = c->deferred;
-	c->deferred = NULL;
-	pthread_mutex_unlock(&c->lock);
-	while (lr) {
-		struct lease_ref *next = lr->next;
-
-		cuda_event_wait(lr->event);
-		cuda_event_drop(lr->event);
-		client_unpin(c, lr->pins, lr->npins);
-		free(lr);
-		lr = next;
-	}
+	deferred_drain(c, 0);
 	/* Without a receiver thread, queued releases go from here (see
 	 * rx_main's end). */
 	pthread_mutex_lock(&c->lock);

@@ -1725,23 +1725,82 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* The next slice of a wait of timeout seconds (0: none, < 0: forever)
- * that ends at deadline: at most a second, so that Ctrl-C (and a close
- * from another thread) is seen between slices. Returns 1 when the wait is
- * over, else 0 with *ms. */
-static int wait_slice(double timeout, double deadline, int32_t *ms)
-{
-	double left;
+/* How long one slice of a waiting call lasts: Ctrl-C (and a close from
+ * another thread) is seen between slices, so within about this long. A
+ * slice costs one request; ten a second is nothing to the daemon. */
+#define WAIT_SLICE_MS 100
 
-	if (timeout == 0) {
-		*ms = 0;
-		return 0;
+/* One slice of a waiting call: call(c, arg, timeout_ms) runs without the
+ * GIL, inside the guard; returns 0, DLSHARE_ETIMEDOUT, or another code. */
+typedef int (*slice_fn)(dlshare_client *c, void *arg, int32_t timeout_ms);
+
+/* Runs call in slices of at most WAIT_SLICE_MS until it stops timing out
+ * or timeout_s passes (0: once, without waiting; < 0: forever), checking
+ * for signals between slices in the main thread. Returns the last code, or
+ * ERR_SIGNALLED with the exception (KeyboardInterrupt) set. */
+#define ERR_SIGNALLED 1
+static int wait_sliced(ClientObject *s, double timeout_s, slice_fn call,
+		       void *arg)
+{
+	double deadline = timeout_s > 0 ? now_s() + timeout_s : 0;
+	int err;
+
+	for (;;) {
+		int32_t ms = 0;
+
+		if (timeout_s != 0) {
+			double left = timeout_s < 0 ? 1.0 : deadline - now_s();
+
+			if (left <= 0)
+				return DLSHARE_ETIMEDOUT;
+			ms = left * 1000.0 >= WAIT_SLICE_MS ? WAIT_SLICE_MS :
+			     (int32_t)ceil(left * 1000.0);
+		}
+		GUARDED(s, err, call(c_, arg, ms));
+		if (err != DLSHARE_ETIMEDOUT || timeout_s == 0)
+			return err;
+		if (timeout_s > 0 && now_s() >= deadline)
+			return err;
+		if (PyErr_CheckSignals())
+			return ERR_SIGNALLED;
 	}
-	left = timeout < 0 ? 1.0 : deadline - now_s();
-	if (left <= 0)
-		return 1;
-	*ms = left >= 1.0 ? 1000 : (int32_t)ceil(left * 1000.0);
-	return 0;
+}
+
+/* A publish or create into a full queue name, one slice at a time. */
+struct publish_call {
+	const char *name;
+	DLManagedTensor **ts;
+	size_t n;
+	dlshare_publish_opts *o;
+	dlshare_queue_opts *q;
+	uint64_t version;
+};
+
+static int publish_slice(dlshare_client *c, void *arg, int32_t timeout_ms)
+{
+	struct publish_call *p = arg;
+
+	p->q->wait_ms = timeout_ms;
+	return dlshare_publish_queued(c, p->name, p->ts, p->n, p->o, p->q,
+				      &p->version);
+}
+
+struct create_call {
+	const char *name;
+	dlshare_tensor_spec *sp;
+	size_t n;
+	dlshare_create_opts *o;
+	dlshare_queue_opts *q;
+	dlshare_writer *w;
+};
+
+static int create_slice(dlshare_client *c, void *arg, int32_t timeout_ms)
+{
+	struct create_call *k = arg;
+
+	k->q->wait_ms = timeout_ms;
+	return dlshare_create_queued(c, k->name, k->sp, k->n, k->o, k->q,
+				     &k->w);
 }
 
 /* --- publish --- */
@@ -1897,21 +1956,14 @@ static PyObject *Client_publish(ClientObject *s, PyObject *args)
 						&version));
 	} else {
 		/* A long wait for room goes in slices, as a get's. */
-		double deadline = wait > 0 ? now_s() + wait : 0;
+		struct publish_call pc = {
+			.name = name, .ts = ts, .n = (size_t)n, .o = &o, .q = &q,
+		};
 
-		for (;;) {
-			if (wait_slice(wait, deadline, &q.wait_ms)) {
-				err = DLSHARE_ETIMEDOUT;
-				break;
-			}
-			GUARDED(s, err, dlshare_publish_queued(
-				c_, name, ts, (size_t)n, &o, &q, &version));
-			if (err != DLSHARE_ETIMEDOUT || wait == 0 ||
-			    (wait > 0 && now_s() >= deadline))
-				break;
-			if (PyErr_CheckSignals())
-				goto out;
-		}
+		err = wait_sliced(s, wait, publish_slice, &pc);
+		if (err == ERR_SIGNALLED)
+			goto out;
+		version = pc.version;
 	}
 	if (err) {
 		raise_waited(err, queue ? wait : 0);
@@ -1998,21 +2050,14 @@ static PyObject *Client_create(ClientObject *s, PyObject *args)
 		GUARDED(s, err, dlshare_create(c_, name, sp, (size_t)n, &o,
 					       &w));
 	} else {
-		double deadline = wait > 0 ? now_s() + wait : 0;
+		struct create_call cc = {
+			.name = name, .sp = sp, .n = (size_t)n, .o = &o, .q = &q,
+		};
 
-		for (;;) {
-			if (wait_slice(wait, deadline, &q.wait_ms)) {
-				err = DLSHARE_ETIMEDOUT;
-				break;
-			}
-			GUARDED(s, err, dlshare_create_queued(
-				c_, name, sp, (size_t)n, &o, &q, &w));
-			if (err != DLSHARE_ETIMEDOUT || wait == 0 ||
-			    (wait > 0 && now_s() >= deadline))
-				break;
-			if (PyErr_CheckSignals())
-				goto out;
-		}
+		err = wait_sliced(s, wait, create_slice, &cc);
+		if (err == ERR_SIGNALLED)
+			goto out;
+		w = cc.w;
 	}
 	if (err) {
 		raise_waited(err, queue ? wait : 0);
@@ -2051,47 +2096,6 @@ out:
 
 /* --- get --- */
 
-
-/* How long one slice of a waiting call lasts: Ctrl-C (and a close from
- * another thread) is seen between slices, so within about this long. A
- * slice costs one request; ten a second is nothing to the daemon. */
-#define WAIT_SLICE_MS 100
-
-/* One slice of a waiting call: call(c, arg, timeout_ms) runs without the
- * GIL, inside the guard; returns 0, DLSHARE_ETIMEDOUT, or another code. */
-typedef int (*slice_fn)(dlshare_client *c, void *arg, int32_t timeout_ms);
-
-/* Runs call in slices of at most WAIT_SLICE_MS until it stops timing out
- * or timeout_s passes (0: once, without waiting; < 0: forever), checking
- * for signals between slices in the main thread. Returns the last code, or
- * ERR_SIGNALLED with the exception (KeyboardInterrupt) set. */
-#define ERR_SIGNALLED 1
-static int wait_sliced(ClientObject *s, double timeout_s, slice_fn call,
-		       void *arg)
-{
-	double deadline = timeout_s > 0 ? now_s() + timeout_s : 0;
-	int err;
-
-	for (;;) {
-		int32_t ms = 0;
-
-		if (timeout_s != 0) {
-			double left = timeout_s < 0 ? 1.0 : deadline - now_s();
-
-			if (left <= 0)
-				return DLSHARE_ETIMEDOUT;
-			ms = left * 1000.0 >= WAIT_SLICE_MS ? WAIT_SLICE_MS :
-			     (int32_t)ceil(left * 1000.0);
-		}
-		GUARDED(s, err, call(c_, arg, ms));
-		if (err != DLSHARE_ETIMEDOUT || timeout_s == 0)
-			return err;
-		if (timeout_s > 0 && now_s() >= deadline)
-			return err;
-		if (PyErr_CheckSignals())
-			return ERR_SIGNALLED;
-	}
-}
 
 struct get_call {
 	const char *name;
