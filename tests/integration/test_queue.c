@@ -724,6 +724,7 @@ static uint32_t big_word(int32_t idx, int k)
 struct big_producer {
 	const struct daemon_proc *d;
 	int first;                /* its items: first, first + 1, ... */
+	int forever;              /* waits forever, or for a minute */
 	int err;                  /* the first failure, or 0 */
 	char why[256];
 };
@@ -734,7 +735,11 @@ static void *big_producer_run(void *arg)
 	dlshare_client *c = harness_connect(p->d);
 	dlshare_tensor_spec s = { .dtype = DT_I32, .ndim = 1,
 				  .shape = big_shape };
-	dlshare_queue_opts q = { .depth = 2, .wait_ms = DLSHARE_WAIT_FOREVER };
+	/* Half wait forever, half for long (a deadline carried through each
+	 * new wait). */
+	dlshare_queue_opts q = { .depth = 2,
+				 .wait_ms = p->forever ? DLSHARE_WAIT_FOREVER :
+				 harness_ms(60000) };
 
 	if (!c) {
 		p->err = -1;
@@ -792,7 +797,8 @@ static void waiters_race_on_pool(void **state)
 	assert_non_null(seen);
 	for (int i = 0; i < BIG_PRODUCERS; i++) {
 		prod[i] = (struct big_producer){ .d = &fx->d,
-						 .first = i * big_items() };
+						 .first = i * big_items(),
+						 .forever = i % 2 == 0 };
 		assert_int_equal(pthread_create(&th[i], NULL, big_producer_run,
 						&prod[i]), 0);
 	}
