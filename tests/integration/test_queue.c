@@ -7,6 +7,7 @@
  * the daemon's limits on depth, and producers that wait while their
  * large versions are made on the daemon's thread pool. Every item is
  * checked bit for bit. */
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -784,6 +785,23 @@ static int32_t big_item(const dlshare_bundle *b)
 	return (int32_t)p[0];
 }
 
+/* How many fds the daemon holds, or -1. */
+static int daemon_fds(pid_t pid)
+{
+	char path[64];
+	struct dirent *e;
+	DIR *dir;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	if (!(dir = opendir(path)))
+		return -1;
+	while ((e = readdir(dir)))
+		n += e->d_name[0] != '.';
+	closedir(dir);
+	return n;
+}
+
 static void waiters_race_on_pool(void **state)
 {
 	struct fixture *fx = *state;
@@ -792,9 +810,12 @@ static void waiters_race_on_pool(void **state)
 	pthread_t th[BIG_PRODUCERS];
 	int total = BIG_PRODUCERS * big_items();
 	int *seen = calloc((size_t)total, sizeof(*seen));
+	int fds0, fds1 = -1;
 
 	assert_non_null(c);
 	assert_non_null(seen);
+	fds0 = daemon_fds(fx->d.pid);
+	assert_true(fds0 > 0);
 	for (int i = 0; i < BIG_PRODUCERS; i++) {
 		prod[i] = (struct big_producer){ .d = &fx->d,
 						 .first = i * big_items(),
@@ -840,6 +861,15 @@ static void waiters_race_on_pool(void **state)
 	struct util_want want = empty_want(1);
 	want.names = 0;
 	util_assert_want(c, &want);
+	/* Every memfd made, also those of the tries that found the queue
+	 * full and were dropped, is closed (the producers' conns go soon
+	 * after their Goodbye). */
+	for (int waited = 0; waited <= harness_ms(5000); waited += 10) {
+		if ((fds1 = daemon_fds(fx->d.pid)) == fds0)
+			break;
+		usleep(10 * 1000);
+	}
+	assert_int_equal(fds1, fds0);
 	dlshare_disconnect(c);
 }
 
