@@ -89,7 +89,11 @@ struct gpu_job {
 	int fds[REGISTRY_BUFFERS_HARD_MAX];      /* cuda-vmm: mem[i].fd;
 						  * host: the memfd */
 	int host[REGISTRY_BUFFERS_HARD_MAX];     /* made[i] is a memfd */
+	uint64_t asked[REGISTRY_BUFFERS_HARD_MAX]; /* each buffer's size as
+						    * asked (a GPU one is
+						    * rounded up when made) */
 	uint64_t huge_min;                       /* the registry's */
+	uint64_t deadline;        /* of its wait for room (create_resume) */
 	int err;
 	const char *why;
 };
@@ -110,6 +114,41 @@ static void create_refuse_unbacked(struct peer *peer, uint64_t id,
 			"memory cgroup's limit (MemoryMax), or the machine's "
 			"memory, is reached", m->name, (unsigned long long)host,
 			(double)host / (1024.0 * 1024.0));
+}
+
+/* Whether m, refused for a full queue, goes back to wait for room: it
+ * asked to wait, and carries no manifest memfd (that would wait with it:
+ * such a Create never waits, dispatch.c). */
+static int create_may_wait(const struct daemon *d, const Dlshare__Create *m,
+			   const struct registry_manifest *manifest)
+{
+	return d->create_full && m->has_queue_depth && m->has_wait_ms &&
+	       m->wait_ms != 0 && !manifest;
+}
+
+/* j's Create found its queue full once its buffers were made: it goes back
+ * to wait for room, as it was asked (the GPU buffers of j's copy described
+ * as before they were made), until its first deadline. What j made is
+ * freed with j, as after any refusal; the next try makes its own. */
+static void create_wait_again(struct peer *peer, uint64_t id,
+			      struct gpu_job *j)
+{
+	Dlshare__Create *m = j->create;
+
+	for (size_t i = 0; i < m->n_buffers; i++) {
+		Dlshare__Buffer *b = m->buffers[i];
+
+		if (!j->made[i] || j->host[i])
+			continue;
+		b->size = j->asked[i];
+		b->kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM;
+		b->has_ipc_handle = 0;
+		b->ipc_handle.data = NULL;
+		b->ipc_handle.len = 0;
+		b->has_ipc_offset = 0;
+		b->ipc_offset = 0;
+	}
+	peer->d->create_full(peer, id, m, j->deadline);
 }
 
 /* Registers a store version whose GPU memory (if any, in j) is made, and
@@ -146,6 +185,12 @@ static void create_finish(struct peer *peer, uint64_t id,
 	err = registry_add(&d->reg, &peer->owner, &spec, 0, &v, &why);
 	if (err == HOST_ENOBACK) {
 		create_refuse_unbacked(peer, id, m);
+		return;
+	}
+	/* Others filled the queue while j's buffers were made (a Create
+	 * made on the loop was let through by the gate this very turn). */
+	if (err == -EAGAIN && j && create_may_wait(d, m, manifest)) {
+		create_wait_again(peer, id, j);
 		return;
 	}
 	if (err == -EAGAIN) {
@@ -342,7 +387,7 @@ static void gpu_job_done(uv_work_t *req, int status)
 /* Starts making m's GPU buffers. The request is checked first, so that
  * nothing is allocated for a create that would be refused anyway. */
 static void create_gpu(struct peer *peer, uint64_t id, const Dlshare__Create *m,
-		       struct registry_manifest *manifest)
+		       struct registry_manifest *manifest, uint64_t deadline)
 {
 	struct daemon *d = peer->d;
 	struct registry_spec spec = {
@@ -371,6 +416,13 @@ static void create_gpu(struct peer *peer, uint64_t id, const Dlshare__Create *m,
 			m->buffers[i]->has_ipc_handle = 0;
 		}
 	err = registry_precheck(&d->reg, &peer->owner, &spec, 0, &why);
+	/* Full, though the gate found room: back to it (it parks m, or lets
+	 * it through again when there is room now; it agrees with the
+	 * precheck, so this does not go round). */
+	if (err == -EAGAIN && create_may_wait(d, m, manifest)) {
+		d->create_full(peer, id, m, deadline);
+		return;
+	}
 	if (err == -EAGAIN) {
 		reply_queue_full(peer, id, "create", m->name, 0);
 		return;
@@ -405,6 +457,9 @@ static void create_gpu(struct peer *peer, uint64_t id, const Dlshare__Create *m,
 	}
 	for (size_t i = 0; i < REGISTRY_BUFFERS_HARD_MAX; i++)
 		j->fds[i] = -1;
+	for (size_t i = 0; i < j->create->n_buffers; i++)
+		j->asked[i] = j->create->buffers[i]->size;
+	j->deadline = deadline;
 	j->manifest.fd = -1;
 	if (manifest) {
 		/* The job holds the checked manifest until registry_add. */
@@ -431,7 +486,7 @@ static void create_gpu(struct peer *peer, uint64_t id, const Dlshare__Create *m,
  * pool. The manifest, when there is one, goes along. */
 static void create_route(struct peer *peer, uint64_t id,
 			 const Dlshare__Create *m,
-			 struct registry_manifest *manifest)
+			 struct registry_manifest *manifest, uint64_t deadline)
 {
 	uint64_t host = 0;
 
@@ -442,14 +497,24 @@ static void create_route(struct peer *peer, uint64_t id,
 		    __builtin_add_overflow(host, b->size, &host))
 			host = UINT64_MAX;
 		if (is_gpu_buffer(b) || host >= CREATE_BACK_INLINE_MAX) {
-			create_gpu(peer, id, m, manifest);
+			create_gpu(peer, id, m, manifest, deadline);
 			return;
 		}
 	}
 	create_finish(peer, id, m, NULL, manifest);
 }
 
-void create_resume(struct peer *peer, uint64_t id, const Dlshare__Create *m)
+uint64_t create_wait_deadline(struct daemon *d, const Dlshare__Create *m)
+{
+	uint64_t now = uv_now(d->loop);
+
+	if (!m->has_wait_ms || m->wait_ms == 0)
+		return now;
+	return m->wait_ms == UINT32_MAX ? UINT64_MAX : now + m->wait_ms;
+}
+
+void create_resume(struct peer *peer, uint64_t id, const Dlshare__Create *m,
+		   uint64_t deadline)
 {
 	if (m->n_buffers > REGISTRY_BUFFERS_HARD_MAX) {
 		reply_err(peer, id, -E2BIG, "create", m->name);
@@ -458,7 +523,7 @@ void create_resume(struct peer *peer, uint64_t id, const Dlshare__Create *m)
 	if (reply_refuse_same_keys(peer, id, "create", m->name, m->tensors,
 				   m->n_tensors))
 		return;
-	create_route(peer, id, m, NULL);
+	create_route(peer, id, m, NULL, deadline);
 }
 
 void create_request(struct peer *peer, const Dlshare__Frame *f,
@@ -468,7 +533,7 @@ void create_request(struct peer *peer, const Dlshare__Frame *f,
 		reply_err(peer, f->id, -EMSGSIZE, "create", m->name);
 		return;
 	}
-	create_resume(peer, f->id, m);
+	create_resume(peer, f->id, m, create_wait_deadline(peer->d, m));
 }
 
 void create_checked(struct peer *peer, const Dlshare__Frame *f, int *fds,
@@ -484,7 +549,8 @@ void create_checked(struct peer *peer, const Dlshare__Frame *f, int *fds,
 				"manifest's fd", m->name);
 		return;
 	}
-	create_route(peer, f->id, m, manifest);
+	create_route(peer, f->id, m, manifest,
+		     create_wait_deadline(peer->d, m));
 }
 
 void create_buffer_freed(struct daemon *d, const struct rbuffer *b)

@@ -35,6 +35,17 @@ struct devmem;
 struct seal_uid;
 struct mcheck_uid;
 struct qwaitq;
+struct peer;
+
+/* What create.c calls when a Create that may wait for room finds its queue
+ * name full after all (its buffers were made on the thread pool, and other
+ * producers filled the queue meanwhile): the request goes back to the
+ * queue's gate (queue.c), to wait until deadline (uv_now; UINT64_MAX:
+ * none) or go on at once. m is the caller's; the callee copies what it
+ * keeps. Given by dispatch (dispatch_init), which knows both modules. */
+typedef void daemon_create_full_fn(struct peer *peer, uint64_t id,
+				   const Dlshare__Create *m,
+				   uint64_t deadline);
 
 struct daemon {
 	uv_loop_t *loop;
@@ -53,6 +64,7 @@ struct daemon {
 	struct qwaitq *qwaiters;  /* creates waiting for room, by queue
 				   * name (queue.c) */
 	uint64_t nqwaiting;       /* those creates, of every peer */
+	daemon_create_full_fn *create_full; /* queue.c's, see above */
 	uint64_t requests;        /* packets handled */
 	uint64_t started_ms;
 };

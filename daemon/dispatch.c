@@ -538,6 +538,11 @@ static void dispatch_peer_closed(struct peer *peer)
 	peer_drop(peer);
 }
 
+void dispatch_init(struct daemon *d)
+{
+	d->create_full = queue_create_full;
+}
+
 void dispatch_deinit(struct daemon *d)
 {
 	seal_deinit(d);

@@ -22,6 +22,11 @@ extern const struct registry_ops dispatch_registry_ops;
 /* Conn callbacks: each conn is a struct peer's (peer_new). */
 extern const struct conn_ops dispatch_conn_ops;
 
+/* Wires the request modules' calls to each other that go through d (a
+ * Create refused for a full queue after its buffers were made goes back
+ * to queue.c's gate: d->create_full). After daemon_init. */
+void dispatch_init(struct daemon *d);
+
 /* Frees whatever the request modules still keep in d at shutdown. */
 void dispatch_deinit(struct daemon *d);
 

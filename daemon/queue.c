@@ -86,12 +86,13 @@ static void on_qwait_timer(uv_timer_t *t)
 	if (registry_queue_room(&d->reg, name, &depth) && w == q->waits) {
 		Dlshare__Create *m = w->create;
 		uint64_t id = w->req_id;
+		uint64_t deadline = w->deadline;
 
 		/* Runs as if it came now; w's copy lives until its timer
 		 * handle is closed, after this. */
 		w->create = NULL;
 		qwait_remove(d, w);
-		create_resume(peer, id, m);
+		create_resume(peer, id, m, deadline);
 		dlshare__create__free_unpacked(m, NULL);
 		/* More room (a delete, several consumed at once): the next
 		 * one too. q may be gone. */
@@ -118,9 +119,11 @@ static void on_qwait_timer(uv_timer_t *t)
 		uv_timer_start(&w->timer, on_qwait_timer, w->deadline - now, 0);
 }
 
-/* Parks m of peer behind the waiters of its name. Returns 0, -EDQUOT (the
- * peer's requests in flight) or -ENOMEM. */
-static int qwait_park(struct peer *peer, uint64_t id, const Dlshare__Create *m)
+/* Parks m of peer behind the waiters of its name, until deadline (uv_now,
+ * in the future; UINT64_MAX: none). Returns 0, -EDQUOT (the peer's
+ * requests in flight) or -ENOMEM. */
+static int qwait_park(struct peer *peer, uint64_t id, const Dlshare__Create *m,
+		      uint64_t deadline)
 {
 	struct daemon *d = peer->d;
 	struct qwaitq *q = NULL;
@@ -161,12 +164,12 @@ static int qwait_park(struct peer *peer, uint64_t id, const Dlshare__Create *m)
 	w->q = q;
 	w->req_id = id;
 	w->timeout = m->wait_ms;
-	w->deadline = m->wait_ms == UINT32_MAX ? UINT64_MAX :
-		      uv_now(d->loop) + m->wait_ms;
+	w->deadline = deadline;
 	uv_timer_init(d->loop, &w->timer);
 	w->timer.data = w;
 	if (w->deadline != UINT64_MAX)
-		uv_timer_start(&w->timer, on_qwait_timer, m->wait_ms, 0);
+		uv_timer_start(&w->timer, on_qwait_timer,
+			       deadline - uv_now(d->loop), 0);
 	DL_APPEND(peer->qwaits, w);
 	peer->inflight++;
 	DL_APPEND2(q->waits, w, wprev, wnext);
@@ -174,7 +177,9 @@ static int qwait_park(struct peer *peer, uint64_t id, const Dlshare__Create *m)
 	return 0;
 }
 
-int queue_create_gate(struct peer *peer, uint64_t id, const Dlshare__Create *m)
+/* queue_create_gate, for a wait that ends at deadline (uv_now). */
+static int create_gate(struct peer *peer, uint64_t id,
+		       const Dlshare__Create *m, uint64_t deadline)
 {
 	struct daemon *d = peer->d;
 	struct qwaitq *q = NULL;
@@ -192,7 +197,12 @@ int queue_create_gate(struct peer *peer, uint64_t id, const Dlshare__Create *m)
 		reply_queue_full(peer, id, "create", m->name, 0);
 		return 1;
 	}
-	err = qwait_park(peer, id, m);
+	/* Back from the thread pool after its wait ran out (create.c). */
+	if (deadline != UINT64_MAX && uv_now(d->loop) >= deadline) {
+		reply_queue_full(peer, id, "create", m->name, m->wait_ms);
+		return 1;
+	}
+	err = qwait_park(peer, id, m, deadline);
 	if (err == -EDQUOT)
 		conn_send_error(&peer->conn, id, DLSHARE_ELIMIT,
 				"create %s: the queue is full, and this connection has too many requests in flight to wait (limit %u)",
@@ -200,6 +210,18 @@ int queue_create_gate(struct peer *peer, uint64_t id, const Dlshare__Create *m)
 	else if (err)
 		reply_err(peer, id, err, "create", m->name);
 	return 1;
+}
+
+int queue_create_gate(struct peer *peer, uint64_t id, const Dlshare__Create *m)
+{
+	return create_gate(peer, id, m, create_wait_deadline(peer->d, m));
+}
+
+void queue_create_full(struct peer *peer, uint64_t id,
+		       const Dlshare__Create *m, uint64_t deadline)
+{
+	if (!create_gate(peer, id, m, deadline))
+		create_resume(peer, id, m, deadline);
 }
 
 uint32_t queue_waiting(struct daemon *d, const char *name)

@@ -111,6 +111,7 @@ int server_init(struct server *s, uv_loop_t *loop,
 			  &dispatch_conn_ops);
 	if (err)
 		return err;
+	dispatch_init(&s->d);
 	/* Housekeeping once a second: cheap, and it needs no timer per
 	 * connection. */
 	uv_timer_init(loop, &s->sweep);

@@ -2049,6 +2049,123 @@ static void store_on_device_legacy_ipc(void **state)
 	run_pair(&a, ipc_store_producer, ipc_store_consumer);
 }
 
+/* Producers that wait for room in a queue name of device memory: the
+ * daemon makes each version's memory on its thread pool after the check
+ * for room, so other producers may fill the queue meanwhile; a producer
+ * that asked to wait must then wait again (its memory made anew), never
+ * fail. Each item carries its index in its first 4 bytes, then the
+ * pattern of 1000 + index. */
+#define QR_NAME "gpu/qrace"
+#define QR_PRODUCERS 3 /* with the taker, 8 kids for both runs (MAX_KIDS) */
+#define QR_ITEMS 6
+
+static void qr_fill(uint8_t *h, int32_t idx)
+{
+	harness_fill(h, CA_BYTES, 1000u + (uint32_t)idx);
+	memcpy(h, &idx, sizeof(idx));
+}
+
+/* A producer process (CUDA refuses another's IPC events in the process
+ * that made them: the taker is a process of its own). */
+static int qr_producer(void *arg)
+{
+	int first = (int)(intptr_t)arg;
+	dlshare_client *c = child_connect();
+	int64_t shape[2] = { CA_ROWS, CA_COLS };
+	dlshare_tensor_spec spec = { .dtype = { kDLFloat, 32, 1 }, .ndim = 2,
+				     .shape = shape };
+	dlshare_create_opts co = { .device = { kDLCUDA, 0 } };
+	dlshare_queue_opts q = { .depth = 2,
+				 .wait_ms = DLSHARE_WAIT_FOREVER };
+	uint8_t *h = malloc(CA_BYTES);
+
+	CHECK(h != NULL);
+	CU(cudaSetDevice(0));
+	for (int i = 0; i < QR_ITEMS; i++) {
+		dlshare_writer *w;
+
+		DL_OK(dlshare_create_queued(c, QR_NAME, &spec, 1, &co, &q, &w));
+		qr_fill(h, first + i);
+		CU(cudaMemcpy(dlshare_writer_tensor(w, 0)->data, h, CA_BYTES,
+			      cudaMemcpyHostToDevice));
+		DL_OK(dlshare_seal(w, NULL, NULL));
+	}
+	free(h);
+	dlshare_disconnect(c);
+	return 0;
+}
+
+/* One slow taker: the producers pile up behind the depth of 2. */
+static int qr_taker(void *arg)
+{
+	dlshare_client *c = child_connect();
+	int seen[QR_PRODUCERS * QR_ITEMS] = { 0 };
+	uint8_t *got = malloc(CA_BYTES), *want = malloc(CA_BYTES);
+	dlshare_stats st;
+
+	(void)arg;
+	CHECK(got != NULL && want != NULL);
+	CU(cudaSetDevice(0));
+	for (int n = 0; n < QR_PRODUCERS * QR_ITEMS; n++) {
+		dlshare_bundle *b;
+		const DLTensor *t;
+		int32_t idx;
+
+		DL_OK(dlshare_take(c, QR_NAME, harness_ms(20000), NULL, &b));
+		t = dlshare_bundle_tensor(b, 0);
+		CHECK(t != NULL && t->device.device_type == kDLCUDA);
+		CU(cudaMemcpy(got, (const char *)t->data + t->byte_offset,
+			      CA_BYTES, cudaMemcpyDeviceToHost));
+		dlshare_bundle_free(b);
+		memcpy(&idx, got, sizeof(idx));
+		CHECK(idx >= 0 && idx < QR_PRODUCERS * QR_ITEMS);
+		qr_fill(want, idx);
+		CHECK(memcmp(got, want, CA_BYTES) == 0);
+		seen[idx]++;
+		sleep_ms(2);
+	}
+	for (int i = 0; i < QR_PRODUCERS * QR_ITEMS; i++)
+		CHECK(seen[i] == 1);
+	free(got);
+	free(want);
+	DL_OK(dlshare_delete(c, QR_NAME));
+	for (int i = 0; i < 1000; i++) {
+		DL_OK(dlshare_stats_get(c, &st));
+		if (st.versions == 0 && st.buffers == 0)
+			break;
+		sleep_ms(5);
+	}
+	CHECK(st.versions == 0 && st.buffers == 0 && st.bytes == 0);
+	dlshare_disconnect(c);
+	return 0;
+}
+
+static void qr_run(void)
+{
+	pid_t taker = spawn(qr_taker, NULL), prod[QR_PRODUCERS];
+
+	for (int i = 0; i < QR_PRODUCERS; i++)
+		prod[i] = spawn(qr_producer, (void *)(intptr_t)(i * QR_ITEMS));
+	for (int i = 0; i < QR_PRODUCERS; i++)
+		assert_int_equal(reap(prod[i]), 0);
+	assert_int_equal(reap(taker), 0);
+}
+
+static void queue_waiters_race_on_device(void **state)
+{
+	(void)state;
+	qr_run();
+#if FAKE
+	/* The same with cuda-ipc memory (the driver cannot export VMM
+	 * memory): the daemon's own allocations, freed off the loop. */
+	assert_int_equal(harness_daemon_stop(&g_d), 0);
+	setenv("FAKECUDA_VMM_FD", "0", 1);
+	assert_int_equal(harness_daemon_start(&g_d, NULL), 0);
+	unsetenv("FAKECUDA_VMM_FD");
+	qr_run();
+#endif
+}
+
 /* What a create of device memory gets when it cannot be had. */
 static int store_refusals_child(void *arg)
 {
@@ -3194,6 +3311,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(store_on_device_legacy_ipc,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(store_on_device_refusals,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(queue_waiters_race_on_device,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(pool_memory_copied,
 						setup, teardown),

@@ -4,12 +4,17 @@
  * queue's depth and its wait named), a taker that dies before releasing
  * (its version goes back to the head), several producers each keeping
  * their order, delete of a queue, the mode kept for the name's life, and
- * the daemon's limits on depth. Every item is checked bit for bit. */
+ * the daemon's limits on depth, and producers that wait while their
+ * large versions are made on the daemon's thread pool. Every item is
+ * checked bit for bit. */
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -696,6 +701,178 @@ static void export_queue(void **state)
 	dlshare_disconnect(c);
 }
 
+/* ---- waiters racing for room on the thread pool ------------------------------ */
+
+/* Items of 2 MiB: a Create of more than 1 MiB of host memory has its
+ * buffers made on the daemon's thread pool, so that between the check for
+ * room and the version's registration other producers may fill the queue.
+ * A producer that asked to wait must then wait again, not fail. */
+#define BIG_LEN (512 * 1024) /* int32 elements: 2 MiB */
+#define BIG_PRODUCERS 4
+static const int64_t big_shape[1] = { BIG_LEN };
+
+static int big_items(void)
+{
+	/* The daemon under valgrind: fewer items, as large. */
+	return getenv("DLSHARE_TEST_WRAPPER") ? 3 : 12;
+}
+
+static uint32_t big_word(int32_t idx, int k)
+{
+	return (uint32_t)idx * 2654435761u ^ (uint32_t)k * 40503u;
+}
+
+struct big_producer {
+	const struct daemon_proc *d;
+	int first;                /* its items: first, first + 1, ... */
+	int forever;              /* waits forever, or for a minute */
+	int err;                  /* the first failure, or 0 */
+	char why[256];
+};
+
+static void *big_producer_run(void *arg)
+{
+	struct big_producer *p = arg;
+	dlshare_client *c = harness_connect(p->d);
+	dlshare_tensor_spec s = { .dtype = DT_I32, .ndim = 1,
+				  .shape = big_shape };
+	/* Half wait forever, half for long (a deadline carried through each
+	 * new wait). */
+	dlshare_queue_opts q = { .depth = 2,
+				 .wait_ms = p->forever ? DLSHARE_WAIT_FOREVER :
+				 harness_ms(60000) };
+
+	if (!c) {
+		p->err = -1;
+		return NULL;
+	}
+	for (int i = 0; i < big_items() && !p->err; i++) {
+		int32_t idx = p->first + i;
+		dlshare_writer *w;
+		uint32_t *data;
+
+		p->err = dlshare_create_queued(c, "q/big", &s, 1, NULL, &q, &w);
+		if (p->err) {
+			snprintf(p->why, sizeof(p->why), "create of item %d: %s",
+				 (int)idx, dlshare_last_error());
+			break;
+		}
+		data = dlshare_writer_tensor(w, 0)->data;
+		data[0] = (uint32_t)idx;
+		for (int k = 1; k < BIG_LEN; k++)
+			data[k] = big_word(idx, k);
+		p->err = dlshare_seal(w, NULL, NULL);
+		if (p->err)
+			snprintf(p->why, sizeof(p->why), "seal of item %d: %s",
+				 (int)idx, dlshare_last_error());
+	}
+	dlshare_disconnect(c);
+	return NULL;
+}
+
+/* The item of a big bundle, or -1 when a byte is not what was written. */
+static int32_t big_item(const dlshare_bundle *b)
+{
+	const DLTensor *t = dlshare_bundle_tensor(b, 0);
+	const uint32_t *p;
+
+	if (!t || t->ndim != 1 || t->shape[0] != BIG_LEN)
+		return -1;
+	p = (const uint32_t *)((const char *)t->data + t->byte_offset);
+	for (int k = 1; k < BIG_LEN; k++)
+		if (p[k] != big_word((int32_t)p[0], k))
+			return -1;
+	return (int32_t)p[0];
+}
+
+/* How many fds the daemon holds, or -1. */
+static int daemon_fds(pid_t pid)
+{
+	char path[64];
+	struct dirent *e;
+	DIR *dir;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	if (!(dir = opendir(path)))
+		return -1;
+	while ((e = readdir(dir)))
+		n += e->d_name[0] != '.';
+	closedir(dir);
+	return n;
+}
+
+static void waiters_race_on_pool(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	struct big_producer prod[BIG_PRODUCERS];
+	pthread_t th[BIG_PRODUCERS];
+	int total = BIG_PRODUCERS * big_items();
+	int *seen = calloc((size_t)total, sizeof(*seen));
+	int fds0, fds1 = -1;
+
+	assert_non_null(c);
+	assert_non_null(seen);
+	fds0 = daemon_fds(fx->d.pid);
+	assert_true(fds0 > 0);
+	for (int i = 0; i < BIG_PRODUCERS; i++) {
+		prod[i] = (struct big_producer){ .d = &fx->d,
+						 .first = i * big_items(),
+						 .forever = i % 2 == 0 };
+		assert_int_equal(pthread_create(&th[i], NULL, big_producer_run,
+						&prod[i]), 0);
+	}
+	/* One slow taker: the producers pile up behind the depth of 2, and
+	 * every take lets the parked ones race for one place. */
+	for (int n = 0; n < total; n++) {
+		dlshare_bundle *b;
+		int32_t idx;
+		int err = dlshare_take(c, "q/big", harness_ms(20000), NULL, &b);
+
+		if (err) {
+			/* A producer that failed is the likelier story. */
+			for (int i = 0; i < BIG_PRODUCERS; i++) {
+				assert_int_equal(pthread_join(th[i], NULL), 0);
+				if (prod[i].err)
+					fail_msg("producer %d: %d: %s", i,
+						 prod[i].err, prod[i].why);
+			}
+			fail_msg("take %d of %d: %s", n, total,
+				 dlshare_last_error());
+		}
+		idx = big_item(b);
+		dlshare_bundle_free(b);
+		assert_true(idx >= 0 && idx < total);
+		seen[idx]++;
+		usleep(2000);
+	}
+	for (int i = 0; i < BIG_PRODUCERS; i++) {
+		assert_int_equal(pthread_join(th[i], NULL), 0);
+		if (prod[i].err)
+			fail_msg("producer %d: %d: %s", i, prod[i].err,
+				 prod[i].why);
+	}
+	for (int i = 0; i < total; i++)
+		assert_int_equal(seen[i], 1);
+	free(seen);
+
+	assert_int_equal(dlshare_delete(c, "q/big"), 0);
+	struct util_want want = empty_want(1);
+	want.names = 0;
+	util_assert_want(c, &want);
+	/* Every memfd made, also those of the tries that found the queue
+	 * full and were dropped, is closed (the producers' conns go soon
+	 * after their Goodbye). */
+	for (int waited = 0; waited <= harness_ms(5000); waited += 10) {
+		if ((fds1 = daemon_fds(fx->d.pid)) == fds0)
+			break;
+		usleep(10 * 1000);
+	}
+	assert_int_equal(fds1, fds0);
+	dlshare_disconnect(c);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -710,6 +887,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(waits_in_flight, setup_inflight,
 						teardown),
 		cmocka_unit_test_setup_teardown(export_queue, setup, teardown),
+		cmocka_unit_test_setup_teardown(waiters_race_on_pool, setup,
+						teardown),
 	};
 
 	return cmocka_run_group_tests_name("queue", tests, NULL, NULL);
