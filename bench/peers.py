@@ -26,7 +26,6 @@ section then says so); runs against the dlshare package on PYTHONPATH.
 """
 
 import argparse
-import multiprocessing
 import os
 import resource
 import sys
