@@ -1157,6 +1157,127 @@ out:
 	return rc;
 }
 
+/* ---- peers: torch.multiprocessing and safetensors --------------------------------- */
+
+/* The interpreter with NumPy and PyPI safetensors: the tests' venv. */
+static const char *peers_venv_python = DLBENCH_SRC_DIR "/../.venv/bin/python";
+
+/* Runs bench/peers.py PART under python against d, reps repeats; its
+ * lines into out. Returns 0, 77 (no torch, NumPy or safetensors) or -1. */
+static int run_peers(const struct daemon_proc *d, const char *python,
+		     const char *part, int reps, char *out, size_t cap)
+{
+	char it[32];
+	int p[2], st;
+	pid_t pid;
+
+	num(it, sizeof(it), (double)reps);
+	if (access(python, X_OK) != 0)
+		return 77;
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return -1;
+	pid = util_fork();
+	if (pid < 0) {
+		close(p[0]);
+		close(p[1]);
+		return -1;
+	}
+	if (pid == 0) {
+		dup2(p[1], 1);
+		if (pub_pythonpath)
+			setenv("PYTHONPATH", pub_pythonpath, 1);
+		execl(python, python, DLBENCH_SRC_DIR "/peers.py", part,
+		      "--socket", d->sock, "--iters", it, (char *)NULL);
+		_exit(127);
+	}
+	close(p[1]);
+	if (util_read_all(p[0], out, cap) < 0)
+		out[0] = '\0';
+	close(p[0]);
+	st = child_wait(pid);
+	return st == 0 ? 0 : st == 77 ? 77 : -1;
+}
+
+/* Each line of out (dlshare_ns=... <other>=...) into dl, other, ratio. */
+static int peers_add(char *out, const char *other, struct fig *dl,
+		     struct fig *ot, struct fig *ratio)
+{
+	int n = 0;
+
+	for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+		double a = kv(line, "dlshare_ns") / 1e6;
+		double b = kv(line, other) / 1e6;
+
+		if (isnan(a) || isnan(b))
+			continue;
+		report_add(dl, a);
+		report_add(ot, b);
+		report_add(ratio, a / b);
+		n++;
+	}
+	return n ? 0 : -1;
+}
+
+static void peers_skip(struct fig **f, const char *python, const char *what)
+{
+	for (; *f; f++) {
+		(*f)->is_null = 1;
+		report_note(*f, "not measured: peers.py under %s failed or "
+			    "found no %s", python, what);
+	}
+}
+
+static int section_peers(const struct plan *pl)
+{
+	static char out[16384];
+	struct daemon_proc d = { 0 };
+	int rc = -1;
+
+	report_section("peers");
+	struct fig *md = report_decl("bundle_10k_mp_dlshare_ms", "ms",
+		"10^4 x 4 KiB state dict to a process: dlshare");
+	struct fig *mt = report_decl("bundle_10k_mp_torch_ms", "ms",
+		"... torch.multiprocessing (share_memory_ + Queue)");
+	struct fig *mk = report_decl("bundle_10k_over_torch_mp", "x",
+		"10^4 handoff: dlshare / torch.multiprocessing");
+	struct fig *sd = report_decl("bundle_100k_py_get_ms", "ms",
+		"10^5 x float32[16]: get, every tensor a NumPy array");
+	struct fig *ss = report_decl("bundle_100k_safetensors_ms", "ms",
+		"... safe_open in /dev/shm + get_tensor of each");
+	struct fig *sk = report_decl("bundle_100k_over_safetensors", "x",
+		"10^5 consumer: dlshare / safetensors");
+	report_goal(mk, REPORT_GOAL_LE, 0.1);
+	report_goal(sk, REPORT_GOAL_LE, 1.0);
+	if (daemon_start(&d, default_opts))
+		goto out;
+	progress("peers: torch.multiprocessing, %d repeats", pl->reps);
+	switch (run_peers(&d, pub_python, "torch_mp", pl->reps, out,
+			  sizeof(out))) {
+	case 0:
+		if (peers_add(out, "torch_mp_ns", md, mt, mk) == 0)
+			break;
+		/* fall through */
+	default:
+		peers_skip((struct fig *[]){ md, mt, mk, NULL }, pub_python,
+			   "torch");
+	}
+	progress("peers: safetensors, %d repeats", pl->reps);
+	switch (run_peers(&d, peers_venv_python, "safetensors", pl->reps,
+			  out, sizeof(out))) {
+	case 0:
+		if (peers_add(out, "safetensors_ns", sd, ss, sk) == 0)
+			break;
+		/* fall through */
+	default:
+		peers_skip((struct fig *[]){ sd, ss, sk, NULL },
+			   peers_venv_python, "NumPy and safetensors");
+	}
+	rc = 0;
+out:
+	daemon_stop(&d);
+	return rc;
+}
+
 /* ---- output ---------------------------------------------------------------------- */
 
 static void fmt_val(char *buf, size_t cap, double v, const char *unit)
@@ -1263,11 +1384,15 @@ static void usage(FILE *o)
 	fprintf(o,
 		"usage: dlbench --daemon PATH --floor PATH [--quick] [--json FILE]\n"
 		"               [--only SECTIONS] [--repeats N] [--scale-max N]\n"
-		"               [--python PATH] [--pythonpath DIR]\n"
+		"               [--python PATH] [--pythonpath DIR] [--venv-python PATH]\n"
 		"       dlbench --daemon PATH --floor PATH --loop N [--loop-ms MS] [--pin]\n"
-		"  sections: latency,throughput,handoff,scale,idle,storm,bundle,publish\n"
+		"  sections: latency,throughput,handoff,scale,idle,storm,bundle,publish,\n"
+		"            peers\n"
 		"  --python: the interpreter (with torch and NumPy) that\n"
-		"  measures publish from torch and NumPy (/usr/bin/python3);\n"
+		"  measures publish from torch and NumPy and the handoff against\n"
+		"  torch.multiprocessing (/usr/bin/python3);\n"
+		"  --venv-python: the one with NumPy and safetensors (the\n"
+		"  source tree's .venv/bin/python);\n"
 		"  --pythonpath: where it finds the dlshare package.\n"
 		"  --loop N: for a profiler, only get+release from N client\n"
 		"  processes for MS ms (default 5000), printing the daemon's pid\n"
@@ -1313,6 +1438,7 @@ int main(int argc, char **argv)
 		{ "pin", no_argument, NULL, 'p' },
 		{ "python", required_argument, NULL, 'P' },
 		{ "pythonpath", required_argument, NULL, 'Y' },
+		{ "venv-python", required_argument, NULL, 'V' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -1361,6 +1487,9 @@ int main(int argc, char **argv)
 			break;
 		case 'Y':
 			pub_pythonpath = optarg;
+			break;
+		case 'V':
+			peers_venv_python = optarg;
 			break;
 		case 'h':
 			usage(stdout);
@@ -1456,6 +1585,8 @@ int main(int argc, char **argv)
 		failed = 1;
 	if (util_list_has(only, "bundle") && section_bundle(&pl))
 	if (util_list_has(only, "publish") && section_publish(&pl))
+		failed = 1;
+	if (util_list_has(only, "peers") && section_peers(&pl))
 		failed = 1;
 	daemon_stop_all();
 
