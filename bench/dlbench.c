@@ -1584,6 +1584,7 @@ int main(int argc, char **argv)
 	if (util_list_has(only, "storm") && section_storm(&pl))
 		failed = 1;
 	if (util_list_has(only, "bundle") && section_bundle(&pl))
+		failed = 1;
 	if (util_list_has(only, "publish") && section_publish(&pl))
 		failed = 1;
 	if (util_list_has(only, "peers") && section_peers(&pl))
