@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <limits.h>
 #include <sched.h>
 #include <math.h>
 #include <stdarg.h>
@@ -1020,17 +1021,26 @@ static const char *pub_pythonpath = DLBENCH_PYTHONPATH;
 static const char *pub_pythonpath;
 #endif
 
-/* Runs bench/publish_sources.py against d; its output line into out.
- * Returns 0, 77 (no torch or NumPy there) or -1. */
-static int run_sources(const struct daemon_proc *d, long iters, char *out,
-		       size_t cap)
+/* Runs python on the bench script argv[0] (in bench/) with the rest of
+ * argv, PYTHONPATH set to where the package is; its stdout into out.
+ * Returns 0, 77 (its interpreter lacks torch, NumPy or safetensors, or
+ * is missing) or -1. */
+static int run_python(const char *python, const char *const *argv,
+		      char *out, size_t cap)
 {
-	char bytes[32], it[32];
-	int p[2], st;
+	char script[PATH_MAX];
+	const char *args[16];
+	int p[2], st, n = 0;
 	pid_t pid;
 
-	num(bytes, sizeof(bytes), (double)PUB_BYTES);
-	num(it, sizeof(it), (double)iters);
+	if (access(python, X_OK) != 0)
+		return 77;
+	snprintf(script, sizeof(script), "%s/%s", DLBENCH_SRC_DIR, argv[0]);
+	args[n++] = python;
+	args[n++] = script;
+	for (int i = 1; argv[i] && n < 15; i++)
+		args[n++] = argv[i];
+	args[n] = NULL;
 	if (pipe2(p, O_CLOEXEC) < 0)
 		return -1;
 	pid = util_fork();
@@ -1043,9 +1053,7 @@ static int run_sources(const struct daemon_proc *d, long iters, char *out,
 		dup2(p[1], 1);
 		if (pub_pythonpath)
 			setenv("PYTHONPATH", pub_pythonpath, 1);
-		execl(pub_python, pub_python,
-		      DLBENCH_SRC_DIR "/publish_sources.py", "--socket", d->sock,
-		      "--bytes", bytes, "--iters", it, (char *)NULL);
+		execv(python, (char *const *)args);
 		_exit(127);
 	}
 	close(p[1]);
@@ -1054,6 +1062,20 @@ static int run_sources(const struct daemon_proc *d, long iters, char *out,
 	close(p[0]);
 	st = child_wait(pid);
 	return st == 0 ? 0 : st == 77 ? 77 : -1;
+}
+
+/* Runs bench/publish_sources.py against d: torch and NumPy sources.
+ * Returns as run_python. */
+static int run_sources(const struct daemon_proc *d, long iters, char *out,
+		       size_t cap)
+{
+	char bytes[32], it[32];
+	const char *argv[] = { "publish_sources.py", "--socket", d->sock,
+			       "--bytes", bytes, "--iters", it, NULL };
+
+	num(bytes, sizeof(bytes), (double)PUB_BYTES);
+	num(it, sizeof(it), (double)iters);
+	return run_python(pub_python, argv, out, cap);
 }
 
 static int section_publish(const struct plan *pl)
@@ -1168,34 +1190,11 @@ static int run_peers(const struct daemon_proc *d, const char *python,
 		     const char *part, int reps, char *out, size_t cap)
 {
 	char it[32];
-	int p[2], st;
-	pid_t pid;
+	const char *argv[] = { "peers.py", part, "--socket", d->sock,
+			       "--iters", it, NULL };
 
 	num(it, sizeof(it), (double)reps);
-	if (access(python, X_OK) != 0)
-		return 77;
-	if (pipe2(p, O_CLOEXEC) < 0)
-		return -1;
-	pid = util_fork();
-	if (pid < 0) {
-		close(p[0]);
-		close(p[1]);
-		return -1;
-	}
-	if (pid == 0) {
-		dup2(p[1], 1);
-		if (pub_pythonpath)
-			setenv("PYTHONPATH", pub_pythonpath, 1);
-		execl(python, python, DLBENCH_SRC_DIR "/peers.py", part,
-		      "--socket", d->sock, "--iters", it, (char *)NULL);
-		_exit(127);
-	}
-	close(p[1]);
-	if (util_read_all(p[0], out, cap) < 0)
-		out[0] = '\0';
-	close(p[0]);
-	st = child_wait(pid);
-	return st == 0 ? 0 : st == 77 ? 77 : -1;
+	return run_python(python, argv, out, cap);
 }
 
 /* Each line of out (dlshare_ns=... <other>=...) into dl, other, ratio. */
