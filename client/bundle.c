@@ -2,6 +2,7 @@
  * keeps them, and the DLPack managed tensors made from them. Also stat, list,
  * stats and delete, the other questions a consumer asks. */
 #include "internal.h"
+#include "metrics.h"
 
 #include "cudalib.h"
 
@@ -970,6 +971,35 @@ int dlshare_stats_get(dlshare_client *c, dlshare_stats *out)
 	}
 	reply_free(c, &r);
 	return 0;
+}
+
+int dlshare_metrics(dlshare_client *c, char **text, size_t *len)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Stats s = DLSHARE__STATS__INIT;
+	struct reply r;
+	size_t n;
+	int err;
+
+	errmsg_set(NULL);
+
+	if (!text)
+		return DLSHARE_EINVAL;
+	*text = NULL;
+	if (!c)
+		return metrics_render(NULL, text, len ? len : &n) ?
+		       DLSHARE_ENOMEM : 0;
+	s.has_counters = 1;
+	s.counters = 1;
+	s.has_usage_uids = 1;
+	s.usage_uids = DLSHARE_METRICS_UIDS;
+	f.body_case = DLSHARE__FRAME__BODY_STATS;
+	f.stats = &s;
+	if ((err = call_expect(c, &f, DLSHARE__FRAME__BODY_STATS_REPLY, &r)))
+		return err;
+	err = metrics_render(r.msg->frame->stats_reply, text, len ? len : &n);
+	reply_free(c, &r);
+	return err ? DLSHARE_ENOMEM : 0;
 }
 
 int dlshare_delete(dlshare_client *c, const char *name)

@@ -272,6 +272,8 @@ int conn_send_error(struct conn *c, uint64_t id, int code, const char *fmt,
 	char msg[256];
 	va_list ap;
 
+	if (c->set->ops->error_sent)
+		c->set->ops->error_sent(c, code);
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);

@@ -58,6 +58,9 @@ struct conn_ops {
 	void (*closed)(struct conn *c);
 	/* The loop let go of c's handle: free the struct that embeds c. */
 	void (*free)(struct conn *c);
+	/* An Error with this DLSHARE_E* code is being sent to c (counted
+	 * by the user: metrics). May be NULL. */
+	void (*error_sent)(struct conn *c, int code);
 };
 
 /* The conns of one loop: their callbacks and limits, the one receive

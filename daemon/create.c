@@ -340,6 +340,7 @@ static void gpu_job_done(uv_work_t *req, int status)
 	}
 	DL_DELETE(peer->jobs, j);
 	peer->inflight--;
+	peer_answering(peer, METRICS_REQ_CREATE);
 	if (!conn_open(&peer->conn)) {
 		/* Doomed meanwhile: nothing to answer. */
 	} else if (!status && j->err == HOST_ENOBACK) {
@@ -380,6 +381,7 @@ static void gpu_job_done(uv_work_t *req, int status)
 				m->buffers[i]->ipc_handle.data = NULL;
 			}
 	}
+	peer_answering(peer, METRICS_REQ_OTHER);
 	gpu_job_free(j);
 	conn_reap(&d->conns);
 }
@@ -432,6 +434,7 @@ static void create_gpu(struct peer *peer, uint64_t id, const Dlshare__Create *m,
 		return;
 	}
 	if (peer->inflight >= d->limits->max_inflight) {
+		peer_limit_hit(peer, METRICS_LIMIT_MAX_INFLIGHT);
 		conn_send_error(&peer->conn, id, DLSHARE_ELIMIT,
 				"create %s: too many requests in flight on this connection (limit %u)",
 				m->name, d->limits->max_inflight);

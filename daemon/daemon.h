@@ -14,6 +14,7 @@
 #include <uv.h>
 
 #include "conn.h"
+#include "metrics.h"
 #include "registry.h"
 
 /* Named limits of the daemon beyond the registry's, each with a default
@@ -66,6 +67,7 @@ struct daemon {
 	uint64_t nqwaiting;       /* those creates, of every peer */
 	daemon_create_full_fn *create_full; /* queue.c's, see above */
 	uint64_t requests;        /* packets handled */
+	struct metrics metrics;   /* counters by type, code, limit, reason */
 	uint64_t started_ms;
 };
 

@@ -19,6 +19,7 @@
 #include "queue.h"
 #include "reply.h"
 #include "seal.h"
+#include "stats.h"
 #include "check.h"
 
 /* ---- requests ----------------------------------------------------------- */
@@ -333,76 +334,6 @@ static void handle_stat(struct peer *peer, uint64_t id, const Dlshare__Stat *m)
 		encode_version_deinit(&w);
 }
 
-/* Per-uid rows one StatsReply carries at most (1.4). */
-#define STATS_UIDS_MAX 64u
-
-static uint64_t uid_bytes(const struct uid_usage *u)
-{
-	return u->host_bytes + u->gpu_bytes;
-}
-
-static void handle_stats(struct peer *peer, uint64_t id,
-			 const Dlshare__Stats *m)
-{
-	struct daemon *d = peer->d;
-	Dlshare__Frame f = DLSHARE__FRAME__INIT;
-	Dlshare__StatsReply r = DLSHARE__STATS_REPLY__INIT;
-	Dlshare__UidStats rows[STATS_UIDS_MAX], *rowp[STATS_UIDS_MAX];
-	struct uid_usage *top[STATS_UIDS_MAX], *u, *utmp;
-	size_t n = 0, want;
-
-	r.connections = d->conns.n;
-	r.names = d->reg.nnames;
-	r.versions = d->reg.nversions;
-	r.leases = d->reg.nleases;
-	r.buffers = d->reg.nbuffers;
-	r.bytes = d->reg.bytes;
-	r.parked = d->nparked;
-	r.requests = d->requests;
-	r.uptime_ms = daemon_uptime_ms(d);
-	r.has_manifest_bytes = 1;
-	r.manifest_bytes = d->reg.meta_bytes;
-	r.has_expired = 1;
-	r.expired = d->reg.nexpired;
-	r.has_orphaned = 1;
-	r.orphaned = d->reg.norphaned;
-	/* 1.4: the uids holding the most bytes, up to what was asked. */
-	r.has_nuids = 1;
-	r.nuids = (uint32_t)HASH_COUNT(d->reg.uids);
-	want = m->has_max_uids ? m->max_uids : 0;
-	if (want > STATS_UIDS_MAX)
-		want = STATS_UIDS_MAX;
-	HASH_ITER(hh, d->reg.uids, u, utmp) {
-		uint64_t bytes = u->host_bytes + u->gpu_bytes;
-		size_t i;
-
-		if (!want || (n == want && bytes <= uid_bytes(top[n - 1])))
-			continue;
-		if (n < want)
-			n++;
-		/* Insertion into the top list, biggest first. */
-		for (i = n - 1; i > 0 && uid_bytes(top[i - 1]) < bytes; i--)
-			top[i] = top[i - 1];
-		top[i] = u;
-	}
-	for (size_t i = 0; i < n; i++) {
-		dlshare__uid_stats__init(&rows[i]);
-		rows[i].uid = (uint32_t)top[i]->uid;
-		rows[i].names = top[i]->names;
-		rows[i].versions = top[i]->versions;
-		rows[i].bytes = uid_bytes(top[i]);
-		rows[i].leases = top[i]->leases;
-		rows[i].has_connections = 1;
-		rows[i].connections = top[i]->owners;
-		rowp[i] = &rows[i];
-	}
-	r.n_uids = n;
-	r.uids = rowp;
-	f.body_case = DLSHARE__FRAME__BODY_STATS_REPLY;
-	f.stats_reply = &r;
-	reply_send(peer, id, &f);
-}
-
 /* Refuses a request with a NUL inside one of its strings: the daemon reads
  * strings up to their first NUL, and "ok\0../x" must not pass as "ok". */
 static int refuse_nul(struct peer *peer, const struct wire_msg *m)
@@ -512,7 +443,7 @@ static void dispatch_frame(struct peer *peer, const struct wire_msg *m,
 		handle_stat(peer, f->id, f->stat);
 		break;
 	case DLSHARE__FRAME__BODY_STATS:
-		handle_stats(peer, f->id, f->stats);
+		stats_request(peer, f->id, f->stats);
 		break;
 	case DLSHARE__FRAME__BODY_GOODBYE:
 		registry_owner_forget_events(&peer->d->reg, &peer->owner);
@@ -530,6 +461,10 @@ static void dispatch_frame(struct peer *peer, const struct wire_msg *m,
  * of its stake in the registry. */
 static void dispatch_peer_closed(struct peer *peer)
 {
+	int cut = metrics_cut_of(peer->conn.why);
+
+	if (cut >= 0)
+		peer->d->metrics.cut[cut]++;
 	get_peer_closed(peer);
 	queue_peer_closed(peer);
 	seal_peer_closed(peer);
@@ -613,7 +548,29 @@ const struct registry_ops dispatch_registry_ops = {
 static void on_frame(struct conn *c, const struct wire_msg *m, int *fds,
 		     unsigned nfds)
 {
-	dispatch_frame(peer_of_conn(c), m, fds, nfds);
+	struct peer *peer = peer_of_conn(c);
+	enum metrics_req req = metrics_req_of(m->frame->body_case);
+
+	/* Metrics: requests by type, and the type the Errors sent while it
+	 * is handled answer. */
+	peer->d->metrics.requests[req]++;
+	peer_answering(peer, req);
+	dispatch_frame(peer, m, fds, nfds);
+	peer_answering(peer, METRICS_REQ_OTHER);
+}
+
+/* Metrics: errors by request type and code, and the limit an Error
+ * refusing at one names (or "other" for an ELIMIT no one named). */
+static void on_error_sent(struct conn *c, int code)
+{
+	struct peer *peer = peer_of_conn(c);
+	struct metrics *mt = &peer->d->metrics;
+
+	metrics_error(mt, (enum metrics_req)peer->answering, code);
+	if (peer->limit_hit || code == DLSHARE_ELIMIT)
+		mt->limits[peer->limit_hit < METRICS_LIMIT_N ?
+			   peer->limit_hit : 0]++;
+	peer->limit_hit = 0;
 }
 
 static int on_may_queue_fds(struct conn *c, unsigned nfds, const char **why)
@@ -642,4 +599,5 @@ const struct conn_ops dispatch_conn_ops = {
 	.queued_fds = on_queued_fds,
 	.closed = on_closed,
 	.free = on_free,
+	.error_sent = on_error_sent,
 };

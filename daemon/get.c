@@ -271,12 +271,14 @@ static void on_park_timeout(uv_timer_t *t)
 	/* p and its wait queue go with park_remove. */
 	memcpy(name, p->q->name, sizeof(name));
 	park_remove(d, p);
+	peer_answering(peer, take ? METRICS_REQ_TAKE : METRICS_REQ_GET);
 	if (take)
 		conn_send_error(&peer->conn, id, DLSHARE_ETIMEDOUT,
 				"take %s: nothing queued within the timeout (%u ms)",
 				name, (unsigned)timeout);
 	else
 		get_missing(peer, id, -ETIMEDOUT, name, sel, number);
+	peer_answering(peer, METRICS_REQ_OTHER);
 	conn_reap(&d->conns);
 }
 
@@ -362,6 +364,7 @@ void get_request(struct peer *peer, uint64_t id, const Dlshare__Get *m)
 		if (!err)
 			return;
 		if (err == -EDQUOT) {
+			peer_limit_hit(peer, METRICS_LIMIT_MAX_INFLIGHT);
 			conn_send_error(&peer->conn, id, DLSHARE_ELIMIT,
 					"get %s: too many waiting gets on this connection (limit %u)",
 					m->name, peer->d->limits->max_inflight);
@@ -410,6 +413,7 @@ void take_request(struct peer *peer, uint64_t id, const Dlshare__Take *m)
 		if (!err)
 			return;
 		if (err == -EDQUOT) {
+			peer_limit_hit(peer, METRICS_LIMIT_MAX_INFLIGHT);
 			conn_send_error(&peer->conn, id, DLSHARE_ELIMIT,
 					"take %s: too many waiting requests on this connection (limit %u)",
 					m->name, peer->d->limits->max_inflight);
@@ -460,9 +464,13 @@ void get_published(struct daemon *d, const struct entry *e)
 				get_answer(peer, id, found, take);
 			else if (err == -EMEDIUMTYPE && !take)
 				reply_not_plain(peer, id, e->name);
-			else
+			else {
+				peer_answering(peer, take ? METRICS_REQ_TAKE :
+					       METRICS_REQ_GET);
 				reply_err(peer, id, err, take ? "take" : "get",
 					  e->name);
+				peer_answering(peer, METRICS_REQ_OTHER);
+			}
 		}
 		if (last)
 			break;

@@ -167,6 +167,7 @@ static void mcheck_done(uv_work_t *req, int status)
 	}
 	DL_DELETE(peer->mchecks, j);
 	peer->inflight--;
+	peer_answering(peer, metrics_req_of(j->frame->body_case));
 	if (!conn_open(&peer->conn)) {
 		/* Doomed meanwhile: nothing to answer. */
 	} else if (status) {
@@ -187,6 +188,7 @@ static void mcheck_done(uv_work_t *req, int status)
 		j->nfds = 0;
 		j->finish(peer, j->frame, j->fds, n, &j->manifest);
 	}
+	peer_answering(peer, METRICS_REQ_OTHER);
 	job_free(j);
 	conn_reap(&d->conns);
 }
@@ -211,6 +213,7 @@ static int precheck(struct peer *peer, const Dlshare__Frame *f,
 		return -1;
 	}
 	if (n > MANIFEST_TENSORS_HARD_MAX || n > l->max_tensors) {
+		peer_limit_hit(peer, METRICS_LIMIT_MAX_TENSORS);
 		conn_send_error(&peer->conn, id, reply_code(-E2BIG),
 				"%s %s: %u tensors, more than the limit of %u "
 				"tensors per version (%s)", what, name, n,
@@ -246,6 +249,7 @@ static int precheck(struct peer *peer, const Dlshare__Frame *f,
 		return -1;
 	}
 	if (peer->inflight >= d->limits->max_inflight) {
+		peer_limit_hit(peer, METRICS_LIMIT_MAX_INFLIGHT);
 		conn_send_error(&peer->conn, id, DLSHARE_ELIMIT,
 				"%s %s: too many requests in flight on this "
 				"connection (limit %u)", what, name,

@@ -47,7 +47,26 @@ struct peer {
 				   * name (queue.c) */
 	uint32_t inflight;        /* requests in flight: parks, jobs, seals */
 	uint32_t minor;           /* the protocol minor its Hello said */
+	/* Metrics (daemon/metrics.h): the request type an Error sent now
+	 * answers (set while a request is handled, and by the modules that
+	 * answer later; METRICS_REQ_OTHER between), and the limit the next
+	 * Error is about (0: none named). */
+	uint8_t answering;
+	uint8_t limit_hit;
 };
+
+/* peer's Errors from now on answer a request of type r (METRICS_REQ_OTHER:
+ * none): errors by type. */
+static inline void peer_answering(struct peer *peer, enum metrics_req r)
+{
+	peer->answering = (uint8_t)r;
+}
+
+/* The next Error sent to peer refuses a request at limit l. */
+static inline void peer_limit_hit(struct peer *peer, enum metrics_limit l)
+{
+	peer->limit_hit = (uint8_t)l;
+}
 
 /* Makes the peer of fd, an accepted socket, and starts reading from it.
  * Returns 0; -EDQUOT when the peer's uid has its quota of connections (fd

@@ -92,7 +92,9 @@ static void on_qwait_timer(uv_timer_t *t)
 		 * handle is closed, after this. */
 		w->create = NULL;
 		qwait_remove(d, w);
+		peer_answering(peer, METRICS_REQ_CREATE);
 		create_resume(peer, id, m, deadline);
+		peer_answering(peer, METRICS_REQ_OTHER);
 		dlshare__create__free_unpacked(m, NULL);
 		/* More room (a delete, several consumed at once): the next
 		 * one too. q may be gone. */
@@ -108,7 +110,9 @@ static void on_qwait_timer(uv_timer_t *t)
 		uint32_t timeout = w->timeout;
 
 		qwait_remove(d, w);
+		peer_answering(peer, METRICS_REQ_CREATE);
 		reply_queue_full(peer, id, "create", name, timeout);
+		peer_answering(peer, METRICS_REQ_OTHER);
 		HASH_FIND_STR(d->qwaiters, name, q);
 		if (q)
 			wake_first(d, q);
@@ -203,6 +207,8 @@ static int create_gate(struct peer *peer, uint64_t id,
 		return 1;
 	}
 	err = qwait_park(peer, id, m, deadline);
+	if (err == -EDQUOT)
+		peer_limit_hit(peer, METRICS_LIMIT_MAX_INFLIGHT);
 	if (err == -EDQUOT)
 		conn_send_error(&peer->conn, id, DLSHARE_ELIMIT,
 				"create %s: the queue is full, and this connection has too many requests in flight to wait (limit %u)",

@@ -75,6 +75,16 @@ static uint64_t leased_gpu_cap(const struct registry_limits *l)
 	return l->uid_leased_gpu_bytes ? l->uid_leased_gpu_bytes : gpu_cap(l);
 }
 
+void registry_uid_caps(const struct registry *r, uint64_t *host,
+		       uint64_t *gpu, uint64_t *leased_host,
+		       uint64_t *leased_gpu)
+{
+	*host = host_cap(&r->limits);
+	*gpu = gpu_cap(&r->limits);
+	*leased_host = leased_host_cap(&r->limits);
+	*leased_gpu = leased_gpu_cap(&r->limits);
+}
+
 /* Whether bytes more fit under cap beside used. */
 static int fits(uint64_t used, uint64_t bytes, uint64_t cap)
 {
@@ -385,6 +395,55 @@ static void version_unpend(struct version *v)
 		v->usage->pending--;
 }
 
+/* The row of registry->devices for uuid: the one counting it, else a free
+ * one; 0 when every row counts another device, else its index + 1. */
+static uint8_t device_slot(struct registry *r, const uint8_t *uuid)
+{
+	unsigned free_row = 0;
+
+	for (unsigned i = 0; i < REGISTRY_DEVICES_MAX; i++) {
+		struct registry_device *dv = &r->devices[i];
+
+		if (!dv->buffers) {
+			if (!free_row)
+				free_row = i + 1;
+		} else if (!memcmp(dv->uuid, uuid, REGISTRY_UUID_LEN)) {
+			return (uint8_t)(i + 1);
+		}
+	}
+	if (free_row)
+		memcpy(r->devices[free_row - 1].uuid, uuid, REGISTRY_UUID_LEN);
+	return (uint8_t)free_row;
+}
+
+/* Counts b (live from now on: add, or gone) in its kind's totals and its
+ * device's, for the metrics. */
+static void buffer_count(struct registry *r, struct rbuffer *b, int add)
+{
+	unsigned k = b->kind < REGISTRY_KINDS ? b->kind : 0;
+	struct registry_device *dv;
+
+	if (b->has_uuid && add)
+		b->dev_slot = device_slot(r, b->cuda->uuid);
+	dv = !b->has_uuid ? NULL : b->dev_slot ?
+	     &r->devices[b->dev_slot - 1] : &r->dev_other;
+	if (add) {
+		r->kind_buffers[k]++;
+		r->kind_bytes[k] += b->size;
+		if (dv) {
+			dv->buffers++;
+			dv->bytes += b->size;
+		}
+	} else {
+		r->kind_buffers[k]--;
+		r->kind_bytes[k] -= b->size;
+		if (dv) {
+			dv->buffers--;
+			dv->bytes -= b->size;
+		}
+	}
+}
+
 /* Lets go of what b holds; its memory is its version's. */
 static void buffer_drop(struct registry *r, struct rbuffer *b)
 {
@@ -396,6 +455,7 @@ static void buffer_drop(struct registry *r, struct rbuffer *b)
 		close(b->ro_fd);
 	r->nbuffers--;
 	r->bytes -= b->size;
+	buffer_count(r, b, 0);
 	r->nfds -= buffer_fds(b->kind);
 	if (b->daemon_owned && b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
 		r->owned_bytes -= b->size;
@@ -1016,6 +1076,7 @@ static int version_buffers(struct registry *r, struct version *v,
 		v->nfds += buffer_fds(b->kind);
 		r->nbuffers++;
 		r->bytes += b->size;
+		buffer_count(r, b, 1);
 		r->nfds += buffer_fds(b->kind);
 	}
 	/* Only now, when nothing can fail, do the caller's fds change

@@ -58,6 +58,8 @@ struct rbuffer {
 	uint8_t has_uuid;        /* cuda->uuid is set */
 	uint8_t ipc_handle_len;  /* bytes of cuda->ipc_handle (and
 				  * cuda->ipc_offset is set); 0: none */
+	uint8_t dev_slot;        /* with has_uuid: its row in
+				  * registry->devices + 1; 0: dev_other */
 };
 
 /* Field widths are those check_tensor allows: code <= 6, bits <= 256,
@@ -372,6 +374,22 @@ struct tomb {
 	char name[];
 };
 
+/* Rows of live buffers per CUDA device (by UUID) the registry counts, at
+ * most: the devices of one machine, with room to spare. A row is free
+ * again once its device holds no buffer; past the cap (a peer may name
+ * UUIDs no device has) buffers count in registry->dev_other. */
+#define REGISTRY_DEVICES_MAX 16u
+
+/* Live buffers of one device (uuid), or of those past the cap. */
+struct registry_device {
+	uint8_t uuid[REGISTRY_UUID_LEN];
+	uint64_t buffers;        /* 0: the row is free */
+	uint64_t bytes;
+};
+
+/* Buffer kinds counted, by DLSHARE__BUFFER_KIND__* (0: unknown). */
+#define REGISTRY_KINDS 4u
+
 struct registry {
 	struct uid_usage *uids;   /* what each uid holds */
 	struct tomb *tombs;       /* by name */
@@ -392,6 +410,10 @@ struct registry {
 	/* Names with a TTL: a binary min-heap on expires_ms (lifetime.c). */
 	struct entry **ttl_heap;
 	uint32_t ttl_n, ttl_cap;
+	/* Live buffers by kind and by device (metrics, protocol 1.5). */
+	uint64_t kind_buffers[REGISTRY_KINDS], kind_bytes[REGISTRY_KINDS];
+	struct registry_device devices[REGISTRY_DEVICES_MAX];
+	struct registry_device dev_other;
 	uint64_t nexpired;        /* names deleted by their TTL */
 	uint64_t norphaned;       /* owned names deleted with their owner */
 	struct registry_limits limits;
@@ -639,6 +661,12 @@ uint64_t lifetime_left(const struct registry *r, const struct entry *e);
 int registry_delete_prefix(struct registry *r, struct registry_owner *o,
 			   const char *prefix, size_t max, uint64_t *deleted,
 			   uint64_t *skipped);
+
+/* The per-uid byte quotas in force, with the defaults of struct
+ * registry_limits resolved: UINT64_MAX where there is none. */
+void registry_uid_caps(const struct registry *r, uint64_t *host,
+		       uint64_t *gpu, uint64_t *leased_host,
+		       uint64_t *leased_gpu);
 
 /* The live entry of name, or NULL. */
 struct entry *registry_entry(struct registry *r, const char *name);

@@ -127,6 +127,10 @@ void reply_err_why(struct peer *peer, uint64_t id, int err, const char *why,
 	 * the notice the daemon sends before it hangs up. */
 	if (id == 0)
 		return;
+	/* Metrics: the limit this refusal hit (counted as it is sent). */
+	if (err == -EDQUOT || err == -ENOSPC || err == -ERANGE ||
+	    err == -E2BIG || err == -EFBIG || err == -EMSGSIZE)
+		peer_limit_hit(peer, metrics_limit_of(err, why));
 	if (err != -ENOENT && err != -ETIMEDOUT)
 		log_info("conn %llu (pid %d): %s %s: %s",
 			 (unsigned long long)peer->conn.id,
@@ -238,6 +242,8 @@ void reply_queue_full(struct peer *peer, uint64_t id, const char *what,
 	struct entry *e = registry_entry(&peer->d->reg, name);
 	uint32_t depth = e ? e->queue_depth : 0;
 	uint32_t pending = e ? e->qheld - e->qqueued - e->qtaken : 0;
+
+	peer_limit_hit(peer, METRICS_LIMIT_QUEUE_FULL);
 
 	if (waited_ms)
 		conn_send_error(&peer->conn, id, DLSHARE_ETIMEDOUT,

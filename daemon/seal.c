@@ -79,7 +79,9 @@ static void seal_finish(struct seal_job *j, int err)
 	err = registry_seal_end(&d->reg, j->v, err, j->event, j->event_len);
 	if (peer && conn_open(&peer->conn)) {
 		if (err) {
+			peer_answering(peer, METRICS_REQ_SEAL);
 			reply_err(peer, j->id, err, "seal", j->label);
+			peer_answering(peer, METRICS_REQ_OTHER);
 		} else {
 			Dlshare__Frame f = DLSHARE__FRAME__INIT;
 			Dlshare__SealReply r = DLSHARE__SEAL_REPLY__INIT;
@@ -136,6 +138,7 @@ void seal_request(struct peer *peer, uint64_t id, const Dlshare__Seal *m)
 	int err;
 
 	if (peer->inflight >= d->limits->max_inflight) {
+		peer_limit_hit(peer, METRICS_LIMIT_MAX_INFLIGHT);
 		conn_send_error(&peer->conn, id, DLSHARE_ELIMIT,
 				"seal %s: too many requests in flight on this connection (limit %u)",
 				m->name, d->limits->max_inflight);

@@ -181,12 +181,15 @@ static void on_accept(uv_poll_t *h, int status, int events)
 		if (s->d.conns.n >= s->cfg.limits.max_connections) {
 			log_warn("connection limit (%u) reached; refused one",
 				 s->cfg.limits.max_connections);
+			s->d.metrics.limits[METRICS_LIMIT_MAX_CONNECTIONS]++;
 			refuse(fd, "too many connections");
 			continue;
 		}
 		int err = peer_new(&s->d, fd);
-		if (err == -EDQUOT)
+		if (err == -EDQUOT) {
+			s->d.metrics.limits[METRICS_LIMIT_UID_CONNECTIONS]++;
 			refuse(fd, "too many connections for this uid");
+		}
 		else if (err)
 			log_err("new connection: %s", strerror(-err));
 	}

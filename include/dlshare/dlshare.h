@@ -573,6 +573,19 @@ typedef struct dlshare_stats {
  * error code. */
 DLSHARE_API int dlshare_stats_get(dlshare_client *c, dlshare_stats *out);
 
+/* Uids whose per-uid quota usage dlshare_metrics() writes at most: the
+ * ones nearest a quota (by their largest share of one). */
+#define DLSHARE_METRICS_UIDS 32
+
+/* The daemon's gauges and counters (protocol 1.5; a 1.4 daemon's text
+ * lacks the counters) in the Prometheus text exposition format, version
+ * 0.0.4: every family is named and documented in dlsharectl(1). *text is
+ * NUL-terminated, *len bytes long (len may be NULL), and the caller's to
+ * free(). With c NULL, the text holds only "dlshare_up 0" (for a
+ * collector's file when the daemon cannot be reached).
+ * Returns 0, DLSHARE_EINVAL, DLSHARE_ENOMEM, DLSHARE_ECONN. */
+DLSHARE_API int dlshare_metrics(dlshare_client *c, char **text, size_t *len);
+
 /* Removes name: its versions can no longer be got; their memory goes when
  * the last lease does. Returns 0, DLSHARE_ENOENT, DLSHARE_EPERM, DLSHARE_ECONN. */
 DLSHARE_API int dlshare_delete(dlshare_client *c, const char *name);

@@ -23,7 +23,7 @@
 
 /* Connects to the daemon; on failure says which socket it tried.
  * Returns 0 or CTL_EFAIL. */
-static int ctl_connect(const struct ctl *ctl, dlshare_client **out)
+int ctl_connect(const struct ctl *ctl, dlshare_client **out)
 {
 	char path[PATH_MAX];
 	int err;

@@ -8,6 +8,8 @@
  *   text.c  messages and usage, parsing option values, formatting tensors
  *           as text and JSON
  *   io.c    reading and writing whole buffers and strided tensors
+ *   metrics.c  metrics: the daemon's counters for Prometheus, printed or
+ *           written atomically into a file
  */
 #ifndef DLSHARECTL_CTL_H
 #define DLSHARECTL_CTL_H
@@ -57,6 +59,7 @@ enum {
 	OPT_PREFIX,		/* rm --prefix */
 	OPT_TTL,		/* put --ttl MS */
 	OPT_QUEUE,		/* put --queue DEPTH */
+	OPT_OUTPUT,		/* metrics --output FILE */
 };
 
 struct ctl;
@@ -90,6 +93,7 @@ struct ctl {
 	bool prefix;		/* rm --prefix */
 	const char *ttl;	/* put --ttl MS */
 	const char *queue;
+	const char *output;	/* metrics --output FILE */
 };
 
 /* ---- subcommands (cmd.c): each reports its own errors and returns CTL_OK,
@@ -102,6 +106,11 @@ int cmd_put(const struct ctl *ctl);
 int cmd_cat(const struct ctl *ctl);
 int cmd_take(const struct ctl *ctl);
 int cmd_help(const struct ctl *ctl);
+int cmd_metrics(const struct ctl *ctl);		/* metrics.c */
+
+/* Connects to ctl->socket (NULL: the default), saying why not. Returns
+ * CTL_OK or CTL_EFAIL (cmd.c). */
+int ctl_connect(const struct ctl *ctl, dlshare_client **out);
 
 /* ---- messages, option values, formatting (text.c) ---------------------- */
 __attribute__((format(printf, 2, 3)))

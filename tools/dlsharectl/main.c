@@ -67,10 +67,17 @@ static const struct option cat_opts[] = {
 	{ NULL, 0, NULL, 0 },
 };
 
+static const struct option metrics_opts[] = {
+	{ "output", required_argument, NULL, OPT_OUTPUT },
+	{ NULL, 0, NULL, 0 },
+};
+
 static const struct ctl_cmd ctl_cmds[] = {
 	{ "ls", cmd_ls, 0, 1, "ls [PREFIX]", NULL },
 	{ "stat", cmd_stat, 1, 1, "stat NAME", NULL },
 	{ "stats", cmd_stats, 0, 0, "stats", NULL },
+	{ "metrics", cmd_metrics, 0, 0, "metrics [--output FILE]",
+	  metrics_opts },
 	{ "rm", cmd_rm, 1, 1, "rm NAME | rm --prefix PREFIX", rm_opts },
 	{ "put", cmd_put, 1, 2,
 	  "put NAME --dtype TYPE --shape D0,D1,... [--mode OCTAL] [--ttl MS] "
@@ -175,6 +182,9 @@ static int take_opt(struct ctl *ctl, const struct ctl_cmd *cmd, int c,
 		break;
 	case OPT_QUEUE:
 		ctl->queue = optarg;
+		break;
+	case OPT_OUTPUT:
+		ctl->output = optarg;
 		break;
 	case ':':
 		return ctl_usage_error(cmd, "option '%s' needs a value", bad);

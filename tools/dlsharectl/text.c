@@ -58,7 +58,7 @@ static void print_usage_line(FILE *f, const struct ctl_cmd *cmd)
 		fprintf(f, "Usage: " CTL_PROG " [OPTIONS] %s\n", cmd->synopsis);
 	} else {
 		fputs("Usage: " CTL_PROG " [OPTIONS] COMMAND [ARGS...]\n"
-		      "Commands: ls, stat, stats, rm, put, cat, take, help.\n", f);
+		      "Commands: ls, stat, stats, metrics, rm, put, cat, take, help.\n", f);
 	}
 	fputs("Run '" CTL_PROG " --help' for more.\n", f);
 }
@@ -97,6 +97,9 @@ void ctl_print_help(FILE *f)
 	      "  stat NAME            show NAME and the tensors of its newest version (a\n"
 	      "                       queue name: its oldest queued one, and its depth)\n"
 	      "  stats                show the daemon's counters\n"
+	      "  metrics              the daemon's counters in Prometheus's text format\n"
+	      "      --output FILE      write them to FILE atomically (for node_exporter's\n"
+	      "                         textfile collector), not to stdout\n"
 	      "  rm NAME              delete NAME; leased versions live on until released\n"
 	      "  rm --prefix PREFIX   delete every name under PREFIX that you may write\n"
 	      "  put NAME [FILE]      publish FILE (stdin if absent or \"-\") as a new\n"
