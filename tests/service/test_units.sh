@@ -3,7 +3,8 @@
 #
 # The systemd files, checked without systemd as PID 1:
 # - systemd-analyze verify on dlshared.socket and dlshared.service (UNIT_DIR
-#   holds copies whose ExecStart= names the daemon just built);
+#   holds copies whose ExecStart= names the daemon just built), and on the
+#   example dlshare-metrics.timer and .service;
 # - systemd-analyze security --offline=yes: the exposure score, which must
 #   stay at or below THRESHOLD (tenths: 5 is "0.5"), and the settings the
 #   daemon depends on (never PrivateUsers=yes, never PrivateDevices=yes);
@@ -36,6 +37,23 @@ if grep -q "dlshared\." "$tmp/verify"; then
 	cat "$tmp/verify"
 	fail "systemd-analyze verify warned about the units"
 fi
+echo "ok"
+
+echo "== systemd-analyze verify: the metrics timer and service"
+if ! systemd-analyze verify --man=no "$units/dlshare-metrics.timer" \
+		"$units/dlshare-metrics.service" >"$tmp/verify" 2>&1; then
+	cat "$tmp/verify"
+	fail "systemd-analyze verify dlshare-metrics"
+fi
+if grep -q "dlshare-metrics\." "$tmp/verify"; then
+	cat "$tmp/verify"
+	fail "systemd-analyze verify warned about the metrics units"
+fi
+grep -q "^OnUnitActiveSec=15s" "$units/dlshare-metrics.timer" ||
+	fail "dlshare-metrics.timer does not run every 15 s"
+grep -q "^ExecStart=.*/dlsharectl metrics --output /var/lib/node_exporter/textfile_collector/dlshare.prom\$" \
+	"$units/dlshare-metrics.service" ||
+	fail "dlshare-metrics.service does not write the textfile collector's file"
 echo "ok"
 
 echo "== systemd-analyze security"
