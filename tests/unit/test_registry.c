@@ -1361,6 +1361,99 @@ static void test_acl(void **state)
 
 /* A version's tensors, dims, keys, buffers and CUDA records share one
  * block: every field must come back as given, whatever the mix. */
+/* Publishes one producer cuda-ipc buffer of size bytes on the device
+ * with UUID 16 bytes of dev, as name. */
+static void add_on_device(struct fix *f, const char *name, uint8_t dev,
+			  uint64_t size)
+{
+	static const Dlshare__Buffer b0 = DLSHARE__BUFFER__INIT;
+	static const Dlshare__Tensor t0 = DLSHARE__TENSOR__INIT;
+	static const Dlshare__Device d0 = DLSHARE__DEVICE__INIT;
+	static const Dlshare__DataType dt0 = DLSHARE__DATA_TYPE__INIT;
+	uint8_t uuid[16], handle[REGISTRY_HANDLE_MAX];
+	Dlshare__Device d = d0;
+	Dlshare__DataType dt = dt0;
+	Dlshare__Buffer b = b0, *bp = &b;
+	Dlshare__Tensor t = t0, *tp = &t;
+	int64_t shape = 4;
+	int fd = -1;
+	struct registry_spec s = { .name = name, .tensors = &tp,
+				   .ntensors = 1, .buffers = &bp,
+				   .nbuffers = 1, .fds = &fd };
+
+	memset(uuid, dev, sizeof(uuid));
+	memset(handle, 7, sizeof(handle));
+	d.type = 2;
+	d.has_uuid = 1;
+	d.uuid.data = uuid;
+	d.uuid.len = sizeof(uuid);
+	b.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC;
+	b.size = size;
+	b.device = &d;
+	b.has_ipc_handle = 1;
+	b.ipc_handle.data = handle;
+	b.ipc_handle.len = sizeof(handle);
+	b.has_ipc_offset = 1;
+	dt.code = 2, dt.bits = 32, dt.lanes = 1;
+	t.dtype = &dt;
+	t.n_shape = 1;
+	t.shape = &shape;
+	add_ok(f, &f->prod, &s, 1);
+}
+
+/* Live buffers by kind and by device (the metrics): REGISTRY_DEVICES_MAX
+ * rows, the devices past them summed in dev_other, a row free again once
+ * its device holds nothing, and each buffer taken out of the row it was
+ * counted in. */
+static void test_device_rows(void **state)
+{
+	struct fix *f = *state;
+	const unsigned n = REGISTRY_DEVICES_MAX + 2;
+	const unsigned ipc = DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC;
+	char name[32];
+
+	for (unsigned i = 0; i < n; i++) {
+		snprintf(name, sizeof(name), "dev/%u", i);
+		add_on_device(f, name, (uint8_t)(i + 1), 1024 * (i + 1));
+	}
+	assert_int_equal(f->r.kind_buffers[ipc], n);
+	for (unsigned i = 0; i < REGISTRY_DEVICES_MAX; i++) {
+		assert_int_equal(f->r.devices[i].buffers, 1);
+		assert_int_equal(f->r.devices[i].uuid[0], i + 1);
+		assert_int_equal(f->r.devices[i].bytes, 1024 * (i + 1));
+	}
+	assert_int_equal(f->r.dev_other.buffers, 2);
+	assert_int_equal(f->r.dev_other.bytes, 1024 * (n - 1 + n));
+	/* A second buffer on a counted device joins its row. */
+	add_on_device(f, "dev/again", 1, 128);
+	assert_int_equal(f->r.devices[0].buffers, 2);
+	assert_int_equal(f->r.devices[0].bytes, 1024 + 128);
+	/* Device 1 gone: its row is free, and a new device takes it. */
+	assert_int_equal(registry_delete(&f->r, &f->prod, "dev/0"), 0);
+	assert_int_equal(registry_delete(&f->r, &f->prod, "dev/again"), 0);
+	assert_int_equal(f->r.devices[0].buffers, 0);
+	add_on_device(f, "dev/new", 0xee, 64);
+	assert_int_equal(f->r.devices[0].uuid[0], 0xee);
+	assert_int_equal(f->r.devices[0].buffers, 1);
+	/* One counted in dev_other goes from dev_other, not from a row that
+	 * now counts its device (the first free one, had there been one). */
+	snprintf(name, sizeof(name), "dev/%u", n - 1);
+	assert_int_equal(registry_delete(&f->r, &f->prod, name), 0);
+	assert_int_equal(f->r.dev_other.buffers, 1);
+	assert_int_equal(f->r.dev_other.bytes, 1024 * (n - 1));
+	assert_int_equal(f->r.kind_buffers[ipc], n - 1);
+	for (unsigned i = 1; i < n - 1; i++) {
+		snprintf(name, sizeof(name), "dev/%u", i);
+		assert_int_equal(registry_delete(&f->r, &f->prod, name), 0);
+	}
+	assert_int_equal(registry_delete(&f->r, &f->prod, "dev/new"), 0);
+	assert_int_equal(f->r.kind_buffers[ipc], 0);
+	assert_int_equal(f->r.kind_bytes[ipc], 0);
+	assert_int_equal(f->r.dev_other.buffers, 0);
+	for (unsigned i = 0; i < REGISTRY_DEVICES_MAX; i++)
+		assert_int_equal(f->r.devices[i].buffers, 0);
+}
+
 static void test_version_contents(void **state)
 {
 	struct fix *f = *state;
@@ -2087,6 +2180,7 @@ int main(void)
 		T(test_limit_leases),
 		T(test_acl),
 		T(test_version_contents),
+		T(test_device_rows),
 		T(test_deinit_frees_everything),
 		T(test_deinit_with_leases),
 		T(test_numbers_after_delete),
