@@ -293,14 +293,17 @@ void stats_request(struct peer *peer, uint64_t id, const Dlshare__Stats *m)
 	f.body_case = DLSHARE__FRAME__BODY_STATS_REPLY;
 	f.stats_reply = &r;
 	f.id = id;
-	/* A small --max-packet: fewer usage rows, then fewer uid rows,
-	 * rather than a reply too large (which would cut the peer off). */
+	/* A small --max-packet: fewer usage rows, then fewer uid rows, then
+	 * fewer error rows, rather than a reply too large (which would cut
+	 * the peer off). */
 	while (dlshare__frame__get_packed_size(&f) > d->limits->max_packet &&
-	       (r.n_usage || r.n_uids)) {
+	       (r.n_usage || r.n_uids || r.n_errors)) {
 		if (r.n_usage)
 			r.n_usage /= 2;
-		else
+		else if (r.n_uids)
 			r.n_uids /= 2;
+		else
+			r.n_errors /= 2;
 	}
 	reply_send(peer, id, &f);
 }

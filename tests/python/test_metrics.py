@@ -320,5 +320,23 @@ class MetricsTest(DaemonTest):
             os.rmdir(d)
 
 
+class SmallPacketTest(DaemonTest):
+    # The smallest packet the daemon allows: the Stats reply with every
+    # counter row must still fit (the daemon sheds usage, uid and error
+    # rows first), or the monitor would be cut off.
+    daemon_args = ("--max-packet", "4096")
+
+    def test_fits(self):
+        for i in range(3):
+            with self.assertRaises(dlshare.NotFound):
+                self.client.get(self.name(f"missing{i}"))
+        f = parse(ctl(self.daemon.socket, "metrics").stdout)
+        self.assertEqual(value(f, "dlshare_up"), 1)
+        self.assertEqual(value(f, "dlshare_errors_total", type="get",
+                               code="ENOENT"), 3)
+        self.assertEqual(value(f, "dlshare_peers_cut_off_total",
+                               reason="daemon-error"), 0)
+
+
 if __name__ == "__main__":
     unittest.main()
