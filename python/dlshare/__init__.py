@@ -1114,6 +1114,12 @@ class Client:
         info, manifest = self._c.stat(_check_name(name))
         return NameInfo._of(info, manifest)
 
+    def metrics(self):
+        """The daemon's gauges and counters as Prometheus text (exposition
+        format 0.0.4, a str): what `dlsharectl metrics` prints, for an
+        exporter of one's own. dlsharectl(1) lists the families."""
+        return self._c.metrics()
+
     def stats(self):
         """The daemon's counters (a Stats)."""
         d = self._c.stats()

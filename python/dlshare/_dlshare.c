@@ -2360,6 +2360,22 @@ out:
 	return ret;
 }
 
+/* The daemon's metrics in the Prometheus text format (a str). */
+static PyObject *Client_metrics(ClientObject *s, PyObject *unused)
+{
+	char *text = NULL;
+	size_t len = 0;
+	PyObject *ret;
+	int err;
+
+	GUARDED(s, err, dlshare_metrics(c_, &text, &len));
+	if (err)
+		return raise_code(err);
+	ret = PyUnicode_DecodeUTF8(text, (Py_ssize_t)len, "strict");
+	free(text);
+	return ret;
+}
+
 static PyObject *Client_stats(ClientObject *s, PyObject *unused)
 {
 	dlshare_stats st;
@@ -2416,6 +2432,7 @@ static PyMethodDef Client_methods[] = {
 	{ "list", (PyCFunction)Client_list, METH_VARARGS, NULL },
 	{ "stat", (PyCFunction)Client_stat, METH_VARARGS, NULL },
 	{ "stats", (PyCFunction)Client_stats, METH_NOARGS, NULL },
+	{ "metrics", (PyCFunction)Client_metrics, METH_NOARGS, NULL },
 	{ "close", (PyCFunction)Client_close, METH_NOARGS, NULL },
 	{ "closed", (PyCFunction)Client_closed, METH_NOARGS, NULL },
 	{ NULL },

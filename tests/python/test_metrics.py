@@ -290,6 +290,12 @@ class MetricsTest(DaemonTest):
             h.release()
         self.assertLeasesBecome(0)
 
+    def test_from_python(self):
+        # Client.metrics(): the same text, through the binding.
+        f = parse(self.client.metrics())
+        self.assertEqual(value(f, "dlshare_up"), 1)
+        self.assertIn("dlshare_uid_quota_usage_ratio", f)
+
     def test_output_file(self):
         d = tempfile.mkdtemp(prefix="dlshare-metrics-")
         path = os.path.join(d, "dlshare.prom")
