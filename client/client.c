@@ -24,7 +24,7 @@
 /* Lease ids a request carries at most (Frame.releases). */
 #define CLIENT_RELEASE_RIDE 64
 
-static _Thread_local char errmsg[256];
+static _Thread_local char errmsg[512];
 
 /* Connections of this process; the last one to go drains the CUDA event
  * pool (cudalib.c), so that a process done with dlshare holds no event. */

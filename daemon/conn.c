@@ -269,7 +269,7 @@ int conn_send_error(struct conn *c, uint64_t id, int code, const char *fmt,
 {
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Error e = DLSHARE__ERROR__INIT;
-	char msg[256];
+	char msg[512];
 	va_list ap;
 
 	va_start(ap, fmt);
