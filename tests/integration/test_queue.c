@@ -347,6 +347,31 @@ static void backpressure(void **state)
 	assert_non_null(strstr(dlshare_last_error(), "q/bp"));
 	assert_non_null(strstr(dlshare_last_error(), "depth 2"));
 	assert_non_null(strstr(dlshare_last_error(), "30 ms"));
+	/* A copying publish (of ordinary memory) waits the same way, and
+	 * says the same. */
+	{
+		static int32_t data[ITEM_LEN];
+		DLManagedTensor plain = {
+			.dl_tensor = { .data = data, .device = { kDLCPU, 0 },
+				       .ndim = 1, .dtype = DT_I32,
+				       .shape = (int64_t *)item_shape },
+			.deleter = NULL,
+		};
+		DLManagedTensor *src = &plain;
+
+		assert_int_equal(dlshare_publish_queued(c, "q/bp", &src, 1,
+							NULL, &q, NULL),
+				 DLSHARE_ETIMEDOUT);
+		assert_non_null(strstr(dlshare_last_error(), "q/bp"));
+		assert_non_null(strstr(dlshare_last_error(), "depth 2"));
+		assert_non_null(strstr(dlshare_last_error(), "30 ms"));
+		q.wait_ms = 0;
+		assert_int_equal(dlshare_publish_queued(c, "q/bp", &src, 1,
+							NULL, &q, NULL),
+				 DLSHARE_ELIMIT);
+		assert_non_null(strstr(dlshare_last_error(), "depth 2"));
+		q.wait_ms = 30;
+	}
 	/* Refusals cost no memory. */
 	st1 = util_stats(c);
 	assert_int_equal(st1.buffers, st0.buffers);
@@ -436,6 +461,10 @@ static void taker_death(void **state)
 	assert_int_equal(qtake(c, "q/death", harness_ms(20000)), 1);
 	assert_int_equal(qtake(c, "q/death", 0), 2);
 	assert_int_equal(qtake(c, "q/death", 0), 3);
+	/* Exactly once: redelivered to one taker, and nothing else left. */
+	assert_int_equal(qtake(c, "q/death", 0), DLSHARE_ENOENT);
+	assert_int_equal(dlshare_queue_stat(c, "q/death", &qi), 0);
+	assert_int_equal(qi.queued + qi.taken + qi.pending, 0);
 
 	/* A taker parked meanwhile gets the redelivered version. */
 	assert_int_equal(qput(c, "q/death", 4, 0, 4), 0);
@@ -450,6 +479,10 @@ static void taker_death(void **state)
 	util_kill(p);
 	assert_int_equal(pthread_join(th, NULL), 0);
 	assert_int_equal(pt.got, 4);
+	/* The parked taker released it: consumed, not delivered again. */
+	assert_int_equal(qtake(c, "q/death", 0), DLSHARE_ENOENT);
+	assert_int_equal(dlshare_queue_stat(c, "q/death", &qi), 0);
+	assert_int_equal(qi.queued + qi.taken + qi.pending, 0);
 
 	assert_int_equal(dlshare_delete(c, "q/death"), 0);
 	assert_int_equal(dlshare_delete(c, "q/death.held"), 0);
