@@ -554,7 +554,16 @@ static void queue_delete(void **state)
 		assert_int_equal(qput(c, "q/del", 4, 0, i), 0);
 	assert_int_equal(dlshare_take(c, "q/del", 0, NULL, &b), 0);
 	assert_int_equal(dlshare_take(c2, "q/del", 0, NULL, &b2), 0);
+	/* A version being written when the queue is deleted is withdrawn:
+	 * its seal finds nothing, and nothing is queued. */
+	dlshare_tensor_spec s = { .dtype = DT_I32, .ndim = 1,
+				  .shape = item_shape };
+	dlshare_queue_opts q = { .depth = 4 };
+	dlshare_writer *w;
+	assert_int_equal(dlshare_create_queued(c2, "q/del", &s, 1, NULL, &q,
+					       &w), 0);
 	assert_int_equal(dlshare_delete(c, "q/del"), 0);
+	assert_int_equal(dlshare_seal(w, NULL, NULL), DLSHARE_ENOENT);
 	dlshare_bundle *none;
 	assert_int_equal(dlshare_take(c, "q/del", 0, NULL, &none),
 			 DLSHARE_ENOENT);
