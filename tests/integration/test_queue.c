@@ -585,6 +585,51 @@ static void queue_delete(void **state)
 	dlshare_disconnect(c);
 }
 
+/* A producer waiting for room when its queue is deleted: its Create runs
+ * again and finds the name gone, so it makes a new queue of its depth,
+ * and its version is the new queue's first. */
+static int dw_waiter(const struct daemon_proc *d, void *arg)
+{
+	dlshare_client *c = util_child_connect(d);
+
+	(void)arg;
+	CHILD_OK(qput(c, "q/dw", 1, DLSHARE_WAIT_FOREVER, 2));
+	dlshare_disconnect(c);
+	return 0;
+}
+
+static void delete_while_producer_waits(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	dlshare_queue_info qi = { 0 };
+	dlshare_bundle *b;
+	pid_t p;
+
+	assert_int_equal(qput(c, "q/dw", 1, 0, 1), 0);
+	p = util_spawn(&fx->d, dw_waiter, NULL);
+	for (int i = 0; i < harness_ms(20000) / 10; i++) {
+		assert_int_equal(dlshare_queue_stat(c, "q/dw", &qi), 0);
+		if (qi.waiting == 1)
+			break;
+		util_sleep_ms(10);
+	}
+	assert_int_equal(qi.waiting, 1);
+	assert_int_equal(dlshare_delete(c, "q/dw"), 0);
+	assert_int_equal(util_wait(p), 0);
+	/* Item 1 died with the old name; item 2 is the new queue's. */
+	assert_int_equal(dlshare_queue_stat(c, "q/dw", &qi), 0);
+	assert_int_equal(qi.depth, 1);
+	assert_int_equal(qi.queued, 1);
+	assert_int_equal(qtake(c, "q/dw", 0), 2);
+	assert_int_equal(dlshare_take(c, "q/dw", 0, NULL, &b), DLSHARE_ENOENT);
+	assert_int_equal(dlshare_delete(c, "q/dw"), 0);
+	struct util_want want = empty_want(1);
+	want.names = 0;
+	util_assert_want(c, &want);
+	dlshare_disconnect(c);
+}
+
 /* ---- limits -------------------------------------------------------------------- */
 
 static void limits(void **state)
@@ -925,6 +970,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(producers_keep_order, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(queue_delete, setup, teardown),
+		cmocka_unit_test_setup_teardown(delete_while_producer_waits, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(limits, setup_limits, teardown),
 		cmocka_unit_test_setup_teardown(waits_in_flight, setup_inflight,
 						teardown),
