@@ -24,7 +24,7 @@
 /* Lease ids a request carries at most (Frame.releases). */
 #define CLIENT_RELEASE_RIDE 64
 
-static _Thread_local char errmsg[256];
+static _Thread_local char errmsg[512];
 
 /* Connections of this process; the last one to go drains the CUDA event
  * pool (cudalib.c), so that a process done with dlshare holds no event. */
@@ -819,8 +819,9 @@ static int rx_turn(dlshare_client *c, struct rx *x, int *err)
 	x->timeout = -1;
 	pthread_mutex_lock(&c->lock);
 	if (c->closed || c->dead) {
-		/* closed: releases still queued go first (best effort,
-		 * without blocking): a released take of a queue name is
+		/* closed: releases still queued go first, as many as the
+		 * socket takes without blocking (dlshare_disconnect waits
+		 * for room for the rest): a released take of a queue name is
 		 * consumed, where the socket's close alone would put it back
 		 * for another taker. dead: a caller found the connection
 		 * failed. */
@@ -952,8 +953,19 @@ static void *rx_main(void *arg)
 		c->reading = 0;
 		c->rx_reading = 0;
 	}
-	if (!c->dead || c->pending)
+	if (!c->dead || c->pending) {
+		size_t nrel = c->nrel;
+		int was_dead = c->dead;
+
 		conn_fail(c, err, &x.wq);
+		/* Closed, the socket sound: releases the closed-connection
+		 * turn could not send without blocking are not dropped but
+		 * left to dlshare_disconnect, which waits for room. */
+		if (err == DLSHARE_ECLOSED && !was_dead) {
+			c->nrel = nrel;
+			c->rel_left = 1;
+		}
+	}
 	retired = c->retired;
 	c->retired = NULL;
 	pthread_mutex_unlock(&c->lock);
@@ -1591,6 +1603,34 @@ int dlshare_connect_ex(const char *path, const dlshare_connect_opts *opts,
 	return 0;
 }
 
+/* dlshare_disconnect, once nobody else sends: sends the releases still
+ * queued, waiting for room in the socket up to the connect timeout (a
+ * released take must reach the daemon, or the close puts it back in its
+ * queue); past it, or on an error, what is left goes with the
+ * connection. */
+static void flush_releases_wait(dlshare_client *c)
+{
+	int32_t budget = c->timeout_ms ? c->timeout_ms :
+			 DLSHARE_CONNECT_TIMEOUT_MS;
+	int64_t end = now_ms() + budget;
+	int r;
+
+	for (;;) {
+		struct pollfd pfd = { .fd = c->fd, .events = POLLOUT };
+		int64_t left;
+
+		pthread_mutex_lock(&c->lock);
+		r = (c->dead && !c->rel_left) || !c->nrel ? 0 :
+		    flush_releases(c);
+		pthread_mutex_unlock(&c->lock);
+		left = end - now_ms();
+		if (r != -EAGAIN || left <= 0)
+			return;
+		if (poll(&pfd, 1, (int)left) < 0 && errno != EINTR)
+			return;
+	}
+}
+
 void dlshare_disconnect(dlshare_client *c)
 {
 	struct export *e, *r;
@@ -1634,12 +1674,10 @@ void dlshare_disconnect(dlshare_client *c)
 	/* Releases still waiting for device work: their kernels must finish
 	 * before the daemon, seeing the socket close, hands the memory back. */
 	deferred_drain(c, 0);
-	/* Without a receiver thread, queued releases go from here (see
-	 * rx_main's end). */
-	pthread_mutex_lock(&c->lock);
-	if (!c->dead && c->nrel)
-		flush_releases(c);
-	pthread_mutex_unlock(&c->lock);
+	/* What the receiver thread could not send without blocking (the
+	 * socket full: a daemon busy, or stopped, while thousands of
+	 * releases went) goes from here, waiting for room. */
+	flush_releases_wait(c);
 	/* The daemon drops our leases and withdraws our exports when the
 	 * socket closes; close it now, not when the last tensor goes. */
 	shutdown(c->fd, SHUT_RDWR);

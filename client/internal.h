@@ -105,6 +105,9 @@ struct dlshare_client {
 				  * whether callers are around */
 	int closed;              /* dlshare_disconnect() began */
 	int dead;                /* the connection is gone */
+	int rel_left;            /* dead by dlshare_disconnect only: the
+				  * queued releases (nrel) are still its to
+				  * send (flush_releases_wait) */
 	int64_t deadline;        /* CLOCK_MONOTONIC ms by which the Hello
 				  * must be answered, 0 for none */
 	int32_t timeout_ms;      /* ...counted from connect() */

@@ -264,6 +264,7 @@ static int create_args_check(dlshare_client *c, const char *name,
 			     const dlshare_create_opts *opts,
 			     const dlshare_queue_opts *q)
 {
+	char msg[320];
 	int err;
 
 	if (!c || client_bad_name(name) || !specs || n == 0)
@@ -272,12 +273,29 @@ static int create_args_check(dlshare_client *c, const char *name,
 		return fork_refuse();
 	if (opts && opts->device.device_type != kDLCPU &&
 	    opts->device.device_type != kDLCUDAHost &&
-	    opts->device.device_type != kDLCUDA)
+	    opts->device.device_type != kDLCUDA) {
+		snprintf(msg, sizeof(msg), "create %s: device type %d is not "
+			 "one a store buffer can be made on (kDLCPU, "
+			 "kDLCUDAHost, kDLCUDA; a zeroed "
+			 "dlshare_create_opts.device is none of them)", name,
+			 (int)opts->device.device_type);
+		errmsg_set(msg);
 		return DLSHARE_ENOTSUP;
-	if (opts && (opts->mode & ~CHECK_MODE_MASK))
+	}
+	if (opts && (opts->mode & ~CHECK_MODE_MASK)) {
+		snprintf(msg, sizeof(msg), "create %s: mode %#o has bits "
+			 "other than permission bits", name,
+			 (unsigned)opts->mode);
+		errmsg_set(msg);
 		return DLSHARE_EINVAL;
-	if (opts && (opts->flags & ~DLSHARE_NAME_OWNED))
+	}
+	if (opts && (opts->flags & ~DLSHARE_NAME_OWNED)) {
+		snprintf(msg, sizeof(msg), "create %s: unknown flags %#x "
+			 "(only DLSHARE_NAME_OWNED)", name,
+			 (unsigned)opts->flags);
+		errmsg_set(msg);
 		return DLSHARE_EINVAL;
+	}
 	if (opts && (opts->ttl_ms || (opts->flags & DLSHARE_NAME_OWNED)) &&
 	    (err = lifetimes_supported(c, name)))
 		return err;

@@ -269,7 +269,7 @@ int conn_send_error(struct conn *c, uint64_t id, int code, const char *fmt,
 {
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Error e = DLSHARE__ERROR__INIT;
-	char msg[256];
+	char msg[512];
 	va_list ap;
 
 	if (c->set->ops->error_sent)
@@ -314,6 +314,15 @@ static void conn_read(struct conn *c)
 				MSG_DONTWAIT);
 		if (err == -EAGAIN)
 			return;
+		if (err == -ECONNRESET) {
+			/* The peer closed with packets of ours unread: the
+			 * kernel says so once, ahead of the packets the peer
+			 * sent last, which are still read (a Release sent
+			 * just before the close must count, or a released
+			 * take would go back to its queue); end of file
+			 * follows them. */
+			continue;
+		}
 		if (err == -EMSGSIZE) {
 			conn_protocol_error(c, "packet larger than the limit");
 			return;
@@ -350,11 +359,20 @@ static void on_poll(uv_poll_t *h, int status, int events)
 {
 	struct conn *c = h->data;
 
-	if (status < 0) {
-		/* A peer that closed with data still unread shows up as a
-		 * reset: that is a hang-up, not a daemon problem. */
-		conn_fail(c, status == UV_ECONNRESET || status == UV_EPIPE ||
-			  status == UV_EBADF ? "peer hung up" : "poll failed");
+	if (status == UV_ECONNRESET || status == UV_EPIPE ||
+	    status == UV_EBADF) {
+		/* A peer that closed with data of ours still unread shows up
+		 * as a reset (POLLERR, which libuv reports as EBADF): a
+		 * hang-up, not a daemon problem. What it sent before it
+		 * closed is read first (conn_read), as after an orderly
+		 * close; libuv stopped the handle, so it is armed again for
+		 * what one batch leaves. */
+		c->armed = 0;
+		if (conn_open(c))
+			conn_read(c);
+		conn_update_poll(c);
+	} else if (status < 0) {
+		conn_fail(c, "poll failed");
 	} else {
 		if ((events & UV_WRITABLE) && conn_flush(c))
 			conn_fail(c, "send failed");

@@ -4,6 +4,7 @@
  * they are made, so that they are charged to the daemon's memory cgroup
  * (host.c). */
 #include "create.h"
+#include "memcg.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -108,6 +109,25 @@ static void create_refuse_unbacked(struct peer *peer, uint64_t id,
 	for (size_t i = 0; i < m->n_buffers; i++)
 		if (m->buffers[i]->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST)
 			host += m->buffers[i]->size;
+	uint64_t limit, usage;
+	char where[256];
+
+	/* The limit named, where it can be read: a rare path, a few small
+	 * reads of procfs and cgroupfs. */
+	if (memcg_limit(&limit, &usage, where, sizeof(where)) == 0) {
+		conn_send_error(&peer->conn, id, DLSHARE_ENOMEM,
+				"create %s: the daemon could not allocate the "
+				"%llu bytes (%.1f MiB) of host memory of this "
+				"version: its memory cgroup's limit of %llu "
+				"bytes (%.1f MiB, %.1f MiB in use; %s; "
+				"MemoryMax), or the machine's memory, is "
+				"reached", m->name, (unsigned long long)host,
+				(double)host / (1024.0 * 1024.0),
+				(unsigned long long)limit,
+				(double)limit / (1024.0 * 1024.0),
+				(double)usage / (1024.0 * 1024.0), where);
+		return;
+	}
 	conn_send_error(&peer->conn, id, DLSHARE_ENOMEM,
 			"create %s: the daemon could not allocate the %llu "
 			"bytes (%.1f MiB) of host memory of this version: its "

@@ -153,7 +153,9 @@ DLSHARE_API int dlshare_connect_ex(const char *path,
 
 /* Closes the connection. Releases of tensors already freed are sent first
  * (for a device tensor, once its consumer's stream passed its work), so a
- * released take of a queue name is consumed; leases still held go with the
+ * released take of a queue name is consumed (when the socket is full, this
+ * waits for room, at most the connect timeout: see dlshare_connect_ex());
+ * leases still held go with the
  * connection (a take then goes back to its queue). Calls in other threads
  * fail with DLSHARE_ECLOSED.
  * Tensors obtained from this client stay valid: their deleters may run later

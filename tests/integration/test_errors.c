@@ -201,7 +201,16 @@ static void bad_tensors(void **state)
 	spec.key = NULL;
 	opts.mode = 01644;
 	CREATE_BAD(DLSHARE_EINVAL);
+	assert_non_null(strstr(dlshare_last_error(), "mode 01644"));
 	opts.mode = 0;
+	opts.flags = 0x100;
+	CREATE_BAD(DLSHARE_EINVAL);
+	assert_non_null(strstr(dlshare_last_error(), "unknown flags 0x100"));
+	opts.flags = 0;
+	/* A zeroed device (type 0) is none: said so. */
+	opts.device.device_type = 0;
+	CREATE_BAD(DLSHARE_ENOTSUP);
+	assert_non_null(strstr(dlshare_last_error(), "device type 0"));
 	opts.device.device_type = kDLCUDA;
 	CREATE_BAD(DLSHARE_ENOTSUP);
 	opts.device.device_type = kDLCPU;

@@ -8,12 +8,17 @@
  * daemon keeps serving everyone else, and its fd count comes back. */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -764,6 +769,156 @@ static void ten_thousand_releases(void **state)
 	dlshare_disconnect(c);
 }
 
+/* ---- a Release just before a close that the kernel calls a reset ------------ */
+
+/* A peer that closes its socket with a packet of the daemon's still unread
+ * in it (a late reply, a push) is reported to the daemon as a reset
+ * (ECONNRESET, POLLERR), ahead of the packets the peer sent last. Those
+ * are still read: a Release sent just before the close counts, so a
+ * released take is consumed, not put back for another taker. The daemon
+ * is stopped while the peer sends and closes, so that it finds both at
+ * once, as a busy daemon would. */
+static void release_before_reset(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	const int64_t shape[1] = { 16 };
+	dlshare_tensor_spec s = { .dtype = DT_F32, .ndim = 1, .shape = shape };
+	dlshare_queue_opts q = { .depth = 2 };
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Take tk = DLSHARE__TAKE__INIT;
+	Dlshare__Stats st = DLSHARE__STATS__INIT;
+	Dlshare__Release rel = DLSHARE__RELEASE__INIT;
+	dlshare_queue_info qi;
+	dlshare_writer *w;
+	dlshare_bundle *b;
+	struct wire_msg *m;
+	struct pollfd pfd;
+	uint64_t lease;
+	int sock;
+
+	assert_int_equal(dlshare_create_queued(c, "reset/q", &s, 1, NULL, &q,
+					       &w), 0);
+	assert_int_equal(dlshare_seal(w, NULL, NULL), 0);
+	sock = raw_connect(fx->d.sock);
+	assert_true(sock >= 0);
+	assert_int_equal(raw_hello(sock), 0);
+	tk.name = "reset/q";
+	f.id = next_id++;
+	f.body_case = DLSHARE__FRAME__BODY_TAKE;
+	f.take = &tk;
+	assert_int_equal(raw_call(sock, &f, NULL, 0, &m), 0);
+	assert_int_equal(m->frame->body_case, DLSHARE__FRAME__BODY_GET_REPLY);
+	lease = m->frame->get_reply->lease;
+	wire_msg_free(m);
+	/* A reply left unread in our socket. */
+	f.id = next_id++;
+	f.body_case = DLSHARE__FRAME__BODY_STATS;
+	f.stats = &st;
+	assert_int_equal(raw_send(sock, &f, NULL, 0, 0), 0);
+	pfd = (struct pollfd){ .fd = sock, .events = POLLIN };
+	assert_int_equal(poll(&pfd, 1, harness_ms(10000)), 1);
+	assert_int_equal(kill(fx->d.pid, SIGSTOP), 0);
+	f = (Dlshare__Frame)DLSHARE__FRAME__INIT;
+	rel.n_leases = 1;
+	rel.leases = &lease;
+	f.body_case = DLSHARE__FRAME__BODY_RELEASE;
+	f.release = &rel;
+	assert_int_equal(raw_send(sock, &f, NULL, 0, 0), 0);
+	close(sock);
+	assert_int_equal(kill(fx->d.pid, SIGCONT), 0);
+	struct util_want one = UTIL_ANY;
+	one.connections = 1;
+	util_assert_want(c, &one);
+	/* Consumed: nothing queued, nothing taken, nothing to take. */
+	assert_int_equal(dlshare_queue_stat(c, "reset/q", &qi), 0);
+	assert_int_equal(qi.queued, 0);
+	assert_int_equal(qi.taken, 0);
+	assert_int_equal(dlshare_take(c, "reset/q", 0, NULL, &b),
+			 DLSHARE_ENOENT);
+	assert_int_equal(dlshare_delete(c, "reset/q"), 0);
+	assert_int_equal(harness_wait_stats(c, 0, 1, NULL), 0);
+	dlshare_disconnect(c);
+}
+
+/* ---- releases that find the socket full at disconnect ------------------------ */
+
+/* The highest fd that is a socket, or -1: a client's, just after it
+ * connected. */
+static int last_socket(void)
+{
+	for (int fd = 1023; fd >= 0; fd--) {
+		struct stat st;
+
+		if (fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode))
+			return fd;
+	}
+	return -1;
+}
+
+static void *disconnect_run(void *arg)
+{
+	dlshare_disconnect(arg);
+	return NULL;
+}
+
+/* Thousands of tensors dropped while the daemon does not read (stopped
+ * here; busy in life) fill the socket, and the releases that do not fit
+ * wait in the library. dlshare_disconnect then waits for room to send them
+ * (up to the connect timeout) rather than drop them: the released take
+ * among them is consumed, not put back in its queue. */
+static void releases_wait_for_room(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	int before = last_socket();
+	dlshare_client *taker = harness_connect(&fx->d);
+	int sock = last_socket(), small = 4096;
+	const char *wrap = getenv("DLSHARE_TEST_WRAPPER");
+	size_t n = wrap && strstr(wrap, "valgrind") ? 1000 : 3000;
+	const int64_t shape[1] = { 4 };
+	dlshare_tensor_spec s = { .dtype = DT_F32, .ndim = 1, .shape = shape };
+	dlshare_queue_opts q = { .depth = 2 };
+	DLManagedTensor **held = calloc(n, sizeof(*held));
+	dlshare_queue_info qi;
+	dlshare_writer *w;
+	dlshare_bundle *b;
+	pthread_t th;
+
+	assert_non_null(held);
+	/* The taker's socket: a small send buffer, full after a few
+	 * frames of releases. */
+	assert_true(sock > before);
+	assert_int_equal(setsockopt(sock, SOL_SOCKET, SO_SNDBUF, &small,
+				    sizeof(small)), 0);
+	assert_int_equal(util_store(c, "room/x", DT_F32, 1, shape, 1, NULL), 0);
+	assert_int_equal(dlshare_create_queued(c, "room/q", &s, 1, NULL, &q,
+					       &w), 0);
+	assert_int_equal(dlshare_seal(w, NULL, NULL), 0);
+	for (size_t i = 0; i < n; i++)
+		assert_int_equal(dlshare_get_tensor(taker, "room/x", NULL,
+						    &held[i]), 0);
+	assert_int_equal(dlshare_take(taker, "room/q", 0, NULL, &b), 0);
+	assert_int_equal(kill(fx->d.pid, SIGSTOP), 0);
+	for (size_t i = 0; i < n; i++)
+		held[i]->deleter(held[i]);
+	dlshare_bundle_free(b);
+	assert_int_equal(pthread_create(&th, NULL, disconnect_run, taker), 0);
+	usleep(200 * 1000); /* the disconnect meets the full socket */
+	assert_int_equal(kill(fx->d.pid, SIGCONT), 0);
+	assert_int_equal(pthread_join(th, NULL), 0);
+	free(held);
+	struct util_want one = UTIL_ANY;
+	one.connections = 1;
+	util_assert_want(c, &one);
+	assert_int_equal(dlshare_queue_stat(c, "room/q", &qi), 0);
+	assert_int_equal(qi.queued, 0);
+	assert_int_equal(qi.taken, 0);
+	assert_int_equal(dlshare_delete(c, "room/q"), 0);
+	assert_int_equal(harness_wait_stats(c, 0, 1, NULL), 0);
+	dlshare_disconnect(c);
+}
+
 /* ---- Goodbye: a producer's events are forgotten before it goes (1.2) ----------- */
 
 /* Seals version 1 of name, created on sock, with a (made-up) event handle. */
@@ -1098,6 +1253,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(library_releases_ride, setup, teardown),
 		cmocka_unit_test_setup_teardown(goodbye_forgets_events, setup, teardown),
 		cmocka_unit_test_setup_teardown(ten_thousand_releases, setup, teardown),
+		cmocka_unit_test_setup_teardown(release_before_reset, setup, teardown),
+		cmocka_unit_test_setup_teardown(releases_wait_for_room, setup, teardown),
 		cmocka_unit_test_setup_teardown(strings_and_keys, setup, teardown),
 	};
 

@@ -347,6 +347,31 @@ static void backpressure(void **state)
 	assert_non_null(strstr(dlshare_last_error(), "q/bp"));
 	assert_non_null(strstr(dlshare_last_error(), "depth 2"));
 	assert_non_null(strstr(dlshare_last_error(), "30 ms"));
+	/* A copying publish (of ordinary memory) waits the same way, and
+	 * says the same. */
+	{
+		static int32_t data[ITEM_LEN];
+		DLManagedTensor plain = {
+			.dl_tensor = { .data = data, .device = { kDLCPU, 0 },
+				       .ndim = 1, .dtype = DT_I32,
+				       .shape = (int64_t *)item_shape },
+			.deleter = NULL,
+		};
+		DLManagedTensor *src = &plain;
+
+		assert_int_equal(dlshare_publish_queued(c, "q/bp", &src, 1,
+							NULL, &q, NULL),
+				 DLSHARE_ETIMEDOUT);
+		assert_non_null(strstr(dlshare_last_error(), "q/bp"));
+		assert_non_null(strstr(dlshare_last_error(), "depth 2"));
+		assert_non_null(strstr(dlshare_last_error(), "30 ms"));
+		q.wait_ms = 0;
+		assert_int_equal(dlshare_publish_queued(c, "q/bp", &src, 1,
+							NULL, &q, NULL),
+				 DLSHARE_ELIMIT);
+		assert_non_null(strstr(dlshare_last_error(), "depth 2"));
+		q.wait_ms = 30;
+	}
 	/* Refusals cost no memory. */
 	st1 = util_stats(c);
 	assert_int_equal(st1.buffers, st0.buffers);
@@ -436,6 +461,10 @@ static void taker_death(void **state)
 	assert_int_equal(qtake(c, "q/death", harness_ms(20000)), 1);
 	assert_int_equal(qtake(c, "q/death", 0), 2);
 	assert_int_equal(qtake(c, "q/death", 0), 3);
+	/* Exactly once: redelivered to one taker, and nothing else left. */
+	assert_int_equal(qtake(c, "q/death", 0), DLSHARE_ENOENT);
+	assert_int_equal(dlshare_queue_stat(c, "q/death", &qi), 0);
+	assert_int_equal(qi.queued + qi.taken + qi.pending, 0);
 
 	/* A taker parked meanwhile gets the redelivered version. */
 	assert_int_equal(qput(c, "q/death", 4, 0, 4), 0);
@@ -450,6 +479,10 @@ static void taker_death(void **state)
 	util_kill(p);
 	assert_int_equal(pthread_join(th, NULL), 0);
 	assert_int_equal(pt.got, 4);
+	/* The parked taker released it: consumed, not delivered again. */
+	assert_int_equal(qtake(c, "q/death", 0), DLSHARE_ENOENT);
+	assert_int_equal(dlshare_queue_stat(c, "q/death", &qi), 0);
+	assert_int_equal(qi.queued + qi.taken + qi.pending, 0);
 
 	assert_int_equal(dlshare_delete(c, "q/death"), 0);
 	assert_int_equal(dlshare_delete(c, "q/death.held"), 0);
@@ -521,7 +554,16 @@ static void queue_delete(void **state)
 		assert_int_equal(qput(c, "q/del", 4, 0, i), 0);
 	assert_int_equal(dlshare_take(c, "q/del", 0, NULL, &b), 0);
 	assert_int_equal(dlshare_take(c2, "q/del", 0, NULL, &b2), 0);
+	/* A version being written when the queue is deleted is withdrawn:
+	 * its seal finds nothing, and nothing is queued. */
+	dlshare_tensor_spec s = { .dtype = DT_I32, .ndim = 1,
+				  .shape = item_shape };
+	dlshare_queue_opts q = { .depth = 4 };
+	dlshare_writer *w;
+	assert_int_equal(dlshare_create_queued(c2, "q/del", &s, 1, NULL, &q,
+					       &w), 0);
 	assert_int_equal(dlshare_delete(c, "q/del"), 0);
+	assert_int_equal(dlshare_seal(w, NULL, NULL), DLSHARE_ENOENT);
 	dlshare_bundle *none;
 	assert_int_equal(dlshare_take(c, "q/del", 0, NULL, &none),
 			 DLSHARE_ENOENT);
@@ -537,6 +579,51 @@ static void queue_delete(void **state)
 	dlshare_disconnect(c2);
 	dlshare_bundle_free(b2);
 	assert_int_equal(dlshare_delete(c, "q/del"), 0);
+	struct util_want want = empty_want(1);
+	want.names = 0;
+	util_assert_want(c, &want);
+	dlshare_disconnect(c);
+}
+
+/* A producer waiting for room when its queue is deleted: its Create runs
+ * again and finds the name gone, so it makes a new queue of its depth,
+ * and its version is the new queue's first. */
+static int dw_waiter(const struct daemon_proc *d, void *arg)
+{
+	dlshare_client *c = util_child_connect(d);
+
+	(void)arg;
+	CHILD_OK(qput(c, "q/dw", 1, DLSHARE_WAIT_FOREVER, 2));
+	dlshare_disconnect(c);
+	return 0;
+}
+
+static void delete_while_producer_waits(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	dlshare_queue_info qi = { 0 };
+	dlshare_bundle *b;
+	pid_t p;
+
+	assert_int_equal(qput(c, "q/dw", 1, 0, 1), 0);
+	p = util_spawn(&fx->d, dw_waiter, NULL);
+	for (int i = 0; i < harness_ms(20000) / 10; i++) {
+		assert_int_equal(dlshare_queue_stat(c, "q/dw", &qi), 0);
+		if (qi.waiting == 1)
+			break;
+		util_sleep_ms(10);
+	}
+	assert_int_equal(qi.waiting, 1);
+	assert_int_equal(dlshare_delete(c, "q/dw"), 0);
+	assert_int_equal(util_wait(p), 0);
+	/* Item 1 died with the old name; item 2 is the new queue's. */
+	assert_int_equal(dlshare_queue_stat(c, "q/dw", &qi), 0);
+	assert_int_equal(qi.depth, 1);
+	assert_int_equal(qi.queued, 1);
+	assert_int_equal(qtake(c, "q/dw", 0), 2);
+	assert_int_equal(dlshare_take(c, "q/dw", 0, NULL, &b), DLSHARE_ENOENT);
+	assert_int_equal(dlshare_delete(c, "q/dw"), 0);
 	struct util_want want = empty_want(1);
 	want.names = 0;
 	util_assert_want(c, &want);
@@ -883,6 +970,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(producers_keep_order, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(queue_delete, setup, teardown),
+		cmocka_unit_test_setup_teardown(delete_while_producer_waits, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(limits, setup_limits, teardown),
 		cmocka_unit_test_setup_teardown(waits_in_flight, setup_inflight,
 						teardown),
