@@ -184,6 +184,7 @@ struct conn {
 	struct pull *pulls;
 	void *close_req;
 	bool closed;              /* ucp_ep_close_nbx was called */
+	bool flush;               /* close after what was sent went out */
 	unsigned recvs;           /* rendezvous receives outstanding */
 };
 
@@ -393,7 +394,7 @@ static void close_ep(struct conn *c)
 		return;
 	c->closed = true;
 	p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-	p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+	p.flags = c->flush ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
 	sp = ucp_ep_close_nbx(c->ep, &p);
 	if (sp && !UCS_PTR_IS_ERR(sp))
 		c->close_req = sp;
@@ -1342,6 +1343,7 @@ static void server_msg(struct relay *r, struct conn *c, uint16_t type,
 			goto malformed;
 		auth_proof(&r->key, "mirror", c->nonce_m, c->nonce_s, mac);
 		if (mem_equal_ct(mac, their, SHA256_LEN)) {
+			c->flush = true;
 			auth_failed(r, c, "wrong key");
 			return;
 		}
@@ -1454,6 +1456,7 @@ static void mirror_msg(struct relay *r, struct conn *c, uint16_t type,
 	case C_HELLO: {
 		const void *nonce, *theirs;
 		uint16_t major;
+		int bad;
 
 		if (type != MSG_PROOF_S)
 			goto unexpected;
@@ -1470,15 +1473,21 @@ static void mirror_msg(struct relay *r, struct conn *c, uint16_t type,
 		}
 		memcpy(c->nonce_s, nonce, RELAY_NONCE_LEN);
 		auth_proof(&r->key, "server", c->nonce_m, c->nonce_s, mac);
-		if (mem_equal_ct(mac, theirs, SHA256_LEN)) {
-			auth_failed(r, c, "the server does not know our key");
-			return;
-		}
+		bad = mem_equal_ct(mac, theirs, SHA256_LEN);
+		/* Our proof goes out either way, so that a server with another
+		 * key logs the refusal too; it is bound to our fresh nonce and
+		 * to the role, so a false server gains nothing by it. */
 		auth_proof(&r->key, "mirror", c->nonce_m, c->nonce_s, mac);
 		wbuf_start(&w, MSG_PROOF_M);
 		wbuf_bytes(&w, mac, SHA256_LEN);
-		if (!conn_send(c, &w))
-			c->state = C_PROOF;
+		if (conn_send(c, &w))
+			return;
+		if (bad) {
+			c->flush = true;
+			auth_failed(r, c, "the server does not know our key");
+			return;
+		}
+		c->state = C_PROOF;
 		return;
 	}
 	case C_PROOF: {
@@ -1841,6 +1850,10 @@ static int ucx_init(struct relay *r)
 	ucp_config_t *cfg;
 	ucs_status_t st;
 
+	/* A restarted relay must bind its port again at once, with the
+	 * last one's connections still in TIME_WAIT. */
+	setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
+	setenv("UCX_RDMA_CM_REUSEADDR", "y", 0);
 	st = ucp_config_read(NULL, NULL, &cfg);
 	if (st != UCS_OK)
 		goto fail;
@@ -1942,6 +1955,14 @@ int relay_run(const struct relay_config *cfg)
 
 	if (!r)
 		return 1;
+	/* Blocked before any thread starts (UCX's, libdlshare's, ours), so
+	 * that only the signalfd sees them. */
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGINT);
+	sigaddset(&mask, SIGTERM);
+	sigaddset(&mask, SIGPIPE);
+	pthread_sigmask(SIG_BLOCK, &mask, NULL);
+	sigdelset(&mask, SIGPIPE);
 	r->cfg = cfg;
 	r->epfd = r->evfd = r->sigfd = r->tfd = r->ucx_fd = -1;
 	pthread_mutex_init(&r->mu, NULL);
@@ -1972,12 +1993,6 @@ int relay_run(const struct relay_config *cfg)
 	if (cfg->listen && listen_start(r))
 		goto out;
 
-	sigemptyset(&mask);
-	sigaddset(&mask, SIGINT);
-	sigaddset(&mask, SIGTERM);
-	sigaddset(&mask, SIGPIPE);
-	pthread_sigmask(SIG_BLOCK, &mask, NULL);
-	sigdelset(&mask, SIGPIPE);
 	r->sigfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
 	r->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	r->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
