@@ -444,31 +444,50 @@ static void conns_reap(struct relay *r)
 
 /* ---- serving: the threads --------------------------------------------------- */
 
+#define PICK_MAX 64   /* names one scan of a prefix collects */
+
+/* One scan: up to PICK_MAX names with a version newer than the one
+ * offered, those after the last name offered first (round-robin). */
 struct pick {
 	struct sub *s;
-	char first[256], after[256];
-	uint64_t first_v, after_v;
+	size_t n, nafter;
+	char name[PICK_MAX][256];
+	uint64_t v[PICK_MAX];
 };
 
 static int pick_cb(const dlshare_name_info *info, void *arg)
 {
 	struct pick *k = arg;
 	struct seen *e;
+	bool after;
 
 	if (!info->latest)
 		return 0;
 	HASH_FIND_STR(k->s->seen, info->name, e);
 	if (e && e->version >= info->latest)
 		return 0;
-	if (!k->first[0]) {
-		snprintf(k->first, sizeof(k->first), "%s", info->name);
-		k->first_v = info->latest;
+	after = strcmp(info->name, k->s->last) > 0;
+	if (k->n == PICK_MAX) {
+		/* full: only a name after the last offered may displace
+		 * one before it */
+		if (!after || k->nafter == PICK_MAX)
+			return k->nafter == PICK_MAX;
+		k->n--;
 	}
-	if (!k->after[0] && strcmp(info->name, k->s->last) > 0) {
-		snprintf(k->after, sizeof(k->after), "%s", info->name);
-		k->after_v = info->latest;
-		return 1;
+	if (after) {
+		/* after-names go first, in order */
+		memmove(k->name[k->nafter + 1], k->name[k->nafter],
+			(k->n - k->nafter) * sizeof(k->name[0]));
+		memmove(&k->v[k->nafter + 1], &k->v[k->nafter],
+			(k->n - k->nafter) * sizeof(k->v[0]));
+		snprintf(k->name[k->nafter], 256, "%s", info->name);
+		k->v[k->nafter] = info->latest;
+		k->nafter++;
+	} else {
+		snprintf(k->name[k->n], 256, "%s", info->name);
+		k->v[k->n] = info->latest;
 	}
+	k->n++;
 	return 0;
 }
 
@@ -540,11 +559,14 @@ static void *sub_thread(void *arg)
 	uint64_t one = 1;
 	struct seen *e, *tmp;
 
-	for (;;) {
-		struct pick k = { .s = s };
+	struct pick *k = malloc(sizeof(*k));
+
+	for (; k;) {
 		dlshare_bundle *b = NULL;
 		dlshare_get_opts o = { 0 };
 		const char *name = NULL;
+		bool stop = false;
+		size_t i;
 		int err;
 
 		pthread_mutex_lock(&r->mu);
@@ -554,26 +576,35 @@ static void *sub_thread(void *arg)
 		}
 		pthread_mutex_unlock(&r->mu);
 
-		err = dlshare_list(r->dl, s->prefix, pick_cb, &k);
+		k->s = s;
+		k->n = k->nafter = 0;
+		err = dlshare_list(r->dl, s->prefix, pick_cb, k);
 		if (err)
 			log_warn("serving %s: list: %s", s->prefix,
 				 dlshare_strerror(err));
-		if (k.after[0] || k.first[0]) {
-			name = k.after[0] ? k.after : k.first;
-			o.select = DLSHARE_LATEST;
-			err = dlshare_get(r->dl, name, &o, &b);
+		for (i = 0; i < k->n && !stop; i++) {
+			o = (dlshare_get_opts){ .select = DLSHARE_LATEST };
+			b = NULL;
+			err = dlshare_get(r->dl, k->name[i], &o, &b);
 			if (err) {
 				/* deleted, or not ours to read: skip this
 				 * version, try the next scan */
 				if (err != DLSHARE_ENOENT)
-					log_warn("serving %s: get: %s", name,
+					log_warn("serving %s: get: %s", k->name[i],
 						 dlshare_last_error()[0] ?
 						 dlshare_last_error() :
 						 dlshare_strerror(err));
-				seen_set(s, name, k.after[0] ? k.after_v : k.first_v);
+				seen_set(s, k->name[i], k->v[i]);
 				continue;
 			}
-		} else if (s->hot[0]) {
+			if (!sub_offer(s, b, k->name[i]))
+				stop = true;
+		}
+		if (stop)
+			break;
+		if (k->n)
+			continue;
+		if (s->hot[0]) {
 			/* Nothing new: wait on the name that changed last, the
 			 * daemon parks the request; others are seen by the next
 			 * scan. */
@@ -600,6 +631,9 @@ static void *sub_thread(void *arg)
 		if (b && !sub_offer(s, b, name))
 			break;
 	}
+	if (!k)
+		log_err("serving %s: out of memory", s->prefix);
+	free(k);
 	HASH_ITER(hh, s->seen, e, tmp) {
 		HASH_DEL(s->seen, e);
 		free(e);
