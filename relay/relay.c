@@ -517,11 +517,15 @@ static uint64_t seen_get(struct sub *s, const char *name)
 
 /* Hands b (a lease on name) to the loop and waits until it is done with
  * it. Returns false when cancelled. */
-static bool sub_offer(struct sub *s, dlshare_bundle *b, const char *name)
+static bool sub_offer(struct sub *s, dlshare_bundle *b, const char *name_in)
 {
 	struct relay *r = s->r;
 	uint64_t one = 1;
 	bool cancelled;
+	char name[256];
+
+	/* name_in may be s->hot, rewritten below */
+	snprintf(name, sizeof(name), "%s", name_in);
 
 	seen_set(s, name, dlshare_bundle_version(b));
 	snprintf(s->hot, sizeof(s->hot), "%s", name);

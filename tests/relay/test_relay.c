@@ -291,6 +291,29 @@ static int log_has(const char *log, const char *what)
 	return 0;
 }
 
+/* Fails when log holds what (read once: for what must never happen). */
+static void log_lacks(const char *log, const char *what)
+{
+	char buf[262144];
+	int fd = open(log, O_RDONLY);
+	ssize_t n = fd >= 0 ? pread(fd, buf, sizeof(buf) - 1, 0) : 0;
+
+	if (fd >= 0)
+		close(fd);
+	buf[n > 0 ? n : 0] = 0;
+	if (strstr(buf, what)) {
+		dump_logs();
+		fail_msg("%s says '%s'", log, what);
+	}
+}
+
+/* Neither relay lost its connection. */
+static void no_disconnects(void)
+{
+	log_lacks(log_a, "disconnected");
+	log_lacks(log_b, "disconnected");
+}
+
 /* A bundle of several dtypes, an empty tensor and a large one. */
 static void test_bundle_bit_exact(void **state)
 {
@@ -311,6 +334,7 @@ static void test_bundle_bit_exact(void **state)
 	/* names outside the prefix stay home */
 	publish("other/x", 1, bytes, NULL, 1);
 	assert_int_equal(wait_leases(ca, 0), 0);
+	no_disconnects();
 	stop_all();
 }
 
@@ -336,6 +360,7 @@ static void test_state_dict(void **state)
 	relay_b = start_b_with(keyfile, "4M", "16");
 	publish("m/sd", n, bytes, (const char *const *)keys, 3);
 	expect("m/sd", 0, n, bytes, (const char *const *)keys, 3);
+	no_disconnects();
 	stop_all();
 	for (i = 0; i < n; i++)
 		free(keys[i]);
@@ -385,6 +410,7 @@ static void test_newer_than_100(void **state)
 		dlshare_bundle_free(b);
 	}
 	assert_true(seen >= 1);
+	no_disconnects();
 	stop_all();
 }
 
