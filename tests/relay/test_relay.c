@@ -97,12 +97,15 @@ static pid_t relay_start(const char *log, ...)
 
 static char port_s[32];
 
+static const char *a_timeout = "60000";  /* --transfer-timeout-ms */
+
 static pid_t start_a(void)
 {
 	snprintf(port_s, sizeof(port_s), "127.0.0.1:%d", port);
 	return relay_start(log_a, "--socket", A.sock, "--listen", port_s,
 			   "--key-file", keyfile, "--scan-interval-ms", "50",
-			   "--node-name", "node-a", (char *)NULL);
+			   "--node-name", "node-a", "--transfer-timeout-ms",
+			   a_timeout, (char *)NULL);
 }
 
 static pid_t start_b_with(const char *key, const char *chunk,
@@ -475,6 +478,54 @@ static void test_kill_mid_transfer(void **state)
 	stop_all();
 }
 
+/* A mirror that stops reading (SIGSTOP) mid-transfer: A holds one lease,
+ * no more, and drops it after --transfer-timeout-ms; B shows nothing
+ * partial; once it runs again it gets the version whole. */
+static void test_stalled_mirror(void **state)
+{
+	uint64_t bytes[1] = { small ? 4u << 20 : 32u << 20 };
+
+	(void)state;
+	a_timeout = "1000";
+	start_all();
+	a_timeout = "60000";
+	relay_b = start_b_with(keyfile, "4K", "1");
+	publish("m/stall", 1, bytes, NULL, 21);
+	wait_transfer();
+	kill(relay_b, SIGSTOP);
+	assert_true(leases_of(ca) <= 1);
+	assert_true(log_has(log_a, "--transfer-timeout-ms"));
+	assert_int_equal(wait_leases(ca, 0), 0);
+	no_partial_on_b("m/stall");
+	kill(relay_b, SIGCONT);
+	stop(&relay_b);
+	no_partial_on_b("m/stall");
+	relay_b = start_b_with(keyfile, "1M", "16");
+	expect("m/stall", 0, 1, bytes, NULL, 21);
+	stop_all();
+}
+
+/* The origin deletes the name while it is pulled: the lease keeps the
+ * memory valid and unchanged, so the pull completes and B seals that
+ * version, bit-exact. */
+static void test_deleted_during_pull(void **state)
+{
+	uint64_t bytes[1] = { small ? 4u << 20 : 32u << 20 };
+	dlshare_name_info info;
+
+	(void)state;
+	start_all();
+	relay_b = start_b_with(keyfile, "4K", "1");
+	publish("m/gone", 1, bytes, NULL, 31);
+	wait_transfer();
+	assert_int_equal(dlshare_delete(ca, "m/gone"), 0);
+	assert_int_equal(dlshare_stat(ca, "m/gone", &info, NULL), DLSHARE_ENOENT);
+	expect("m/gone", 0, 1, bytes, NULL, 31);
+	assert_int_equal(wait_leases(ca, 0), 0);
+	no_disconnects();
+	stop_all();
+}
+
 /* A mirror with the wrong key gets nothing; A logs it and keeps serving
  * the right one. */
 static void test_wrong_key(void **state)
@@ -548,6 +599,8 @@ int main(void)
 		cmocka_unit_test(test_state_dict),
 		cmocka_unit_test(test_newer_than_100),
 		cmocka_unit_test(test_kill_mid_transfer),
+		cmocka_unit_test(test_stalled_mirror),
+		cmocka_unit_test(test_deleted_during_pull),
 		cmocka_unit_test(test_wrong_key),
 		cmocka_unit_test(test_key_mode),
 		cmocka_unit_test(test_hostile_garbage),

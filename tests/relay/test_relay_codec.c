@@ -153,6 +153,68 @@ static void test_addr(void **state)
 	assert_int_equal(config_split_addr("h:70000", host, sizeof(host), &port), -1);
 }
 
+static int parse(struct relay_config *c, FILE *err, ...)
+{
+	char *argv[32];
+	va_list ap;
+	int n = 0;
+
+	argv[n++] = "dlshare-relay";
+	va_start(ap, err);
+	while ((argv[n] = va_arg(ap, char *)))
+		n++;
+	va_end(ap);
+	config_init(c);
+	return config_parse(c, n, argv, err, err);
+}
+
+static void test_config(void **state)
+{
+	char dir[] = "/tmp/relaycfgXXXXXX", path[64];
+	struct relay_config c;
+	FILE *devnull = fopen("/dev/null", "w"), *f;
+
+	(void)state;
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/relay.conf", dir);
+	f = fopen(path, "w");
+	fputs("[relay]\nsocket = /tmp/a.sock\nkey-file = /k\nconnect = 10.0.0.1:7000\n"
+	      "mirror = weights/\nmirror = data/\nchunk-size = 8M\nmode = 0600\n", f);
+	fclose(f);
+	/* the file, and the command line over it */
+	assert_int_equal(parse(&c, devnull, "--config", path, "--max-inflight",
+			       "4", "--mode", "0640", (char *)NULL), 0);
+	assert_string_equal(c.socket_path, "/tmp/a.sock");
+	assert_int_equal(c.npeers, 1);
+	assert_int_equal(c.peers[0].nprefix, 2);
+	assert_string_equal(c.peers[0].prefix[1], "data/");
+	assert_int_equal(c.chunk_size, 8u << 20);
+	assert_int_equal(c.max_inflight, 4);
+	assert_int_equal(c.mode, 0640);
+	config_deinit(&c);
+	/* --help prints and says so */
+	assert_int_equal(parse(&c, devnull, "--help", (char *)NULL), 1);
+	config_deinit(&c);
+	/* errors: a --mirror before any --connect, no key, a limit crossed,
+	 * an unknown key in the file */
+	assert_int_equal(parse(&c, devnull, "--mirror", "x/", "--connect",
+			       "h:1", "--key-file", "k", (char *)NULL), -1);
+	config_deinit(&c);
+	assert_int_equal(parse(&c, devnull, "--listen", ":7000", (char *)NULL), -1);
+	config_deinit(&c);
+	assert_int_equal(parse(&c, devnull, "--listen", ":7000", "--key-file",
+			       "k", "--max-inflight", "0", (char *)NULL), -1);
+	config_deinit(&c);
+	f = fopen(path, "w");
+	fputs("listen = :1\nkey-file = k\nbogus = 1\n", f);
+	fclose(f);
+	assert_int_equal(parse(&c, devnull, "--config", path, (char *)NULL), -1);
+	config_deinit(&c);
+	unlink(path);
+	rmdir(dir);
+	fclose(devnull);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -161,6 +223,7 @@ int main(void)
 		cmocka_unit_test(test_codec),
 		cmocka_unit_test(test_key_file),
 		cmocka_unit_test(test_addr),
+		cmocka_unit_test(test_config),
 	};
 
 	return test_run_group("relay_codec", tests, NULL, NULL);
