@@ -128,9 +128,25 @@ struct job {
 	uint32_t region;
 };
 
+enum pull_state {
+	P_CREATING,  /* dlshare_create on the daemon worker */
+	P_PULLING,   /* gets */
+	P_CLOSING,   /* dlshare_seal or dlshare_writer_abort on the worker */
+};
+
 /* One version being pulled into this node's daemon. */
 struct pull {
 	struct pull *next;
+	struct pull *next_job;    /* r->jobs or r->done, under r->mu */
+	enum pull_state st;
+	bool busy;                /* on the worker: not to be freed */
+	uint64_t sealed;          /* the local version, once sealed */
+	/* the create's inputs, until it ran */
+	dlshare_tensor_spec *spec;
+	int64_t *shapes;
+	uint64_t *toff, *tlen;
+	uint32_t *treg;
+	uint32_t ntensors;
 	struct conn *c;
 	void *msg;                /* the OFFER (rkeys point into it) */
 	char *keys;               /* NUL-ended copies of its keys */
@@ -228,6 +244,14 @@ struct relay {
 	bool stop;
 	pthread_mutex_t mu;
 	struct sub *ready;        /* under mu */
+	/* the daemon worker: creates, seals and aborts of pulls, so that the
+	 * loop never waits for the daemon (a 256 MiB create populates its
+	 * pages) */
+	pthread_t worker_th;
+	bool worker_started;
+	pthread_cond_t jobcv;
+	struct pull *jobs, *done;  /* under mu */
+	bool worker_stop;          /* under mu */
 };
 
 static void conn_fail(struct conn *c, const char *fmt, ...)
@@ -356,8 +380,17 @@ static void conn_fail(struct conn *c, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(why, sizeof(why), fmt, ap);
 	va_end(ap);
-	log_warn("peer %s%s%s: %s; disconnected", c->peer, c->node[0] ? " node " : "",
-		 c->node, why);
+	if (c->upstream >= 0 && c->state == C_HELLO) {
+		/* never answered: said once until a connection succeeds */
+		if (!r->up[c->upstream].warned)
+			log_warn("cannot connect to %s (%s); retrying, at most "
+				 "every %u ms", c->peer, why,
+				 r->cfg->reconnect_max_ms);
+		r->up[c->upstream].warned = true;
+	} else {
+		log_warn("peer %s%s%s: %s; disconnected", c->peer,
+			 c->node[0] ? " node " : "", c->node, why);
+	}
 	c->state = C_DEAD;
 	while ((s = c->subs)) {
 		c->subs = s->next;
@@ -400,7 +433,7 @@ static void close_ep(struct conn *c)
 		c->close_req = sp;
 }
 
-static void pull_finish(struct relay *r, struct pull *p);
+static void pull_close(struct relay *r, struct pull *p);
 
 /* Frees dead connections whose gets, receives and close are done. */
 static void conns_reap(struct relay *r)
@@ -414,13 +447,14 @@ static void conns_reap(struct relay *r)
 			pc = &c->next;
 			continue;
 		}
-		while ((p = *pp)) {
-			if (p->inflight) {
-				pp = &p->next;
+		for (p = *pp; p; p = p->next) {
+			if (p->busy || p->inflight || p->st != P_PULLING)
 				continue;
+			if (!p->failed) {
+				p->failed = true;
+				snprintf(p->why, sizeof(p->why), "the peer went away");
 			}
-			*pp = p->next;
-			pull_finish(r, p);
+			pull_close(r, p);
 		}
 		/* a forced close cancels the gets and receives still
 		 * outstanding: their callbacks run with an error */
@@ -947,45 +981,154 @@ static void pull_free(struct pull *p)
 			ucp_rkey_destroy(p->regions[i].rkey);
 	free(p->regions);
 	free(p->jobs);
+	free(p->spec);
+	free(p->shapes);
+	free(p->toff);
+	free(p->tlen);
+	free(p->treg);
 	free(p->keys);
 	free(p->msg);
 	free(p);
 }
 
-/* p has no get outstanding: seal or abort, answer, free. */
-static void pull_finish(struct relay *r, struct pull *p)
+/* Hands p to the daemon worker (its state says what to do). */
+static void pull_post(struct relay *r, struct pull *p)
 {
-	uint64_t v = 0;
-	int err;
+	p->busy = true;
+	pthread_mutex_lock(&r->mu);
+	p->next_job = NULL;
+	{
+		struct pull **pp = &r->jobs;
+		while (*pp)
+			pp = &(*pp)->next_job;
+		*pp = p;
+	}
+	pthread_cond_signal(&r->jobcv);
+	pthread_mutex_unlock(&r->mu);
+}
 
-	if (!p->failed && p->w) {
-		err = dlshare_seal(p->w, NULL, &v);
-		p->w = NULL;
-		if (err) {
-			p->failed = true;
-			snprintf(p->why, sizeof(p->why), "seal: %s",
-				 dlshare_last_error()[0] ? dlshare_last_error() :
-				 dlshare_strerror(err));
+/* p has no get outstanding: seal it, or abort it, on the worker. */
+static void pull_close(struct relay *r, struct pull *p)
+{
+	p->st = P_CLOSING;
+	pull_post(r, p);
+}
+
+static void last_error(char *buf, size_t len, const char *what, int err)
+{
+	snprintf(buf, len, "%s: %s", what, dlshare_last_error()[0] ?
+		 dlshare_last_error() : dlshare_strerror(err));
+}
+
+/* The daemon worker: runs blocking libdlshare calls of pulls. */
+static void *worker_thread(void *arg)
+{
+	struct relay *r = arg;
+	uint64_t one = 1;
+
+	for (;;) {
+		struct pull *p;
+		int err;
+
+		pthread_mutex_lock(&r->mu);
+		while (!r->jobs && !r->worker_stop)
+			pthread_cond_wait(&r->jobcv, &r->mu);
+		p = r->jobs;
+		if (!p) {
+			pthread_mutex_unlock(&r->mu);
+			break;
+		}
+		r->jobs = p->next_job;
+		pthread_mutex_unlock(&r->mu);
+
+		if (p->st == P_CREATING) {
+			dlshare_create_opts co = { 0 };
+
+			co.device.device_type = kDLCPU;
+			co.mode = r->cfg->mode;
+			/* origin: set when relayops lands
+			 * co.origin_node = p->c->node;
+			 * co.origin_version = p->origin_version; */
+			err = dlshare_create(r->dl, p->name, p->spec, p->ntensors,
+					     &co, &p->w);
+			if (err) {
+				p->w = NULL;
+				p->failed = true;
+				last_error(p->why, sizeof(p->why), "create", err);
+			}
+		} else if (!p->failed && p->w) {
+			err = dlshare_seal(p->w, NULL, &p->sealed);
+			p->w = NULL;
+			if (err) {
+				p->failed = true;
+				last_error(p->why, sizeof(p->why), "seal", err);
+			}
+		} else if (p->w) {
+			dlshare_writer_abort(p->w);
+			p->w = NULL;
+		}
+		pthread_mutex_lock(&r->mu);
+		p->next_job = r->done;
+		r->done = p;
+		pthread_mutex_unlock(&r->mu);
+		if (write(r->evfd, &one, sizeof(one)) < 0) {
+			/* the loop is awake anyway */
 		}
 	}
-	if (p->w) {
-		dlshare_writer_abort(p->w);
-		p->w = NULL;
+	return NULL;
+}
+
+static void pull_unlink(struct pull *p)
+{
+	struct pull **pp;
+
+	for (pp = &p->c->pulls; *pp; pp = &(*pp)->next)
+		if (*pp == p) {
+			*pp = p->next;
+			return;
+		}
+}
+
+static void pull_start(struct relay *r, struct pull *p);
+
+/* What the worker finished. */
+static void done_drain(struct relay *r)
+{
+	struct pull *list, *p;
+
+	pthread_mutex_lock(&r->mu);
+	list = r->done;
+	r->done = NULL;
+	pthread_mutex_unlock(&r->mu);
+	while ((p = list)) {
+		list = p->next_job;
+		p->busy = false;
+		if (p->st == P_CREATING) {
+			if (!p->failed && p->c->state == C_READY) {
+				pull_start(r, p);
+				continue;
+			}
+			pull_close(r, p);   /* abort what was created */
+			continue;
+		}
+		pull_unlink(p);
+		if (p->failed) {
+			log_warn("mirror %s version %" PRIu64 " from %s: aborted, "
+				 "nothing published: %s", p->name,
+				 p->origin_version, p->c->peer, p->why);
+		} else {
+			known_set(r, p->name, p->origin_version);
+			log_info("mirror %s: origin version %" PRIu64 " from %s is "
+				 "local version %" PRIu64 " (%" PRIu64 " bytes)",
+				 p->name, p->origin_version,
+				 p->c->node[0] ? p->c->node : p->c->peer,
+				 p->sealed, p->bytes);
+		}
+		if (p->c->state == C_READY)
+			send_done(p->c, p->offer_id,
+				  p->failed ? DONE_FAILED : DONE_OK);
+		pull_free(p);
 	}
-	if (p->failed) {
-		log_warn("mirror %s version %" PRIu64 " from %s: aborted, nothing "
-			 "published: %s", p->name, p->origin_version, p->c->peer,
-			 p->why);
-	} else {
-		known_set(r, p->name, p->origin_version);
-		log_info("mirror %s: origin version %" PRIu64 " from %s is local "
-			 "version %" PRIu64 " (%" PRIu64 " bytes)", p->name,
-			 p->origin_version, p->c->node[0] ? p->c->node : p->c->peer,
-			 v, p->bytes);
-	}
-	if (p->c->state == C_READY)
-		send_done(p->c, p->offer_id, p->failed ? DONE_FAILED : DONE_OK);
-	pull_free(p);
 }
 
 static void get_cb(void *req, ucs_status_t st, void *user)
@@ -1048,15 +1191,67 @@ static void pulls_run(struct relay *r)
 
 		if (c->state != C_READY)
 			continue;
-		while ((p = *pp)) {
+		for (p = *pp; p; p = p->next) {
+			if (p->busy || p->st != P_PULLING)
+				continue;
 			pull_pump(r, p);
-			if (p->inflight || (!p->failed && p->cur < p->njobs)) {
-				pp = &p->next;
+			if (!p->inflight && (p->failed || p->cur == p->njobs))
+				pull_close(r, p);
+		}
+	}
+}
+
+/* The writer exists: unpack the rkeys, plan the gets, start pulling. */
+static void pull_start(struct relay *r, struct pull *p)
+{
+	uint32_t i;
+
+	(void)r;
+	p->st = P_PULLING;
+	if (dlshare_writer_count(p->w) != p->ntensors) {
+		snprintf(p->why, sizeof(p->why), "the writer has %zu tensors, "
+			 "the offer %u", dlshare_writer_count(p->w), p->ntensors);
+		p->failed = true;
+	}
+	for (i = 0; i < p->nregions && !p->failed; i++) {
+		ucs_status_t st = ucp_ep_rkey_unpack(p->c->ep, p->regions[i].rkey_buf,
+						     &p->regions[i].rkey);
+		if (st != UCS_OK) {
+			p->regions[i].rkey = NULL;
+			p->failed = true;
+			snprintf(p->why, sizeof(p->why), "rkey: %s",
+				 ucs_status_string(st));
+		}
+		p->regions[i].rkey_buf = NULL;
+	}
+	/* Jobs: one per tensor, merged with the one before when both sides
+	 * continue it across the same padding (the library lays bundles out
+	 * alike on both nodes, so a state dict becomes a few large gets). */
+	p->njobs = 0;
+	for (i = 0; i < p->ntensors && !p->failed; i++) {
+		DLTensor *t = dlshare_writer_tensor(p->w, i);
+		uint64_t src, len = p->tlen[i];
+		uint32_t reg = p->treg[i];
+		uint8_t *dst;
+
+		if (!len)
+			continue;
+		src = p->regions[reg].addr + p->toff[i];
+		dst = (uint8_t *)t->data + t->byte_offset;
+		p->bytes += len;
+		if (p->njobs) {
+			struct job *j = &p->jobs[p->njobs - 1];
+			uint64_t send = j->src + j->len;
+			uint8_t *dend = j->dst + j->len;
+
+			if (j->region == reg && src >= send && dst >= dend &&
+			    src - send == (uint64_t)(dst - dend) &&
+			    src - send <= COALESCE_GAP) {
+				j->len += (src - send) + len;
 				continue;
 			}
-			*pp = p->next;
-			pull_finish(r, p);
 		}
+		p->jobs[p->njobs++] = (struct job){ dst, src, len, reg };
 	}
 }
 
@@ -1074,8 +1269,6 @@ static int offer_take(struct relay *r, struct conn *c, void *msg,
 	uint16_t nl;
 	const char *name;
 	struct known *kn;
-	dlshare_create_opts co = { 0 };
-	int err;
 	const char *bad = NULL;
 
 	if (!p) {
@@ -1215,68 +1408,20 @@ static int offer_take(struct relay *r, struct conn *c, void *msg,
 		p = NULL;
 		goto out;
 	}
-
-	co.device.device_type = kDLCPU;
-	co.mode = r->cfg->mode;
-	/* origin: set when relayops lands
-	 * co.origin_node = c->node; co.origin_version = p->origin_version; */
-	err = dlshare_create(r->dl, p->name, spec, ntensors, &co, &p->w);
-	if (err) {
-		log_warn("mirror %s version %" PRIu64 " from %s: create: %s",
-			 p->name, p->origin_version, c->peer,
-			 dlshare_last_error()[0] ? dlshare_last_error() :
-			 dlshare_strerror(err));
-		send_done(c, p->offer_id, DONE_FAILED);
-		pull_free(p);
-		p = NULL;
-		goto out;
-	}
-	if (dlshare_writer_count(p->w) != ntensors) {
-		snprintf(p->why, sizeof(p->why), "the writer has %zu tensors, "
-			 "the offer %u", dlshare_writer_count(p->w), ntensors);
-		p->failed = true;
-	}
-	for (i = 0; i < p->nregions && !p->failed; i++) {
-		ucs_status_t st = ucp_ep_rkey_unpack(c->ep, p->regions[i].rkey_buf,
-						     &p->regions[i].rkey);
-		if (st != UCS_OK) {
-			p->regions[i].rkey = NULL;
-			p->failed = true;
-			snprintf(p->why, sizeof(p->why), "rkey: %s",
-				 ucs_status_string(st));
-		}
-		p->regions[i].rkey_buf = NULL;
-	}
-	/* Jobs: one per tensor, merged with the one before when both sides
-	 * continue it across the same padding (the library lays bundles out
-	 * alike on both nodes, so a state dict becomes a few large gets). */
-	p->njobs = 0;
-	for (i = 0; i < ntensors && !p->failed; i++) {
-		DLTensor *t = dlshare_writer_tensor(p->w, i);
-		uint64_t src;
-		uint8_t *dst;
-
-		if (!tlen[i])
-			continue;
-		src = p->regions[treg[i]].addr + toff[i];
-		dst = (uint8_t *)t->data + t->byte_offset;
-		p->bytes += tlen[i];
-		if (p->njobs) {
-			struct job *j = &p->jobs[p->njobs - 1];
-			uint64_t send = j->src + j->len;
-			uint8_t *dend = j->dst + j->len;
-
-			if (j->region == treg[i] && src >= send && dst >= dend &&
-			    src - send == (uint64_t)(dst - dend) &&
-			    src - send <= COALESCE_GAP) {
-				j->len += (src - send) + tlen[i];
-				continue;
-			}
-		}
-		p->jobs[p->njobs++] = (struct job){ dst, src, tlen[i], treg[i] };
-	}
+	p->spec = spec;
+	p->shapes = shapes;
+	p->toff = toff;
+	p->tlen = tlen;
+	p->treg = treg;
+	p->ntensors = ntensors;
+	spec = NULL;
+	shapes = NULL;
+	toff = tlen = NULL;
+	treg = NULL;
+	p->st = P_CREATING;
 	p->next = c->pulls;
 	c->pulls = p;
+	pull_post(r, p);
 	p = NULL;
 out:
 	free(spec);
@@ -2004,6 +2149,7 @@ int relay_run(const struct relay_config *cfg)
 	r->cfg = cfg;
 	r->epfd = r->evfd = r->sigfd = r->tfd = r->ucx_fd = -1;
 	pthread_mutex_init(&r->mu, NULL);
+	pthread_cond_init(&r->jobcv, NULL);
 	if (auth_key_load(&r->key, cfg->key_file, stderr))
 		goto out;
 	if (cfg->node_name) {
@@ -2026,6 +2172,11 @@ int relay_run(const struct relay_config *cfg)
 			goto out;
 		r->up[i].backoff_ms = BACKOFF_MIN_MS;
 	}
+	if (pthread_create(&r->worker_th, NULL, worker_thread, r)) {
+		log_err("cannot start a thread");
+		goto out;
+	}
+	r->worker_started = true;
 	if (ucx_init(r))
 		goto out;
 	if (cfg->listen && listen_start(r))
@@ -2055,6 +2206,7 @@ int relay_run(const struct relay_config *cfg)
 		accept_pending(r);
 		msgs_run(r);
 		ready_drain(r);
+		done_drain(r);
 		pulls_run(r);
 		conns_reap(r);
 		zombies_reap(r);
@@ -2104,6 +2256,14 @@ out:
 		HASH_DEL(r->known, k);
 		free(k);
 	}
+	if (r->worker_started) {
+		pthread_mutex_lock(&r->mu);
+		r->worker_stop = true;
+		pthread_cond_signal(&r->jobcv);
+		pthread_mutex_unlock(&r->mu);
+		pthread_join(r->worker_th, NULL);
+	}
+	pthread_cond_destroy(&r->jobcv);
 	if (r->listener)
 		ucp_listener_destroy(r->listener);
 	if (r->worker)

@@ -133,6 +133,32 @@ static void crash(pid_t *pid)
 	*pid = 0;
 }
 
+static int log_has(const char *log, const char *what)
+{
+	char buf[65536];
+	int fd = open(log, O_RDONLY), i;
+	ssize_t n;
+
+	for (i = 0; i < harness_ms(10000) / 20; i++) {
+		if (fd < 0)
+			fd = open(log, O_RDONLY);
+		if (fd >= 0) {
+			n = pread(fd, buf, sizeof(buf) - 1, 0);
+			if (n > 0) {
+				buf[n] = 0;
+				if (strstr(buf, what)) {
+					close(fd);
+					return 1;
+				}
+			}
+		}
+		sleep_ms(20);
+	}
+	if (fd >= 0)
+		close(fd);
+	return 0;
+}
+
 static int setup(void **state)
 {
 	(void)state;
@@ -156,6 +182,7 @@ static void start_all(void)
 	snprintf(log_b, sizeof(log_b), "%s/relay-b.log", B.dir);
 	port = free_port();
 	relay_a = start_a();
+	assert_true(log_has(log_a, "listening on"));
 }
 
 static void stop_all(void)
@@ -268,31 +295,6 @@ static int wait_leases(dlshare_client *c, uint64_t want)
 	return -1;
 }
 
-static int log_has(const char *log, const char *what)
-{
-	char buf[65536];
-	int fd = open(log, O_RDONLY), i;
-	ssize_t n;
-
-	for (i = 0; i < harness_ms(10000) / 20; i++) {
-		if (fd < 0)
-			fd = open(log, O_RDONLY);
-		if (fd >= 0) {
-			n = pread(fd, buf, sizeof(buf) - 1, 0);
-			if (n > 0) {
-				buf[n] = 0;
-				if (strstr(buf, what)) {
-					close(fd);
-					return 1;
-				}
-			}
-		}
-		sleep_ms(20);
-	}
-	if (fd >= 0)
-		close(fd);
-	return 0;
-}
 
 /* Fails when log holds what (read once: for what must never happen). */
 static void log_lacks(const char *log, const char *what)
