@@ -528,6 +528,73 @@ static void test_deleted_during_pull(void **state)
 	stop_all();
 }
 
+/* Fan-out: one origin, a second mirroring node C beside B, and names
+ * under two prefixes followed by B: every copy bit-exact, A's leases all
+ * go. */
+static void test_fan_out(void **state)
+{
+	uint64_t bytes[3] = { 3000, 1u << 20, 64 };
+	struct daemon_proc C;
+	dlshare_client *cc;
+	char log_c[160];
+	pid_t relay_c, relay_b2;
+	dlshare_get_opts o = { .select = DLSHARE_LATEST,
+			       .timeout_ms = 0 };
+	dlshare_bundle *b;
+	int i;
+
+	(void)state;
+	start_all();
+	assert_int_equal(harness_daemon_start(&C, NULL), 0);
+	cc = harness_connect(&C);
+	snprintf(log_c, sizeof(log_c), "%s/relay-c.log", C.dir);
+	relay_b2 = relay_start(log_b, "--socket", B.sock, "--connect", port_s,
+			       "--mirror", "m/", "--mirror", "n/", "--key-file",
+			       keyfile, (char *)NULL);
+	relay_c = relay_start(log_c, "--socket", C.sock, "--connect", port_s,
+			      "--mirror", "m/", "--key-file", keyfile,
+			      "--mode", "0600", (char *)NULL);
+	for (i = 0; i < 4; i++) {
+		char name[32];
+
+		snprintf(name, sizeof(name), "m/w%d", i);
+		publish(name, 3, bytes, NULL, 40 + (uint32_t)i);
+	}
+	publish("n/other", 3, bytes, NULL, 50);
+	for (i = 0; i < 4; i++) {
+		char name[32];
+
+		snprintf(name, sizeof(name), "m/w%d", i);
+		expect(name, 0, 3, bytes, NULL, 40 + (uint32_t)i);
+		/* and on C, with the configured mode */
+		o.select = DLSHARE_NEWER_THAN;
+		o.version = 0;
+		o.timeout_ms = harness_ms(30000);
+		assert_int_equal(dlshare_get(cc, name, &o, &b), 0);
+		assert_int_equal(dlshare_bundle_count(b), 3);
+		dlshare_bundle_free(b);
+	}
+	expect("n/other", 0, 3, bytes, NULL, 50);
+	{
+		dlshare_name_info info;
+
+		assert_int_equal(dlshare_stat(cc, "m/w0", &info, NULL), 0);
+		assert_int_equal(info.mode, 0600);
+		assert_int_equal(dlshare_stat(cc, "n/other", &info, NULL),
+				 DLSHARE_ENOENT);
+	}
+	assert_int_equal(wait_leases(ca, 0), 0);
+	no_disconnects();
+	log_lacks(log_c, "disconnected");
+	kill(relay_c, SIGTERM);
+	assert_int_equal(harness_wait(relay_c), 0);
+	kill(relay_b2, SIGTERM);
+	assert_int_equal(harness_wait(relay_b2), 0);
+	dlshare_disconnect(cc);
+	assert_int_equal(harness_daemon_stop(&C), 0);
+	stop_all();
+}
+
 /* A mirror with the wrong key gets nothing; A logs it and keeps serving
  * the right one. */
 static void test_wrong_key(void **state)
@@ -601,6 +668,7 @@ int main(void)
 		cmocka_unit_test(test_state_dict),
 		cmocka_unit_test(test_newer_than_100),
 		cmocka_unit_test(test_kill_mid_transfer),
+		cmocka_unit_test(test_fan_out),
 		cmocka_unit_test(test_stalled_mirror),
 		cmocka_unit_test(test_deleted_during_pull),
 		cmocka_unit_test(test_wrong_key),
