@@ -332,6 +332,7 @@ static int offer_take(struct relay *r, struct conn *c, void *msg,
 	uint32_t *treg = NULL;
 	uint64_t *toff = NULL, *tlen = NULL;
 	int64_t *shapes = NULL;
+	size_t ndims = 0;
 	uint32_t ntensors, i, k;
 	uint16_t nl;
 	const char *name;
@@ -380,7 +381,9 @@ static int offer_take(struct relay *r, struct conn *c, void *msg,
 	treg = calloc(ntensors ? ntensors : 1, sizeof(*treg));
 	toff = calloc(ntensors ? ntensors : 1, sizeof(*toff));
 	tlen = calloc(ntensors ? ntensors : 1, sizeof(*tlen));
-	shapes = calloc((size_t)(ntensors ? ntensors : 1) * MAX_NDIM, sizeof(*shapes));
+	/* every dimension takes 8 bytes of the message: what is left of it
+	 * bounds them all, whatever the counts say */
+	shapes = calloc(rbuf_left(rb) / 8 + 1, sizeof(*shapes));
 	p->jobs = calloc(ntensors ? ntensors : 1, sizeof(*p->jobs));
 	if (!p->regions || !spec || !treg || !toff || !tlen || !shapes || !p->jobs) {
 		pull_free(p);
@@ -414,9 +417,13 @@ static int offer_take(struct relay *r, struct conn *c, void *msg,
 			bad = "a malformed tensor";
 			goto proto;
 		}
+		if ((size_t)spec[i].ndim > rbuf_left(rb) / 8) {
+			bad = "a malformed tensor";
+			goto proto;
+		}
+		spec[i].shape = &shapes[ndims];
 		for (k = 0; k < (uint32_t)spec[i].ndim; k++)
-			shapes[(size_t)i * MAX_NDIM + k] = (int64_t)rbuf_u64(rb);
-		spec[i].shape = &shapes[(size_t)i * MAX_NDIM];
+			shapes[ndims++] = (int64_t)rbuf_u64(rb);
 		treg[i] = rbuf_u32(rb);
 		toff[i] = rbuf_u64(rb);
 		tlen[i] = rbuf_u64(rb);
