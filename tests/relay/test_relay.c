@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <dlshare/dlshare.h>
+#include <ucp/api/ucp.h>
 
 #include "harness.h"
 #include "skip.h"
@@ -105,7 +106,7 @@ static pid_t start_a(void)
 	return relay_start(log_a, "--socket", A.sock, "--listen", port_s,
 			   "--key-file", keyfile, "--scan-interval-ms", "50",
 			   "--node-name", "node-a", "--transfer-timeout-ms",
-			   a_timeout, (char *)NULL);
+			   a_timeout, "--auth-timeout-ms", "1000", (char *)NULL);
 }
 
 static pid_t start_b_with(const char *key, const char *chunk,
@@ -661,6 +662,141 @@ static void test_hostile_garbage(void **state)
 	stop_all();
 }
 
+struct hostile {
+	ucp_context_h ctx;
+	ucp_worker_h w;
+	ucp_ep_h ep;
+	int failed;
+};
+
+static ucs_status_t hostile_am(void *arg, const void *hdr, size_t hlen,
+			       void *data, size_t len,
+			       const ucp_am_recv_param_t *prm)
+{
+	(void)arg; (void)hdr; (void)hlen; (void)data; (void)len; (void)prm;
+	return UCS_OK;  /* A's ERROR: dropped */
+}
+
+static void hostile_err(void *arg, ucp_ep_h ep, ucs_status_t st)
+{
+	struct hostile *h = arg;
+
+	(void)ep;
+	(void)st;
+	h->failed = 1;
+}
+
+/* A UCX peer of A's relay that sends msgs (AM id 0x44, as a relay
+ * would) and must then be disconnected by A. */
+static void hostile_ucx(const void *const *msgs, const size_t *lens, int n,
+			unsigned am_id)
+{
+	ucp_am_handler_param_t ap = { 0 };
+	struct hostile h = { 0 };
+	ucp_params_t p = { 0 };
+	ucp_worker_params_t wp = { 0 };
+	ucp_ep_params_t ep = { 0 };
+	struct sockaddr_in sa = { .sin_family = AF_INET };
+	ucp_request_param_t rp = { 0 };
+	ucp_config_t *cfg;
+	int i;
+
+	sa.sin_port = htons((uint16_t)port);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	assert_int_equal(ucp_config_read(NULL, NULL, &cfg), UCS_OK);
+	p.field_mask = UCP_PARAM_FIELD_FEATURES;
+	p.features = UCP_FEATURE_AM;
+	assert_int_equal(ucp_init(&p, cfg, &h.ctx), UCS_OK);
+	ucp_config_release(cfg);
+	wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+	wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+	assert_int_equal(ucp_worker_create(h.ctx, &wp, &h.w), UCS_OK);
+	ap.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+			UCP_AM_HANDLER_PARAM_FIELD_CB;
+	ap.id = 0x44;
+	ap.cb = hostile_am;
+	assert_int_equal(ucp_worker_set_am_recv_handler(h.w, &ap), UCS_OK);
+	ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+			UCP_EP_PARAM_FIELD_ERR_HANDLER |
+			UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+	ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+	ep.sockaddr.addr = (struct sockaddr *)&sa;
+	ep.sockaddr.addrlen = sizeof(sa);
+	ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+	ep.err_handler.cb = hostile_err;
+	ep.err_handler.arg = &h;
+	assert_int_equal(ucp_ep_create(h.w, &ep, &h.ep), UCS_OK);
+	rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+	rp.flags = UCP_AM_SEND_FLAG_REPLY;
+	for (i = 0; i < n; i++) {
+		ucs_status_ptr_t sp = ucp_am_send_nbx(h.ep, am_id, NULL, 0,
+						      msgs[i], lens[i], &rp);
+		while (sp && !UCS_PTR_IS_ERR(sp) &&
+		       ucp_request_check_status(sp) == UCS_INPROGRESS && !h.failed)
+			ucp_worker_progress(h.w);
+		if (sp && !UCS_PTR_IS_ERR(sp))
+			ucp_request_free(sp);
+	}
+	for (i = 0; i < harness_ms(10000) && !h.failed; i++) {
+		ucp_worker_progress(h.w);
+		sleep_ms(1);
+	}
+	assert_true(h.failed);
+	{
+		ucp_request_param_t cp = { .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+					   .flags = UCP_EP_CLOSE_FLAG_FORCE };
+		ucs_status_ptr_t sp = ucp_ep_close_nbx(h.ep, &cp);
+
+		while (sp && !UCS_PTR_IS_ERR(sp) &&
+		       ucp_request_check_status(sp) == UCS_INPROGRESS)
+			ucp_worker_progress(h.w);
+		if (sp && !UCS_PTR_IS_ERR(sp))
+			ucp_request_free(sp);
+	}
+	ucp_worker_destroy(h.w);
+	ucp_cleanup(h.ctx);
+}
+
+/* UCX peers that speak garbage, send too much before authenticating, or
+ * break the handshake are cut off; A keeps serving a real mirror. */
+static void test_hostile_ucx(void **state)
+{
+	uint64_t bytes[1] = { 5000 };
+	static uint8_t junk[100], big[4096];
+	/* a CHALLENGE one byte short */
+	static const uint8_t shortc[12 + 35] = { 'D', 'L', 'R', '1', 1, 0, 0, 0, 35 };
+	/* a SUBSCRIBE before any authentication */
+	static const uint8_t early[12 + 8] = { 'D', 'L', 'R', '1', 5, 0, 0, 0, 8,
+					      0, 0, 0, 0, 0, 2, 0 };
+	const void *m1[] = { junk }, *m2[] = { big }, *m3[] = { shortc },
+		   *m4[] = { early };
+	size_t l1[] = { sizeof(junk) }, l2[] = { sizeof(big) },
+	       l3[] = { sizeof(shortc) }, l4[] = { sizeof(early) };
+
+	(void)state;
+	harness_fill(junk, sizeof(junk), 5);
+	memcpy(big, "DLR1", 4);
+	start_all();
+	/* an active message id the relay has no handler for: UCX drops
+	 * it, and the peer goes at --auth-timeout-ms */
+	hostile_ucx(m1, l1, 1, 0x45);
+	assert_int_equal(waitpid(relay_a, NULL, WNOHANG), 0);
+	assert_true(log_has(log_a, "did not authenticate within"));
+	hostile_ucx(m1, l1, 1, 0x44);
+	assert_true(log_has(log_a, "not the relay protocol"));
+	hostile_ucx(m2, l2, 1, 0x44);
+	assert_true(log_has(log_a, "a message of 4096 bytes"));
+	hostile_ucx(m3, l3, 1, 0x44);
+	assert_true(log_has(log_a, "malformed message of type 1"));
+	hostile_ucx(m4, l4, 1, 0x44);
+	assert_true(log_has(log_a, "unexpected message type 5"));
+	assert_int_equal(kill(relay_a, 0), 0);
+	publish("m/still", 1, bytes, NULL, 61);
+	relay_b = start_b_with(keyfile, "1M", "16");
+	expect("m/still", 0, 1, bytes, NULL, 61);
+	stop_all();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -674,6 +810,7 @@ int main(void)
 		cmocka_unit_test(test_wrong_key),
 		cmocka_unit_test(test_key_mode),
 		cmocka_unit_test(test_hostile_garbage),
+		cmocka_unit_test(test_hostile_ucx),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
