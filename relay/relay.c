@@ -414,6 +414,26 @@ static ucs_status_t am_cb(void *arg, const void *hdr, size_t hlen, void *data,
 	return UCS_OK;
 }
 
+/* An active message of an id the relay does not use: its peer is cut
+ * off, the data dropped. */
+static ucs_status_t am_stray_cb(void *arg, const void *hdr, size_t hlen,
+				void *data, size_t len,
+				const ucp_am_recv_param_t *prm)
+{
+	struct relay *r = arg;
+	struct conn *c = NULL;
+
+	(void)hdr;
+	(void)hlen;
+	(void)data;
+	if (prm->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
+		c = conn_by_ep(r, prm->reply_ep);
+	if (c)
+		conn_fail(c, "an active message of %zu bytes with an id the "
+			  "relay does not use", len);
+	return UCS_OK;
+}
+
 /* ---- connecting and accepting ------------------------------------------------ */
 
 static int resolve(const char *addr, bool passive, struct sockaddr_storage *sa,
@@ -599,6 +619,7 @@ static int ucx_init(struct relay *r)
 	ucp_am_handler_param_t ap = { 0 };
 	ucp_config_t *cfg;
 	ucs_status_t st;
+	int id;
 
 	/* A restarted relay must bind its port again at once, with the
 	 * last one's connections still in TIME_WAIT. */
@@ -626,13 +647,20 @@ static int ucx_init(struct relay *r)
 			UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
 			UCP_AM_HANDLER_PARAM_FIELD_CB |
 			UCP_AM_HANDLER_PARAM_FIELD_ARG;
-	ap.id = RELAY_AM_ID;
 	ap.flags = UCP_AM_FLAG_WHOLE_MSG;
-	ap.cb = am_cb;
 	ap.arg = r;
-	st = ucp_worker_set_am_recv_handler(r->worker, &ap);
-	if (st != UCS_OK)
-		goto fail;
+	/* Every other id a peer could send (UCP's are 16 bits) gets a
+	 * handler that cuts it off: UCX 1.13 crashed in
+	 * ucp_am_long_first_handler on a message for an id nobody
+	 * registered (tests/relay: test_hostile_ucx). The highest first,
+	 * so that the table grows once. */
+	for (id = 0xffff; id >= 0; id--) {
+		ap.id = (unsigned)id;
+		ap.cb = id == RELAY_AM_ID ? am_cb : am_stray_cb;
+		st = ucp_worker_set_am_recv_handler(r->worker, &ap);
+		if (st != UCS_OK)
+			goto fail;
+	}
 	return 0;
 fail:
 	log_err("UCX: %s", ucs_status_string(st));
