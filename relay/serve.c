@@ -385,8 +385,13 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 		size_t rklen = 0;
 		ucs_status_t st;
 
+		/* read-only both here (the lease's mapping is) and for the
+		 * peer: its rkey allows gets, never puts */
 		mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
-				UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+				UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+				UCP_MEM_MAP_PARAM_FIELD_PROT;
+		mp.prot = UCP_MEM_MAP_PROT_LOCAL_READ |
+			  UCP_MEM_MAP_PROT_REMOTE_READ;
 		mp.address = (void *)(uintptr_t)reg_addr[i];
 		mp.length = reg_len[i];
 		st = ucp_mem_map(r->ctx, &mp, &s->memh[i]);
