@@ -1,0 +1,273 @@
+/* internal — what the relay's loop and connections (relay.c), serving
+ * (serve.c) and mirroring (mirror.c) share: the objects, and the functions
+ * each calls in the others. Loop thread, unless a comment says otherwise.
+ */
+#ifndef DLSHARE_RELAY_INTERNAL_H
+#define DLSHARE_RELAY_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include <ucp/api/ucp.h>
+#include <uthash.h>
+
+#include <dlshare/dlshare.h>
+
+#include "auth.h"
+#include "config.h"
+#include "msg.h"
+
+#define TICK_MS 100
+#define MAX_TENSORS 1000000u   /* per offer, as the daemon's bundles */
+#define MAX_NDIM 32
+#define COALESCE_GAP 256       /* bytes of padding a get may span */
+#define BACKOFF_MIN_MS 50
+
+/* Lines on stderr with sd-daemon priority prefixes. Any thread. */
+void relay_log(int prio, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+#define log_err(...) relay_log(3, __VA_ARGS__)
+#define log_warn(...) relay_log(4, __VA_ARGS__)
+#define log_info(...) relay_log(6, __VA_ARGS__)
+
+/* CLOCK_MONOTONIC in ms. Any thread. */
+uint64_t relay_now_ms(void);
+
+
+struct relay;
+struct conn;
+
+/* A name a serving thread has offered, and the version. Thread only. */
+struct seen {
+	UT_hash_handle hh;
+	uint64_t version;
+	char name[];
+};
+
+/* The newest origin version each mirrored name got. Loop only. */
+struct known {
+	UT_hash_handle hh;
+	uint64_t version;
+	char name[];
+};
+
+enum sub_state {
+	SUB_SCAN,     /* the thread looks for a new version */
+	SUB_READY,    /* the thread holds a lease; the loop is to offer it */
+	SUB_SENT,     /* offered; the loop waits for DONE */
+	SUB_RELEASE,  /* the loop is done with it; the thread frees it */
+	SUB_EXITED,   /* the thread ended; the loop joins it */
+};
+
+/* One prefix one peer follows on this (serving) node: a thread that finds
+ * new versions and leases them, one at a time. */
+struct sub {
+	struct relay *r;
+	struct sub *next_ready;   /* r->ready, under r->mu */
+	struct sub *next;         /* the conn's or r->zombies; loop only */
+	uint64_t conn_id;
+	uint32_t sub_id;
+	char prefix[RELAY_PREFIX_MAX + 1];
+	pthread_t th;
+	pthread_cond_t cv;
+	/* under r->mu */
+	enum sub_state state;
+	bool cancel;
+	dlshare_bundle *bundle;
+	char name[256];
+	/* loop only */
+	uint64_t offer_id;
+	ucp_mem_h *memh;
+	uint32_t nmemh;
+	uint64_t sent_ms;
+	/* thread only */
+	struct seen *seen;
+	char hot[256];
+	char last[256];
+};
+
+struct region {
+	uint64_t addr, len;
+	const uint8_t *rkey_buf;
+	uint32_t rkey_len;
+	ucp_rkey_h rkey;
+};
+
+struct job {
+	uint8_t *dst;
+	uint64_t src;
+	uint64_t len;
+	uint32_t region;
+};
+
+enum pull_state {
+	P_CREATING,  /* dlshare_create on the daemon worker */
+	P_PULLING,   /* gets */
+	P_CLOSING,   /* dlshare_seal or dlshare_writer_abort on the worker */
+};
+
+/* One version being pulled into this node's daemon. */
+struct pull {
+	struct pull *next;
+	struct pull *next_job;    /* r->jobs or r->done, under r->mu */
+	enum pull_state st;
+	bool busy;                /* on the worker: not to be freed */
+	uint64_t sealed;          /* the local version, once sealed */
+	/* the create's inputs, until it ran */
+	dlshare_tensor_spec *spec;
+	int64_t *shapes;
+	uint64_t *toff, *tlen;
+	uint32_t *treg;
+	uint32_t ntensors;
+	struct conn *c;
+	void *msg;                /* the OFFER (rkeys point into it) */
+	char *keys;               /* NUL-ended copies of its keys */
+	uint32_t sub_id;
+	uint64_t offer_id;
+	char name[256];
+	uint64_t origin_version;
+	struct region *regions;
+	uint32_t nregions;
+	dlshare_writer *w;
+	struct job *jobs;
+	size_t njobs, cur;
+	uint64_t cur_off;
+	uint64_t bytes;
+	unsigned inflight;
+	bool failed;
+	char why[160];
+};
+
+enum conn_state {
+	C_HELLO,     /* server: awaiting CHALLENGE; mirror: awaiting PROOF_S */
+	C_PROOF,     /* server: awaiting PROOF_M; mirror: awaiting WELCOME */
+	C_READY,
+	C_DEAD,      /* closing: waits for its gets and close to finish */
+};
+
+struct inmsg {
+	struct inmsg *next;
+	uint64_t conn_id;
+	size_t len;
+	uint8_t data[];
+};
+
+struct conn {
+	struct conn *next;
+	struct relay *r;
+	uint64_t id;
+	ucp_ep_h ep;
+	bool serving;             /* accepted on --listen */
+	int upstream;             /* mirror: index of the --connect, else -1 */
+	enum conn_state state;
+	char peer[80];
+	char node[RELAY_NODE_MAX + 1];
+	uint8_t nonce_m[RELAY_NONCE_LEN], nonce_s[RELAY_NONCE_LEN];
+	uint64_t deadline_ms;     /* to authenticate */
+	size_t queued;            /* bytes of received, unhandled messages */
+	/* serving */
+	struct sub *subs;
+	uint32_t nsubs;
+	/* mirroring */
+	struct pull *pulls;
+	void *close_req;
+	bool closed;              /* ucp_ep_close_nbx was called */
+	bool flush;               /* close after what was sent went out */
+	unsigned recvs;           /* rendezvous receives outstanding */
+};
+
+struct upstream {
+	struct conn *c;
+	uint64_t retry_ms;
+	uint32_t backoff_ms;
+	struct sockaddr_storage sa;
+	socklen_t salen;
+	bool warned;
+};
+
+struct pending_req {
+	struct pending_req *next;
+	ucp_conn_request_h req;
+};
+
+struct relay {
+	const struct relay_config *cfg;
+	struct relay_key key;
+	char node[RELAY_NODE_MAX + 1];
+	ucp_context_h ctx;
+	ucp_worker_h worker;
+	ucp_listener_h listener;
+	int epfd, ucx_fd, evfd, sigfd, tfd;
+	dlshare_client *dl;
+	char sock[108];
+	struct conn *conns;
+	uint64_t next_id;
+	struct inmsg *in_head, *in_tail;
+	struct pending_req *reqs;
+	struct upstream up[RELAY_MAX_CONNECT];
+	struct known *known;
+	struct sub *zombies;
+	unsigned inflight;
+	uint64_t next_offer;
+	uint32_t nserving;
+	/* failed authentications: a window of a minute */
+	uint64_t authlog_start;
+	uint32_t authlog_n, authlog_dropped;
+	bool stop;
+	pthread_mutex_t mu;
+	struct sub *ready;        /* under mu */
+	/* the daemon worker: creates, seals and aborts of pulls, so that the
+	 * loop never waits for the daemon (a 256 MiB create populates its
+	 * pages) */
+	pthread_t worker_th;
+	bool worker_started;
+	pthread_cond_t jobcv;
+	struct pull *jobs, *done;  /* under mu */
+	bool worker_stop;          /* under mu */
+};
+
+/* relay.c: connections */
+
+/* Marks c dead (once; the reason is logged): its subscriptions are
+ * cancelled, its pulls fail, its endpoint is closed; it is freed once
+ * nothing of it is outstanding. */
+void conn_fail(struct conn *c, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+/* Sends the finished message w (consumed). Returns 0 or -1 (c failed). */
+int conn_send(struct conn *c, struct wbuf *w);
+/* Sends ERROR code text. */
+void conn_error(struct conn *c, uint32_t code, const char *text);
+struct conn *conn_by_id(struct relay *r, uint64_t id);
+/* A failed authentication: logged (rate-limited), ERROR 2, c dead. */
+void conn_auth_failed(struct relay *r, struct conn *c, const char *why);
+
+/* serve.c: this node's names to peers */
+
+/* The loop is done with s's offer: unregisters its memory, lets the
+ * thread release the lease. */
+void serve_release(struct relay *r, struct sub *s);
+/* Offers what the serving threads found. */
+void serve_drain(struct relay *r);
+/* Joins the threads of cancelled subscriptions that ended. */
+void serve_reap(struct relay *r);
+/* A message from a peer that connected to --listen. */
+void serve_msg(struct relay *r, struct conn *c, uint16_t type,
+	       struct rbuf *rb);
+
+/* mirror.c: peers' names into this node */
+
+/* p has no get outstanding: seal it, or abort it, on the worker. */
+void mirror_close(struct relay *r, struct pull *p);
+/* What the daemon worker finished: pulls started, answered, freed. */
+void mirror_done(struct relay *r);
+/* Issues gets of every pull, closes those that are done. */
+void mirror_run(struct relay *r);
+/* The daemon worker thread (creates, seals, aborts). */
+void *mirror_worker(void *arg);
+/* A message from a peer this relay connected to; an OFFER keeps *msg. */
+void mirror_msg(struct relay *r, struct conn *c, uint16_t type,
+		struct rbuf *rb, struct inmsg **msg);
+
+#endif

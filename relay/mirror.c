@@ -1,0 +1,623 @@
+/* mirror — peers' names into this node: offers checked, versions created
+ * on the daemon worker, pulled with one-sided gets, sealed or aborted. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+/* ---- mirroring: pulls --------------------------------------------------------- */
+
+static void known_set(struct relay *r, const char *name, uint64_t v)
+{
+	struct known *k;
+	size_t n = strlen(name);
+
+	HASH_FIND_STR(r->known, name, k);
+	if (!k) {
+		k = calloc(1, sizeof(*k) + n + 1);
+		if (!k)
+			return;
+		memcpy(k->name, name, n + 1);
+		HASH_ADD_STR(r->known, name, k);
+	}
+	k->version = v;
+}
+
+static void send_done(struct conn *c, uint64_t offer_id, uint32_t status)
+{
+	struct wbuf w;
+
+	wbuf_start(&w, MSG_DONE);
+	wbuf_u64(&w, offer_id);
+	wbuf_u32(&w, status);
+	conn_send(c, &w);
+}
+
+static void pull_free(struct pull *p)
+{
+	uint32_t i;
+
+	for (i = 0; p->regions && i < p->nregions; i++)
+		if (p->regions[i].rkey)
+			ucp_rkey_destroy(p->regions[i].rkey);
+	free(p->regions);
+	free(p->jobs);
+	free(p->spec);
+	free(p->shapes);
+	free(p->toff);
+	free(p->tlen);
+	free(p->treg);
+	free(p->keys);
+	free(p->msg);
+	free(p);
+}
+
+/* Hands p to the daemon worker (its state says what to do). */
+static void pull_post(struct relay *r, struct pull *p)
+{
+	p->busy = true;
+	pthread_mutex_lock(&r->mu);
+	p->next_job = NULL;
+	{
+		struct pull **pp = &r->jobs;
+		while (*pp)
+			pp = &(*pp)->next_job;
+		*pp = p;
+	}
+	pthread_cond_signal(&r->jobcv);
+	pthread_mutex_unlock(&r->mu);
+}
+
+/* p has no get outstanding: seal it, or abort it, on the worker. */
+void mirror_close(struct relay *r, struct pull *p)
+{
+	p->st = P_CLOSING;
+	pull_post(r, p);
+}
+
+static void last_error(char *buf, size_t len, const char *what, int err)
+{
+	snprintf(buf, len, "%s: %s", what, dlshare_last_error()[0] ?
+		 dlshare_last_error() : dlshare_strerror(err));
+}
+
+/* The daemon worker: runs blocking libdlshare calls of pulls. */
+void *mirror_worker(void *arg)
+{
+	struct relay *r = arg;
+	uint64_t one = 1;
+
+	for (;;) {
+		struct pull *p;
+		int err;
+
+		pthread_mutex_lock(&r->mu);
+		while (!r->jobs && !r->worker_stop)
+			pthread_cond_wait(&r->jobcv, &r->mu);
+		p = r->jobs;
+		if (!p) {
+			pthread_mutex_unlock(&r->mu);
+			break;
+		}
+		r->jobs = p->next_job;
+		pthread_mutex_unlock(&r->mu);
+
+		if (p->st == P_CREATING) {
+			dlshare_create_opts co = { 0 };
+
+			co.device.device_type = kDLCPU;
+			co.mode = r->cfg->mode;
+			/* origin: set when relayops lands
+			 * co.origin_node = p->c->node;
+			 * co.origin_version = p->origin_version; */
+			err = dlshare_create(r->dl, p->name, p->spec, p->ntensors,
+					     &co, &p->w);
+			if (err) {
+				p->w = NULL;
+				p->failed = true;
+				last_error(p->why, sizeof(p->why), "create", err);
+			}
+		} else if (!p->failed && p->w) {
+			err = dlshare_seal(p->w, NULL, &p->sealed);
+			p->w = NULL;
+			if (err) {
+				p->failed = true;
+				last_error(p->why, sizeof(p->why), "seal", err);
+			}
+		} else if (p->w) {
+			dlshare_writer_abort(p->w);
+			p->w = NULL;
+		}
+		pthread_mutex_lock(&r->mu);
+		p->next_job = r->done;
+		r->done = p;
+		pthread_mutex_unlock(&r->mu);
+		if (write(r->evfd, &one, sizeof(one)) < 0) {
+			/* the loop is awake anyway */
+		}
+	}
+	return NULL;
+}
+
+static void pull_unlink(struct pull *p)
+{
+	struct pull **pp;
+
+	for (pp = &p->c->pulls; *pp; pp = &(*pp)->next)
+		if (*pp == p) {
+			*pp = p->next;
+			return;
+		}
+}
+
+static void pull_start(struct relay *r, struct pull *p);
+
+/* What the worker finished. */
+void mirror_done(struct relay *r)
+{
+	struct pull *list, *p;
+
+	pthread_mutex_lock(&r->mu);
+	list = r->done;
+	r->done = NULL;
+	pthread_mutex_unlock(&r->mu);
+	while ((p = list)) {
+		list = p->next_job;
+		p->busy = false;
+		if (p->st == P_CREATING) {
+			if (!p->failed && p->c->state == C_READY) {
+				pull_start(r, p);
+				continue;
+			}
+			mirror_close(r, p);   /* abort what was created */
+			continue;
+		}
+		pull_unlink(p);
+		if (p->failed) {
+			log_warn("mirror %s version %" PRIu64 " from %s: aborted, "
+				 "nothing published: %s", p->name,
+				 p->origin_version, p->c->peer, p->why);
+		} else {
+			known_set(r, p->name, p->origin_version);
+			log_info("mirror %s: origin version %" PRIu64 " from %s is "
+				 "local version %" PRIu64 " (%" PRIu64 " bytes)",
+				 p->name, p->origin_version,
+				 p->c->node[0] ? p->c->node : p->c->peer,
+				 p->sealed, p->bytes);
+		}
+		if (p->c->state == C_READY)
+			send_done(p->c, p->offer_id,
+				  p->failed ? DONE_FAILED : DONE_OK);
+		pull_free(p);
+	}
+}
+
+static void get_cb(void *req, ucs_status_t st, void *user)
+{
+	struct pull *p = user;
+
+	p->inflight--;
+	p->c->r->inflight--;
+	if (st != UCS_OK && !p->failed) {
+		p->failed = true;
+		snprintf(p->why, sizeof(p->why), "get: %s", ucs_status_string(st));
+	}
+	ucp_request_free(req);
+}
+
+/* Issues gets of p while the relay's limit allows. */
+static void pull_pump(struct relay *r, struct pull *p)
+{
+	while (!p->failed && p->cur < p->njobs &&
+	       r->inflight < r->cfg->max_inflight) {
+		struct job *j = &p->jobs[p->cur];
+		uint64_t len = j->len - p->cur_off;
+		ucp_request_param_t rp = { 0 };
+		ucs_status_ptr_t sp;
+
+		if (len > r->cfg->chunk_size)
+			len = r->cfg->chunk_size;
+		rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+				  UCP_OP_ATTR_FIELD_USER_DATA;
+		rp.cb.send = get_cb;
+		rp.user_data = p;
+		sp = ucp_get_nbx(p->c->ep, j->dst + p->cur_off, len,
+				 j->src + p->cur_off, p->regions[j->region].rkey,
+				 &rp);
+		if (UCS_PTR_IS_ERR(sp)) {
+			p->failed = true;
+			snprintf(p->why, sizeof(p->why), "get: %s",
+				 ucs_status_string(UCS_PTR_STATUS(sp)));
+			break;
+		}
+		if (sp) {
+			p->inflight++;
+			r->inflight++;
+		}
+		p->cur_off += len;
+		if (p->cur_off == j->len) {
+			p->cur++;
+			p->cur_off = 0;
+		}
+	}
+}
+
+/* Pumps every pull, finishes those that are done. */
+void mirror_run(struct relay *r)
+{
+	struct conn *c;
+
+	for (c = r->conns; c; c = c->next) {
+		struct pull **pp = &c->pulls, *p;
+
+		if (c->state != C_READY)
+			continue;
+		for (p = *pp; p; p = p->next) {
+			if (p->busy || p->st != P_PULLING)
+				continue;
+			pull_pump(r, p);
+			if (!p->inflight && (p->failed || p->cur == p->njobs))
+				mirror_close(r, p);
+		}
+	}
+}
+
+/* The writer exists: unpack the rkeys, plan the gets, start pulling. */
+static void pull_start(struct relay *r, struct pull *p)
+{
+	uint32_t i;
+
+	(void)r;
+	p->st = P_PULLING;
+	if (dlshare_writer_count(p->w) != p->ntensors) {
+		snprintf(p->why, sizeof(p->why), "the writer has %zu tensors, "
+			 "the offer %u", dlshare_writer_count(p->w), p->ntensors);
+		p->failed = true;
+	}
+	for (i = 0; i < p->nregions && !p->failed; i++) {
+		ucs_status_t st = ucp_ep_rkey_unpack(p->c->ep, p->regions[i].rkey_buf,
+						     &p->regions[i].rkey);
+		if (st != UCS_OK) {
+			p->regions[i].rkey = NULL;
+			p->failed = true;
+			snprintf(p->why, sizeof(p->why), "rkey: %s",
+				 ucs_status_string(st));
+		}
+		p->regions[i].rkey_buf = NULL;
+	}
+	/* Jobs: one per tensor, merged with the one before when both sides
+	 * continue it across the same padding (the library lays bundles out
+	 * alike on both nodes, so a state dict becomes a few large gets). */
+	p->njobs = 0;
+	for (i = 0; i < p->ntensors && !p->failed; i++) {
+		DLTensor *t = dlshare_writer_tensor(p->w, i);
+		uint64_t src, len = p->tlen[i];
+		uint32_t reg = p->treg[i];
+		uint8_t *dst;
+
+		if (!len)
+			continue;
+		src = p->regions[reg].addr + p->toff[i];
+		dst = (uint8_t *)t->data + t->byte_offset;
+		p->bytes += len;
+		if (p->njobs) {
+			struct job *j = &p->jobs[p->njobs - 1];
+			uint64_t send = j->src + j->len;
+			uint8_t *dend = j->dst + j->len;
+
+			if (j->region == reg && src >= send && dst >= dend &&
+			    src - send == (uint64_t)(dst - dend) &&
+			    src - send <= COALESCE_GAP) {
+				j->len += (src - send) + len;
+				continue;
+			}
+		}
+		p->jobs[p->njobs++] = (struct job){ dst, src, len, reg };
+	}
+}
+
+/* Takes an OFFER (msg, owned) from c. Returns 0, or -1 after failing c. */
+static int offer_take(struct relay *r, struct conn *c, void *msg,
+		      struct rbuf *rb)
+{
+	const struct relay_peer_cfg *pc = &r->cfg->peers[c->upstream];
+	struct pull *p = calloc(1, sizeof(*p));
+	dlshare_tensor_spec *spec = NULL;
+	uint32_t *treg = NULL;
+	uint64_t *toff = NULL, *tlen = NULL;
+	int64_t *shapes = NULL;
+	size_t ndims = 0;
+	uint32_t ntensors, i, k;
+	uint16_t nl;
+	const char *name;
+	struct known *kn;
+	const char *bad = NULL;
+
+	if (!p) {
+		free(msg);
+		conn_fail(c, "out of memory");
+		return -1;
+	}
+	p->c = c;
+	p->msg = msg;
+	p->sub_id = rbuf_u32(rb);
+	p->offer_id = rbuf_u64(rb);
+	nl = rbuf_u16(rb);
+	name = rbuf_bytes(rb, nl);
+	p->origin_version = rbuf_u64(rb);
+	p->nregions = rbuf_u32(rb);
+	ntensors = rbuf_u32(rb);
+	if (rb->bad || !nl || nl > 255) {
+		bad = "a malformed offer";
+		goto proto;
+	}
+	memcpy(p->name, name, nl);
+	p->name[nl] = 0;
+	if (p->sub_id >= (uint32_t)pc->nprefix ||
+	    strncmp(p->name, pc->prefix[p->sub_id], strlen(pc->prefix[p->sub_id]))) {
+		bad = "an offer outside the prefixes this relay follows";
+		goto proto;
+	}
+	for (struct pull *q = c->pulls; q; q = q->next)
+		if (q->sub_id == p->sub_id) {
+			bad = "a second offer for one prefix before DONE";
+			goto proto;
+		}
+	/* every region takes at least 20 bytes, every tensor 27: counts the
+	 * message cannot hold are refused before anything is allocated */
+	if (p->nregions > rbuf_left(rb) / 20 || ntensors > MAX_TENSORS ||
+	    ntensors > rbuf_left(rb) / 27) {
+		bad = "an offer whose counts exceed its size";
+		goto proto;
+	}
+	p->regions = calloc(p->nregions ? p->nregions : 1, sizeof(*p->regions));
+	spec = calloc(ntensors ? ntensors : 1, sizeof(*spec));
+	treg = calloc(ntensors ? ntensors : 1, sizeof(*treg));
+	toff = calloc(ntensors ? ntensors : 1, sizeof(*toff));
+	tlen = calloc(ntensors ? ntensors : 1, sizeof(*tlen));
+	/* every dimension takes 8 bytes of the message: what is left of it
+	 * bounds them all, whatever the counts say */
+	shapes = calloc(rbuf_left(rb) / 8 + 1, sizeof(*shapes));
+	p->jobs = calloc(ntensors ? ntensors : 1, sizeof(*p->jobs));
+	if (!p->regions || !spec || !treg || !toff || !tlen || !shapes || !p->jobs) {
+		pull_free(p);
+		p = NULL;
+		conn_fail(c, "out of memory for an offer of %u tensors", ntensors);
+		goto out;
+	}
+	for (i = 0; i < p->nregions; i++) {
+		struct region *g = &p->regions[i];
+
+		g->addr = rbuf_u64(rb);
+		g->len = rbuf_u64(rb);
+		g->rkey_len = rbuf_u32(rb);
+		g->rkey_buf = rbuf_bytes(rb, g->rkey_len);
+		if (rb->bad || g->addr + g->len < g->addr) {
+			bad = "a malformed region";
+			goto proto;
+		}
+	}
+	for (i = 0; i < ntensors; i++) {
+		uint16_t kl = rbuf_u16(rb);
+		const char *key = rbuf_bytes(rb, kl);
+		DLTensor t = { 0 };
+		uint64_t nb;
+
+		spec[i].dtype.code = rbuf_u8(rb);
+		spec[i].dtype.bits = rbuf_u8(rb);
+		spec[i].dtype.lanes = rbuf_u16(rb);
+		spec[i].ndim = rbuf_u8(rb);
+		if (rb->bad || spec[i].ndim > MAX_NDIM) {
+			bad = "a malformed tensor";
+			goto proto;
+		}
+		if ((size_t)spec[i].ndim > rbuf_left(rb) / 8) {
+			bad = "a malformed tensor";
+			goto proto;
+		}
+		spec[i].shape = &shapes[ndims];
+		for (k = 0; k < (uint32_t)spec[i].ndim; k++)
+			shapes[ndims++] = (int64_t)rbuf_u64(rb);
+		treg[i] = rbuf_u32(rb);
+		toff[i] = rbuf_u64(rb);
+		tlen[i] = rbuf_u64(rb);
+		if (rb->bad) {
+			bad = "a malformed tensor";
+			goto proto;
+		}
+		/* keys point into msg, not NUL-ended: copied below */
+		spec[i].key = key;
+		t.dtype = spec[i].dtype;
+		t.ndim = spec[i].ndim;
+		t.shape = (int64_t *)spec[i].shape;
+		if (dlshare_tensor_nbytes(&t, &nb) || nb != tlen[i]) {
+			bad = "a tensor whose size does not match its shape";
+			goto proto;
+		}
+		if (nb && (treg[i] >= p->nregions || toff[i] > p->regions[treg[i]].len ||
+			   p->regions[treg[i]].len - toff[i] < nb)) {
+			bad = "a tensor outside its region";
+			goto proto;
+		}
+		/* the key's length, until the jobs are made */
+		p->jobs[i].len = kl;
+	}
+	if (rbuf_left(rb)) {
+		bad = "trailing bytes after an offer";
+		goto proto;
+	}
+	/* NUL-ended keys */
+	{
+		size_t total = 0;
+		char *keys, *q;
+
+		for (i = 0; i < ntensors; i++)
+			total += p->jobs[i].len + 1;
+		keys = malloc(total ? total : 1);
+		if (!keys) {
+			pull_free(p);
+			p = NULL;
+			conn_fail(c, "out of memory");
+			goto out;
+		}
+		for (q = keys, i = 0; i < ntensors; i++) {
+			memcpy(q, spec[i].key, p->jobs[i].len);
+			q[p->jobs[i].len] = 0;
+			spec[i].key = q;
+			q += p->jobs[i].len + 1;
+		}
+		p->keys = keys;
+	}
+
+	HASH_FIND_STR(r->known, p->name, kn);
+	if (kn && kn->version >= p->origin_version) {
+		send_done(c, p->offer_id, DONE_SKIPPED);
+		pull_free(p);
+		p = NULL;
+		goto out;
+	}
+	p->spec = spec;
+	p->shapes = shapes;
+	p->toff = toff;
+	p->tlen = tlen;
+	p->treg = treg;
+	p->ntensors = ntensors;
+	spec = NULL;
+	shapes = NULL;
+	toff = tlen = NULL;
+	treg = NULL;
+	p->st = P_CREATING;
+	p->next = c->pulls;
+	c->pulls = p;
+	pull_post(r, p);
+	p = NULL;
+out:
+	free(spec);
+	free(treg);
+	free(toff);
+	free(tlen);
+	free(shapes);
+	return 0;
+proto:
+	pull_free(p);
+	free(spec);
+	free(treg);
+	free(toff);
+	free(tlen);
+	free(shapes);
+	conn_error(c, 1, bad);
+	conn_fail(c, "%s", bad);
+	return -1;
+}
+void mirror_msg(struct relay *r, struct conn *c, uint16_t type,
+		       struct rbuf *rb, struct inmsg **msg)
+{
+	const struct relay_peer_cfg *pc = &r->cfg->peers[c->upstream];
+	uint8_t mac[SHA256_LEN];
+	struct wbuf w;
+	int i;
+
+	if (type == MSG_ERROR) {
+		uint32_t code = rbuf_u32(rb);
+		uint16_t n = rbuf_u16(rb);
+		const char *t = rbuf_bytes(rb, n);
+
+		if (code == 2 && c->state != C_READY) {
+			conn_auth_failed(r, c, "the peer refused our key");
+			return;
+		}
+		conn_fail(c, "the peer says: %.*s", t ? (int)n : 0, t ? t : "");
+		return;
+	}
+	switch (c->state) {
+	case C_HELLO: {
+		const void *nonce, *theirs;
+		uint16_t major;
+		int bad;
+
+		if (type != MSG_PROOF_S)
+			goto unexpected;
+		major = rbuf_u16(rb);
+		(void)rbuf_u16(rb);
+		nonce = rbuf_bytes(rb, RELAY_NONCE_LEN);
+		theirs = rbuf_bytes(rb, SHA256_LEN);
+		if (rb->bad || rbuf_left(rb))
+			goto malformed;
+		if (major != RELAY_PROTO_MAJOR) {
+			conn_fail(c, "relay protocol %u, this relay speaks %u",
+				  major, RELAY_PROTO_MAJOR);
+			return;
+		}
+		memcpy(c->nonce_s, nonce, RELAY_NONCE_LEN);
+		auth_proof(&r->key, "server", c->nonce_m, c->nonce_s, mac);
+		bad = mem_equal_ct(mac, theirs, SHA256_LEN);
+		/* Our proof goes out either way, so that a server with another
+		 * key logs the refusal too; it is bound to our fresh nonce and
+		 * to the role, so a false server gains nothing by it. */
+		auth_proof(&r->key, "mirror", c->nonce_m, c->nonce_s, mac);
+		wbuf_start(&w, MSG_PROOF_M);
+		wbuf_bytes(&w, mac, SHA256_LEN);
+		if (conn_send(c, &w))
+			return;
+		if (bad) {
+			c->flush = true;
+			conn_auth_failed(r, c, "the server does not know our key");
+			return;
+		}
+		c->state = C_PROOF;
+		return;
+	}
+	case C_PROOF: {
+		uint8_t nl;
+		const char *node;
+
+		if (type != MSG_WELCOME)
+			goto unexpected;
+		nl = rbuf_u8(rb);
+		node = rbuf_bytes(rb, nl);
+		if (rb->bad || rbuf_left(rb) || nl > RELAY_NODE_MAX)
+			goto malformed;
+		memcpy(c->node, node, nl);
+		c->node[nl] = 0;
+		c->state = C_READY;
+		r->up[c->upstream].backoff_ms = BACKOFF_MIN_MS;
+		r->up[c->upstream].warned = false;
+		log_info("connected to %s (node %s)", c->peer, c->node);
+		for (i = 0; i < pc->nprefix; i++) {
+			size_t pl = strlen(pc->prefix[i]);
+
+			wbuf_start(&w, MSG_SUBSCRIBE);
+			wbuf_u32(&w, (uint32_t)i);
+			wbuf_u16(&w, (uint16_t)pl);
+			wbuf_bytes(&w, pc->prefix[i], pl);
+			if (conn_send(c, &w))
+				return;
+		}
+		return;
+	}
+	case C_READY:
+		break;
+	case C_DEAD:
+		return;
+	}
+	if (type == MSG_OFFER) {
+		struct inmsg *m = *msg;
+
+		*msg = NULL;
+		offer_take(r, c, m, rb);
+		return;
+	}
+unexpected:
+	conn_error(c, 1, "unexpected message");
+	conn_fail(c, "unexpected message type %u", type);
+	return;
+malformed:
+	conn_error(c, 1, "malformed message");
+	conn_fail(c, "malformed message of type %u", type);
+}

@@ -1,0 +1,625 @@
+/* serve — this node's names to peers: a thread per followed prefix that
+ * leases new versions, offers with registered memory, the serving side of
+ * the handshake. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+/* ---- serving: the threads --------------------------------------------------- */
+
+#define PICK_MAX 64   /* names one scan of a prefix collects */
+
+/* One scan: up to PICK_MAX names with a version newer than the one
+ * offered, those after the last name offered first (round-robin). */
+struct pick {
+	struct sub *s;
+	size_t n, nafter;
+	char name[PICK_MAX][256];
+	uint64_t v[PICK_MAX];
+};
+
+static int pick_cb(const dlshare_name_info *info, void *arg)
+{
+	struct pick *k = arg;
+	struct seen *e;
+	bool after;
+
+	if (!info->latest)
+		return 0;
+	HASH_FIND_STR(k->s->seen, info->name, e);
+	if (e && e->version >= info->latest)
+		return 0;
+	after = strcmp(info->name, k->s->last) > 0;
+	if (k->n == PICK_MAX) {
+		/* full: only a name after the last offered may displace
+		 * one before it */
+		if (!after || k->nafter == PICK_MAX)
+			return k->nafter == PICK_MAX;
+		k->n--;
+	}
+	if (after) {
+		/* after-names go first, in order */
+		memmove(k->name[k->nafter + 1], k->name[k->nafter],
+			(k->n - k->nafter) * sizeof(k->name[0]));
+		memmove(&k->v[k->nafter + 1], &k->v[k->nafter],
+			(k->n - k->nafter) * sizeof(k->v[0]));
+		snprintf(k->name[k->nafter], 256, "%s", info->name);
+		k->v[k->nafter] = info->latest;
+		k->nafter++;
+	} else {
+		snprintf(k->name[k->n], 256, "%s", info->name);
+		k->v[k->n] = info->latest;
+	}
+	k->n++;
+	return 0;
+}
+
+static void seen_set(struct sub *s, const char *name, uint64_t v)
+{
+	struct seen *e;
+	size_t n = strlen(name);
+
+	HASH_FIND_STR(s->seen, name, e);
+	if (!e) {
+		e = calloc(1, sizeof(*e) + n + 1);
+		if (!e)
+			return;
+		memcpy(e->name, name, n + 1);
+		HASH_ADD_STR(s->seen, name, e);
+	}
+	e->version = v;
+}
+
+static uint64_t seen_get(struct sub *s, const char *name)
+{
+	struct seen *e;
+
+	HASH_FIND_STR(s->seen, name, e);
+	return e ? e->version : 0;
+}
+
+/* Hands b (a lease on name) to the loop and waits until it is done with
+ * it. Returns false when cancelled. */
+static bool sub_offer(struct sub *s, dlshare_bundle *b, const char *name_in)
+{
+	struct relay *r = s->r;
+	uint64_t one = 1;
+	bool cancelled;
+	char name[256];
+
+	/* name_in may be s->hot, rewritten below */
+	snprintf(name, sizeof(name), "%s", name_in);
+
+	seen_set(s, name, dlshare_bundle_version(b));
+	snprintf(s->hot, sizeof(s->hot), "%s", name);
+	snprintf(s->last, sizeof(s->last), "%s", name);
+	pthread_mutex_lock(&r->mu);
+	if (s->cancel) {
+		pthread_mutex_unlock(&r->mu);
+		dlshare_bundle_free(b);
+		return false;
+	}
+	s->bundle = b;
+	snprintf(s->name, sizeof(s->name), "%s", name);
+	s->state = SUB_READY;
+	s->next_ready = r->ready;
+	r->ready = s;
+	pthread_mutex_unlock(&r->mu);
+	if (write(r->evfd, &one, sizeof(one)) < 0) {
+		/* the counter is full: the loop is awake anyway */
+	}
+	pthread_mutex_lock(&r->mu);
+	while (s->state != SUB_RELEASE)
+		pthread_cond_wait(&s->cv, &r->mu);
+	s->bundle = NULL;
+	s->state = SUB_SCAN;
+	cancelled = s->cancel;
+	pthread_mutex_unlock(&r->mu);
+	dlshare_bundle_free(b);
+	return !cancelled;
+}
+
+static void *sub_thread(void *arg)
+{
+	struct sub *s = arg;
+	struct relay *r = s->r;
+	uint64_t one = 1;
+	struct seen *e, *tmp;
+
+	struct pick *k = malloc(sizeof(*k));
+
+	for (; k;) {
+		dlshare_bundle *b = NULL;
+		dlshare_get_opts o = { 0 };
+		const char *name = NULL;
+		bool stop = false;
+		size_t i;
+		int err;
+
+		pthread_mutex_lock(&r->mu);
+		if (s->cancel) {
+			pthread_mutex_unlock(&r->mu);
+			break;
+		}
+		pthread_mutex_unlock(&r->mu);
+
+		k->s = s;
+		k->n = k->nafter = 0;
+		err = dlshare_list(r->dl, s->prefix, pick_cb, k);
+		if (err)
+			log_warn("serving %s: list: %s", s->prefix,
+				 dlshare_strerror(err));
+		for (i = 0; i < k->n && !stop; i++) {
+			o = (dlshare_get_opts){ .select = DLSHARE_LATEST };
+			b = NULL;
+			err = dlshare_get(r->dl, k->name[i], &o, &b);
+			if (err) {
+				/* deleted, or not ours to read: skip this
+				 * version, try the next scan */
+				if (err != DLSHARE_ENOENT)
+					log_warn("serving %s: get: %s", k->name[i],
+						 dlshare_last_error()[0] ?
+						 dlshare_last_error() :
+						 dlshare_strerror(err));
+				seen_set(s, k->name[i], k->v[i]);
+				continue;
+			}
+			if (!sub_offer(s, b, k->name[i]))
+				stop = true;
+		}
+		if (stop)
+			break;
+		if (k->n)
+			continue;
+		if (s->hot[0]) {
+			/* Nothing new: wait on the name that changed last, the
+			 * daemon parks the request; others are seen by the next
+			 * scan. */
+			o.select = DLSHARE_NEWER_THAN;
+			o.version = seen_get(s, s->hot);
+			o.timeout_ms = (int32_t)r->cfg->scan_interval_ms;
+			err = dlshare_get(r->dl, s->hot, &o, &b);
+			if (err == 0)
+				name = s->hot;
+			else if (err != DLSHARE_ETIMEDOUT)
+				s->hot[0] = 0;
+		} else {
+			struct timespec ts;
+
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_nsec += (long)(r->cfg->scan_interval_ms % 1000) * 1000000;
+			ts.tv_sec += r->cfg->scan_interval_ms / 1000 + ts.tv_nsec / 1000000000;
+			ts.tv_nsec %= 1000000000;
+			pthread_mutex_lock(&r->mu);
+			if (!s->cancel)
+				pthread_cond_timedwait(&s->cv, &r->mu, &ts);
+			pthread_mutex_unlock(&r->mu);
+		}
+		if (b && !sub_offer(s, b, name))
+			break;
+	}
+	if (!k)
+		log_err("serving %s: out of memory", s->prefix);
+	free(k);
+	HASH_ITER(hh, s->seen, e, tmp) {
+		HASH_DEL(s->seen, e);
+		free(e);
+	}
+	pthread_mutex_lock(&r->mu);
+	s->state = SUB_EXITED;
+	pthread_mutex_unlock(&r->mu);
+	if (write(r->evfd, &one, sizeof(one)) < 0) {
+		/* the loop is awake anyway */
+	}
+	return NULL;
+}
+
+/* The loop is done with s's offer (sent and answered, or the peer went):
+ * unregisters the memory, lets the thread release the lease. */
+void serve_release(struct relay *r, struct sub *s)
+{
+	struct sub **pp;
+	uint32_t i;
+
+	for (i = 0; i < s->nmemh; i++)
+		ucp_mem_unmap(r->ctx, s->memh[i]);
+	free(s->memh);
+	s->memh = NULL;
+	s->nmemh = 0;
+	pthread_mutex_lock(&r->mu);
+	if (s->state == SUB_READY) {
+		for (pp = &r->ready; *pp; pp = &(*pp)->next_ready)
+			if (*pp == s) {
+				*pp = s->next_ready;
+				break;
+			}
+	}
+	if (s->state == SUB_READY || s->state == SUB_SENT) {
+		s->state = SUB_RELEASE;
+		pthread_cond_signal(&s->cv);
+	}
+	pthread_mutex_unlock(&r->mu);
+}
+
+void serve_reap(struct relay *r)
+{
+	struct sub **pp = &r->zombies, *s;
+
+	while ((s = *pp)) {
+		enum sub_state st;
+
+		pthread_mutex_lock(&r->mu);
+		st = s->state;
+		pthread_mutex_unlock(&r->mu);
+		if (st != SUB_EXITED) {
+			pp = &s->next;
+			continue;
+		}
+		*pp = s->next;
+		pthread_join(s->th, NULL);
+		pthread_cond_destroy(&s->cv);
+		free(s);
+	}
+}
+
+/* ---- serving: offers ---------------------------------------------------------- */
+
+struct span {
+	uint64_t addr, len;
+	size_t idx;
+};
+
+static int span_cmp(const void *a, const void *b)
+{
+	const struct span *x = a, *y = b;
+
+	return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+static bool is_compact(const DLTensor *t)
+{
+	int64_t want = 1;
+	int i;
+
+	if (!t->strides)
+		return true;
+	for (i = t->ndim - 1; i >= 0; i--) {
+		if (t->shape[i] != 1 && t->strides[i] != want)
+			return false;
+		want *= t->shape[i];
+	}
+	return true;
+}
+
+/* Builds and sends the OFFER of s's lease. Returns 0, or -1 when this
+ * version cannot be offered (s is then released, the peer kept). */
+static int offer_send(struct relay *r, struct conn *c, struct sub *s)
+{
+	dlshare_bundle *b = s->bundle;
+	size_t n = dlshare_bundle_count(b), i, nspan = 0, nreg = 0;
+	struct span *sp = calloc(n ? n : 1, sizeof(*sp));
+	uint32_t *reg_of = calloc(n ? n : 1, sizeof(*reg_of));
+	uint64_t *reg_addr = NULL, *reg_len = NULL;
+	struct wbuf w;
+	const char *why = NULL;
+	int ret = -1;
+
+	if (!sp || !reg_of) {
+		why = "out of memory";
+		goto out;
+	}
+	for (i = 0; i < n; i++) {
+		const DLTensor *t = dlshare_bundle_tensor(b, i);
+		uint64_t nb;
+
+		if (!t || dlshare_tensor_nbytes(t, &nb)) {
+			why = "a tensor the library refuses";
+			goto out;
+		}
+		if (t->device.device_type != kDLCPU &&
+		    t->device.device_type != kDLCUDAHost) {
+			why = "a device tensor (the relay moves host tensors)";
+			goto out;
+		}
+		if (!is_compact(t)) {
+			why = "a strided tensor (the relay moves compact ones)";
+			goto out;
+		}
+		reg_of[i] = UINT32_MAX;
+		if (!nb)
+			continue;
+		sp[nspan].addr = (uint64_t)(uintptr_t)t->data + t->byte_offset;
+		sp[nspan].len = nb;
+		sp[nspan].idx = i;
+		nspan++;
+	}
+	qsort(sp, nspan, sizeof(*sp), span_cmp);
+	reg_addr = calloc(nspan ? nspan : 1, sizeof(uint64_t));
+	reg_len = calloc(nspan ? nspan : 1, sizeof(uint64_t));
+	s->memh = calloc(nspan ? nspan : 1, sizeof(ucp_mem_h));
+	if (!reg_addr || !reg_len || !s->memh) {
+		why = "out of memory";
+		goto out;
+	}
+	/* Tensors whose bytes touch the same or the next page belong to one
+	 * mapping: one registration covers them, with no hole. */
+	for (i = 0; i < nspan; i++) {
+		uint64_t end = sp[i].addr + sp[i].len;
+
+		if (nreg) {
+			uint64_t cur_end = reg_addr[nreg - 1] + reg_len[nreg - 1];
+			uint64_t page_end = (cur_end + 4095) & ~(uint64_t)4095;
+
+			if (sp[i].addr <= page_end) {
+				if (end > cur_end)
+					reg_len[nreg - 1] = end - reg_addr[nreg - 1];
+				reg_of[sp[i].idx] = (uint32_t)(nreg - 1);
+				continue;
+			}
+		}
+		reg_addr[nreg] = sp[i].addr;
+		reg_len[nreg] = sp[i].len;
+		reg_of[sp[i].idx] = (uint32_t)nreg;
+		nreg++;
+	}
+
+	wbuf_start(&w, MSG_OFFER);
+	wbuf_u32(&w, s->sub_id);
+	s->offer_id = ++r->next_offer;
+	wbuf_u64(&w, s->offer_id);
+	wbuf_u16(&w, (uint16_t)strlen(s->name));
+	wbuf_bytes(&w, s->name, strlen(s->name));
+	wbuf_u64(&w, dlshare_bundle_version(b));
+	wbuf_u32(&w, (uint32_t)nreg);
+	wbuf_u32(&w, (uint32_t)n);
+	for (i = 0; i < nreg; i++) {
+		ucp_mem_map_params_t mp = { 0 };
+		void *rk = NULL;
+		size_t rklen = 0;
+		ucs_status_t st;
+
+		/* read-only both here (the lease's mapping is) and for the
+		 * peer: its rkey allows gets, never puts */
+		mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+				UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+				UCP_MEM_MAP_PARAM_FIELD_PROT;
+		mp.prot = UCP_MEM_MAP_PROT_LOCAL_READ |
+			  UCP_MEM_MAP_PROT_REMOTE_READ;
+		mp.address = (void *)(uintptr_t)reg_addr[i];
+		mp.length = reg_len[i];
+		st = ucp_mem_map(r->ctx, &mp, &s->memh[i]);
+		if (st != UCS_OK) {
+			why = ucs_status_string(st);
+			free(w.p);
+			goto out;
+		}
+		s->nmemh++;
+		st = ucp_rkey_pack(r->ctx, s->memh[i], &rk, &rklen);
+		if (st != UCS_OK) {
+			why = ucs_status_string(st);
+			free(w.p);
+			goto out;
+		}
+		wbuf_u64(&w, reg_addr[i]);
+		wbuf_u64(&w, reg_len[i]);
+		wbuf_u32(&w, (uint32_t)rklen);
+		wbuf_bytes(&w, rk, rklen);
+		ucp_rkey_buffer_release(rk);
+	}
+	for (i = 0; i < n; i++) {
+		const DLTensor *t = dlshare_bundle_tensor(b, i);
+		const char *key = dlshare_bundle_key(b, i);
+		size_t kl = strlen(key);
+		uint64_t nb = 0;
+		int d;
+
+		dlshare_tensor_nbytes(t, &nb);
+		wbuf_u16(&w, (uint16_t)kl);
+		wbuf_bytes(&w, key, kl);
+		wbuf_u8(&w, t->dtype.code);
+		wbuf_u8(&w, t->dtype.bits);
+		wbuf_u16(&w, t->dtype.lanes);
+		wbuf_u8(&w, (uint8_t)t->ndim);
+		for (d = 0; d < t->ndim; d++)
+			wbuf_u64(&w, (uint64_t)t->shape[d]);
+		wbuf_u32(&w, reg_of[i]);
+		wbuf_u64(&w, reg_of[i] == UINT32_MAX ? 0 :
+			 (uint64_t)(uintptr_t)t->data + t->byte_offset -
+			 reg_addr[reg_of[i]]);
+		wbuf_u64(&w, nb);
+	}
+	if (w.len > r->cfg->max_message) {
+		free(w.p);
+		why = "its offer is larger than --max-message";
+		goto out;
+	}
+	pthread_mutex_lock(&r->mu);
+	s->state = SUB_SENT;
+	pthread_mutex_unlock(&r->mu);
+	s->sent_ms = relay_now_ms();
+	ret = conn_send(c, &w);
+	if (ret)
+		why = "send failed";
+out:
+	if (ret) {
+		log_warn("serving %s version %" PRIu64 " to %s: not offered: %s",
+			 s->name, dlshare_bundle_version(b), c->peer, why);
+		serve_release(r, s);
+	}
+	free(sp);
+	free(reg_of);
+	free(reg_addr);
+	free(reg_len);
+	return ret;
+}
+
+/* Offers what the threads found. */
+void serve_drain(struct relay *r)
+{
+	for (;;) {
+		struct sub *s;
+		struct conn *c;
+
+		pthread_mutex_lock(&r->mu);
+		s = r->ready;
+		if (s) {
+			r->ready = s->next_ready;
+			s->next_ready = NULL;
+		}
+		pthread_mutex_unlock(&r->mu);
+		if (!s)
+			return;
+		c = conn_by_id(r, s->conn_id);
+		if (!c || c->state != C_READY) {
+			serve_release(r, s);
+			continue;
+		}
+		offer_send(r, c, s);
+	}
+}
+void serve_msg(struct relay *r, struct conn *c, uint16_t type,
+		       struct rbuf *rb)
+{
+	uint8_t mac[SHA256_LEN];
+	struct wbuf w;
+
+	switch (c->state) {
+	case C_HELLO: {
+		uint16_t major, minor;
+		const void *nonce;
+
+		if (type != MSG_CHALLENGE)
+			goto unexpected;
+		major = rbuf_u16(rb);
+		minor = rbuf_u16(rb);
+		nonce = rbuf_bytes(rb, RELAY_NONCE_LEN);
+		(void)minor;
+		if (rb->bad || rbuf_left(rb))
+			goto malformed;
+		if (major != RELAY_PROTO_MAJOR) {
+			conn_error(c, 3, "unsupported relay protocol major");
+			conn_fail(c, "relay protocol %u, this relay speaks %u",
+				  major, RELAY_PROTO_MAJOR);
+			return;
+		}
+		memcpy(c->nonce_m, nonce, RELAY_NONCE_LEN);
+		if (auth_random(c->nonce_s, RELAY_NONCE_LEN)) {
+			conn_fail(c, "getrandom failed");
+			return;
+		}
+		auth_proof(&r->key, "server", c->nonce_m, c->nonce_s, mac);
+		wbuf_start(&w, MSG_PROOF_S);
+		wbuf_u16(&w, RELAY_PROTO_MAJOR);
+		wbuf_u16(&w, RELAY_PROTO_MINOR);
+		wbuf_bytes(&w, c->nonce_s, RELAY_NONCE_LEN);
+		wbuf_bytes(&w, mac, SHA256_LEN);
+		if (!conn_send(c, &w))
+			c->state = C_PROOF;
+		return;
+	}
+	case C_PROOF: {
+		const void *their;
+		size_t nl = strlen(r->node);
+
+		if (type != MSG_PROOF_M)
+			goto unexpected;
+		their = rbuf_bytes(rb, SHA256_LEN);
+		if (rb->bad || rbuf_left(rb))
+			goto malformed;
+		auth_proof(&r->key, "mirror", c->nonce_m, c->nonce_s, mac);
+		if (mem_equal_ct(mac, their, SHA256_LEN)) {
+			c->flush = true;
+			conn_auth_failed(r, c, "wrong key");
+			return;
+		}
+		c->state = C_READY;
+		log_info("peer %s authenticated", c->peer);
+		wbuf_start(&w, MSG_WELCOME);
+		wbuf_u8(&w, (uint8_t)nl);
+		wbuf_bytes(&w, r->node, nl);
+		conn_send(c, &w);
+		return;
+	}
+	case C_READY:
+		break;
+	case C_DEAD:
+		return;
+	}
+	if (type == MSG_SUBSCRIBE) {
+		uint32_t id = rbuf_u32(rb);
+		uint16_t pl = rbuf_u16(rb);
+		const char *pfx = rbuf_bytes(rb, pl);
+		struct sub *s;
+
+		if (rb->bad || rbuf_left(rb) || !pl || pl > RELAY_PREFIX_MAX)
+			goto malformed;
+		if (c->nsubs >= r->cfg->max_subscriptions) {
+			conn_error(c, 4, "too many subscriptions");
+			conn_fail(c, "more than --max-subscriptions %u prefixes",
+				  r->cfg->max_subscriptions);
+			return;
+		}
+		for (s = c->subs; s; s = s->next)
+			if (s->sub_id == id)
+				goto malformed;
+		s = calloc(1, sizeof(*s));
+		if (!s) {
+			conn_fail(c, "out of memory");
+			return;
+		}
+		s->r = r;
+		s->conn_id = c->id;
+		s->sub_id = id;
+		memcpy(s->prefix, pfx, pl);
+		s->prefix[pl] = 0;
+		s->state = SUB_SCAN;
+		pthread_cond_init(&s->cv, NULL);
+		if (pthread_create(&s->th, NULL, sub_thread, s)) {
+			pthread_cond_destroy(&s->cv);
+			free(s);
+			conn_fail(c, "cannot start a thread");
+			return;
+		}
+		s->next = c->subs;
+		c->subs = s;
+		c->nsubs++;
+		log_info("peer %s follows '%s'", c->peer, s->prefix);
+		return;
+	}
+	if (type == MSG_DONE) {
+		uint64_t id = rbuf_u64(rb);
+		uint32_t status = rbuf_u32(rb);
+		struct sub *s;
+
+		if (rb->bad || rbuf_left(rb) || status > DONE_FAILED)
+			goto malformed;
+		for (s = c->subs; s; s = s->next)
+			if (s->offer_id == id && s->memh)
+				break;
+		if (!s)
+			goto unexpected;
+		if (status == DONE_FAILED)
+			log_warn("peer %s could not mirror %s", c->peer, s->name);
+		s->offer_id = 0;
+		serve_release(r, s);
+		return;
+	}
+	if (type == MSG_ERROR) {
+		conn_fail(c, "the peer sent an error");
+		return;
+	}
+unexpected:
+	conn_error(c, 1, "unexpected message");
+	conn_fail(c, "unexpected message type %u", type);
+	return;
+malformed:
+	conn_error(c, 1, "malformed message");
+	conn_fail(c, "malformed message of type %u", type);
+}
