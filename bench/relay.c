@@ -44,11 +44,15 @@ static char relay_bin[PATH_MAX];
 static char perftest_bin[PATH_MAX];
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static uint64_t t0_section;
+
+/* A line on stderr with the seconds since the section started. */
 static void say(const char *fmt, ...)
 {
 	va_list ap;
 
-	fputs("relay: ", stderr);
+	fprintf(stderr, "relay [%5.1fs]: ",
+		(double)(util_now_ns() - t0_section) / 1e9);
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
@@ -611,6 +615,7 @@ int relay_section(int quick, int reps, const char *daemon_bin)
 	int have_relay, have_perftest, rc = -1, failed_relay = 0;
 	double v[8];
 
+	t0_section = util_now_ns();
 	/* 1 GiB lives in both daemons, twice while a version replaces
 	 * another, and in ucx_perftest's two processes. */
 	while (big > (UINT64_C(16) << 20) &&
