@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "figures.h"
+#include "relay.h"
 #include "report.h"
 #include "util.h"
 
@@ -1340,7 +1341,8 @@ static int write_json(const char *path, const struct plan *pl,
 	static const char *const keys[] = { "get_p50_over_floor",
 		"throughput_over_floor", "handoff_1GiB_over_4KiB",
 		"get_p50_1M_over_100", "mem_per_tensor_bytes",
-		"publish_copy_over_floor", "publish_torch_over_numpy" };
+		"publish_copy_over_floor", "publish_torch_over_numpy",
+		"relay_1GiB_over_ucx_perftest", "relay_4KiB_propagation_us" };
 	FILE *o = fopen(path, "we");
 
 	if (!o) {
@@ -1386,7 +1388,7 @@ static void usage(FILE *o)
 		"               [--python PATH] [--pythonpath DIR] [--venv-python PATH]\n"
 		"       dlbench --daemon PATH --floor PATH --loop N [--loop-ms MS] [--pin]\n"
 		"  sections: latency,throughput,handoff,scale,idle,storm,bundle,publish,\n"
-		"            peers\n"
+		"            peers,relay\n"
 		"  --python: the interpreter (with torch and NumPy) that\n"
 		"  measures publish from torch and NumPy and the handoff against\n"
 		"  torch.multiprocessing (/usr/bin/python3);\n"
@@ -1587,6 +1589,9 @@ int main(int argc, char **argv)
 	if (util_list_has(only, "publish") && section_publish(&pl))
 		failed = 1;
 	if (util_list_has(only, "peers") && section_peers(&pl))
+		failed = 1;
+	if (util_list_has(only, "relay") &&
+	    relay_section(pl.quick, pl.reps, daemon_bin))
 		failed = 1;
 	daemon_stop_all();
 

@@ -719,6 +719,12 @@ static void name_info_copy(dlshare_name_info *d, const Dlshare__NameInfo *s)
 	d->owner_pid = s->has_owner_pid ? s->owner_pid : 0;
 	d->ttl_ms = s->has_ttl_ms ? s->ttl_ms : 0;
 	d->expires_in_ms = s->has_expires_in_ms ? s->expires_in_ms : 0;
+	/* A node over the limit (a daemon that broke the rule) is cut, never
+	 * overrun. */
+	if (s->origin_node)
+		strncpy(d->origin_node, s->origin_node,
+			sizeof(d->origin_node) - 1);
+	d->origin_version = s->has_origin_version ? s->origin_version : 0;
 }
 
 /* Sends a request and checks that the reply has the expected body. */

@@ -1328,6 +1328,7 @@ static int hello(dlshare_client *c)
 		c->lifetimes = r.msg->frame->hello_reply->minor >= 4;
 		c->dev_events = r.msg->frame->hello_reply->minor >= 4;
 		c->queues = r.msg->frame->hello_reply->minor >= 4;
+		c->origins = r.msg->frame->hello_reply->minor >= 5;
 	}
 	reply_free(c, &r);
 	return err;

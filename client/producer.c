@@ -212,6 +212,31 @@ static int lifetimes_supported(dlshare_client *c, const char *name)
 	return DLSHARE_ENOTSUP;
 }
 
+/* A version's origin (protocol 1.5): refused here as the daemon would
+ * refuse it, and refused for a daemon too old to keep it (it would drop
+ * it without a word). Returns 0, DLSHARE_EINVAL or DLSHARE_ENOTSUP
+ * (dlshare_last_error() says why). */
+static int origin_ok(dlshare_client *c, const char *name, const char *node,
+		     uint64_t version)
+{
+	const char *why = check_origin_why(node, version);
+	char msg[512];
+
+	if (why) {
+		snprintf(msg, sizeof(msg), "%s: origin_node: %s", name, why);
+		errmsg_set(msg);
+		return DLSHARE_EINVAL;
+	}
+	if (node && !c->origins) {
+		snprintf(msg, sizeof(msg), "%s: a version's origin needs a "
+			 "daemon of protocol 1.5 or later; this one is older "
+			 "and would drop it", name);
+		errmsg_set(msg);
+		return DLSHARE_ENOTSUP;
+	}
+	return 0;
+}
+
 /* ---- store mode ---------------------------------------------------------- */
 
 /* Queue options on the wire (Create and Publish share the fields).
@@ -298,6 +323,9 @@ static int create_args_check(dlshare_client *c, const char *name,
 	}
 	if (opts && (opts->ttl_ms || (opts->flags & DLSHARE_NAME_OWNED)) &&
 	    (err = lifetimes_supported(c, name)))
+		return err;
+	if (opts && (err = origin_ok(c, name, opts->origin_node,
+				     opts->origin_version)))
 		return err;
 	if (q && q->wait_ms < 0 && q->wait_ms != DLSHARE_WAIT_FOREVER)
 		return DLSHARE_EINVAL;
@@ -443,6 +471,11 @@ static int create_msg_fill(struct create_msg *m, dlshare_writer *w,
 	if (opts && opts->ttl_ms) {
 		m->cr.has_ttl_ms = 1;
 		m->cr.ttl_ms = opts->ttl_ms;
+	}
+	if (opts && opts->origin_node) {
+		m->cr.origin_node = (char *)opts->origin_node;
+		m->cr.has_origin_version = 1;
+		m->cr.origin_version = opts->origin_version;
 	}
 	if (queue_wire(q, &m->cr.has_queue_depth, &m->cr.queue_depth,
 		       &m->cr.has_wait_ms, &m->cr.wait_ms))
@@ -798,6 +831,8 @@ static int create_like(dlshare_client *c, const char *name,
 	dlshare_create_opts co = {
 		.device = device, .mode = o->mode,
 		.flags = o->flags & DLSHARE_NAME_OWNED, .ttl_ms = o->ttl_ms,
+		.origin_node = o->origin_node,
+		.origin_version = o->origin_version,
 	};
 	int err;
 
@@ -1246,6 +1281,11 @@ static int export_options(struct export_msg *m, const char *name,
 		m->p.has_ttl_ms = 1;
 		m->p.ttl_ms = o->ttl_ms;
 	}
+	if (o->origin_node) {
+		m->p.origin_node = (char *)o->origin_node;
+		m->p.has_origin_version = 1;
+		m->p.origin_version = o->origin_version;
+	}
 	if (queue_wire(q, &m->p.has_queue_depth, &m->p.queue_depth, &has_wait,
 		       &wait))
 		return DLSHARE_EINVAL;
@@ -1409,6 +1449,8 @@ static int publish_impl(dlshare_client *c, const char *name,
 		return DLSHARE_EINVAL;
 	if ((o->ttl_ms || (o->flags & DLSHARE_NAME_OWNED)) &&
 	    (err = lifetimes_supported(c, name)))
+		return err;
+	if ((err = origin_ok(c, name, o->origin_node, o->origin_version)))
 		return err;
 	err = (o->flags & DLSHARE_PUBLISH_COPY) ? DLSHARE_ENOENT :
 		publish_export(c, name, tensors, n, o, q, version);

@@ -38,6 +38,18 @@ set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
   ${CMAKE_CURRENT_LIST_DIR}/deb/prerm
   ${CMAKE_CURRENT_LIST_DIR}/deb/postrm
   ${CMAKE_CURRENT_LIST_DIR}/deb/triggers)
+# Where the build found UCX, dlshare-relay comes too, with its unit, man
+# page and /etc/dlshare/relay.conf, which dpkg keeps as a conffile (an
+# administrator's edits survive upgrades). The unit is not enabled: it needs
+# that configuration and a key first.
+if(NOT DEFINED UCX_FOUND)
+  pkg_check_modules(UCX QUIET ucx)
+endif()
+if(UCX_FOUND)
+  file(WRITE ${CMAKE_BINARY_DIR}/deb/conffiles "/etc/dlshare/relay.conf\n")
+  list(APPEND CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
+    ${CMAKE_BINARY_DIR}/deb/conffiles)
+endif()
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION TRUE)
 # Everything but the Python binding, in one package.
 set(CPACK_DEB_COMPONENT_INSTALL ON)

@@ -192,6 +192,8 @@ static void create_finish(struct peer *peer, uint64_t id,
 		.made = j ? j->made : NULL,
 		.queue = m->has_queue_depth,
 		.queue_depth = m->queue_depth,
+		.origin_node = m->origin_node,
+		.origin_version = m->has_origin_version ? m->origin_version : 0,
 	};
 	Dlshare__Frame out = DLSHARE__FRAME__INIT;
 	Dlshare__CreateReply r = DLSHARE__CREATE_REPLY__INIT;
@@ -422,6 +424,8 @@ static void create_gpu(struct peer *peer, uint64_t id, const Dlshare__Create *m,
 		.precheck = 1,
 		.queue = m->has_queue_depth,
 		.queue_depth = m->queue_depth,
+		.origin_node = m->origin_node,
+		.origin_version = m->has_origin_version ? m->origin_version : 0,
 	};
 	const char *why = NULL;
 	struct gpu_job *j;

@@ -112,6 +112,8 @@ static void handle_publish(struct peer *peer, const Dlshare__Frame *f,
 		.ndev_events = m->n_device_events,
 		.queue = m->has_queue_depth,
 		.queue_depth = m->queue_depth,
+		.origin_node = m->origin_node,
+		.origin_version = m->has_origin_version ? m->origin_version : 0,
 	};
 	Dlshare__Frame out = DLSHARE__FRAME__INIT;
 	Dlshare__PublishReply r = DLSHARE__PUBLISH_REPLY__INIT;

@@ -131,6 +131,11 @@ void encode_name_info(Dlshare__NameInfo *ni, const struct entry *e)
 	ni->leases = e->leases;
 	ni->owner_uid = e->owner_uid;
 	ni->mode = e->mode;
+	if (v && v->origin_node) {
+		ni->origin_node = (char *)v->origin_node;
+		ni->has_origin_version = 1;
+		ni->origin_version = v->origin_version;
+	}
 	if (v) {
 		ni->has_kind = 1;
 		ni->kind = v->buffers[0]->kind;

@@ -750,6 +750,8 @@ static int spec_check(struct registry *r, const struct registry_spec *s,
 		return err;
 	if (s->mode & ~CHECK_MODE_MASK)
 		return -EINVAL;
+	if ((bad = check_origin_why(s->origin_node, s->origin_version)))
+		return refuse(why, bad, -EINVAL);
 	size_t ntensors = s->manifest ? s->manifest->ntensors : s->ntensors;
 
 	if (ntensors == 0 || s->nbuffers == 0 || (s->manifest && s->ntensors))
@@ -952,6 +954,8 @@ static struct version *version_alloc(const struct registry_spec *s,
 	size = o_dims + ndims * sizeof(int64_t);
 	o_keys = size;
 	size += nkeys;
+	if (s->origin_node)
+		size += strlen(s->origin_node) + 1;
 
 	v = calloc(1, size);
 	if (!v)
@@ -968,6 +972,14 @@ static struct version *version_alloc(const struct registry_spec *s,
 	v->nbuffers = (uint8_t)s->nbuffers;
 	for (size_t i = 0; i < s->ntensors; i++)
 		tensor_copy(&v->tensors[i], s->tensors[i], &dims, &keys);
+	/* The keys end where the origin's node starts. */
+	if (s->origin_node) {
+		size_t n = strlen(s->origin_node) + 1;
+
+		v->origin_node = memcpy(base + o_keys + nkeys, s->origin_node,
+					n);
+		v->origin_version = s->origin_version;
+	}
 	return v;
 }
 

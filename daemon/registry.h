@@ -171,6 +171,10 @@ struct version {
 	uint8_t queued;          /* sealed, on entry->qhead, not taken */
 	uint64_t qseq;           /* its place in the queue: seal order */
 	struct version *qprev, *qnext; /* entry->qhead */
+	/* 1.5: the node a relay mirrored it from (in its allocation), and its
+	 * number there; NULL and 0 when it was made here. */
+	const char *origin_node;
+	uint64_t origin_version;
 	struct rtensor tensors[];
 };
 
@@ -483,6 +487,9 @@ struct registry_spec {
 	int queue;               /* the name is (to be) a queue name */
 	uint32_t queue_depth;    /* with queue: its depth; 0: the default
 				  * for a new name, any for an existing one */
+	const char *origin_node; /* 1.5: the node it was mirrored from, or
+				  * NULL (check_origin_why) */
+	uint64_t origin_version; /* 1.5: its number there, 0 with no node */
 };
 
 /* The checks of registry_add (name, ACL, tensors against buffers, limits

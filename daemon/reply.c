@@ -179,6 +179,11 @@ void reply_err_why(struct peer *peer, uint64_t id, int err, const char *why,
 				"%s%s%s: the name is not of the kind this needs "
 				"(a queue name, or an ordinary one)", what,
 				name ? " " : "", name ? name : "");
+	/* A malformed field with its rule (an origin, protocol 1.5). */
+	else if (err == -EINVAL && why)
+		conn_send_error(&peer->conn, id, reply_code(err),
+				"%s%s%s: %s", what, name ? " " : "",
+				name ? name : "", why);
 	else if (err == -EBADF && why)
 		conn_send_error(&peer->conn, id, reply_code(err),
 				"%s%s%s: a buffer's fd is refused: %s", what,

@@ -79,6 +79,25 @@ const char *check_name_why(const char *name)
 	return NULL;
 }
 
+const char *check_origin_why(const char *node, uint64_t version)
+{
+	size_t n;
+
+	if (!node)
+		return version ? "an origin version needs an origin node" : NULL;
+	n = strnlen(node, CHECK_ORIGIN_NODE_MAX + 1);
+	if (n == 0)
+		return "an origin node is 1-64 bytes; this one is empty";
+	if (n > CHECK_ORIGIN_NODE_MAX)
+		return "an origin node is 1-64 bytes; this one is longer";
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)node[i] < 0x21 ||
+		    (unsigned char)node[i] > 0x7e)
+			return "an origin node is printable ASCII with no space "
+			       "or control byte; this one has another byte";
+	return NULL;
+}
+
 int check_prefix(const char *prefix)
 {
 	size_t n;

@@ -15,6 +15,7 @@
 #define CHECK_KEY_MAX 255u   /* bytes in a tensor's key inside a bundle */
 #define CHECK_NDIM_MAX 32u   /* dimensions of a tensor */
 #define CHECK_MODE_MASK 0666u
+#define CHECK_ORIGIN_NODE_MAX 64u /* bytes in a version's origin node (1.5) */
 
 /* 0 when name is 1..255 bytes of [A-Za-z0-9._/-] with no leading or trailing
  * '/' and no empty, "." or ".." segment; else -EINVAL. */
@@ -22,6 +23,14 @@ int check_name(const char *name);
 /* Why check_name refuses name, in a sentence naming the rule; NULL when it
  * is a valid name. */
 const char *check_name_why(const char *name);
+
+/* Why a version's origin (protocol 1.5: the node a relay mirrored it from,
+ * and its number there) is refused, in a sentence naming the rule; NULL
+ * when it is valid. node NULL means none given: then version must be 0.
+ * A node is 1..CHECK_ORIGIN_NODE_MAX bytes of printable ASCII (0x21-0x7e:
+ * no space, no control byte; a NUL ends a C string, and the wire's string
+ * is read as one). */
+const char *check_origin_why(const char *node, uint64_t version);
 
 /* 0 when prefix is empty or could start a valid name; else -EINVAL. */
 int check_prefix(const char *prefix);

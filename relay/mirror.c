@@ -113,9 +113,9 @@ void *mirror_worker(void *arg)
 
 			co.device.device_type = kDLCPU;
 			co.mode = r->cfg->mode;
-			/* origin: set when relayops lands
-			 * co.origin_node = p->c->node;
-			 * co.origin_version = p->origin_version; */
+			/* stat on this node names where the version came from */
+			co.origin_node = p->c->node[0] ? p->c->node : NULL;
+			co.origin_version = co.origin_node ? p->origin_version : 0;
 			err = dlshare_create(r->dl, p->name, p->spec, p->ntensors,
 					     &co, &p->w);
 			if (err) {

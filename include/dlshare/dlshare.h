@@ -201,6 +201,15 @@ typedef struct dlshare_create_opts {
 	uint32_t mode;          /* permission bits (0640 style); 0: daemon default */
 	uint32_t flags;         /* DLSHARE_NAME_OWNED or 0 */
 	uint32_t ttl_ms;        /* the name's TTL; 0: unchanged / default */
+	/* Protocol 1.5: where this version came from, for a program that
+	 * mirrors names from another machine (dlshare-relay): that node's
+	 * name, 1-64 bytes of printable ASCII without spaces, and the
+	 * version's number there. NULL and 0: none (made here). Shown by
+	 * dlshare_stat() and dlshare_list() (dlshare_name_info). A bad node
+	 * gives DLSHARE_EINVAL, a daemon older than 1.5 DLSHARE_ENOTSUP
+	 * (dlshare_last_error() says which rule). */
+	const char *origin_node;
+	uint64_t origin_version;
 } dlshare_create_opts;
 
 typedef struct dlshare_writer dlshare_writer;
@@ -320,6 +329,8 @@ typedef struct dlshare_publish_opts {
 	uint32_t flags;          /* DLSHARE_PUBLISH_*, DLSHARE_NAME_OWNED */
 	void *stream;            /* producer's CUDA stream; NULL for host */
 	uint32_t ttl_ms;         /* the name's TTL; 0: unchanged / default */
+	const char *origin_node; /* 1.5: as in dlshare_create_opts; NULL: none */
+	uint64_t origin_version; /* 1.5: its number at origin_node */
 } dlshare_publish_opts;
 
 /* Publishes n tensors as one new version of name (a bundle when n > 1).
@@ -488,6 +499,12 @@ typedef struct dlshare_name_info {
 	uint32_t ttl_ms;     /* its TTL, 0 when none */
 	uint64_t expires_in_ms; /* with a TTL: ms until it is deleted unless
 				 * a version is sealed first */
+	/* Protocol 1.5: the newest version's origin, when a relay mirrored it
+	 * from another node (dlshare_create_opts.origin_node): that node's
+	 * name, NUL-terminated, and the version's number there. "" and 0:
+	 * made here (or a daemon before 1.5). */
+	char origin_node[65];
+	uint64_t origin_version;
 } dlshare_name_info;
 
 /* Called once per name; return non-zero to stop early. */

@@ -805,6 +805,10 @@ class NameInfo:
     ttl_ms: int = 0      # its TTL, 0 when none
     expires_in_ms: int = 0  # with a TTL: left until it is deleted
     queue: QueueInfo = None  # list() only: a queue name's QueueInfo
+    # Where a relay mirrored the newest version from (protocol 1.5): the
+    # node's name and the version's number there; None and 0: made here.
+    origin_node: str = None
+    origin_version: int = 0
 
     @classmethod
     def _of(cls, t, manifest=(), queue=None):
@@ -812,7 +816,8 @@ class NameInfo:
                    _KINDS.get(t[8]), bool(t[9]),
                    tuple(TensorInfo(*m) for m in manifest),
                    bool(t[10]), t[11], t[12], t[13],
-                   None if queue is None else QueueInfo(*queue))
+                   None if queue is None else QueueInfo(*queue),
+                   t[14], t[15])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -951,7 +956,7 @@ class Client:
                                *qargs)
 
     def create(self, name, *specs, mode=None, device=None, owned=False,
-               ttl=None, queue=None, wait=None):
+               ttl=None, queue=None, wait=None, origin=None):
         """Creates a pending store-mode version of name in a daemon buffer
         and returns its Writer. specs: TensorSpec(key, dtype, shape),
         (key, dtype, shape) or (dtype, shape) tuples, or one dict
@@ -964,8 +969,15 @@ class Client:
 
         queue, wait: as publish()'s: the version goes into a queue name
         once sealed, and a full queue makes this wait for room (the
-        pending version counts toward the depth from here on)."""
+        pending version counts toward the depth from here on).
+
+        origin: (node, version) when this version mirrors version of the
+        same name on another node (what dlshare-relay does); stat() and
+        list() show it. node: 1-64 printable ASCII bytes, no space."""
         qargs = _queue_args(queue, wait)
+        if origin is not None:
+            node, over = origin
+            qargs = (qargs or (False, 0, 0.0)) + (str(node), int(over))
         dev_type, dev_id = _device_arg(device)
         _check_name(name)
         if len(specs) == 1 and isinstance(specs[0], Mapping):

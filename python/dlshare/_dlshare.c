@@ -1986,9 +1986,11 @@ out:
 /* --- create --- */
 
 /* create(name, specs, mode[, device_type, device_id, owned, ttl_ms, queue,
- * depth, wait_s]) -> Writer; specs: tuple of (key or None, dtype, shape).
- * With queue, into a queue name of depth (0: default), waiting up to wait_s
- * (0: no wait, < 0: forever) for room. */
+ * depth, wait_s, origin_node, origin_version]) -> Writer; specs: tuple of
+ * (key or None, dtype, shape). With queue, into a queue name of depth (0:
+ * default), waiting up to wait_s (0: no wait, < 0: forever) for room.
+ * origin_node (str or None) and origin_version: where the version was
+ * mirrored from (protocol 1.5). */
 static PyObject *Client_create(ClientObject *s, PyObject *args)
 {
 	const char *name;
@@ -2007,11 +2009,16 @@ static PyObject *Client_create(ClientObject *s, PyObject *args)
 	unsigned int depth = 0;
 	double wait = 0;
 	dlshare_queue_opts q = { 0 };
+	const char *origin_node = NULL;
+	unsigned long long origin_version = 0;
 
-	if (!PyArg_ParseTuple(args, "sO!I|IIpIpId", &name, &PyTuple_Type,
+	if (!PyArg_ParseTuple(args, "sO!I|IIpIpIdzK", &name, &PyTuple_Type,
 			      &specs, &mode, &dev_type, &dev_id, &owned,
-			      &ttl_ms, &queue, &depth, &wait))
+			      &ttl_ms, &queue, &depth, &wait, &origin_node,
+			      &origin_version))
 		return NULL;
+	o.origin_node = origin_node;
+	o.origin_version = origin_version;
 	q.depth = depth;
 	n = PyTuple_GET_SIZE(specs);
 	if (n == 0) {
@@ -2237,13 +2244,16 @@ static PyObject *Client_delete_prefix(ClientObject *s, PyObject *args)
 
 static PyObject *info_tuple(const dlshare_name_info *i)
 {
-	return Py_BuildValue("(sKIIKIIIiOOIIK)", i->name,
+	/* The origin (1.5): None for a name made here. */
+	return Py_BuildValue("(sKIIKIIIiOOIIKzK)", i->name,
 			     (unsigned long long)i->latest, i->versions,
 			     i->tensors, (unsigned long long)i->bytes,
 			     i->leases, i->owner_uid, i->mode, i->kind,
 			     i->exported ? Py_True : Py_False,
 			     i->owned ? Py_True : Py_False, i->owner_pid,
-			     i->ttl_ms, (unsigned long long)i->expires_in_ms);
+			     i->ttl_ms, (unsigned long long)i->expires_in_ms,
+			     i->origin_node[0] ? i->origin_node : NULL,
+			     (unsigned long long)i->origin_version);
 }
 
 struct infos {

@@ -78,6 +78,28 @@ if grep -E 'fakecuda|python|/bench|/tests?/' "$tmp/contents"; then
 fi
 echo "ok"
 
+# With UCX (pkg-config ucx) the relay's files come too, relay.conf as a
+# conffile; without it none of them.
+echo "== dlshare-relay's files"
+relay_files="/lib/systemd/system/dlshare-relay.service /etc/dlshare/relay.conf
+	/usr/share/man/man1/dlshare-relay.1"
+if pkg-config --exists ucx; then
+	for f in $relay_files; do
+		grep -q -- "$f\$" "$tmp/contents" ||
+			{ cat "$tmp/contents"; fail "$f not in the package (UCX is here)"; }
+	done
+	dpkg-deb --info "$deb" conffiles | grep -qx /etc/dlshare/relay.conf ||
+		fail "/etc/dlshare/relay.conf is not a conffile"
+	echo "ok"
+else
+	for f in $relay_files; do
+		if grep -q -- "$f\$" "$tmp/contents"; then
+			fail "$f in the package of a build without UCX"
+		fi
+	done
+	echo "ok (no UCX here: none of them)"
+fi
+
 echo "== postinst on this machine, its commands stubbed"
 # Without DPKG_ROOT the scripts act on / : every command that would change
 # something here is a stub that logs its arguments. The socket is enabled

@@ -337,6 +337,14 @@ static void test_bundle_bit_exact(void **state)
 	/* a second version follows */
 	publish("m/bundle", 5, bytes, keys, 8);
 	expect("m/bundle", v, 5, bytes, keys, 8);
+	/* stat on B says where the version came from: node A, its version 2 */
+	{
+		dlshare_name_info info;
+
+		assert_int_equal(dlshare_stat(cb, "m/bundle", &info, NULL), 0);
+		assert_string_equal(info.origin_node, "node-a");
+		assert_int_equal(info.origin_version, 2);
+	}
 	/* names outside the prefix stay home */
 	publish("other/x", 1, bytes, NULL, 1);
 	assert_int_equal(wait_leases(ca, 0), 0);

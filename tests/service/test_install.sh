@@ -59,8 +59,18 @@ fi
 "$prefix/bin/dlshared" --check-config --config \
 	"$prefix/share/doc/dlshare/examples/dlshared.conf" >/dev/null ||
 	fail "the installed example dlshared.conf does not check"
+# Where the build found UCX: the relay's unit, example configuration (at
+# etc/dlshare under a prefix other than /usr) and man page.
+relay_pages=
+if [ -f "$build/systemd/dlshare-relay.service" ]; then
+	for f in lib/systemd/system/dlshare-relay.service etc/dlshare/relay.conf \
+		 share/doc/dlshare/examples/relay.conf share/man/man1/dlshare-relay.1; do
+		[ -e "$prefix/$f" ] || fail "$f not installed (the build has UCX)"
+	done
+	relay_pages=dlshare-relay
+fi
 if command -v man >/dev/null 2>&1; then
-	for p in dlshared dlshared.conf dlsharectl; do
+	for p in dlshared dlshared.conf dlsharectl $relay_pages; do
 		man -M "$prefix/share/man" -w "$p" >/dev/null 2>&1 ||
 			fail "man cannot find $p in $prefix/share/man"
 	done

@@ -1,5 +1,5 @@
 #!/bin/sh
-# test_units.sh UNIT_DIR SOURCE_DIR THRESHOLD
+# test_units.sh UNIT_DIR SOURCE_DIR THRESHOLD [RELAY_THRESHOLD]
 #
 # The systemd files, checked without systemd as PID 1:
 # - systemd-analyze verify on dlshared.socket and dlshared.service (UNIT_DIR
@@ -8,11 +8,14 @@
 # - systemd-analyze security --offline=yes: the exposure score, which must
 #   stay at or below THRESHOLD (tenths: 5 is "0.5"), and the settings the
 #   daemon depends on (never PrivateUsers=yes, never PrivateDevices=yes);
-# - the sysusers.d and tmpfiles.d files, applied to a scratch root.
+# - the sysusers.d and tmpfiles.d files, applied to a scratch root;
+# - where the build found UCX (UNIT_DIR holds dlshare-relay.service): the
+#   relay's unit, verified and scored the same way against RELAY_THRESHOLD,
+#   and the settings it depends on (network allowed, otherwise hardened).
 # Exits 77 (skipped) when systemd-analyze is missing.
 set -eu
 
-units=$1 src=$(cd "$2" && pwd) threshold=$3
+units=$1 src=$(cd "$2" && pwd) threshold=$3 relay_threshold=${4:-}
 service=$units/dlshared.service
 socket=$units/dlshared.socket
 
@@ -103,4 +106,60 @@ systemd-tmpfiles --root="$tmp/root" --create "$src/systemd/dlshare.tmpfiles" \
 	>"$tmp/tmpfiles" 2>&1 || { cat "$tmp/tmpfiles"; fail "systemd-tmpfiles"; }
 [ "$(stat -c '%a %g' "$tmp/root/run/dlshare")" = "755 4242" ] ||
 	fail "tmpfiles.d: /run/dlshare is $(stat -c '%a %g' "$tmp/root/run/dlshare")"
+echo "ok"
+
+relay=$units/dlshare-relay.service
+if [ ! -f "$relay" ]; then
+	echo "== dlshare-relay.service: not built here (no UCX), not checked"
+	exit 0
+fi
+echo "== dlshare-relay.service: systemd-analyze verify"
+# verify wants ExecStart='s program to exist: the relay of this build, or,
+# where it is not built yet, /bin/true in its place (the unit is the same).
+exe=$(sed -n 's/^ExecStart=\([^ ]*\).*/\1/p' "$relay")
+mkdir -p "$tmp/relay"
+if [ -x "$exe" ]; then
+	cp "$relay" "$tmp/relay/"
+else
+	echo "($exe not built: verifying with /bin/true in ExecStart=)"
+	sed 's|^ExecStart=[^ ]*|ExecStart=/bin/true|' "$relay" >"$tmp/relay/dlshare-relay.service"
+fi
+rservice=$tmp/relay/dlshare-relay.service
+if ! systemd-analyze verify --man=no "$rservice" >"$tmp/rverify" 2>&1; then
+	cat "$tmp/rverify"
+	fail "systemd-analyze verify dlshare-relay.service"
+fi
+if grep -q "dlshare-relay\." "$tmp/rverify"; then
+	cat "$tmp/rverify"
+	fail "systemd-analyze verify warned about dlshare-relay.service"
+fi
+echo "ok"
+echo "== dlshare-relay.service: systemd-analyze security"
+systemd-analyze security --offline=yes --no-pager "$rservice" >"$tmp/rsecurity" 2>&1 || true
+score=$(sed -n 's/.*Overall exposure level for dlshare-relay.service: \([0-9.]*\).*/\1/p' "$tmp/rsecurity")
+[ -n "$score" ] || { cat "$tmp/rsecurity"; fail "no exposure score for the relay"; }
+echo "exposure $score (threshold $(echo "$relay_threshold" | sed 's/\(.\)$/.\1/;s/^\./0./'))"
+if [ -n "$relay_threshold" ] &&
+   ! systemd-analyze security --offline=yes --no-pager --threshold="$relay_threshold" \
+		"$rservice" >/dev/null 2>&1; then
+	grep "✗" "$tmp/rsecurity" || true
+	fail "relay exposure $score is above the recorded threshold: harden the" \
+	     "unit, or record the new score in tests/service/CMakeLists.txt with a reason"
+fi
+echo "== dlshare-relay.service: what it depends on"
+for bad in "PrivateNetwork=yes" "IPAddressDeny=any" "DynamicUser=yes" \
+	   "PrivateUsers=yes" "MemoryDenyWriteExecute=yes"; do
+	if grep -qi "^$bad" "$relay"; then
+		fail "$bad must not be set (see the comment in dlshare-relay.service.in)"
+	fi
+done
+for need in "NoNewPrivileges=yes" "CapabilityBoundingSet=\$" "ProtectSystem=strict" \
+	    "ProtectHome=yes" "PrivateTmp=yes" "DevicePolicy=closed" \
+	    "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX AF_NETLINK" \
+	    "User=dlshare" "Group=dlshare" "LimitMEMLOCK=infinity" \
+	    "LoadCredential=relay.key:/etc/dlshare/relay.key"; do
+	grep -q "^$need" "$relay" || fail "dlshare-relay.service lacks $need"
+done
+grep -q -- "--config /etc/dlshare/relay.conf" "$relay" ||
+	fail "dlshare-relay.service does not read /etc/dlshare/relay.conf"
 echo "ok"

@@ -102,6 +102,30 @@ static void test_prefix(void **state)
 	assert_int_equal(check_prefix(p), -EINVAL);
 }
 
+/* A version's origin (protocol 1.5): 1-64 bytes of 0x21-0x7e. */
+static void test_origin(void **state)
+{
+	char n[CHECK_ORIGIN_NODE_MAX + 2];
+
+	(void)state;
+	assert_null(check_origin_why(NULL, 0));
+	assert_non_null(check_origin_why(NULL, 1));
+	assert_null(check_origin_why("node-a", 0));
+	assert_null(check_origin_why("10.0.0.1:13337", UINT64_MAX));
+	assert_null(check_origin_why("!~", 3));
+	assert_non_null(check_origin_why("", 1));
+	assert_non_null(check_origin_why("a b", 1));
+	assert_non_null(check_origin_why("a\tb", 1));
+	assert_non_null(check_origin_why("a\x7f", 1));
+	assert_non_null(check_origin_why("caf\xc3\xa9", 1));
+	memset(n, 'n', sizeof(n));
+	n[CHECK_ORIGIN_NODE_MAX] = 0;
+	assert_null(check_origin_why(n, 1));
+	n[CHECK_ORIGIN_NODE_MAX] = 'n';
+	n[CHECK_ORIGIN_NODE_MAX + 1] = 0;
+	assert_non_null(strstr(check_origin_why(n, 1), "1-64 bytes"));
+}
+
 /* ---- dtypes ------------------------------------------------------------- */
 
 static void test_dtype_size(void **state)
@@ -681,6 +705,7 @@ int main(void)
 		cmocka_unit_test(test_name_invalid),
 		cmocka_unit_test(test_name_length),
 		cmocka_unit_test(test_prefix),
+		cmocka_unit_test(test_origin),
 		cmocka_unit_test(test_dtype_size),
 		cmocka_unit_test(test_compact_bytes),
 		cmocka_unit_test(test_extent),

@@ -95,24 +95,29 @@ static void ls_print_text(const struct name_list *l)
 		if (len > w)
 			w = len;
 	}
-	printf("%-*s  %8s  %8s  %7s  %14s  %6s  %-8s  %-4s  %5s  %-11s\n",
+	printf("%-*s  %8s  %8s  %7s  %14s  %6s  %-8s  %-4s  %5s  %-11s  %s\n",
 	       w, "NAME", "LATEST", "VERSIONS", "TENSORS", "BYTES", "LEASES",
-	       "KIND", "MODE", "OWNER", "QUEUE");
+	       "KIND", "MODE", "OWNER", "QUEUE", "ORIGIN");
 	for (i = 0; i < l->n; i++) {
 		const dlshare_name_info *in = &l->v[i];
 		const dlshare_queue_info *q = &l->q[i];
 		const char *kind = ctl_kind_name(in->kind);
-		char queue[48] = "-";
+		char queue[48] = "-", origin[96] = "-";
 
 		/* A queue name: how full it is, of its depth. */
 		if (q->depth)
 			snprintf(queue, sizeof(queue), "%" PRIu32 "/%" PRIu32,
 				 q->queued + q->taken + q->pending, q->depth);
+		/* A mirrored name (protocol 1.5): node:version it came from. */
+		if (in->origin_node[0])
+			snprintf(origin, sizeof(origin), "%s:%" PRIu64,
+				 in->origin_node, in->origin_version);
 		printf("%-*s  %8" PRIu64 "  %8" PRIu32 "  %7" PRIu32 "  %14" PRIu64
-		       "  %6" PRIu32 "  %-8s  %04" PRIo32 "  %5" PRIu32 "  %s\n",
+		       "  %6" PRIu32 "  %-8s  %04" PRIo32 "  %5" PRIu32
+		       "  %-11s  %s\n",
 		       w, in->name, in->latest, in->versions, in->tensors,
 		       in->bytes, in->leases, kind ? kind : "-",
-		       in->mode & 07777, in->owner_uid, queue);
+		       in->mode & 07777, in->owner_uid, queue, origin);
 	}
 }
 
@@ -196,6 +201,9 @@ static void stat_print_text(const dlshare_name_info *in,
 		printf("ttl       %" PRIu32 " ms (expires in %" PRIu64 " ms "
 		       "unless a version is sealed)\n", in->ttl_ms,
 		       in->expires_in_ms);
+	if (in->origin_node[0])
+		printf("origin    %s version %" PRIu64 " (mirrored by a relay)\n",
+		       in->origin_node, in->origin_version);
 	/* A queue name: latest and the manifest are its oldest queued. */
 	if (q->depth)
 		printf("queue     depth %" PRIu32 ": %" PRIu32 " queued, %" PRIu32

@@ -479,4 +479,10 @@ void ctl_json_name_info(FILE *f, const dlshare_name_info *in,
 	if (in->ttl_ms)
 		fprintf(f, ",\"ttl_ms\":%" PRIu32 ",\"expires_in_ms\":%" PRIu64,
 			in->ttl_ms, in->expires_in_ms);
+	/* 1.5: where a relay mirrored the newest version from. */
+	if (in->origin_node[0]) {
+		fputs(",\"origin_node\":", f);
+		ctl_json_string(f, in->origin_node);
+		fprintf(f, ",\"origin_version\":%" PRIu64, in->origin_version);
+	}
 }
