@@ -484,6 +484,10 @@ static void version_destroy(struct registry *r, struct version *v)
 		if (v->buffers[i])
 			buffer_drop(r, v->buffers[i]);
 	if (v->manifest_fd >= 0) {
+		/* Peers that keep it (1.5) forget it: its id is never
+		 * named again. */
+		if (v->mbuf.id && r->ops && r->ops->buffer_freed)
+			r->ops->buffer_freed(r->ud, &v->mbuf);
 		close(v->manifest_fd);
 		r->nfds--;
 	}
@@ -1189,6 +1193,15 @@ int registry_add(struct registry *r, struct registry_owner *o,
 	if (s->manifest) {
 		v->manifest_fd = s->manifest->fd;
 		s->manifest->fd = -1;
+		/* An id from the buffers' space: a client caches manifests
+		 * beside buffers, by id (1.5). */
+		v->mbuf.id = r->next_buffer_id++;
+		v->mbuf.size = v->meta_bytes;
+		v->mbuf.version = v;
+		v->mbuf.fd = -1;
+		v->mbuf.ro_fd = -1;
+		v->mbuf.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
+		v->mbuf.dev_type = 1;
 		v->ntensors = s->manifest->ntensors;
 		v->nfds++;
 		r->nfds++;

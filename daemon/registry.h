@@ -144,6 +144,11 @@ struct version {
 	int manifest_fd;         /* protocol 1.4: the sealed manifest memfd
 				  * holding its tensors (tensors[] is then
 				  * empty), handed to every reader; else -1 */
+	struct rbuffer mbuf;     /* 1.5: the manifest as a buffer to the
+				  * peers it was sent to (id, size,
+				  * holders: they hear BufferGone when the
+				  * version goes); its fd stays manifest_fd,
+				  * mbuf.fd is -1. id 0: no manifest */
 	uint32_t ntensors;
 	uint32_t leases;
 	uint32_t nfds;           /* fds its buffers may hold (REGISTRY_FDS_*) */

@@ -745,6 +745,141 @@ static void manifest_quota(void **state)
 	dlshare_disconnect(c);
 }
 
+/* A raw 1.5 get of name: with manifest_cache or not. Returns the reply's
+ * manifest id and, in *nfds, how many fds came with it. */
+static uint64_t raw_get_manifest(int sock, const char *name, int cache,
+				 unsigned *nfds, uint64_t *lease)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Get g = DLSHARE__GET__INIT;
+	static uint64_t id = 500;
+	struct wire_msg *m;
+	uint64_t mid;
+	int keep = -1;
+
+	g.name = (char *)name;
+	g.has_manifest_cache = cache;
+	g.manifest_cache = cache;
+	f.id = ++id;
+	f.body_case = DLSHARE__FRAME__BODY_GET;
+	f.get = &g;
+	assert_int_equal(raw_send(sock, &f, NULL, 0, 0), 0);
+	for (;;) {
+		assert_int_equal(raw_recv_count(sock, harness_ms(5000), &m, nfds,
+						&keep), 0);
+		if (keep >= 0)
+			close(keep);
+		if (m->frame->id == f.id)
+			break;
+		wire_msg_free(m);
+	}
+	assert_int_equal(m->frame->body_case, DLSHARE__FRAME__BODY_GET_REPLY);
+	assert_non_null(m->frame->get_reply->manifest);
+	mid = m->frame->get_reply->manifest->id;
+	assert_true(mid != 0);
+	/* fd_attached says exactly whether the fd came (one buffer, whose
+	 * fd came with the first get). */
+	assert_int_equal(m->frame->get_reply->manifest->fd_attached,
+			 *nfds > (unsigned)m->frame->get_reply->buffers[0]->fd_attached);
+	*lease = m->frame->get_reply->lease;
+	wire_msg_free(m);
+	return mid;
+}
+
+/* Protocol 1.5: a manifest follows the buffers' rule. A Get that says
+ * manifest_cache gets its fd the first time only, with an id; one that
+ * does not gets it every time; when the version goes, BufferGone names the
+ * id. libdlshare keeps the checked manifest by that id: a warm get points
+ * its keys into the same mapping (no fd, no mapping, no check). */
+static void manifest_kept(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	size_t n = 3000; /* past a packet */
+	dlshare_tensor_spec *specs = calloc(n, sizeof(*specs));
+	char (*keys)[128] = calloc(n, sizeof(*keys));
+	int64_t (*shapes)[3] = calloc(n, sizeof(*shapes));
+	dlshare_bundle *b1, *b2, *b3;
+	dlshare_writer *w;
+	uint64_t v, mid, mid2, lease;
+	unsigned nfds;
+	int sock, gone = 0;
+
+	assert_true(specs && keys && shapes);
+	sd_specs(specs, keys, shapes, n);
+	assert_int_equal(dlshare_create(c, "k/sd", specs, n, NULL, &w), 0);
+	assert_int_equal(dlshare_seal(w, NULL, &v), 0);
+
+	/* The library: the second get shares the first one's view. */
+	assert_int_equal(dlshare_get(c, "k/sd", NULL, &b1), 0);
+	assert_int_equal(dlshare_get(c, "k/sd", NULL, &b2), 0);
+	assert_ptr_equal(dlshare_bundle_key(b1, 0), dlshare_bundle_key(b2, 0));
+	assert_ptr_equal(dlshare_bundle_tensor(b1, 7)->data,
+			 dlshare_bundle_tensor(b2, 7)->data);
+	dlshare_bundle_free(b1);
+	/* Still there with b1 gone, and found by key. */
+	assert_int_equal(dlshare_bundle_find(b2, keys[2999]), 2999);
+	assert_int_equal(dlshare_get(c, "k/sd", NULL, &b3), 0);
+	assert_ptr_equal(dlshare_bundle_key(b2, 0), dlshare_bundle_key(b3, 0));
+	dlshare_bundle_free(b2);
+	dlshare_bundle_free(b3);
+
+	/* The wire. */
+	sock = raw_connect(fx->d.sock);
+	assert_true(sock >= 0);
+	assert_int_equal(raw_hello(sock), 0);
+	mid = raw_get_manifest(sock, "k/sd", 1, &nfds, &lease);
+	assert_int_equal(nfds, 2);     /* the buffer's and the manifest's */
+	mid2 = raw_get_manifest(sock, "k/sd", 1, &nfds, &lease);
+	assert_int_equal(mid2, mid);
+	assert_int_equal(nfds, 0);     /* both known */
+	mid2 = raw_get_manifest(sock, "k/sd", 0, &nfds, &lease);
+	assert_int_equal(mid2, mid);
+	assert_int_equal(nfds, 1);     /* a 1.4 reader's way: every time */
+	/* A new version: a new id, its fd once. */
+	assert_int_equal(dlshare_create(c, "k/sd", specs, n, NULL, &w), 0);
+	assert_int_equal(dlshare_seal(w, NULL, &v), 0);
+	mid2 = raw_get_manifest(sock, "k/sd", 1, &nfds, &lease);
+	assert_true(mid2 != mid);
+	assert_int_equal(nfds, 2);
+	/* On a fresh connection: release the lease, delete the name, and
+	 * the version goes; BufferGone names its manifest. */
+	{
+		Dlshare__Frame f = DLSHARE__FRAME__INIT;
+		Dlshare__Release r = DLSHARE__RELEASE__INIT;
+		struct wire_msg *m;
+
+		close(sock);
+		sock = raw_connect(fx->d.sock);
+		assert_true(sock >= 0);
+		assert_int_equal(raw_hello(sock), 0);
+		mid = raw_get_manifest(sock, "k/sd", 1, &nfds, &lease);
+		assert_int_equal(mid, mid2);
+		assert_int_equal(nfds, 2);
+		r.n_leases = 1;
+		r.leases = &lease;
+		f.body_case = DLSHARE__FRAME__BODY_RELEASE;
+		f.release = &r;
+		assert_int_equal(raw_send(sock, &f, NULL, 0, 0), 0);
+		assert_int_equal(dlshare_delete(c, "k/sd"), 0);
+		while (!gone) {
+			assert_int_equal(raw_recv(sock, harness_ms(5000), &m), 0);
+			if (m->frame->body_case ==
+			    DLSHARE__FRAME__BODY_BUFFER_GONE)
+				for (size_t i = 0;
+				     i < m->frame->buffer_gone->n_ids; i++)
+					gone |= m->frame->buffer_gone->ids[i] ==
+						mid;
+			wire_msg_free(m);
+		}
+	}
+	close(sock);
+	free(specs);
+	free(keys);
+	free(shapes);
+	dlshare_disconnect(c);
+}
+
 static int setup_quota(void **state)
 {
 	static const char *const args[] = { "--uid-manifest-bytes", "400K",
@@ -759,6 +894,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(state_dict_store, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(state_dict_publish, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(manifest_kept, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(manifests_that_lie, setup,
 						teardown),
