@@ -32,7 +32,7 @@ import re
 from collections.abc import Mapping
 
 from . import _dlshare
-from ._errors import (Error, InvalidArgument, NotFound, Timeout,
+from ._errors import (Error, InvalidArgument, NotFound, KeyNotFound, Timeout,
                       PermissionDenied, OutOfMemory, LimitExceeded,
                       ProtocolError, ConnectionFailed, VersionMismatch,
                       NotSupported, SystemCallFailed, Busy, CopyForbidden,
@@ -46,7 +46,8 @@ __all__ = [
     "NameInfo", "TensorInfo", "QueueInfo", "Stats", "UidStats",
     "DLDeviceType", "empty", "socket_path", "WAIT_FOREVER", "load_state_dict",
     "LoadResult", "StateDictMismatch",
-    "Error", "InvalidArgument", "NotFound", "Timeout", "PermissionDenied",
+    "Error", "InvalidArgument", "NotFound", "KeyNotFound", "Timeout",
+    "PermissionDenied",
     "OutOfMemory", "LimitExceeded", "ProtocolError", "ConnectionFailed",
     "VersionMismatch", "NotSupported", "SystemCallFailed", "Busy",
     "CopyForbidden", "DeviceUnavailable", "InvalidState", "TooBig", "Closed",
@@ -549,7 +550,9 @@ class Bundle:
         if isinstance(k, str):
             i = self._find(k)
             if i < 0:
-                raise KeyError(k)
+                raise KeyNotFound(k, f"no tensor with key {k!r} in "
+                                  f"{self.name} version {self.version} "
+                                  f"({self._n} tensors)")
             return self._at(i)
         if isinstance(k, slice):
             return [self._at(i) for i in range(len(self))[k]]
