@@ -575,6 +575,7 @@ static void lease_uncharge(struct version *v, struct lease *l)
 	u->leased--;
 	u->leased_host_bytes -= v->owned_host;
 	u->leased_gpu_bytes -= v->owned_gpu;
+	u->leased_meta_bytes -= v->meta_bytes;
 	u->fds -= v->nfds;
 	DL_DELETE(v->charges, vc);
 	free(vc);
@@ -1439,6 +1440,12 @@ static int lease_quota(struct registry *r, const struct uid_usage *u,
 		return refuse(why, "leased host bytes per uid", -EDQUOT);
 	if (!fits(u->leased_gpu_bytes, v->owned_gpu, leased_gpu_cap(l)))
 		return refuse(why, "leased GPU bytes per uid", -EDQUOT);
+	/* A manifest kept alive only by leases is the leaseholders' (a
+	 * 10^5-tensor one is 10 MB): what the uid leases counts against the
+	 * same limit as what it produces, apart from it. */
+	if (!fits(u->leased_meta_bytes, v->meta_bytes, l->uid_manifest_bytes))
+		return refuse(why, "leased manifest bytes per uid "
+			      "(--uid-manifest-bytes)", -EDQUOT);
 	if (l->uid_open_fds &&
 	    u->fds + u->fds_queued + v->nfds > l->uid_open_fds)
 		return refuse(why, "open fds per uid", -EDQUOT);
@@ -1482,6 +1489,7 @@ int registry_lease(struct registry *r, struct registry_owner *o,
 		u->leased++;
 		u->leased_host_bytes += v->owned_host;
 		u->leased_gpu_bytes += v->owned_gpu;
+		u->leased_meta_bytes += v->meta_bytes;
 		u->fds += v->nfds;
 	}
 	if (vc)

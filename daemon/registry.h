@@ -246,6 +246,8 @@ struct uid_usage {
 				  * meta_bytes) of the versions charged to it
 				  * as their producer */
 	uint64_t leased_host_bytes; /* the same, of the versions it leases */
+	uint64_t leased_meta_bytes; /* meta_bytes of the versions it leases
+				     * (against uid_manifest_bytes too) */
 	uint64_t leased_gpu_bytes;
 	uint64_t fds;            /* fds of the versions charged to it, either
 				  * way (struct version: nfds) */

@@ -880,6 +880,53 @@ static void manifest_kept(void **state)
 	dlshare_disconnect(c);
 }
 
+/* A manifest kept alive only by a lease is the leaseholder's (DESIGN:
+ * bytes kept alive only by a lease are charged to the leaseholder): the
+ * uid's leased manifest bytes count against --uid-manifest-bytes apart
+ * from what it produces, and a get past it is refused, naming the limit;
+ * the release gives the bytes back. */
+static void leased_manifest_charged_to_leaseholder(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	size_t n = 3000; /* ~250 KiB of manifest of 400K */
+	dlshare_tensor_spec *specs = calloc(n, sizeof(*specs));
+	char (*keys)[128] = calloc(n, sizeof(*keys));
+	int64_t (*shapes)[3] = calloc(n, sizeof(*shapes));
+	dlshare_bundle *b1, *b2;
+	dlshare_writer *w;
+	uint64_t v;
+	char want[64];
+
+	assert_true(specs && keys && shapes);
+	sd_specs(specs, keys, shapes, n);
+	assert_int_equal(dlshare_create(c, "q/l1", specs, n, NULL, &w), 0);
+	assert_int_equal(dlshare_seal(w, NULL, &v), 0);
+	assert_int_equal(dlshare_get(c, "q/l1", NULL, &b1), 0);
+	/* Deleted: only the lease keeps it, and the producer pays no more
+	 * (its next 250 KiB fit)... */
+	assert_int_equal(dlshare_delete(c, "q/l1"), 0);
+	assert_int_equal(dlshare_create(c, "q/l2", specs, n, NULL, &w), 0);
+	assert_int_equal(dlshare_seal(w, NULL, &v), 0);
+	/* ...the leaseholder does: 2 x 250 KiB leased is past 400K. */
+	assert_int_equal(dlshare_get(c, "q/l2", NULL, &b2), DLSHARE_ELIMIT);
+	assert_non_null(strstr(dlshare_last_error(),
+			       "leased manifest bytes per uid "
+			       "(--uid-manifest-bytes)"));
+	snprintf(want, sizeof(want), "uid %u", (unsigned)getuid());
+	assert_non_null(strstr(dlshare_last_error(), want));
+	dlshare_bundle_free(b1);
+	/* The release came back (asynchronously: a get waits its turn
+	 * behind it on the socket). */
+	assert_int_equal(dlshare_get(c, "q/l2", NULL, &b2), 0);
+	assert_int_equal(dlshare_bundle_count(b2), n);
+	dlshare_bundle_free(b2);
+	free(specs);
+	free(keys);
+	free(shapes);
+	dlshare_disconnect(c);
+}
+
 /* Another uid's producer and reader: 3000 tensors (~250 KiB of manifest,
  * most of a --uid-manifest-bytes of 400K) created, sealed and read back. */
 static int other_uid_round_trip(const struct daemon_proc *d, void *arg)
@@ -990,6 +1037,9 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(manifests_that_lie, setup,
 						teardown),
+		cmocka_unit_test_setup_teardown(
+			leased_manifest_charged_to_leaseholder, setup_quota,
+			teardown),
 		cmocka_unit_test_setup_teardown(lies_cost_the_liar_only,
 						setup_quota_open, teardown),
 		cmocka_unit_test_setup_teardown(manifest_quota, setup_quota,
