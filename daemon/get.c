@@ -108,7 +108,10 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v,
 	}
 	if (take)
 		registry_queue_take(&d->reg, l);
-	if (encode_version_init(&w, v, attach, mknown)) {
+	if (encode_version_init(&w, v, attach,
+				!mcache ? ENCODE_MANIFEST_FD :
+				mknown ? ENCODE_MANIFEST_KEPT :
+				ENCODE_MANIFEST_KEPT_FD)) {
 		reply_err(peer, id, -ENOMEM, what, v->entry->name);
 		if (take)
 			registry_queue_untake(&d->reg, &peer->owner, l);
