@@ -909,6 +909,11 @@ out:
 
 /* ---- a state dict in one version ------------------------------------------------- */
 
+static const char *peers_venv_python;
+static int run_peers(const struct daemon_proc *d, const char *python,
+		     const char *part, int reps, char *out, size_t cap);
+
+
 static int section_bundle(const struct plan *pl)
 {
 	struct daemon_proc d;
@@ -922,6 +927,9 @@ static int section_bundle(const struct plan *pl)
 		"daemon CPU for that publish (manifest checked and sealed)");
 	struct fig *fg = report_decl("bundle_100k_get_ms", "ms",
 		"warm get of it until every tensor is reachable");
+	struct fig *fl = report_decl("bundle_100k_load_state_dict_ms", "ms",
+		"Python: get + load_state_dict into 10^5 NumPy arrays");
+	static char out[16384];
 
 	if (daemon_start(&d, NULL))
 		return -1;
@@ -935,6 +943,18 @@ static int section_bundle(const struct plan *pl)
 		report_add(fc, c);
 		for (int i = 0; i < 5; i++)
 			report_add(fg, g[i]);
+	}
+	progress("bundle: load_state_dict, %d repeats", pl->reps);
+	if (run_peers(&d, peers_venv_python, "load_state_dict", pl->reps, out,
+		      sizeof(out)) == 0) {
+		for (char *line = strtok(out, "\n"); line;
+		     line = strtok(NULL, "\n"))
+			if (!isnan(kv(line, "load_ns")))
+				report_add(fl, kv(line, "load_ns") / 1e6);
+	} else {
+		fl->is_null = 1;
+		report_note(fl, "not measured: peers.py load_state_dict under "
+			    "%s failed or found no NumPy", peers_venv_python);
 	}
 	rc = 0;
 out:
@@ -1184,6 +1204,7 @@ out:
 
 /* The interpreter with NumPy and PyPI safetensors: the tests' venv. */
 static const char *peers_venv_python = DLBENCH_SRC_DIR "/../.venv/bin/python";
+
 
 /* Runs bench/peers.py PART under python against d, reps repeats; its
  * lines into out. Returns 0, 77 (no torch, NumPy or safetensors) or -1. */

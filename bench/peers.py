@@ -20,6 +20,12 @@ NumPy array (numpy.from_dlpack), against opening the same tensors as a
 safetensors file in /dev/shm with safe_open(framework="numpy") and
 get_tensor of every key.
 
+load_state_dict (a python with NumPy): the version of N float32[16]
+tensors got warm and copied into an existing dict of N NumPy arrays with
+dlshare.load_state_dict (strict: every key, shape and dtype checked), as
+an inference process updating its model does; the clock covers the get and
+the copy. Prints load_ns=... per repeat (for dlbench's "bundle" section).
+
 Prints one line per repeat, key=value in ns (the two sides alternate which
 goes first). Exits 77 when torch, NumPy or safetensors is missing (the
 section then says so); runs against the dlshare package on PYTHONPATH.
@@ -205,9 +211,41 @@ def safetensors_side(args):
     return 0
 
 
+# ---- load_state_dict ----------------------------------------------------------
+
+def load_side(args):
+    try:
+        import numpy
+    except ImportError as e:
+        print(f"peers: {e}", file=sys.stderr)
+        return 77
+    import dlshare
+
+    ks = keys(args.tensors)
+    rng = numpy.random.default_rng(2)
+    base = rng.standard_normal((args.tensors, 16), dtype=numpy.float32)
+    dst = {k: numpy.zeros(16, numpy.float32) for k in ks}
+    times = []
+    with dlshare.Client(args.socket) as c:
+        c.publish(NAME + "-load", {k: base[i] for i, k in enumerate(ks)})
+        for i in range(args.iters + 1):
+            t0 = now()
+            with c.get(NAME + "-load") as b:
+                dlshare.load_state_dict(dst, b)
+            t1 = now()
+            if i:
+                times.append(t1 - t0)
+        assert numpy.array_equal(dst[ks[-1]], base[-1])
+        c.delete(NAME + "-load")
+    for t in times:
+        print(f"load_ns={t} n={args.tensors}")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("part", choices=("torch_mp", "safetensors"))
+    ap.add_argument("part", choices=("torch_mp", "safetensors",
+                                     "load_state_dict"))
     ap.add_argument("--socket", required=True)
     ap.add_argument("--tensors", type=int)
     ap.add_argument("--iters", type=int, default=5)
@@ -218,6 +256,8 @@ def main():
         args.tensors = args.tensors or 10000
         return torch_mp(args)
     args.tensors = args.tensors or 100000
+    if args.part == "load_state_dict":
+        return load_side(args)
     return safetensors_side(args)
 
 

@@ -13,19 +13,24 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "manifest.h"
 
 /* One tensor of a version: its key and dims point into its tset's store
- * (tensors that came inline) or its manifest mapping (1.4). */
+ * (tensors that came inline) or its manifest mapping (1.4). buf and offset
+ * say where its data is, for a bundle whose buffers are mapped elsewhere
+ * than where its view was built (see bundle_fill). */
 struct btensor {
 	const char *key;
 	DLTensor t;
+	uint64_t offset;
+	uint32_t buf;
 };
 
 /* A version's tensors and the memory behind their keys and dims: one block
  * for inline tensors, or the read-only mapping of the manifest memfd (10^5
- * tensors then cost 56 bytes each here, their keys and dims not copied). */
+ * tensors then cost 72 bytes each here, their keys and dims not copied). */
 struct tset {
 	size_t n;
 	struct btensor *ts;
@@ -34,16 +39,34 @@ struct tset {
 	size_t map_len;
 };
 
-struct dlshare_bundle {
-	struct lease_ref *lr;
-	uint64_t version;
-	size_t n;                /* set.n */
-	struct btensor *ts;      /* set.ts */
+/* What a bundle reads: its tensors with their data pointers resolved
+ * against the buffers they were built with, and their key index. Private
+ * to one bundle, or (1.5) shared read-only by every bundle of a manifest
+ * this connection keeps (struct mcache), built by the first of them. */
+struct view {
 	struct tset set;
-	int cuda_ordinal;        /* a device of the version, -1 for none */
 	uint32_t *index;         /* keys → 1 + tensor, open addressing; NULL
 				  * for a handful of tensors (a scan) */
 	size_t index_mask;       /* slots - 1, a power of two minus one */
+	int cuda_ordinal;        /* a device of the version, -1 for none */
+	size_t nbufs;            /* the buffers it was built with: */
+	const void *bases[CLIENT_PINS_MAX];
+	uint64_t sizes[CLIENT_PINS_MAX];
+	uint8_t cuda_host[CLIENT_PINS_MAX];
+};
+
+struct dlshare_bundle {
+	struct lease_ref *lr;
+	uint64_t version;
+	size_t n;                /* view->set.n */
+	struct btensor *ts;      /* view->set.ts, or own */
+	struct btensor *own;     /* a copy of a shared view's tensors, for
+				  * buffers mapped at other addresses; or
+				  * NULL */
+	struct view *view;       /* own_view, or mc's */
+	struct view *own_view;   /* not shared: freed with the bundle */
+	struct mcache *mc;       /* the kept manifest whose view it reads */
+	int cuda_ordinal;        /* a device of the version, -1 for none */
 	void *chain;             /* ours, after the wait for the producer's
 				  * event: later waits wait for it */
 };
@@ -63,27 +86,27 @@ static uint64_t key_hash(const char *k)
 	return h;
 }
 
-/* Indexes b's keys so that dlshare_bundle_find is O(1): a state dict has
+/* Indexes v's keys so that dlshare_bundle_find is O(1): a state dict has
  * 10^3-10^5 tensors. Slots are at least twice the tensors; equal keys
  * (several unnamed tensors) keep their order, so the first one is found. */
-static int bundle_index(struct dlshare_bundle *b)
+static int view_index(struct view *v)
 {
-	size_t slots = BUNDLE_INDEX_MIN;
+	size_t slots = BUNDLE_INDEX_MIN, n = v->set.n;
 
-	if (b->n < BUNDLE_INDEX_MIN || b->n > UINT32_MAX - 1)
+	if (n < BUNDLE_INDEX_MIN || n > UINT32_MAX - 1)
 		return 0;
-	while (slots < 2 * b->n)
+	while (slots < 2 * n)
 		slots *= 2;
-	b->index = calloc(slots, sizeof(*b->index));
-	if (!b->index)
+	v->index = calloc(slots, sizeof(*v->index));
+	if (!v->index)
 		return DLSHARE_ENOMEM;
-	b->index_mask = slots - 1;
-	for (size_t i = 0; i < b->n; i++) {
-		size_t j = key_hash(b->ts[i].key) & b->index_mask;
+	v->index_mask = slots - 1;
+	for (size_t i = 0; i < n; i++) {
+		size_t j = key_hash(v->set.ts[i].key) & v->index_mask;
 
-		while (b->index[j])
-			j = (j + 1) & b->index_mask;
-		b->index[j] = (uint32_t)i + 1;
+		while (v->index[j])
+			j = (j + 1) & v->index_mask;
+		v->index[j] = (uint32_t)i + 1;
 	}
 	return 0;
 }
@@ -265,6 +288,8 @@ static int tset_fill(struct tset *s, Dlshare__Tensor *const *wire, size_t n,
 			bt->t.shape = wt->shape;
 			bt->t.strides = wt->n_strides ? wt->strides : NULL;
 		}
+		bt->offset = wt->offset;
+		bt->buf = wt->buffer;
 		bt->t.byte_offset = wt->offset;
 		bt->t.device.device_type = kDLCPU;
 		bt->t.device.device_id = (int32_t)wt->buffer;
@@ -276,35 +301,20 @@ static int tset_fill(struct tset *s, Dlshare__Tensor *const *wire, size_t n,
 	return 0;
 }
 
-/* Fills b's tensors from the reply (and its manifest's fd mfd, or -1);
- * pins[] are the reply's buffers in order. */
-static int bundle_fill(struct dlshare_bundle *b, Dlshare__GetReply *r,
-		       int mfd, struct ibuf **pins, size_t npins)
+/* Points ts[0..n) at their data in pins[] (each tensor's buf and offset),
+ * on the device of its buffer. Returns a CUDA ordinal of them, or -1. */
+static int tensors_resolve(struct btensor *ts, size_t n, struct ibuf **pins)
 {
-	uint64_t sizes[CLIENT_PINS_MAX];
-	int err;
+	int ordinal = -1;
 
-	if (r->n_buffers != npins || npins > CLIENT_PINS_MAX ||
-	    (r->manifest && (r->n_tensors || !r->has_manifest_tensors)))
-		return DLSHARE_EPROTO;
-	for (size_t i = 0; i < npins; i++)
-		sizes[i] = pins[i]->size;
-	err = r->manifest ?
-	      tset_fill(&b->set, NULL, r->manifest_tensors, mfd, sizes, npins) :
-	      tset_fill(&b->set, r->tensors, r->n_tensors, -1, sizes, npins);
-	b->ts = b->set.ts;
-	b->n = b->set.n;
-	if (err)
-		return err;
-	for (size_t i = 0; i < b->n; i++) {
-		struct btensor *bt = &b->ts[i];
-		struct ibuf *pb = pins[bt->t.device.device_id];
-		uint64_t offset = bt->t.byte_offset;
+	for (size_t i = 0; i < n; i++) {
+		struct btensor *bt = &ts[i];
+		struct ibuf *pb = pins[bt->buf];
 
 		/* An empty buffer has no mapping, but consumers want a
 		 * pointer: libtorch's at::fromDLPack never calls the deleter
 		 * of a tensor whose data is NULL, which leaks its lease. */
-		bt->t.data = pb->base ? (char *)pb->base + offset :
+		bt->t.data = pb->base ? (char *)pb->base + bt->offset :
 			     (void *)&empty_data;
 		bt->t.byte_offset = 0;
 		if (pb->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC ||
@@ -312,14 +322,172 @@ static int bundle_fill(struct dlshare_bundle *b, Dlshare__GetReply *r,
 			/* Our own ordinal for the producer's device UUID. */
 			bt->t.device.device_type = kDLCUDA;
 			bt->t.device.device_id = pb->ordinal;
-			b->cuda_ordinal = pb->ordinal;
+			ordinal = pb->ordinal;
 		} else {
 			bt->t.device.device_type = pb->cuda_host ?
 						   kDLCUDAHost : kDLCPU;
 			bt->t.device.device_id = 0;
 		}
 	}
-	return bundle_index(b);
+	return ordinal;
+}
+
+static void view_free(struct view *v)
+{
+	if (!v)
+		return;
+	tset_free(&v->set);
+	free(v->index);
+	free(v);
+}
+
+/* Builds a view of n tensors (inline ones, wire, or those of the manifest
+ * memfd mfd when wire is NULL) over the buffers pins[]. Returns 0 with *out,
+ * or a DLSHARE_E* code. */
+static int view_build(Dlshare__Tensor *const *wire, size_t n, int mfd,
+		      struct ibuf **pins, size_t npins, struct view **out)
+{
+	struct view *v = calloc(1, sizeof(*v));
+	int err;
+
+	*out = NULL;
+	if (!v)
+		return DLSHARE_ENOMEM;
+	v->nbufs = npins;
+	for (size_t i = 0; i < npins; i++) {
+		v->bases[i] = pins[i]->base;
+		v->sizes[i] = pins[i]->size;
+		v->cuda_host[i] = (uint8_t)pins[i]->cuda_host;
+	}
+	err = tset_fill(&v->set, wire, n, mfd, v->sizes, npins);
+	if (!err) {
+		v->cuda_ordinal = tensors_resolve(v->set.ts, v->set.n, pins);
+		err = view_index(v);
+	}
+	if (err) {
+		view_free(v);
+		return err;
+	}
+	*out = v;
+	return 0;
+}
+
+struct mcache *mcache_new(uint64_t id, int fd)
+{
+	struct mcache *m = calloc(1, sizeof(*m));
+
+	if (!m) {
+		close(fd);
+		return NULL;
+	}
+	m->id = id;
+	atomic_init(&m->refs, 1);
+	pthread_mutex_init(&m->mu, NULL);
+	m->fd = fd;
+	return m;
+}
+
+void mcache_unref(struct mcache *m)
+{
+	if (!m || atomic_fetch_sub(&m->refs, 1) != 1)
+		return;
+	if (m->fd >= 0)
+		close(m->fd);
+	view_free(m->built);
+	pthread_mutex_destroy(&m->mu);
+	free(m);
+}
+
+/* The view of a kept manifest (1.5), built by the first get that needs it:
+ * mapped, checked against the buffers and indexed once for the life of the
+ * version. Returns 0 with *out, or the code its build failed with (every
+ * later get of it fails the same way, saying why). */
+static int mcache_view(struct mcache *m, size_t n, struct ibuf **pins,
+		       size_t npins, struct view **out)
+{
+	int state;
+
+	pthread_mutex_lock(&m->mu);
+	if (m->state == 0) {
+		struct view *v = NULL;
+		int err = view_build(NULL, n, m->fd, pins, npins, &v);
+		const char *why = dlshare_last_error();
+
+		/* The mapping keeps the pages; the fd is not needed. */
+		close(m->fd);
+		m->fd = -1;
+		if (err) {
+			snprintf(m->why, sizeof(m->why), "%s",
+				 why && *why ? why : "the daemon's manifest "
+				 "could not be read");
+			m->state = err;
+		} else {
+			m->built = v;
+			m->state = 1;
+		}
+	}
+	state = m->state;
+	pthread_mutex_unlock(&m->mu);
+	if (state != 1) {
+		errmsg_set(m->why);
+		return state;
+	}
+	*out = m->built;
+	return 0;
+}
+
+/* Fills b's tensors from the reply: its cached manifest mc (1.5), or its
+ * manifest's fd mfd (-1 for none), or its inline tensors; pins[] are the
+ * reply's buffers in order. */
+static int bundle_fill(struct dlshare_bundle *b, Dlshare__GetReply *r,
+		       int mfd, struct mcache *mc, struct ibuf **pins,
+		       size_t npins)
+{
+	struct view *v;
+	int err, moved = 0;
+
+	if (r->n_buffers != npins || npins > CLIENT_PINS_MAX ||
+	    (r->manifest && (r->n_tensors || !r->has_manifest_tensors)) ||
+	    (mc && !r->manifest))
+		return DLSHARE_EPROTO;
+	if (!mc) {
+		err = r->manifest ?
+		      view_build(NULL, r->manifest_tensors, mfd, pins, npins,
+				 &b->own_view) :
+		      view_build(r->tensors, r->n_tensors, -1, pins, npins,
+				 &b->own_view);
+		if (err)
+			return err;
+		v = b->own_view;
+	} else {
+		if ((err = mcache_view(mc, r->manifest_tensors, pins, npins,
+				       &v)))
+			return err;
+		/* The daemon's word is not enough to index memory with: the
+		 * view was checked against buffers of these sizes. */
+		if (v->set.n != r->manifest_tensors || v->nbufs != npins)
+			return DLSHARE_EPROTO;
+		for (size_t i = 0; i < npins; i++) {
+			if (pins[i]->size != v->sizes[i])
+				return DLSHARE_EPROTO;
+			moved |= pins[i]->base != v->bases[i] ||
+				 pins[i]->cuda_host != v->cuda_host[i];
+		}
+		/* A device mapping closed with its last tensor may come back
+		 * elsewhere: then this bundle has its own copy. */
+		if (moved) {
+			b->own = malloc(v->set.n * sizeof(*b->own));
+			if (!b->own)
+				return DLSHARE_ENOMEM;
+			memcpy(b->own, v->set.ts, v->set.n * sizeof(*b->own));
+			tensors_resolve(b->own, v->set.n, pins);
+		}
+	}
+	b->view = v;
+	b->n = v->set.n;
+	b->ts = b->own ? b->own : v->set.ts;
+	b->cuda_ordinal = v->cuda_ordinal;
+	return 0;
 }
 
 static int get_opts_wire(const dlshare_get_opts *o, Dlshare__Get *g)
@@ -366,6 +534,9 @@ int dlshare_get(dlshare_client *c, const char *name,
 	g.name = (char *)name;
 	if ((err = get_opts_wire(opts ? opts : &dflt, &g)))
 		return err;
+	/* 1.5: manifests are kept by id (a daemon before it ignores this). */
+	g.has_manifest_cache = 1;
+	g.manifest_cache = 1;
 	f.body_case = DLSHARE__FRAME__BODY_GET;
 	f.get = &g;
 	return get_call(c, &f, opts, out);
@@ -422,7 +593,9 @@ static int get_call(dlshare_client *c, Dlshare__Frame *f,
 		goto fail;
 	}
 	b->cuda_ordinal = -1;
-	if ((err = bundle_fill(b, gr, r.nfds ? r.fds[0] : -1, r.pins,
+	b->mc = r.mc; /* the reply's reference becomes the bundle's */
+	r.mc = NULL;
+	if ((err = bundle_fill(b, gr, r.nfds ? r.fds[0] : -1, b->mc, r.pins,
 			       r.npins)))
 		goto fail;
 	/* The consumer's stream waits for the producer's writes; the host
@@ -489,8 +662,9 @@ fail:
 	/* The daemon gave us a lease: give it back. */
 	client_release(c, gr->lease);
 	if (b) {
-		tset_free(&b->set);
-		free(b->index);
+		view_free(b->own_view);
+		free(b->own);
+		mcache_unref(b->mc);
 		cuda_event_drop(b->chain);
 	}
 	free(b);
@@ -529,12 +703,13 @@ int dlshare_bundle_find(const dlshare_bundle *b, const char *key)
 {
 	if (!b || !key)
 		return DLSHARE_EINVAL;
-	if (b->index) {
-		size_t j = key_hash(key) & b->index_mask;
+	if (b->view->index) {
+		const uint32_t *index = b->view->index;
+		size_t mask = b->view->index_mask, j = key_hash(key) & mask;
 
-		for (; b->index[j]; j = (j + 1) & b->index_mask)
-			if (strcmp(b->ts[b->index[j] - 1].key, key) == 0)
-				return (int)(b->index[j] - 1);
+		for (; index[j]; j = (j + 1) & mask)
+			if (strcmp(b->ts[index[j] - 1].key, key) == 0)
+				return (int)(index[j] - 1);
 		return key_not_found(b, key);
 	}
 	for (size_t i = 0; i < b->n; i++)
@@ -578,8 +753,11 @@ void dlshare_bundle_free(dlshare_bundle *b)
 	 * mapping, until the child exits). */
 	if (!client_forked(b->lr->c))
 		cuda_event_drop(b->chain);
-	tset_free(&b->set);
-	free(b->index);
+	view_free(b->own_view);
+	free(b->own);
+	/* After the view: a kept manifest may be freed here (BufferGone
+	 * came), its mapping with it; the lease goes last. */
+	mcache_unref(b->mc);
 	lease_ref_unref(b->lr);
 	free(b);
 }

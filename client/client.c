@@ -97,10 +97,17 @@ static void client_free(dlshare_client *c)
 {
 	struct ibuf *b, *tmp;
 
+	struct mcache *mc, *mtmp;
+
 	HASH_ITER(hh, c->bufs, b, tmp) {
 		HASH_DEL(c->bufs, b);
 		ibuf_unmap(b);
 		free(b);
+	}
+	/* Bundles still out keep theirs (they hold a reference). */
+	HASH_ITER(hh, c->mcaches, mc, mtmp) {
+		HASH_DEL(c->mcaches, mc);
+		mcache_unref(mc);
 	}
 	/* Closed with the fork lock held: a child closes the copies of the
 	 * fds it finds listed, and never an fd number we gave up. */
@@ -319,19 +326,57 @@ static int import_buffers(dlshare_client *c, Dlshare__GetReply *r, int *fds,
 			p->pins[p->npins++] = b;
 		}
 	}
-	if (!err && r->manifest) {
-		if (!r->manifest->fd_attached || k == nfds) {
-			err = DLSHARE_EPROTO;
-		} else {
-			*manifest_fd = fds[k];
+	/* A manifest with an id (1.5) is kept, also when a buffer failed:
+	 * the daemon marked it as sent, and will not send its fd again. */
+	if (r->manifest && (err == 0 || r->manifest->id)) {
+		uint64_t id = r->manifest->id;
+		struct mcache *mc = NULL;
+		int fd = -1;
+
+		if (r->manifest->fd_attached) {
+			if (k == nfds) {
+				err = err ? err : DLSHARE_EPROTO;
+				goto out;
+			}
+			fd = fds[k];
 			fds[k++] = -1;
 		}
+		if (id)
+			HASH_FIND(hh, c->mcaches, &id, sizeof(id), mc);
+		if (mc) {
+			/* Known already: a duplicate fd is not needed. */
+			if (fd >= 0)
+				close(fd);
+		} else if (id && fd >= 0) {
+			mc = mcache_new(id, fd);
+			if (mc)
+				HASH_ADD(hh, c->mcaches, id, sizeof(mc->id), mc);
+			else if (!err)
+				err = DLSHARE_ENOMEM;
+		} else if (fd >= 0) {
+			*manifest_fd = fd; /* a 1.4 daemon's: not kept */
+		} else if (!err) {
+			err = DLSHARE_EPROTO; /* neither known nor attached */
+		}
+		if (mc) {
+			atomic_fetch_add(&mc->refs, 1);
+			p->mc = mc;
+		}
 	}
+out:
 	if (err) {
 		for (size_t i = 0; i < p->npins; i++)
 			if (--p->pins[i]->refs == 0 && p->pins[i]->gone)
 				ibuf_drop(c, p->pins[i]);
 		p->npins = 0;
+		if (*manifest_fd >= 0) {
+			close(*manifest_fd);
+			*manifest_fd = -1;
+		}
+		if (p->mc) {
+			mcache_unref(p->mc);
+			p->mc = NULL;
+		}
 	}
 	wire_close_fds(fds, nfds);
 	return err;
@@ -527,6 +572,16 @@ static void handle_push(dlshare_client *c, Dlshare__Frame *f,
 		for (size_t i = 0; i < f->buffer_gone->n_ids; i++) {
 			struct ibuf *b = NULL;
 
+			struct mcache *mc = NULL;
+
+			/* A manifest (1.5) shares the buffers' ids. */
+			HASH_FIND(hh, c->mcaches, &f->buffer_gone->ids[i],
+				  sizeof(uint64_t), mc);
+			if (mc) {
+				HASH_DEL(c->mcaches, mc);
+				mcache_unref(mc);
+				continue;
+			}
 			HASH_FIND(hh, c->bufs, &f->buffer_gone->ids[i],
 				  sizeof(uint64_t), b);
 			if (!b)
@@ -987,6 +1042,9 @@ void reply_free(dlshare_client *c, struct reply *r)
 	if (r->npins)
 		client_unpin(c, r->pins, r->npins);
 	r->npins = 0;
+	if (r->mc)
+		mcache_unref(r->mc);
+	r->mc = NULL;
 	wire_msg_free(r->msg);
 	r->msg = NULL;
 }
@@ -1166,6 +1224,8 @@ static int call_result(struct call *k, struct reply *out)
 	out->nfds = p->nfds;
 	memcpy(out->pins, p->pins, p->npins * sizeof(p->pins[0]));
 	out->npins = p->npins;
+	out->mc = p->mc;
+	p->mc = NULL;
 	err = p->err;
 	pending_unref(p);
 	if (!err && out->msg && out->msg->frame->body_case ==

@@ -48,6 +48,31 @@ struct ibuf {
 	UT_hash_handle hh;
 };
 
+/* 1.5: a manifest memfd the daemon sent this connection once (Get with
+ * manifest_cache), kept by its id in c->mcaches until the daemon frees it
+ * (BufferGone), together with what bundle.c built from it the first time:
+ * the checked mapping, the tensors and their key index. Bundles share it
+ * read-only, so a warm get of a version already seen costs no fd, no
+ * mapping and no check. refs is atomic (a bundle may go on any thread);
+ * the hash is under c->lock. */
+struct mcache {
+	uint64_t id;
+	atomic_int refs;         /* the cache's, plus one per reply or bundle */
+	UT_hash_handle hh;       /* c->mcaches, until BufferGone */
+	pthread_mutex_t mu;      /* the first get builds it, others wait */
+	int fd;                  /* the memfd until built, then -1 */
+	int state;               /* 0: not built, 1: built, else the
+				  * DLSHARE_E* its build failed with */
+	char why[256];           /* ...and what was wrong */
+	void *built;             /* bundle.c's view of it */
+};
+
+/* A new cache entry for the manifest memfd fd (taken: closed on failure
+ * too) with id; one reference. Returns it or NULL. */
+struct mcache *mcache_new(uint64_t id, int fd);
+/* Drops a reference; the last frees it. Any thread, no lock. */
+void mcache_unref(struct mcache *m);
+
 /* Tensors published without a copy, kept until the daemon retires them. */
 struct export {
 	char name[CHECK_NAME_MAX + 1];
@@ -76,6 +101,7 @@ struct pending {
 	unsigned nfds;
 	struct ibuf *pins[CLIENT_PINS_MAX];
 	size_t npins;
+	struct mcache *mc;       /* GetReply: its cached manifest (1.5) */
 	struct export *export;   /* Publish: register it on the reply */
 	UT_hash_handle hh;
 };
@@ -115,6 +141,7 @@ struct dlshare_client {
 	uint64_t next_id;
 	struct pending *pending;
 	struct ibuf *bufs;
+	struct mcache *mcaches;  /* manifests kept by id (1.5) */
 	struct export *exports;
 	struct export *retired;  /* retired, for the receiver thread to free */
 	char fatal_msg[256];     /* the daemon's last word, if any */
@@ -152,6 +179,7 @@ struct reply {
 	unsigned nfds;
 	struct ibuf *pins[CLIENT_PINS_MAX];
 	size_t npins;
+	struct mcache *mc;       /* GetReply: its cached manifest, or NULL */
 };
 
 void client_ref(dlshare_client *c);

@@ -256,7 +256,10 @@ static const struct opt opts[] = {
 	  "A version's manifest memfd counts its size, an inline version the "
 	  "memory its description takes in the daemon. A 10^6-tensor "
 	  "manifest with 60-byte keys is about 110 MB. A publish or create "
-	  "past it fails with DLSHARE_ELIMIT.", NULL },
+	  "past it fails with DLSHARE_ELIMIT. The same limit applies, "
+	  "apart, to the metadata bytes of the versions a uid holds leases "
+	  "on (charged once per uid and version, as leased bytes are): a "
+	  "get past it fails with DLSHARE_ELIMIT.", NULL },
 };
 
 #define NOPTS ((int)(sizeof(opts) / sizeof(opts[0])))

@@ -245,7 +245,8 @@ static void create_finish(struct peer *peer, uint64_t id,
 	err = ipc ? registry_lease(&d->reg, &peer->owner, v, &l, &why) : 0;
 	for (size_t i = 0; i < v->nbuffers; i++)
 		attach[i] = 1;
-	if (!err && encode_version_init(&w, v, attach))
+	if (!err && encode_version_init(&w, v, attach,
+						ENCODE_MANIFEST_FD))
 		err = -ENOMEM;
 	if (err) {
 		registry_abort(&d->reg, &peer->owner, m->name, v->number,

@@ -300,7 +300,8 @@ static void handle_stat(struct peer *peer, uint64_t id, const Dlshare__Stat *m)
 	 * 1.4 cannot read a manifest memfd: it gets the summary alone. */
 	const struct version *shown = e->queue_depth ? e->qhead : e->latest;
 	if (shown && (shown->manifest_fd < 0 || peer->minor >= 4)) {
-		if (encode_version_init(&w, shown, NULL)) {
+		if (encode_version_init(&w, shown, NULL,
+					ENCODE_MANIFEST_FD)) {
 			reply_err(peer, id, -ENOMEM, "stat", m->name);
 			return;
 		}

@@ -11,7 +11,7 @@ void encode_version_deinit(struct encode_version *w)
 }
 
 int encode_version_init(struct encode_version *w, const struct version *v,
-			const int *attach)
+			const int *attach, enum encode_manifest mmode)
 {
 	size_t nt = v->manifest_fd >= 0 ? 0 : v->ntensors, nb = v->nbuffers;
 
@@ -105,12 +105,18 @@ int encode_version_init(struct encode_version *w, const struct version *v,
 		dlshare__buffer__init(&w->manifest);
 		dlshare__device__init(&w->manifest_dev);
 		w->manifest_dev.type = 1;
+		/* An id only to a peer that keeps manifests by it (and
+		 * hears BufferGone of it): anyone else keeps nothing. */
+		if (mmode != ENCODE_MANIFEST_FD)
+			w->manifest.id = v->mbuf.id;
 		w->manifest.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
 		w->manifest.size = v->meta_bytes;
 		w->manifest.device = &w->manifest_dev;
-		w->manifest.has_fd_attached = 1;
-		w->manifest.fd_attached = 1;
-		w->fds[w->nfds++] = v->manifest_fd;
+		if (mmode != ENCODE_MANIFEST_KEPT) {
+			w->manifest.has_fd_attached = 1;
+			w->manifest.fd_attached = 1;
+			w->fds[w->nfds++] = v->manifest_fd;
+		}
 	}
 	return 0;
 }

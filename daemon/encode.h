@@ -39,12 +39,20 @@ struct encode_version {
 	} small;
 };
 
+/* How a version's manifest memfd goes in a reply. */
+enum encode_manifest {
+	ENCODE_MANIFEST_FD,       /* 1.4: its fd, every time, id 0 */
+	ENCODE_MANIFEST_KEPT_FD,  /* 1.5, a peer that keeps it: id and fd */
+	ENCODE_MANIFEST_KEPT,     /* ...which it has already: the id alone */
+};
+
 /* Fills w from v (its tensors, or for a version with a manifest memfd
- * w->manifest with the fd last in w->fds). Buffers get fd_attached (and their fd in w->fds: a
- * reader's fd, see registry_reader_fd) when attach says so for them (NULL:
- * never). Returns 0 or -ENOMEM; w needs encode_version_deinit after 0. */
+ * w->manifest, as mmode says, its fd last in w->fds). Buffers get
+ * fd_attached (and their fd in w->fds: a reader's fd, see
+ * registry_reader_fd) when attach says so for them (NULL: never). Returns
+ * 0 or -ENOMEM; w needs encode_version_deinit after 0. */
 int encode_version_init(struct encode_version *w, const struct version *v,
-			const int *attach);
+			const int *attach, enum encode_manifest mmode);
 void encode_version_deinit(struct encode_version *w);
 
 /* Fills ni with what a List or Stat says about e: its newest version's

@@ -21,6 +21,7 @@ struct park {
 	enum registry_select sel;
 	uint64_t number;
 	int take;                   /* a Take (queue names), not a Get */
+	int mcache;                 /* the Get said manifest_cache (1.5) */
 	uint32_t timeout;           /* as asked, for the timeout's message */
 	int has_timer;
 	uv_timer_t timer;
@@ -36,9 +37,11 @@ struct waitq {
 };
 
 /* Answers a get (or, with take, a Take) with v: takes a lease (the take
- * of v) and sends each buffer's fd the first time this peer needs it. */
+ * of v) and sends each buffer's fd the first time this peer needs it, and
+ * so the manifest's when the Get said the peer keeps them (mcache, 1.5;
+ * else the manifest's fd comes every time). */
 static void get_answer(struct peer *peer, uint64_t id, struct version *v,
-		       int take)
+		       int take, int mcache)
 {
 	const char *what = take ? "take" : "get";
 	struct daemon *d = peer->d;
@@ -83,7 +86,17 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v,
 		attach[i] = !sb;
 		nattach += attach[i] && v->buffers[i]->fd >= 0;
 	}
-	nattach += v->manifest_fd >= 0; /* sent with every get */
+	/* A manifest goes the way of a buffer to a peer that keeps it
+	 * (1.5): a warm get of a 10^5-tensor version then costs no fd, and
+	 * the reader no mapping or check. Others get it every time. */
+	int mknown = 0;
+	if (v->manifest_fd >= 0 && mcache) {
+		struct sent_buf *sb = NULL;
+
+		HASH_FIND(hh, peer->sent, &v->mbuf.id, sizeof(uint64_t), sb);
+		mknown = sb != NULL;
+	}
+	nattach += v->manifest_fd >= 0 && !mknown;
 	/* A peer that does not read its replies must not make the daemon
 	 * hold fds for it without bound. */
 	err = conn_may_queue_fds(&peer->conn, nattach, &why);
@@ -95,7 +108,10 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v,
 	}
 	if (take)
 		registry_queue_take(&d->reg, l);
-	if (encode_version_init(&w, v, attach)) {
+	if (encode_version_init(&w, v, attach,
+				!mcache ? ENCODE_MANIFEST_FD :
+				mknown ? ENCODE_MANIFEST_KEPT :
+				ENCODE_MANIFEST_KEPT_FD)) {
 		reply_err(peer, id, -ENOMEM, what, v->entry->name);
 		if (take)
 			registry_queue_untake(&d->reg, &peer->owner, l);
@@ -146,6 +162,8 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v,
 		if (attach[i] && v->buffers[i]->fd >= 0 &&
 		    peer_sent_add(peer, v->buffers[i]))
 			return;
+	if (v->manifest_fd >= 0 && mcache && !mknown)
+		peer_sent_add(peer, &v->mbuf);
 }
 
 /* Says which version a get asked for: "the newest version", "version 7",
@@ -284,7 +302,7 @@ static void on_park_timeout(uv_timer_t *t)
 
 static int park(struct peer *peer, uint64_t id, const char *name,
 		enum registry_select sel, uint64_t number, uint32_t timeout,
-		int take)
+		int take, int mcache)
 {
 	struct daemon *d = peer->d;
 	struct waitq *q = NULL;
@@ -311,6 +329,7 @@ static int park(struct peer *peer, uint64_t id, const char *name,
 	p->sel = sel;
 	p->number = number;
 	p->take = take;
+	p->mcache = mcache;
 	p->timeout = timeout;
 	DL_APPEND(peer->parked, p);
 	peer->inflight++;
@@ -352,7 +371,7 @@ void get_request(struct peer *peer, uint64_t id, const Dlshare__Get *m)
 	v = registry_find(&peer->d->reg, &peer->owner, m->name, sel, m->version,
 			  &err);
 	if (v) {
-		get_answer(peer, id, v, 0);
+		get_answer(peer, id, v, 0, m->manifest_cache);
 		return;
 	}
 	if (err == -EMEDIUMTYPE) {
@@ -360,7 +379,8 @@ void get_request(struct peer *peer, uint64_t id, const Dlshare__Get *m)
 		return;
 	}
 	if (err == -ENOENT && m->timeout_ms > 0 && id != 0) {
-		err = park(peer, id, m->name, sel, m->version, m->timeout_ms, 0);
+		err = park(peer, id, m->name, sel, m->version, m->timeout_ms, 0,
+			   m->manifest_cache);
 		if (!err)
 			return;
 		if (err == -EDQUOT) {
@@ -399,7 +419,7 @@ void take_request(struct peer *peer, uint64_t id, const Dlshare__Take *m)
 		v = registry_queue_head(&peer->d->reg, &peer->owner, m->name,
 					&err);
 	if (v) {
-		get_answer(peer, id, v, 1);
+		get_answer(peer, id, v, 1, 0);
 		return;
 	}
 	if (err == -EMEDIUMTYPE) {
@@ -409,7 +429,7 @@ void take_request(struct peer *peer, uint64_t id, const Dlshare__Take *m)
 		return;
 	}
 	if (err == -ENOENT && timeout > 0) {
-		err = park(peer, id, m->name, REG_LATEST, 0, timeout, 1);
+		err = park(peer, id, m->name, REG_LATEST, 0, timeout, 1, 0);
 		if (!err)
 			return;
 		if (err == -EDQUOT) {
@@ -457,11 +477,11 @@ void get_published(struct daemon *d, const struct entry *e)
 			found = registry_find(&d->reg, &peer->owner, e->name,
 					      p->sel, p->number, &err);
 		if (found || err != -ENOENT) {
-			int take = p->take;
+			int take = p->take, p_mcache = p->mcache;
 
 			park_remove(d, p);
 			if (found)
-				get_answer(peer, id, found, take);
+				get_answer(peer, id, found, take, p_mcache);
 			else if (err == -EMEDIUMTYPE && !take)
 				reply_not_plain(peer, id, e->name);
 			else {

@@ -544,6 +544,10 @@ static void version_destroy(struct registry *r, struct version *v)
 		if (v->buffers[i])
 			buffer_drop(r, v->buffers[i]);
 	if (v->manifest_fd >= 0) {
+		/* Peers that keep it (1.5) forget it: its id is never
+		 * named again. */
+		if (v->mbuf.id && r->ops && r->ops->buffer_freed)
+			r->ops->buffer_freed(r->ud, &v->mbuf);
 		close(v->manifest_fd);
 		r->nfds--;
 	}
@@ -631,6 +635,7 @@ static void lease_uncharge(struct version *v, struct lease *l)
 	u->leased--;
 	u->leased_host_bytes -= v->owned_host;
 	u->leased_gpu_bytes -= v->owned_gpu;
+	u->leased_meta_bytes -= v->meta_bytes;
 	u->fds -= v->nfds;
 	DL_DELETE(v->charges, vc);
 	free(vc);
@@ -1262,6 +1267,15 @@ int registry_add(struct registry *r, struct registry_owner *o,
 	if (s->manifest) {
 		v->manifest_fd = s->manifest->fd;
 		s->manifest->fd = -1;
+		/* An id from the buffers' space: a client caches manifests
+		 * beside buffers, by id (1.5). */
+		v->mbuf.id = r->next_buffer_id++;
+		v->mbuf.size = v->meta_bytes;
+		v->mbuf.version = v;
+		v->mbuf.fd = -1;
+		v->mbuf.ro_fd = -1;
+		v->mbuf.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
+		v->mbuf.dev_type = 1;
 		v->ntensors = s->manifest->ntensors;
 		v->nfds++;
 		r->nfds++;
@@ -1499,6 +1513,12 @@ static int lease_quota(struct registry *r, const struct uid_usage *u,
 		return refuse(why, "leased host bytes per uid", -EDQUOT);
 	if (!fits(u->leased_gpu_bytes, v->owned_gpu, leased_gpu_cap(l)))
 		return refuse(why, "leased GPU bytes per uid", -EDQUOT);
+	/* A manifest kept alive only by leases is the leaseholders' (a
+	 * 10^5-tensor one is 10 MB): what the uid leases counts against the
+	 * same limit as what it produces, apart from it. */
+	if (!fits(u->leased_meta_bytes, v->meta_bytes, l->uid_manifest_bytes))
+		return refuse(why, "leased manifest bytes per uid "
+			      "(--uid-manifest-bytes)", -EDQUOT);
 	if (l->uid_open_fds &&
 	    u->fds + u->fds_queued + v->nfds > l->uid_open_fds)
 		return refuse(why, "open fds per uid", -EDQUOT);
@@ -1542,6 +1562,7 @@ int registry_lease(struct registry *r, struct registry_owner *o,
 		u->leased++;
 		u->leased_host_bytes += v->owned_host;
 		u->leased_gpu_bytes += v->owned_gpu;
+		u->leased_meta_bytes += v->meta_bytes;
 		u->fds += v->nfds;
 	}
 	if (vc)

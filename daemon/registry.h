@@ -146,6 +146,11 @@ struct version {
 	int manifest_fd;         /* protocol 1.4: the sealed manifest memfd
 				  * holding its tensors (tensors[] is then
 				  * empty), handed to every reader; else -1 */
+	struct rbuffer mbuf;     /* 1.5: the manifest as a buffer to the
+				  * peers it was sent to (id, size,
+				  * holders: they hear BufferGone when the
+				  * version goes); its fd stays manifest_fd,
+				  * mbuf.fd is -1. id 0: no manifest */
 	uint32_t ntensors;
 	uint32_t leases;
 	uint32_t nfds;           /* fds its buffers may hold (REGISTRY_FDS_*) */
@@ -247,6 +252,8 @@ struct uid_usage {
 				  * meta_bytes) of the versions charged to it
 				  * as their producer */
 	uint64_t leased_host_bytes; /* the same, of the versions it leases */
+	uint64_t leased_meta_bytes; /* meta_bytes of the versions it leases
+				     * (against uid_manifest_bytes too) */
 	uint64_t leased_gpu_bytes;
 	uint64_t fds;            /* fds of the versions charged to it, either
 				  * way (struct version: nfds) */

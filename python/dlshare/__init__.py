@@ -29,10 +29,11 @@ import enum
 import math
 import os
 import re
+import sys as _sys
 from collections.abc import Mapping
 
 from . import _dlshare
-from ._errors import (Error, InvalidArgument, NotFound, Timeout,
+from ._errors import (Error, InvalidArgument, NotFound, KeyNotFound, Timeout,
                       PermissionDenied, OutOfMemory, LimitExceeded,
                       ProtocolError, ConnectionFailed, VersionMismatch,
                       NotSupported, SystemCallFailed, Busy, CopyForbidden,
@@ -46,7 +47,8 @@ __all__ = [
     "NameInfo", "TensorInfo", "QueueInfo", "Stats", "UidStats",
     "DLDeviceType", "empty", "socket_path", "WAIT_FOREVER", "load_state_dict",
     "LoadResult", "StateDictMismatch",
-    "Error", "InvalidArgument", "NotFound", "Timeout", "PermissionDenied",
+    "Error", "InvalidArgument", "NotFound", "KeyNotFound", "Timeout",
+    "PermissionDenied",
     "OutOfMemory", "LimitExceeded", "ProtocolError", "ConnectionFailed",
     "VersionMismatch", "NotSupported", "SystemCallFailed", "Busy",
     "CopyForbidden", "DeviceUnavailable", "InvalidState", "TooBig", "Closed",
@@ -210,12 +212,32 @@ def _timeout_value(timeout):
     return timeout
 
 
+def _torch_cpu_capsule(t):
+    """A plain CPU torch tensor's capsule straight from torch's C exporter,
+    or None. A state dict is 10^4-10^5 of them: torch's __dlpack_device__
+    and __dlpack__ (twice before torch 2.3, which refuses max_version) were
+    most of publish's Python time (10^4: ~100 ms of ~300). Anything
+    unusual (grad, conjugate or negative bit, another layout or device,
+    a dtype torch does not export) takes the general path."""
+    try:
+        if (t.device.type != "cpu" or t.requires_grad or t.is_conj() or
+                t.is_neg() or t.layout is not _sys.modules["torch"].strided):
+            return None
+        return _sys.modules["torch"].utils.dlpack.to_dlpack(t)
+    except (AttributeError, RuntimeError, TypeError, BufferError):
+        return None
+
+
 def _capsule_of(obj, stream):
     """A DLPack capsule of obj: asks for the versioned protocol first, and
     falls back on the buffer protocol (bytes, array.array, and the read-only
     arrays that NumPy < 2 refuses to export)."""
     if _dlshare.is_capsule(obj):
         return obj
+    if type(obj).__module__ == "torch" or _is_torch(obj):
+        cap = _torch_cpu_capsule(obj)
+        if cap is not None:
+            return cap
     if not hasattr(obj, "__dlpack__"):
         try:
             return _dlshare.buffer_capsule(obj)
@@ -549,7 +571,9 @@ class Bundle:
         if isinstance(k, str):
             i = self._find(k)
             if i < 0:
-                raise KeyError(k)
+                raise KeyNotFound(k, f"no tensor with key {k!r} in "
+                                  f"{self.name} version {self.version} "
+                                  f"({self._n} tensors)")
             return self._at(i)
         if isinstance(k, slice):
             return [self._at(i) for i in range(len(self))[k]]
@@ -1266,22 +1290,43 @@ def load_state_dict(state_dict, source, strict=True, stream=None):
     if not isinstance(state_dict, Mapping):
         raise TypeError("state_dict is a mapping of key to tensor, not "
                         f"{type(state_dict).__name__}")
+    if isinstance(source, Bundle) and not source.released:
+        return _load_bundle(state_dict, source, strict, stream)
     items = _source_items(source)
     src = dict(items)
     missing = [k for k in state_dict if k not in src]
     unexpected = [k for k, _ in items if k not in state_dict]
+    mismatched = _mismatches(state_dict, src, state_dict.keys())
+    _refuse_mismatch(source, strict, missing, unexpected, mismatched)
+    pairs = [(state_dict[k], src[k]) for k, _ in items if k in state_dict]
+    _copy_pairs(pairs, stream)
+    return LoadResult(missing, unexpected)
+
+
+def _mismatches(state_dict, src, keys):
+    """{key: (want, got)} of the keys (of both) whose geometry differs."""
     mismatched = {}
-    for k, dst in state_dict.items():
+    for k in keys:
         if k in src:
+            dst = state_dict[k]
             if not _copyable_into(dst):
                 raise TypeError(f"cannot copy into {k!r}, a "
                                 f"{type(dst).__name__}: destinations are "
                                 "torch tensors, NumPy arrays and dlshare "
                                 "Arrays")
+            # Refused before anything is copied, not halfway.
+            if (type(dst).__module__ == "numpy" and
+                    not dst.flags.writeable):
+                raise ValueError(f"cannot copy into {k!r}: a read-only "
+                                 "NumPy array")
             want = _geometry(dst, k, "the destination")
             got = _geometry(src[k], k, "the source")
             if want != got:
                 mismatched[k] = (want, got)
+    return mismatched
+
+
+def _refuse_mismatch(source, strict, missing, unexpected, mismatched):
     if mismatched or (strict and (missing or unexpected)):
         what = []
         if strict and missing:
@@ -1299,7 +1344,9 @@ def load_state_dict(state_dict, source, strict=True, stream=None):
         raise StateDictMismatch(
             f"cannot load {head} into the state dict (nothing copied): " +
             "; ".join(what), missing, unexpected, mismatched)
-    pairs = [(state_dict[k], src[k]) for k, _ in items if k in state_dict]
+
+
+def _copy_pairs(pairs, stream):
     if stream is not None and any(_is_torch(d) and d.is_cuda
                                   for d, _ in pairs):
         import torch
@@ -1309,4 +1356,71 @@ def load_state_dict(state_dict, source, strict=True, stream=None):
     else:
         for dst, s in pairs:
             _copy_one(dst, s, stream)
+
+
+def _host_view(dst):
+    """A NumPy array over dst's memory when dst is host memory the library
+    may copy into directly (NumPy arrays, CPU torch tensors); else None."""
+    if type(dst).__module__ == "numpy":
+        return dst
+    if _is_torch(dst) and dst.device.type == "cpu":
+        try:
+            return dst.detach().numpy()
+        except (TypeError, RuntimeError):   # bfloat16, conjugate views
+            return None
+    return None
+
+
+class _BundleKeys(Mapping):
+    """A Bundle's tensors by key, made only for the keys asked for."""
+
+    def __init__(self, bundle, index):
+        self._bundle, self._index = bundle, index
+
+    def __getitem__(self, k):
+        return self._bundle._at(self._index[k])
+
+    def __contains__(self, k):
+        return k in self._index
+
+    def __iter__(self):
+        return iter(self._index)
+
+    def __len__(self):
+        return len(self._index)
+
+
+def _load_bundle(state_dict, b, strict, stream):
+    """load_state_dict from a Bundle: a state dict has 10^5 tensors, so no
+    Tensor object is made for a host destination of the version's dtype and
+    shape (the library checks and copies those in one call, in C); the
+    rest take the general path, which names what is wrong."""
+    keys = b._b.keys()
+    index = dict(zip(keys, range(len(keys))))   # the last of a key wins
+    missing = [k for k in state_dict if k not in index]
+    unexpected = [k for k in keys if k not in state_dict]
+    fast_i, fast_d, fast_k, slow = [], [], [], []
+    for k, dst in state_dict.items():
+        j = index.get(k)
+        if j is None:
+            continue
+        view = _host_view(dst)
+        if view is None:
+            slow.append(k)
+        else:
+            fast_i.append(j)
+            fast_d.append(view)
+            fast_k.append(k)
+    bad = b._b.host_copy(fast_i, fast_d, False)
+    if bad:
+        drop = set(bad)
+        slow += [fast_k[p] for p in bad]
+        keep = [p for p in range(len(fast_i)) if p not in drop]
+        fast_i = [fast_i[p] for p in keep]
+        fast_d = [fast_d[p] for p in keep]
+    src = _BundleKeys(b, index)
+    mismatched = _mismatches(state_dict, src, slow)
+    _refuse_mismatch(b, strict, missing, unexpected, mismatched)
+    b._b.host_copy(fast_i, fast_d, True)
+    _copy_pairs([(state_dict[k], src[k]) for k in slow], stream)
     return LoadResult(missing, unexpected)

@@ -29,6 +29,20 @@ class NotFound(Error, LookupError):
     code = -2
 
 
+class KeyNotFound(NotFound, KeyError):
+    """A key that a bundle (a version of many tensors) does not have: both
+    NotFound and the KeyError a Mapping raises. e.args[0] is the key;
+    str(e) names it, the name, the version and its tensor count."""
+
+    def __init__(self, key, message=None):
+        super().__init__(key)
+        self.key = key
+        self.message = message or f"no tensor with key {key!r}"
+
+    def __str__(self):
+        return self.message
+
+
 class Timeout(Error, TimeoutError):
     """The wait for a version ran out."""
     code = -3
@@ -113,7 +127,7 @@ ERRORS = (InvalidArgument, NotFound, Timeout, PermissionDenied, OutOfMemory,
           NotSupported, SystemCallFailed, Busy, CopyForbidden,
           DeviceUnavailable, InvalidState, TooBig, Closed, ForkedClient)
 
-for _cls in (Error,) + ERRORS:
+for _cls in (Error, KeyNotFound) + ERRORS:
     _cls.__module__ = "dlshare"
 del _cls
 

@@ -991,6 +991,147 @@ static int cache_consumer(void *arg)
 	return 0;
 }
 
+/* A GPU state dict as PyTorch's caching allocator leaves it: many tensors
+ * carved from a few large segments. Published together (no copy), the
+ * version has one buffer per segment, and a consumer opens each segment
+ * once — not once per tensor — whatever the tensor count (issue 12). */
+#define SEG_N 3                       /* segments */
+#define SEG_TENSORS 600               /* tensors per segment: 1800 in all,
+				       * a manifest memfd's worth of keys */
+#define SEG_T_BYTES 1024              /* float32[16][16] */
+#define SEG_BYTES (SEG_TENSORS * SEG_T_BYTES)
+
+static void seg_key(char *k, size_t len, int seg, int i)
+{
+	snprintf(k, len, "model.layers.%02d.mlp.experts.%03d.down_proj.weight",
+		 seg, i);
+}
+
+static int seg_producer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	dlshare_publish_opts po = { .flags = DLSHARE_PUBLISH_NO_COPY };
+	size_t n = SEG_N * SEG_TENSORS;
+	DLManagedTensor **t = calloc(n, sizeof(*t));
+	char (*keys)[96] = calloc(n, sizeof(*keys));
+	const char **kp = calloc(n, sizeof(*kp));
+	char *seg[SEG_N];
+	cudaStream_t s;
+	uint64_t v;
+
+	CHECK(t && keys && kp);
+	CU(cudaStreamCreate(&s));
+	po.stream = s;
+	for (int g = 0; g < SEG_N; g++) {
+		CU(cudaMalloc((void **)&seg[g], SEG_BYTES));
+		put_pattern(seg[g], SEG_BYTES, 60 + (uint32_t)g, s);
+		for (int i = 0; i < SEG_TENSORS; i++) {
+			size_t k = (size_t)g * SEG_TENSORS + (size_t)i;
+
+			seg_key(keys[k], sizeof(keys[k]), g, i);
+			kp[k] = keys[k];
+			t[k] = owned_new(seg[g], (uint64_t)i * SEG_T_BYTES, 16,
+					 16, 0, 4);
+		}
+	}
+	po.keys = kp;
+	DL_OK(dlshare_publish(c, a->name, t, n, &po, &v));
+	CHECK(v == 1);
+	SEND(a->to_c, '1');
+	RECV(a->to_p, 'd');
+	DL_OK(dlshare_delete(c, a->name));
+	CHECK(wait_deleted(4, (int)n, 5000) == (int)n);
+	for (int g = 0; g < SEG_N; g++)
+		wait_no_importers(seg[g]);
+	dlshare_disconnect(c);
+	CU(cudaStreamSynchronize(s));
+	for (int g = 0; g < SEG_N; g++)
+		CU(cudaFree(seg[g]));
+	CU(cudaStreamDestroy(s));
+	free(t);
+	free(keys);
+	free(kp);
+	return 0;
+}
+
+static int seg_consumer(void *arg)
+{
+	struct two_chans *a = arg;
+	dlshare_client *c = child_connect();
+	dlshare_get_opts go = { .select = DLSHARE_LATEST };
+	dlshare_bundle *b, *b2;
+	uint8_t *want = malloc(SEG_BYTES), *got = malloc(SEG_T_BYTES);
+	const char *base[SEG_N];
+	char key[96];
+	cudaStream_t s;
+
+	CHECK(want && got);
+	CU(cudaStreamCreate(&s));
+	go.stream = s;
+	RECV(a->to_c, '1');
+	DL_OK(dlshare_get(c, a->name, &go, &b));
+	CHECK(dlshare_bundle_count(b) == SEG_N * SEG_TENSORS);
+	for (int g = 0; g < SEG_N; g++) {
+		harness_fill(want, SEG_BYTES, 60 + (uint32_t)g);
+		for (int i = 0; i < SEG_TENSORS; i++) {
+			const DLTensor *dt;
+			int k;
+
+			seg_key(key, sizeof(key), g, i);
+			k = dlshare_bundle_find(b, key);
+			CHECK(k >= 0);
+			dt = dlshare_bundle_tensor(b, (size_t)k);
+			check_meta(dt, 0, 16, 16);
+			if (i == 0)
+				base[g] = (const char *)dt->data +
+					  dt->byte_offset;
+			/* One mapping per segment: tensor i is i KiB into
+			 * it. */
+			CHECK((const char *)dt->data + dt->byte_offset ==
+			      base[g] + (size_t)i * SEG_T_BYTES);
+			if (i % 97 && i != SEG_TENSORS - 1)
+				continue;
+			CU(cudaMemcpyAsync(got, (const char *)dt->data +
+					   dt->byte_offset, SEG_T_BYTES,
+					   cudaMemcpyDeviceToHost, s));
+			CU(cudaStreamSynchronize(s));
+			CHECK(memcmp(got, want + (size_t)i * SEG_T_BYTES,
+				     SEG_T_BYTES) == 0);
+		}
+	}
+#if FAKE
+	/* Each segment opened exactly once for 1800 tensors. */
+	if (fstats().ipc_open_mem_calls != SEG_N)
+		FAIL("ipc_open_mem_calls %lu, want %d (one per segment)",
+		     fstats().ipc_open_mem_calls, SEG_N);
+	CHECK(fstats().ipc_mem_open_now == SEG_N);
+#endif
+	/* A second get while the first is held: nothing opened again. */
+	DL_OK(dlshare_get(c, a->name, &go, &b2));
+	CHECK(dlshare_bundle_count(b2) == SEG_N * SEG_TENSORS);
+#if FAKE
+	CHECK(fstats().ipc_open_mem_calls == SEG_N);
+#endif
+	dlshare_bundle_free(b2);
+	dlshare_bundle_free(b);
+	CU(cudaStreamSynchronize(s));
+	dlshare_disconnect(c);
+	CU(cudaStreamDestroy(s));
+	SEND(a->to_p, 'd');
+	free(want);
+	free(got);
+	return 0;
+}
+
+static void segments_opened_once(void **state)
+{
+	struct two_chans a = { .name = "gpu/segments" };
+
+	(void)state;
+	run_pair(&a, seg_producer, seg_consumer);
+}
+
 static void import_cache_reuse(void **state)
 {
 	struct two_chans a = { .name = "gpu/cache" };
@@ -3283,6 +3424,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(same_process_gets_pointer,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(import_cache_reuse,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(segments_opened_once,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(device_by_uuid,
 						setup, teardown),

@@ -259,6 +259,27 @@ static void state_dict_store(void **state)
 	assert_int_equal(want.tensors, n);
 	assert_int_equal(want.bytes, info.bytes);
 
+	/* dlsharectl stat: the count and every tensor, the last one too. */
+	{
+		char out[256], err[256], *text;
+		const char *argv[] = { DLSHARECTL_PATH, "-s", fx->d.sock,
+				       "stat", "m/store", NULL };
+		size_t len;
+
+		snprintf(out, sizeof(out), "%s/stat.out", fx->d.dir);
+		snprintf(err, sizeof(err), "%s/stat.err", fx->d.dir);
+		assert_int_equal(util_run(argv, NULL, out, err), 0);
+		text = util_slurp(out, &len);
+		assert_non_null(text);
+		snprintf(key, sizeof(key), "tensors   %zu\n", n);
+		assert_non_null(strstr(text, key));
+		sd_key(key, sizeof(key), n - 1);
+		assert_non_null(strstr(text, key));
+		free(text);
+		unlink(out);
+		unlink(err);
+	}
+
 	/* A client before 1.4 cannot read the manifest: a get says so. */
 	old_client_get(&fx->d, "m/store");
 	dlshare_disconnect(c);
@@ -745,12 +766,286 @@ static void manifest_quota(void **state)
 	dlshare_disconnect(c);
 }
 
+/* A raw 1.5 get of name: with manifest_cache or not. Returns the reply's
+ * manifest id and, in *nfds, how many fds came with it. */
+static uint64_t raw_get_manifest(int sock, const char *name, int cache,
+				 unsigned *nfds, uint64_t *lease)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Get g = DLSHARE__GET__INIT;
+	static uint64_t id = 500;
+	struct wire_msg *m;
+	uint64_t mid;
+	int keep = -1;
+
+	g.name = (char *)name;
+	g.has_manifest_cache = cache;
+	g.manifest_cache = cache;
+	f.id = ++id;
+	f.body_case = DLSHARE__FRAME__BODY_GET;
+	f.get = &g;
+	assert_int_equal(raw_send(sock, &f, NULL, 0, 0), 0);
+	for (;;) {
+		assert_int_equal(raw_recv_count(sock, harness_ms(5000), &m, nfds,
+						&keep), 0);
+		if (keep >= 0)
+			close(keep);
+		if (m->frame->id == f.id)
+			break;
+		wire_msg_free(m);
+	}
+	assert_int_equal(m->frame->body_case, DLSHARE__FRAME__BODY_GET_REPLY);
+	assert_non_null(m->frame->get_reply->manifest);
+	mid = m->frame->get_reply->manifest->id;
+	/* An id only for a get that keeps manifests (1.5). */
+	assert_true(cache ? mid != 0 : mid == 0);
+	/* fd_attached says exactly whether the fd came (one buffer, whose
+	 * fd came with the first get). */
+	assert_int_equal(m->frame->get_reply->manifest->fd_attached,
+			 *nfds > (unsigned)m->frame->get_reply->buffers[0]->fd_attached);
+	*lease = m->frame->get_reply->lease;
+	wire_msg_free(m);
+	return mid;
+}
+
+/* Protocol 1.5: a manifest follows the buffers' rule. A Get that says
+ * manifest_cache gets its fd the first time only, with an id; one that
+ * does not gets it every time; when the version goes, BufferGone names the
+ * id. libdlshare keeps the checked manifest by that id: a warm get points
+ * its keys into the same mapping (no fd, no mapping, no check). */
+static void manifest_kept(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	size_t n = 3000; /* past a packet */
+	dlshare_tensor_spec *specs = calloc(n, sizeof(*specs));
+	char (*keys)[128] = calloc(n, sizeof(*keys));
+	int64_t (*shapes)[3] = calloc(n, sizeof(*shapes));
+	dlshare_bundle *b1, *b2, *b3;
+	dlshare_writer *w;
+	uint64_t v, mid, mid2, lease;
+	unsigned nfds;
+	int sock, gone = 0;
+
+	assert_true(specs && keys && shapes);
+	sd_specs(specs, keys, shapes, n);
+	assert_int_equal(dlshare_create(c, "k/sd", specs, n, NULL, &w), 0);
+	assert_int_equal(dlshare_seal(w, NULL, &v), 0);
+
+	/* The library: the second get shares the first one's view. */
+	assert_int_equal(dlshare_get(c, "k/sd", NULL, &b1), 0);
+	assert_int_equal(dlshare_get(c, "k/sd", NULL, &b2), 0);
+	assert_ptr_equal(dlshare_bundle_key(b1, 0), dlshare_bundle_key(b2, 0));
+	assert_ptr_equal(dlshare_bundle_tensor(b1, 7)->data,
+			 dlshare_bundle_tensor(b2, 7)->data);
+	dlshare_bundle_free(b1);
+	/* Still there with b1 gone, and found by key. */
+	assert_int_equal(dlshare_bundle_find(b2, keys[2999]), 2999);
+	assert_int_equal(dlshare_get(c, "k/sd", NULL, &b3), 0);
+	assert_ptr_equal(dlshare_bundle_key(b2, 0), dlshare_bundle_key(b3, 0));
+	dlshare_bundle_free(b2);
+	dlshare_bundle_free(b3);
+
+	/* The wire. */
+	sock = raw_connect(fx->d.sock);
+	assert_true(sock >= 0);
+	assert_int_equal(raw_hello(sock), 0);
+	mid = raw_get_manifest(sock, "k/sd", 1, &nfds, &lease);
+	assert_int_equal(nfds, 2);     /* the buffer's and the manifest's */
+	mid2 = raw_get_manifest(sock, "k/sd", 1, &nfds, &lease);
+	assert_int_equal(mid2, mid);
+	assert_int_equal(nfds, 0);     /* both known */
+	mid2 = raw_get_manifest(sock, "k/sd", 0, &nfds, &lease);
+	assert_int_equal(mid2, 0);
+	assert_int_equal(nfds, 1);     /* a 1.4 reader's way: every time */
+	/* A new version: a new id, its fd once. */
+	assert_int_equal(dlshare_create(c, "k/sd", specs, n, NULL, &w), 0);
+	assert_int_equal(dlshare_seal(w, NULL, &v), 0);
+	mid2 = raw_get_manifest(sock, "k/sd", 1, &nfds, &lease);
+	assert_true(mid2 != mid);
+	assert_int_equal(nfds, 2);
+	/* On a fresh connection: release the lease, delete the name, and
+	 * the version goes; BufferGone names its manifest. */
+	{
+		Dlshare__Frame f = DLSHARE__FRAME__INIT;
+		Dlshare__Release r = DLSHARE__RELEASE__INIT;
+		struct wire_msg *m;
+
+		close(sock);
+		sock = raw_connect(fx->d.sock);
+		assert_true(sock >= 0);
+		assert_int_equal(raw_hello(sock), 0);
+		mid = raw_get_manifest(sock, "k/sd", 1, &nfds, &lease);
+		assert_int_equal(mid, mid2);
+		assert_int_equal(nfds, 2);
+		r.n_leases = 1;
+		r.leases = &lease;
+		f.body_case = DLSHARE__FRAME__BODY_RELEASE;
+		f.release = &r;
+		assert_int_equal(raw_send(sock, &f, NULL, 0, 0), 0);
+		assert_int_equal(dlshare_delete(c, "k/sd"), 0);
+		while (!gone) {
+			assert_int_equal(raw_recv(sock, harness_ms(5000), &m), 0);
+			if (m->frame->body_case ==
+			    DLSHARE__FRAME__BODY_BUFFER_GONE)
+				for (size_t i = 0;
+				     i < m->frame->buffer_gone->n_ids; i++)
+					gone |= m->frame->buffer_gone->ids[i] ==
+						mid;
+			wire_msg_free(m);
+		}
+	}
+	close(sock);
+	free(specs);
+	free(keys);
+	free(shapes);
+	dlshare_disconnect(c);
+}
+
+/* A manifest kept alive only by a lease is the leaseholder's (DESIGN:
+ * bytes kept alive only by a lease are charged to the leaseholder): the
+ * uid's leased manifest bytes count against --uid-manifest-bytes apart
+ * from what it produces, and a get past it is refused, naming the limit;
+ * the release gives the bytes back. */
+static void leased_manifest_charged_to_leaseholder(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	size_t n = 3000; /* ~250 KiB of manifest of 400K */
+	dlshare_tensor_spec *specs = calloc(n, sizeof(*specs));
+	char (*keys)[128] = calloc(n, sizeof(*keys));
+	int64_t (*shapes)[3] = calloc(n, sizeof(*shapes));
+	dlshare_bundle *b1, *b2;
+	dlshare_writer *w;
+	uint64_t v;
+	char want[64];
+
+	assert_true(specs && keys && shapes);
+	sd_specs(specs, keys, shapes, n);
+	assert_int_equal(dlshare_create(c, "q/l1", specs, n, NULL, &w), 0);
+	assert_int_equal(dlshare_seal(w, NULL, &v), 0);
+	assert_int_equal(dlshare_get(c, "q/l1", NULL, &b1), 0);
+	/* Deleted: only the lease keeps it, and the producer pays no more
+	 * (its next 250 KiB fit)... */
+	assert_int_equal(dlshare_delete(c, "q/l1"), 0);
+	assert_int_equal(dlshare_create(c, "q/l2", specs, n, NULL, &w), 0);
+	assert_int_equal(dlshare_seal(w, NULL, &v), 0);
+	/* ...the leaseholder does: 2 x 250 KiB leased is past 400K. */
+	assert_int_equal(dlshare_get(c, "q/l2", NULL, &b2), DLSHARE_ELIMIT);
+	assert_non_null(strstr(dlshare_last_error(),
+			       "leased manifest bytes per uid "
+			       "(--uid-manifest-bytes)"));
+	snprintf(want, sizeof(want), "uid %u", (unsigned)getuid());
+	assert_non_null(strstr(dlshare_last_error(), want));
+	dlshare_bundle_free(b1);
+	/* The release came back (asynchronously: a get waits its turn
+	 * behind it on the socket). */
+	assert_int_equal(dlshare_get(c, "q/l2", NULL, &b2), 0);
+	assert_int_equal(dlshare_bundle_count(b2), n);
+	dlshare_bundle_free(b2);
+	free(specs);
+	free(keys);
+	free(shapes);
+	dlshare_disconnect(c);
+}
+
+/* Another uid's producer and reader: 3000 tensors (~250 KiB of manifest,
+ * most of a --uid-manifest-bytes of 400K) created, sealed and read back. */
+static int other_uid_round_trip(const struct daemon_proc *d, void *arg)
+{
+	size_t n = 3000;
+	dlshare_client *c = util_child_connect(d);
+	dlshare_tensor_spec *specs = calloc(n, sizeof(*specs));
+	char (*keys)[128] = calloc(n, sizeof(*keys));
+	int64_t (*shapes)[3] = calloc(n, sizeof(*shapes));
+	dlshare_bundle *b;
+	dlshare_writer *w;
+	uint64_t v;
+
+	(void)arg;
+	CHILD_CHECK(specs && keys && shapes);
+	sd_specs(specs, keys, shapes, n);
+	CHILD_OK(dlshare_create(c, "q/other", specs, n, NULL, &w));
+	CHILD_OK(dlshare_seal(w, NULL, &v));
+	CHILD_OK(dlshare_get(c, "q/other", NULL, &b));
+	CHILD_CHECK(dlshare_bundle_count(b) == n);
+	CHILD_CHECK(dlshare_bundle_find(b, keys[n - 1]) == (int)(n - 1));
+	dlshare_bundle_free(b);
+	CHILD_OK(dlshare_delete(c, "q/other"));
+	free(specs);
+	free(keys);
+	free(shapes);
+	dlshare_disconnect(c);
+	return 0;
+}
+
+/* Manifests that lie cost their sender's uid only: a sender holding most
+ * of its --uid-manifest-bytes sends lies of every kind (each refused,
+ * clearly); its own next large create is refused naming its uid; another
+ * uid's large version goes through meanwhile; and once the sender lets go,
+ * its quota is whole again (nothing a lie cost stayed charged). */
+static void lies_cost_the_liar_only(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	size_t n = 3000;
+	dlshare_tensor_spec *specs = calloc(n, sizeof(*specs));
+	char (*keys)[128] = calloc(n, sizeof(*keys));
+	int64_t (*shapes)[3] = calloc(n, sizeof(*shapes));
+	dlshare_writer *w, *w2;
+	char want[64];
+	int sock;
+
+	assert_true(specs && keys && shapes);
+	sd_specs(specs, keys, shapes, n);
+	assert_int_equal(dlshare_create(c, "q/liar", specs, n, NULL, &w), 0);
+	sock = raw_connect(fx->d.sock);
+	assert_true(sock >= 0);
+	assert_int_equal(raw_hello(sock), 0);
+	lie(sock, past_buffer, H_N, 0, "tensor 7 (\"k.7\")");
+	lie(sock, dup_key, H_N, 0, "have the same key");
+	lie(sock, NULL, H_N - 1, 0, "the request says 63");
+	lie(sock, NULL, 10000000, 0, "10000000 tensors, more than the limit");
+	lie(sock, long_key, H_N, 0, "more than the limit of 255");
+	/* Its uid's quota is what the pending create holds. */
+	assert_int_equal(dlshare_create(c, "q/liar2", specs, n, NULL, &w2),
+			 DLSHARE_ELIMIT);
+	snprintf(want, sizeof(want), "uid %u", (unsigned)getuid());
+	assert_non_null(strstr(dlshare_last_error(), want));
+	if (util_can_switch_uids())
+		assert_int_equal(util_wait(util_spawn_as(&fx->d, UTIL_UID_B,
+							 UTIL_UID_B,
+							 other_uid_round_trip,
+							 NULL)), 0);
+	else
+		fprintf(stderr, "SKIP (part): needs root to switch uids; "
+			"another uid's version\n");
+	dlshare_writer_abort(w);
+	close(sock);
+	/* Whole again: the lies left nothing charged. */
+	assert_int_equal(dlshare_create(c, "q/liar2", specs, n, NULL, &w2), 0);
+	dlshare_writer_abort(w2);
+	free(specs);
+	free(keys);
+	free(shapes);
+	dlshare_disconnect(c);
+}
+
 static int setup_quota(void **state)
 {
 	static const char *const args[] = { "--uid-manifest-bytes", "400K",
 					    "--max-tensors", "5000", NULL };
 
 	return util_setup_fdcheck(state, args);
+}
+
+/* setup_quota for a daemon every uid can reach. */
+static int setup_quota_open(void **state)
+{
+	static const char *const args[] = { "--uid-manifest-bytes", "400K",
+					    "--max-tensors", "5000", NULL };
+
+	return util_setup_open(state, args);
 }
 
 int main(void)
@@ -760,8 +1055,15 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(state_dict_publish, setup,
 						teardown),
+		cmocka_unit_test_setup_teardown(manifest_kept, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(manifests_that_lie, setup,
 						teardown),
+		cmocka_unit_test_setup_teardown(
+			leased_manifest_charged_to_leaseholder, setup_quota,
+			teardown),
+		cmocka_unit_test_setup_teardown(lies_cost_the_liar_only,
+						setup_quota_open, teardown),
 		cmocka_unit_test_setup_teardown(manifest_quota, setup_quota,
 						teardown),
 	};

@@ -63,6 +63,38 @@ class LoadStateDictTest(DaemonTest):
         self.assertEqual(r, dlshare.LoadResult([], []))
         self.assertTrue(all(np.array_equal(dst[k], src[k]) for k in src))
 
+    def test_destinations_the_fast_path_cannot_take(self):
+        """Host arrays of the version's dtype and shape are copied by the
+        library in one call; the rest (a non-contiguous view, a read-only
+        array, torch tensors where torch is there) by the general path,
+        all in one load, and a mismatch among either kind copies
+        nothing."""
+        src = numpy_state(5)
+        n, _ = self.publish(src)
+        dst = numpy_state(6)
+        wide = np.zeros((8, 2 * 5), np.float32)
+        dst["layers.1.weight"] = wide[:, ::2]           # not contiguous
+        if torch is not None:
+            dst["layers.2.weight"] = torch.zeros(8, 6)  # a CPU tensor
+        ro = np.zeros(8, np.float64)
+        ro.setflags(write=False)
+        dst["layers.3.bias"] = ro                       # read-only
+        before = {k: np.asarray(a).tobytes() for k, a in dst.items()}
+        with self.client.get(n) as b:
+            with self.assertRaisesRegex(ValueError, "layers.3.bias"):
+                b.copy_into(dst)                        # ro is refused
+            self.assertNothingCopied(
+                {k: np.asarray(a) for k, a in dst.items()}, before)
+            dst["layers.3.bias"] = np.zeros(8, np.float64)
+            dst["layers.4.bias"] = np.zeros(9, np.float64)  # wrong shape
+            with self.assertRaisesRegex(dlshare.StateDictMismatch,
+                                        "layers.4.bias"):
+                b.copy_into(dst)
+            dst["layers.4.bias"] = np.zeros(8, np.float64)
+            b.copy_into(dst)
+        for k in src:
+            self.assertTrue(np.array_equal(np.asarray(dst[k]), src[k]), k)
+
     def assertNothingCopied(self, dst, before):
         for k in before:
             self.assertEqual(dst[k].tobytes(), before[k], k)
