@@ -105,6 +105,7 @@ static const struct {
 	{ "daemon-owned host bytes per uid", METRICS_LIMIT_UID_HOST_BYTES },
 	{ "daemon-owned GPU bytes per uid", METRICS_LIMIT_UID_GPU_BYTES },
 	{ "manifest bytes per uid", METRICS_LIMIT_UID_MANIFEST_BYTES },
+	{ "leased manifest bytes per uid", METRICS_LIMIT_UID_MANIFEST_BYTES },
 	{ "leased host bytes per uid", METRICS_LIMIT_UID_LEASED_BYTES },
 	{ "leased GPU bytes per uid", METRICS_LIMIT_UID_LEASED_GPU_BYTES },
 	{ "leases per connection", METRICS_LIMIT_MAX_LEASES },
