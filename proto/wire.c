@@ -136,37 +136,85 @@ int wire_encode(const Dlshare__Frame *f, size_t max, uint8_t **out,
 	return 0;
 }
 
-/* Every block carries its size in front so free can give the budget back. */
-struct block {
+/* The arena. Each block has its size in the 8 bytes in front of it, so a
+ * free gives the budget back (the cap counts what is live, as protobuf-c
+ * frees its scratch slabs while it decodes); the memory itself is only
+ * given back whole. Blocks are 8-byte aligned: the widest member of a
+ * decoded message is a pointer, a double or a 64-bit integer. Under ASan
+ * everything of a chunk but the live blocks is poisoned, so the 8 bytes
+ * between blocks are red zones and a freed block stays unreadable. */
+#if defined(__SANITIZE_ADDRESS__)
+#define WIRE_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define WIRE_ASAN 1
+#endif
+#endif
+#ifdef WIRE_ASAN
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+struct wire_chunk {
+	struct wire_chunk *next;
 	size_t size;
-	max_align_t data[];
+	_Alignas(16) unsigned char data[];
 };
+
+/* The first chunk, inside struct wire_msg: room for a usual reply (a
+ * GetReply of one tensor takes ~600 bytes) without a second malloc; larger
+ * packets get chunks as they need them. */
+#define ARENA_FIRST(len) ((len) * 4 < 3584 ? 512 + (len) * 4 : 4096)
+#define ARENA_CHUNK 4096u
+#define ARENA_HDR 8u
 
 static void *capped_alloc(void *opaque, size_t size)
 {
 	struct wire_msg *m = opaque;
-	struct block *b;
+	size_t need;
+	unsigned char *p;
 
 	if (size > m->cap - m->used)
 		return NULL;
-	b = malloc(sizeof(*b) + size);
-	if (!b)
-		return NULL;
-	b->size = size;
+	need = ARENA_HDR + ((size + 7) & ~(size_t)7);
+	if (need > (size_t)(m->end - m->cur)) {
+		size_t n = need > ARENA_CHUNK ? need : ARENA_CHUNK;
+		struct wire_chunk *c = malloc(sizeof(*c) + n);
+
+		if (!c)
+			return NULL;
+		c->next = m->chunks;
+		c->size = n;
+		m->chunks = c;
+		m->cur = c->data;
+		m->end = c->data + n;
+		POISON(c->data, n);
+	}
+	p = m->cur;
+	m->cur += need;
+	UNPOISON(p, ARENA_HDR + size);
+	memcpy(p, &size, sizeof(size));
+	POISON(p, ARENA_HDR);
 	m->used += size;
-	return b->data;
+	return p + ARENA_HDR;
 }
 
 static void capped_free(void *opaque, void *p)
 {
 	struct wire_msg *m = opaque;
-	struct block *b;
+	unsigned char *b = p;
+	size_t size;
 
 	if (!p)
 		return;
-	b = (struct block *)((char *)p - offsetof(struct block, data));
-	m->used -= b->size;
-	free(b);
+	UNPOISON(b - ARENA_HDR, ARENA_HDR);
+	memcpy(&size, b - ARENA_HDR, sizeof(size));
+	POISON(b - ARENA_HDR, ARENA_HDR + size);
+	m->used -= size;
 }
 
 /* Reads a varint at p[*i..len) and moves *i past it. Returns 0, or -1
@@ -241,17 +289,23 @@ string_with_nul(const ProtobufCMessageDescriptor *d, const uint8_t *p,
 
 int wire_decode(const uint8_t *data, size_t len, struct wire_msg **out)
 {
-	struct wire_msg *m = calloc(1, sizeof(*m));
+	size_t first = ARENA_FIRST(len);
+	struct wire_msg *m = malloc(sizeof(*m) + first);
 
 	if (!m)
 		return -ENOMEM;
+	memset(m, 0, sizeof(*m));
 	m->cap = len * WIRE_DECODE_FACTOR + WIRE_DECODE_SLACK;
 	m->alloc.alloc = capped_alloc;
 	m->alloc.free = capped_free;
 	m->alloc.allocator_data = m;
+	m->first_size = first;
+	m->cur = m->first;
+	m->end = m->first + first;
+	POISON(m->first, first);
 	m->frame = dlshare__frame__unpack(&m->alloc, len, data);
 	if (!m->frame) {
-		free(m);
+		wire_msg_free(m);
 		return -EPROTO;
 	}
 	m->nul_field = string_with_nul(&dlshare__frame__descriptor, data, len,
@@ -264,6 +318,15 @@ void wire_msg_free(struct wire_msg *m)
 {
 	if (!m)
 		return;
-	dlshare__frame__free_unpacked(m->frame, &m->alloc);
+	/* Everything the frame holds is in the arena: no walk through it
+	 * (dlshare__frame__free_unpacked would only give back budget). */
+	while (m->chunks) {
+		struct wire_chunk *c = m->chunks;
+
+		m->chunks = c->next;
+		UNPOISON(c->data, c->size);
+		free(c);
+	}
+	UNPOISON(m->first, m->first_size);
 	free(m);
 }

@@ -51,7 +51,14 @@ void wire_close_fds(int *fds, unsigned n);
 int wire_encode(const Dlshare__Frame *f, size_t max, uint8_t **out,
 		size_t *len);
 
-/* A decoded frame and the allocator that owns its memory. */
+/* A chunk of a decoded frame's arena beyond the one inside struct
+ * wire_msg. */
+struct wire_chunk;
+
+/* A decoded frame and the allocator that owns its memory: a bump arena
+ * (one malloc per frame for the usual small one, more chunks for larger
+ * ones), freed whole by wire_msg_free; protobuf-c's frees only give back
+ * the budget (used). */
 struct wire_msg {
 	Dlshare__Frame *frame;
 	/* The first string field whose bytes hold a NUL, and the message it
@@ -63,6 +70,11 @@ struct wire_msg {
 	ProtobufCAllocator alloc;
 	size_t used;
 	size_t cap;
+	unsigned char *cur, *end;   /* the free part of the current chunk */
+	struct wire_chunk *chunks;  /* the extra chunks, newest first */
+	size_t first_size;
+	/* Then the first chunk, sized at decode from the packet's length. */
+	_Alignas(16) unsigned char first[];
 };
 
 /* Decodes a packet. The decoder may allocate at most
