@@ -194,11 +194,20 @@ int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
 	 * cached buffer): straight to the socket from the stack, with the
 	 * caller's fds (the kernel takes its own references), and no queue
 	 * entry when it goes at once. */
-	len = dlshare__frame__get_packed_size(f);
-	if (!c->out_head && len <= CONN_DIRECT_MAX && len <= lim->max_packet) {
+	if (!c->out_head) {
 		uint8_t buf[CONN_DIRECT_MAX];
+		size_t cap = lim->max_packet < sizeof(buf) ? lim->max_packet :
+			     sizeof(buf);
 
-		dlshare__frame__pack(f, buf);
+		/* A GetReply of host buffers without protobuf-c's two walks
+		 * (wire_pack_fast), any other small frame with them. */
+		len = wire_pack_fast(f, buf, cap);
+		if (!len) {
+			len = dlshare__frame__get_packed_size(f);
+			if (len > cap)
+				goto queue;
+			dlshare__frame__pack(f, buf);
+		}
 		err = wire_send(c->fd, buf, len, fds, nfds, MSG_DONTWAIT);
 		if (err == 0)
 			return 0;
@@ -207,6 +216,7 @@ int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
 			return err;
 		}
 	}
+queue:
 	err = wire_encode(f, lim->max_packet, &data, &len);
 	if (err) {
 		log_warn("conn %llu: reply does not fit a packet (%d)",
