@@ -1097,15 +1097,17 @@ static int call_send(struct call *k, const int *fds, unsigned nfds)
 {
 	dlshare_client *c = k->c;
 	uint8_t stack[CLIENT_SEND_STACK_MAX];
-	uint8_t *data;
-	size_t len = dlshare__frame__get_packed_size(k->req);
+	size_t cap = c->send_max < sizeof(stack) ? c->send_max : sizeof(stack);
+	uint8_t *data = stack;
+	size_t len;
 	int err = 0;
 
-	/* A small request (every Get) is packed on the stack: no malloc, and
-	 * protobuf-c's size walk done once. */
-	if (len <= sizeof(stack) && len <= c->send_max) {
+	/* A small request is packed on the stack, no malloc; a Get without
+	 * protobuf-c (wire_pack_fast). */
+	if ((len = wire_pack_fast(k->req, stack, cap))) {
+		/* packed */
+	} else if ((len = dlshare__frame__get_packed_size(k->req)) <= cap) {
 		len = dlshare__frame__pack(k->req, stack);
-		data = stack;
 	} else {
 		err = wire_encode(k->req, c->send_max, &data, &len);
 	}

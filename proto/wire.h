@@ -51,8 +51,8 @@ void wire_close_fds(int *fds, unsigned n);
 int wire_encode(const Dlshare__Frame *f, size_t max, uint8_t **out,
 		size_t *len);
 
-/* Encodes f into buf (cap bytes) without protobuf-c when it is the hot
- * reply (a GetReply of host buffers; see wire.c): the same bytes as
+/* Encodes f into buf (cap bytes) without protobuf-c when it is a hot
+ * frame (a Get, a GetReply of host buffers; see wire.c): the same bytes as
  * dlshare__frame__pack. Returns the length, or 0 when f is not of that
  * shape or does not fit: then pack it with protobuf-c. */
 size_t wire_pack_fast(const Dlshare__Frame *f, uint8_t *buf, size_t cap);

@@ -1267,9 +1267,17 @@ static void test_get_fast_path_agrees(void **state)
 		f.n_releases = (v >> 3) & 1 ? 3 : 0;
 		f.releases = rel;
 		len = dlshare__frame__pack(&f, buf);
-		fast_taken = 0;
+		fast_taken = packed_fast = 0;
 		assert_true(decode_both_agree(buf, len));
 		assert_int_equal(fast_taken, 1);
+		assert_int_equal(packed_fast, 1);
+		{
+			uint8_t mine[512];
+
+			assert_int_equal(wire_pack_fast(&f, mine, sizeof(mine)),
+					 len);
+			assert_memory_equal(mine, buf, len);
+		}
 		for (size_t cut = 0; cut < len; cut++)
 			decode_both_agree(buf, cut);
 		for (size_t i = 0; i < len; i++) {
