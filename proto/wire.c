@@ -356,7 +356,7 @@ static int fast_i64s(struct wire_msg *m, struct rd sub, size_t *n,
 {
 	struct rd c = sub;
 	size_t k = 0;
-	uint64_t v;
+	uint64_t v = 0;
 
 	while (c.p < c.end) {
 		if (rd_varint(&c, 10, &v))
@@ -377,9 +377,9 @@ static int fast_dtype(struct wire_msg *m, struct rd r, Dlshare__DataType **out)
 {
 	static const Dlshare__DataType init = DLSHARE__DATA_TYPE__INIT;
 	Dlshare__DataType *d = FAST_ALLOC(m, Dlshare__DataType);
-	unsigned seen = 0, wt;
-	uint32_t num;
-	uint64_t v;
+	unsigned seen = 0, wt = 0;
+	uint32_t num = 0;
+	uint64_t v = 0;
 	struct rd sub;
 
 	if (!d)
@@ -408,9 +408,9 @@ static int fast_tensor(struct wire_msg *m, struct rd r, Dlshare__Tensor **out)
 {
 	static const Dlshare__Tensor init = DLSHARE__TENSOR__INIT;
 	Dlshare__Tensor *t = FAST_ALLOC(m, Dlshare__Tensor);
-	unsigned seen = 0, wt;
-	uint32_t num;
-	uint64_t v;
+	unsigned seen = 0, wt = 0;
+	uint32_t num = 0;
+	uint64_t v = 0;
 	struct rd sub;
 
 	if (!t)
@@ -470,9 +470,9 @@ static int fast_buffer(struct wire_msg *m, struct rd r, Dlshare__Buffer **out)
 	static const Dlshare__Buffer init = DLSHARE__BUFFER__INIT;
 	static const Dlshare__Device dinit = DLSHARE__DEVICE__INIT;
 	Dlshare__Buffer *b = FAST_ALLOC(m, Dlshare__Buffer);
-	unsigned seen = 0, wt;
-	uint32_t num;
-	uint64_t v;
+	unsigned seen = 0, wt = 0;
+	uint32_t num = 0;
+	uint64_t v = 0;
 	struct rd sub;
 
 	if (!b)
@@ -485,9 +485,9 @@ static int fast_buffer(struct wire_msg *m, struct rd r, Dlshare__Buffer **out)
 		seen |= 1u << num;
 		if (num == 4) { /* device: type only */
 			struct rd d = sub;
-			uint64_t dv;
-			unsigned dwt;
-			uint32_t dnum;
+			uint64_t dv = 0;
+			unsigned dwt = 0;
+			uint32_t dnum = 0;
 			struct rd dsub;
 
 			if (wt != PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED ||
@@ -539,9 +539,9 @@ static int fast_get_reply_body(struct wire_msg *m, struct rd r,
 	Dlshare__GetReply *g = FAST_ALLOC(m, Dlshare__GetReply);
 	struct rd c = r, sub;
 	size_t nt = 0, nb = 0;
-	unsigned seen = 0, wt;
-	uint32_t num;
-	uint64_t v;
+	unsigned seen = 0, wt = 0;
+	uint32_t num = 0;
+	uint64_t v = 0;
 
 	if (!g)
 		return 1;
@@ -594,9 +594,9 @@ static int fast_get_body(struct wire_msg *m, struct rd r, Dlshare__Get **out)
 {
 	static const Dlshare__Get init = DLSHARE__GET__INIT;
 	Dlshare__Get *g = FAST_ALLOC(m, Dlshare__Get);
-	unsigned seen = 0, wt;
-	uint32_t num;
-	uint64_t v;
+	unsigned seen = 0, wt = 0;
+	uint32_t num = 0;
+	uint64_t v = 0;
 	struct rd sub;
 
 	if (!g)
@@ -652,9 +652,9 @@ static int fast_decode(struct wire_msg *m, const uint8_t *data, size_t len)
 	static const Dlshare__Frame init = DLSHARE__FRAME__INIT;
 	struct rd r = { data, data + len }, sub;
 	Dlshare__Frame *f = FAST_ALLOC(m, Dlshare__Frame);
-	unsigned seen = 0, wt;
-	uint32_t num;
-	uint64_t v;
+	unsigned seen = 0, wt = 0;
+	uint32_t num = 0;
+	uint64_t v = 0;
 
 	if (!f)
 		return 1;
