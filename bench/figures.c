@@ -653,6 +653,10 @@ static void *pop_main(void *arg)
 		/* Not written: an untouched page costs the daemon nothing
 		 * more, and this figure is the daemon's own memory. */
 		t->err = publish_one(c, name, 4, -1, NULL);
+		/* The message is this thread's: say it here. */
+		if (t->err)
+			fprintf(stderr, "bench: populate %s: %s\n", name,
+				dlshare_last_error());
 	}
 	dlshare_disconnect(c);
 	return NULL;

@@ -745,13 +745,12 @@ int dlshare_bundle_wait(dlshare_bundle *b, void *stream)
 	return 0;
 }
 
-void dlshare_bundle_free(dlshare_bundle *b)
+/* forked: client_forked(b->lr->c), which the caller may know already. */
+static void bundle_free(dlshare_bundle *b, int forked)
 {
-	if (!b)
-		return;
 	/* A child inherited it: no CUDA here (the chain stays, as does the
 	 * mapping, until the child exits). */
-	if (!client_forked(b->lr->c))
+	if (!forked)
 		cuda_event_drop(b->chain);
 	view_free(b->own_view);
 	free(b->own);
@@ -760,6 +759,12 @@ void dlshare_bundle_free(dlshare_bundle *b)
 	mcache_unref(b->mc);
 	lease_ref_unref(b->lr);
 	free(b);
+}
+
+void dlshare_bundle_free(dlshare_bundle *b)
+{
+	if (b)
+		bundle_free(b, client_forked(b->lr->c));
 }
 
 static void managed_delete(DLManagedTensor *self)
@@ -800,16 +805,24 @@ static struct managed *managed_new(dlshare_bundle *b, size_t i, DLTensor *t)
 	return m;
 }
 
+static int bundle_export(dlshare_bundle *b, size_t i, DLManagedTensor **out);
+
 int dlshare_bundle_export(dlshare_bundle *b, size_t i, DLManagedTensor **out)
 {
-	struct managed *m;
-	DLTensor t;
-
 	if (!out || !b || i >= b->n)
 		return DLSHARE_EINVAL;
 	/* A new holder of a lease that is not this process's. */
 	if (client_forked(b->lr->c))
 		return fork_refuse();
+	return bundle_export(b, i, out);
+}
+
+/* dlshare_bundle_export of a bundle this process got (no fork check). */
+static int bundle_export(dlshare_bundle *b, size_t i, DLManagedTensor **out)
+{
+	struct managed *m;
+	DLTensor t;
+
 	if (!(m = managed_new(b, i, &t)))
 		return DLSHARE_ENOMEM;
 	m->m.plain.dl_tensor = t;
@@ -851,8 +864,10 @@ int dlshare_get_tensor(dlshare_client *c, const char *name,
 		return DLSHARE_EINVAL;
 	if ((err = dlshare_get(c, name, opts, &b)))
 		return err;
-	err = dlshare_bundle_export(b, 0, out);
-	dlshare_bundle_free(b);
+	/* b is this process's, just got: no second and third getpid (the
+	 * fork check) per get. */
+	err = b->n ? bundle_export(b, 0, out) : DLSHARE_EINVAL;
+	bundle_free(b, 0);
 	return err;
 }
 

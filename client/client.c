@@ -23,6 +23,8 @@
 #define CLIENT_RELEASE_BATCH 1024
 /* Lease ids a request carries at most (Frame.releases). */
 #define CLIENT_RELEASE_RIDE 64
+/* Requests up to this size are packed on the stack (call_send). */
+#define CLIENT_SEND_STACK_MAX 1024
 
 static _Thread_local char errmsg[512];
 
@@ -32,7 +34,16 @@ static atomic_int live_clients;
 
 void errmsg_set(const char *msg)
 {
-	snprintf(errmsg, sizeof(errmsg), "%s", msg ? msg : "");
+	size_t n;
+
+	/* Every call clears it first: no printf on the hot path. */
+	if (!msg) {
+		errmsg[0] = '\0';
+		return;
+	}
+	n = strnlen(msg, sizeof(errmsg) - 1);
+	memcpy(errmsg, msg, n);
+	errmsg[n] = '\0';
 }
 
 const char *dlshare_last_error(void)
@@ -1155,11 +1166,21 @@ static int call_begin(struct call *k, struct export *export)
 static int call_send(struct call *k, const int *fds, unsigned nfds)
 {
 	dlshare_client *c = k->c;
-	uint8_t *data;
+	uint8_t stack[CLIENT_SEND_STACK_MAX];
+	size_t cap = c->send_max < sizeof(stack) ? c->send_max : sizeof(stack);
+	uint8_t *data = stack;
 	size_t len;
-	int err;
+	int err = 0;
 
-	err = wire_encode(k->req, c->send_max, &data, &len);
+	/* A small request is packed on the stack, no malloc; a Get without
+	 * protobuf-c (wire_pack_fast). */
+	if ((len = wire_pack_fast(k->req, stack, cap))) {
+		/* packed */
+	} else if ((len = dlshare__frame__get_packed_size(k->req)) <= cap) {
+		len = dlshare__frame__pack(k->req, stack);
+	} else {
+		err = wire_encode(k->req, c->send_max, &data, &len);
+	}
 	if (err && k->nride) {
 		k->req->releases = NULL;
 		k->req->n_releases = 0;
@@ -1177,7 +1198,8 @@ static int call_send(struct call *k, const int *fds, unsigned nfds)
 	pthread_mutex_lock(&c->send_lock);
 	err = wire_send(c->fd, data, len, fds, nfds, 0);
 	pthread_mutex_unlock(&c->send_lock);
-	free(data);
+	if (data != stack)
+		free(data);
 	return err;
 }
 

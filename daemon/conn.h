@@ -104,6 +104,9 @@ struct conn {
 	struct conn *doomed_next; /* set->doomed */
 	uint64_t born_ms;         /* loop time of conn_init */
 	int armed;                /* events the poll handle waits for */
+	/* Wakeups left that read one packet and do not try a second
+	 * (conn_read): set when the peer sends one request at a time. */
+	unsigned read_single;
 	const char *why;          /* why it is failing (a static string) */
 };
 

@@ -52,7 +52,20 @@ void wire_close_fds(int *fds, unsigned n);
 int wire_encode(const Dlshare__Frame *f, size_t max, uint8_t **out,
 		size_t *len);
 
-/* A decoded frame and the allocator that owns its memory. */
+/* Encodes f into buf (cap bytes) without protobuf-c when it is a hot
+ * frame (a Get, a GetReply of host buffers; see wire.c): the same bytes as
+ * dlshare__frame__pack. Returns the length, or 0 when f is not of that
+ * shape or does not fit: then pack it with protobuf-c. */
+size_t wire_pack_fast(const Dlshare__Frame *f, uint8_t *buf, size_t cap);
+
+/* A chunk of a decoded frame's arena beyond the one inside struct
+ * wire_msg. */
+struct wire_chunk;
+
+/* A decoded frame and the allocator that owns its memory: a bump arena
+ * (one malloc per frame for the usual small one, more chunks for larger
+ * ones), freed whole by wire_msg_free; protobuf-c's frees only give back
+ * the budget (used). */
 struct wire_msg {
 	Dlshare__Frame *frame;
 	/* The first string field whose bytes hold a NUL, and the message it
@@ -64,6 +77,12 @@ struct wire_msg {
 	ProtobufCAllocator alloc;
 	size_t used;
 	size_t cap;
+	unsigned char *cur, *end;   /* the free part of the current chunk */
+	struct wire_chunk *chunks;  /* the extra chunks, newest first */
+	size_t first_size;
+	int fast;                   /* decoded without protobuf-c */
+	/* Then the first chunk, sized at decode from the packet's length. */
+	_Alignas(16) unsigned char first[];
 };
 
 /* Decodes a packet. The decoder may allocate at most
@@ -71,6 +90,11 @@ struct wire_msg {
  * (free with wire_msg_free; see nul_field), -EPROTO for a malformed packet
  * or one that costs more than that, -ENOMEM. */
 int wire_decode(const uint8_t *data, size_t len, struct wire_msg **out);
+/* wire_decode with flags: WIRE_DECODE_NO_FAST decodes every frame with
+ * protobuf-c (the tests compare the two ways). */
+#define WIRE_DECODE_NO_FAST 1u
+int wire_decode_ex(const uint8_t *data, size_t len, unsigned flags,
+		   struct wire_msg **out);
 void wire_msg_free(struct wire_msg *m);
 
 #endif

@@ -1086,10 +1086,220 @@ static void test_roundtrip_every_body(void **state)
 	free(b);
 }
 
+
+/* ---- the GetReply fast path against protobuf-c ---------------------------- */
+
+static int fast_taken, packed_fast;
+
+/* Decodes p both ways; both must agree on success, and where both decode,
+ * their frames must encode to the same bytes. Returns 1 when it decoded. */
+static int decode_both_agree(const uint8_t *p, size_t len)
+{
+	struct wire_msg *fast = NULL, *slow = NULL;
+	int ef = wire_decode(p, len, &fast);
+	int es = wire_decode_ex(p, len, WIRE_DECODE_NO_FAST, &slow);
+
+	assert_int_equal(ef, es);
+	if (!ef)
+		assert_false(slow->fast);
+	if (!ef && fast->fast)
+		fast_taken++;
+	if (!ef) {
+		size_t a = dlshare__frame__get_packed_size(fast->frame);
+		size_t b = dlshare__frame__get_packed_size(slow->frame);
+		uint8_t *ba = malloc(a + 1), *bb = malloc(b + 1);
+
+		assert_non_null(ba);
+		assert_non_null(bb);
+		assert_int_equal(a, b);
+		dlshare__frame__pack(fast->frame, ba);
+		dlshare__frame__pack(slow->frame, bb);
+		assert_memory_equal(ba, bb, a);
+		assert_true((fast->nul_field == NULL) ==
+			    (slow->nul_field == NULL));
+		/* The encoder: protobuf-c's bytes, or none. */
+		{
+			uint8_t *bc = malloc(a + 16);
+			size_t n;
+
+			assert_non_null(bc);
+			n = wire_pack_fast(slow->frame, bc, a + 16);
+			if (n) {
+				assert_int_equal(n, a);
+				assert_memory_equal(bc, bb, a);
+				assert_int_equal(wire_pack_fast(slow->frame,
+								 bc, a - 1), 0);
+				packed_fast++;
+			}
+			free(bc);
+		}
+		free(ba);
+		free(bb);
+	}
+	wire_msg_free(fast);
+	wire_msg_free(slow);
+	return !ef;
+}
+
+static void test_get_reply_fast_path_agrees(void **state)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__GetReply g = DLSHARE__GET_REPLY__INIT;
+	Dlshare__Tensor t[3], *tp[3];
+	Dlshare__DataType dt = DLSHARE__DATA_TYPE__INIT;
+	Dlshare__Buffer b[2], *bp[2];
+	Dlshare__Device dev = DLSHARE__DEVICE__INIT;
+	int64_t shape[4] = { 2, 3, -1, INT64_MAX };
+	int64_t strides[4] = { 12, 4, 1, INT64_MIN };
+	const char *keys[3] = { "", "weight", "a.b.c" };
+	uint8_t buf[1024];
+	unsigned decoded = 0;
+	(void)state;
+
+	dt.code = 2;
+	dt.bits = 32;
+	dt.lanes = 1;
+	dev.type = 1;
+	for (int i = 0; i < 3; i++) {
+		Dlshare__Tensor ti = DLSHARE__TENSOR__INIT;
+
+		t[i] = ti;
+		t[i].key = i ? (char *)keys[i] : NULL;
+		t[i].buffer = (uint32_t)(i % 2);
+		t[i].offset = (uint64_t)i * 4096;
+		t[i].dtype = &dt;
+		t[i].n_shape = (size_t)(i + 1);
+		t[i].shape = shape;
+		t[i].n_strides = i == 2 ? 3 : 0;
+		t[i].strides = strides;
+		tp[i] = &t[i];
+	}
+	for (int i = 0; i < 2; i++) {
+		Dlshare__Buffer bi = DLSHARE__BUFFER__INIT;
+
+		b[i] = bi;
+		b[i].id = 1000 + (uint64_t)i;
+		b[i].kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
+		b[i].size = 1u << 20;
+		b[i].device = &dev;
+		b[i].has_fd_attached = i == 0;
+		b[i].fd_attached = i == 0;
+		bp[i] = &b[i];
+	}
+	g.version = 7;
+	g.lease = UINT64_MAX;
+	g.read_only = 1;
+	g.tensors = tp;
+	g.buffers = bp;
+	f.id = 42;
+	f.body_case = DLSHARE__FRAME__BODY_GET_REPLY;
+	f.get_reply = &g;
+	for (int nt = 0; nt <= 3; nt++) {
+		for (int nb = 0; nb <= 2; nb++) {
+			size_t len;
+
+			g.n_tensors = (size_t)nt;
+			g.n_buffers = (size_t)nb;
+			f.has_nfds = nb > 0;
+			f.nfds = nb > 0;
+			len = dlshare__frame__pack(&f, buf);
+			fast_taken = packed_fast = 0;
+			assert_true(decode_both_agree(buf, len));
+			assert_int_equal(fast_taken, 1);
+			assert_int_equal(packed_fast, 1);
+			assert_int_equal(wire_pack_fast(&f, buf, sizeof(buf)),
+					 len);
+			/* Every truncation, and every byte changed to a few
+			 * values: the two ways still agree. */
+			for (size_t cut = 0; cut < len; cut++)
+				decode_both_agree(buf, cut);
+			for (size_t i = 0; i < len; i++) {
+				static const uint8_t vals[] = { 0x00, 0x01, 0x7f,
+					0x80, 0xff, 0x08, 0x12, 0x22, 0x9a };
+				uint8_t keep = buf[i];
+
+				for (size_t k = 0; k < sizeof(vals); k++) {
+					buf[i] = vals[k];
+					decoded += (unsigned)decode_both_agree(buf,
+									       len);
+				}
+				buf[i] = keep;
+			}
+		}
+	}
+	/* A NUL inside a key: both decode, both flag it. */
+	g.n_tensors = 2;
+	g.n_buffers = 1;
+	t[1].key = "ab";
+	{
+		size_t len = dlshare__frame__pack(&f, buf);
+		uint8_t *k = memmem(buf, len, "ab", 2);
+
+		assert_non_null(k);
+		k[1] = '\0';
+		assert_true(decode_both_agree(buf, len));
+	}
+	assert_true(decoded > 0);
+}
+
+
+static void test_get_fast_path_agrees(void **state)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Get g = DLSHARE__GET__INIT;
+	uint64_t rel[3] = { 1, 300, UINT64_MAX };
+	uint8_t buf[512];
+	(void)state;
+
+	g.name = "models/bert.weights";
+	f.id = 9;
+	f.body_case = DLSHARE__FRAME__BODY_GET;
+	f.get = &g;
+	for (int v = 0; v < 16; v++) {
+		size_t len;
+
+		g.has_select = v & 1;
+		g.select = DLSHARE__SELECT__SELECT_NEWER_THAN;
+		g.has_version = (v >> 1) & 1;
+		g.version = 12345678901ull;
+		g.has_timeout_ms = (v >> 2) & 1;
+		g.timeout_ms = 250;
+		f.n_releases = (v >> 3) & 1 ? 3 : 0;
+		f.releases = rel;
+		len = dlshare__frame__pack(&f, buf);
+		fast_taken = packed_fast = 0;
+		assert_true(decode_both_agree(buf, len));
+		assert_int_equal(fast_taken, 1);
+		assert_int_equal(packed_fast, 1);
+		{
+			uint8_t mine[512];
+
+			assert_int_equal(wire_pack_fast(&f, mine, sizeof(mine)),
+					 len);
+			assert_memory_equal(mine, buf, len);
+		}
+		for (size_t cut = 0; cut < len; cut++)
+			decode_both_agree(buf, cut);
+		for (size_t i = 0; i < len; i++) {
+			static const uint8_t vals[] = { 0x00, 0x01, 0x7f, 0x80,
+				0xff, 0x08, 0x12, 0x1a, 0x92 };
+			uint8_t keep = buf[i];
+
+			for (size_t k = 0; k < sizeof(vals); k++) {
+				buf[i] = vals[k];
+				decode_both_agree(buf, len);
+			}
+			buf[i] = keep;
+		}
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_send_recv_frame_with_fds),
+		cmocka_unit_test(test_get_reply_fast_path_agrees),
+		cmocka_unit_test(test_get_fast_path_agrees),
 		cmocka_unit_test(test_send_recv_no_fds),
 		cmocka_unit_test(test_send_too_many_fds),
 		cmocka_unit_test(test_recv_packet_larger_than_cap),
