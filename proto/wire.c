@@ -603,8 +603,19 @@ static int fast_get_body(struct wire_msg *m, struct rd r, Dlshare__Get **out)
 		return 1;
 	*g = init;
 	while (r.p < r.end) {
-		if (rd_field(&r, &num, &wt, &v, &sub) || num > 4 ||
-		    (seen & (1u << num)))
+		if (rd_field(&r, &num, &wt, &v, &sub))
+			return 1;
+		if (num == 35) {
+			/* 1.5 manifest_cache: a bool, once, 0 or 1 (else
+			 * protobuf-c decides). */
+			if (wt != PROTOBUF_C_WIRE_TYPE_VARINT || v > 1 ||
+			    g->has_manifest_cache)
+				return 1;
+			g->has_manifest_cache = 1;
+			g->manifest_cache = (protobuf_c_boolean)v;
+			continue;
+		}
+		if (num > 4 || (seen & (1u << num)))
 			return 1;
 		seen |= 1u << num;
 		if (num == 1) {
@@ -809,7 +820,8 @@ static size_t pack_get(const Dlshare__Frame *f, uint8_t *buf, size_t cap)
 	body = 1 + vlen(nl) + nl +
 	       (g->has_select ? 1 + vlen((uint64_t)g->select) : 0) +
 	       (g->has_version ? 1 + vlen(g->version) : 0) +
-	       (g->has_timeout_ms ? 1 + vlen(g->timeout_ms) : 0);
+	       (g->has_timeout_ms ? 1 + vlen(g->timeout_ms) : 0) +
+	       (g->has_manifest_cache ? 3 : 0);
 	for (size_t i = 0; i < f->n_releases; i++)
 		rl += vlen(f->releases[i]);
 	total = 1 + vlen(f->id) + (f->has_nfds ? 1 + vlen(f->nfds) : 0) +
@@ -848,6 +860,12 @@ static size_t pack_get(const Dlshare__Frame *f, uint8_t *buf, size_t cap)
 	if (g->has_timeout_ms) {
 		*p++ = KEY(4, VI);
 		p = put_v(p, g->timeout_ms);
+	}
+	if (g->has_manifest_cache) {
+		/* Field 35 (1.5), a two-byte key, and a bool. */
+		*p++ = (uint8_t)((35 << 3) | VI | 0x80);
+		*p++ = (uint8_t)((35 << 3) >> 7);
+		*p++ = g->manifest_cache ? 1 : 0;
 	}
 	return (size_t)(p - buf);
 }
