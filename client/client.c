@@ -742,6 +742,7 @@ static int64_t now_ms(void)
 static int deferred_poll(dlshare_client *c)
 {
 	struct lease_ref *done = NULL, **pp;
+	unsigned ndone = 0;
 	int waiting = 0;
 
 	pthread_mutex_lock(&c->lock);
@@ -756,7 +757,12 @@ static int deferred_poll(dlshare_client *c)
 		*pp = lr->next;
 		lr->next = done;
 		done = lr;
+		ndone++;
 	}
+	/* Off the list, and not yet queued: a disconnect now must wait for
+	 * them, or it closes the connection first and their releases are
+	 * lost (a released take of a queue name would be redelivered). */
+	c->deferred_busy += ndone;
 	pthread_mutex_unlock(&c->lock);
 	while (done) {
 		struct lease_ref *lr = done;
@@ -767,7 +773,29 @@ static int deferred_poll(dlshare_client *c)
 		client_release(c, lr->lease);
 		free(lr);
 	}
+	if (ndone) {
+		pthread_mutex_lock(&c->lock);
+		c->deferred_busy -= ndone;
+		pthread_mutex_unlock(&c->lock);
+	}
 	return waiting;
+}
+
+/* Waits until the receiver thread queued the releases it took off the
+ * deferred list (not from the receiver thread itself). */
+static void deferred_settle(dlshare_client *c)
+{
+	struct timespec ms = { 0, 1000000L };
+
+	if (c->rx_started && pthread_equal(pthread_self(), c->rx))
+		return;
+	pthread_mutex_lock(&c->lock);
+	while (c->deferred_busy) {
+		pthread_mutex_unlock(&c->lock);
+		nanosleep(&ms, NULL);
+		pthread_mutex_lock(&c->lock);
+	}
+	pthread_mutex_unlock(&c->lock);
 }
 
 void client_release_after(dlshare_client *c, struct lease_ref *lr)
@@ -1736,8 +1764,10 @@ void dlshare_disconnect(dlshare_client *c)
 	 * them while the connection is open, so that they reach the daemon
 	 * (rx_main sends what is queued as it ends): a released take of a
 	 * queue name is consumed, where the socket's close alone would put
-	 * it back for another taker. */
+	 * it back for another taker. Those the receiver thread is queueing
+	 * right now too. */
 	deferred_drain(c, 1);
+	deferred_settle(c);
 	goodbye(c);
 	pthread_mutex_lock(&c->lock);
 	c->closed = 1;

@@ -1009,8 +1009,14 @@ static int event_open(const uint8_t *handle, CUcontext ctx, CUevent *out)
 		}
 		e->used = 0;
 	}
-	if (cu.cuIpcOpenEventHandle(&e->ev, h) != CUDA_SUCCESS)
+	if (cu.cuIpcOpenEventHandle(&e->ev, h) != CUDA_SUCCESS) {
+		/* Its exporter destroyed it, or exited, after the daemon
+		 * handed it out. */
+		errmsg_set("cannot open the producer's CUDA IPC event (the "
+			   "producer may have exited since the daemon "
+			   "answered)");
 		return DLSHARE_EINVAL;
+	}
 	memcpy(e->handle, handle, CUDA_IPC_HANDLE_BYTES);
 	e->ctx = ctx;
 	e->used = 1;

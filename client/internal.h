@@ -146,6 +146,9 @@ struct dlshare_client {
 	struct export *retired;  /* retired, for the receiver thread to free */
 	char fatal_msg[256];     /* the daemon's last word, if any */
 	struct lease_ref *deferred; /* released, waiting for their event */
+	/* Taken off deferred by the receiver thread, whose releases it has
+	 * not queued yet: dlshare_disconnect() waits for them. */
+	unsigned deferred_busy;
 	uint64_t *rel;           /* lease ids to release */
 	size_t nrel, caprel;
 

@@ -29,6 +29,11 @@ int fakecuda_present(void);
 void fakecuda_set_delay_us(unsigned us);
 unsigned fakecuda_get_delay_us(void);
 
+/* Makes every cudaEventDestroy (and cuEventDestroy) of this process sleep
+ * us microseconds first, so a test can hold another thread inside the
+ * call deterministically. Default 0; fakecuda_reset() clears it. */
+void fakecuda_set_event_destroy_delay_us(unsigned us);
+
 /* What cudaIpcOpenMemHandle does with a handle this process already has open.
  * FAIL (default, also FAKECUDA_IPC_REOPEN=fail): cudaErrorAlreadyMapped, as
  * drivers have long answered ("resource already mapped").

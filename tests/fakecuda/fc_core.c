@@ -1193,6 +1193,11 @@ FC_API unsigned fakecuda_get_delay_us(void)
     return atomic_load(&g_set.delay_us);
 }
 
+FC_API void fakecuda_set_event_destroy_delay_us(unsigned us)
+{
+    atomic_store(&g_set.destroy_delay_us, us);
+}
+
 FC_API void fakecuda_set_ipc_reopen(enum fakecuda_reopen policy)
 {
     atomic_store(&g_set.reopen, (int)policy);
@@ -1248,6 +1253,7 @@ FC_API void fakecuda_reset(void)
     atomic_store(&g_set.delay_set, 0);
     atomic_store(&g_set.reopen_set, 0);
     atomic_store(&g_set.ipc_events_max_set, 0);
+    atomic_store(&g_set.destroy_delay_us, 0);
     atomic_store(&g_set.delay_us, fc_env_delay());
     atomic_store(&g_set.reopen, fc_env_reopen());
     atomic_store(&g_set.ipc_events_max, fc_env_ipc_events_max());

@@ -212,6 +212,7 @@ struct fc_settings {
     _Atomic int reopen_set;
     _Atomic long ipc_events_max; /* 0: no limit */
     _Atomic int ipc_events_max_set;
+    _Atomic unsigned destroy_delay_us; /* fakecuda_set_event_destroy_delay_us */
 };
 extern struct fc_settings g_set;
 
