@@ -51,6 +51,9 @@ static const struct opt opts[] = {
 	  "bytes per one-sided get (default 4M)" },
 	{ "max-inflight", 0, OPT_U32, "N", 1, 4096, CFG(max_inflight),
 	  "gets outstanding at once, all pulls together (default 16)" },
+	{ "stage-slots", 0, OPT_U32, "N", 2, 32, CFG(stage_slots),
+	  "pinned host chunks (of --chunk-size) staging one device version "
+	  "being served (default 4)" },
 	{ "max-peers", 0, OPT_U32, "N", 1, 4096, CFG(max_peers),
 	  "connections accepted on --listen (default 64)" },
 	{ "max-subscriptions", 0, OPT_U32, "N", 1, 1024, CFG(max_subscriptions),
@@ -76,6 +79,7 @@ void config_init(struct relay_config *c)
 	c->mode = 0644;
 	c->chunk_size = 4u << 20;
 	c->max_inflight = 16;
+	c->stage_slots = 4;
 	c->max_peers = 64;
 	c->max_subscriptions = 16;
 	c->max_message = 64u << 20;

@@ -23,6 +23,7 @@ struct relay_config {
 	char *node_name;         /* NULL: the host name */
 	uint64_t chunk_size;     /* bytes per ucp_get_nbx */
 	uint32_t max_inflight;   /* outstanding gets, all pulls together */
+	uint32_t stage_slots;    /* pinned chunks staging one device offer */
 	uint32_t max_peers;      /* connections accepted on --listen */
 	uint32_t max_subscriptions; /* prefixes one peer may follow */
 	uint64_t max_message;    /* bytes of one relay message */
