@@ -321,6 +321,8 @@ void stage_free(struct sub *s);
 /* Loop: the ring's address and size, for the offer. */
 void stage_ring(struct sub *s, void **addr, uint64_t *len, uint32_t *nslots,
 		uint32_t *slot_size);
+/* Loop: s is about to be freed: off r->chunky. */
+void stage_forget(struct relay *r, struct sub *s);
 /* Loop: sends the CHUNK messages the threads queued. */
 void stage_drain(struct relay *r);
 /* Loop: a FREE from the peer. Returns 0, or -1 (not a slot it holds). */

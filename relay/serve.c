@@ -277,6 +277,7 @@ void serve_reap(struct relay *r)
 		}
 		*pp = s->next;
 		pthread_join(s->th, NULL);
+		stage_forget(r, s);
 		pthread_cond_destroy(&s->cv);
 		free(s);
 	}

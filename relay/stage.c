@@ -333,6 +333,21 @@ void stage_drain(struct relay *r)
 	}
 }
 
+void stage_forget(struct relay *r, struct sub *s)
+{
+	struct sub **pp;
+
+	pthread_mutex_lock(&r->mu);
+	if (s->stg_queued)
+		for (pp = &r->chunky; *pp; pp = &(*pp)->next_chunky)
+			if (*pp == s) {
+				*pp = s->next_chunky;
+				break;
+			}
+	s->stg_queued = false;
+	pthread_mutex_unlock(&r->mu);
+}
+
 int stage_freed(struct relay *r, struct conn *c, uint64_t offer_id,
 		uint32_t slot)
 {
@@ -368,7 +383,9 @@ int stage_chunk(struct relay *r, struct conn *c, struct rbuf *rb)
 	for (p = c->pulls; p; p = p->next)
 		if (p->offer_id == offer_id)
 			break;
-	if (!p || !p->staged)
+	if (!p)
+		return 0;   /* crossed our DONE of a failed pull */
+	if (!p->staged)
 		goto bad;
 	if (p->st == P_CLOSING || p->failed)
 		return 0;   /* failing: the DONE tells the server */
