@@ -116,7 +116,11 @@ struct pchunk {
 	uint64_t off;             /* in the version's byte stream */
 	uint32_t len;
 	unsigned pending;         /* gets outstanding */
-	enum { PC_EMPTY, PC_QUEUED, PC_ISSUED, PC_FREE } st;
+	enum { PC_EMPTY, PC_QUEUED, PC_ISSUED, PC_COPYING } st;
+	size_t ct;                /* the tensor and offset it starts at */
+	uint64_t ctoff;
+	int copied;               /* the host→device copy ran (atomic: set
+				   * by a CUDA host function) */
 };
 
 struct job {
@@ -173,6 +177,11 @@ struct pull {
 	size_t cur_t;             /* the tensor issue_pos is in, and where */
 	uint64_t cur_toff;
 	struct pchunk *chunks;    /* nslots */
+	/* --device cuda:N: gets land in this pinned ring (the slots'
+	 * layout), then are copied host→device on mstream (stage.c) */
+	void *mring, *mstream;
+	unsigned copies;          /* host functions queued (loop) */
+	unsigned copies_done;     /* ... and run (atomic) */
 };
 
 enum conn_state {
@@ -334,5 +343,12 @@ int stage_chunk(struct relay *r, struct conn *c, struct rbuf *rb);
 /* Mirroring side, loop: issues gets of announced chunks, sends FREE for
  * those done. */
 void stage_pump(struct relay *r, struct pull *p);
+/* Mirroring side, loop: nothing of p is outstanding (gets, copies). */
+bool stage_idle(struct pull *p);
+/* Mirroring side, daemon worker: after the create of a pull into a GPU,
+ * its pinned ring and stream. Returns 0 or -1 (p->why set). */
+int stage_mirror_setup(struct relay *r, struct pull *p);
+/* Mirroring side, daemon worker: waits for p's copies, frees the ring. */
+void stage_mirror_teardown(struct pull *p);
 
 #endif

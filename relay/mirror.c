@@ -113,6 +113,11 @@ void *mirror_worker(void *arg)
 			dlshare_create_opts co = { 0 };
 
 			co.device.device_type = kDLCPU;
+			if (p->staged && r->cfg->device >= 0) {
+				/* --device cuda:N: a device version there */
+				co.device.device_type = kDLCUDA;
+				co.device.device_id = r->cfg->device;
+			}
 			co.mode = r->cfg->mode;
 			/* stat on this node names where the version came from */
 			co.origin_node = p->c->node[0] ? p->c->node : NULL;
@@ -123,17 +128,26 @@ void *mirror_worker(void *arg)
 				p->w = NULL;
 				p->failed = true;
 				last_error(p->why, sizeof(p->why), "create", err);
+			} else if (co.device.device_type == kDLCUDA &&
+				   stage_mirror_setup(r, p)) {
+				p->failed = true;
 			}
 		} else if (!p->failed && p->w) {
-			err = dlshare_seal(p->w, NULL, &p->sealed);
+			/* device copies are ordered before the seal's event */
+			err = dlshare_seal(p->w, p->mstream, &p->sealed);
 			p->w = NULL;
 			if (err) {
 				p->failed = true;
 				last_error(p->why, sizeof(p->why), "seal", err);
 			}
+			stage_mirror_teardown(p);
 		} else if (p->w) {
+			/* no copy may still write into what is aborted */
+			stage_mirror_teardown(p);
 			dlshare_writer_abort(p->w);
 			p->w = NULL;
+		} else {
+			stage_mirror_teardown(p);
 		}
 		pthread_mutex_lock(&r->mu);
 		p->next_job = r->done;
@@ -264,7 +278,7 @@ void mirror_run(struct relay *r)
 				continue;
 			if (p->staged) {
 				stage_pump(r, p);
-				if (!p->inflight &&
+				if (stage_idle(p) &&
 				    (p->failed || p->got == p->stream_len))
 					mirror_close(r, p);
 				continue;

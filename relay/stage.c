@@ -36,6 +36,7 @@ struct cudart {
 	int (*malloc_host)(void **, size_t);
 	int (*free_host)(void *);
 	int (*memcpy_async)(void *, const void *, size_t, int, void *);
+	int (*launch_host_func)(void *, void (*)(void *), void *);
 	const char *(*errstr)(int);
 };
 
@@ -71,6 +72,7 @@ static void rt_load(void)
 	RT_SYM(rt.free_host, "cudaFreeHost");
 	RT_SYM(rt.memcpy_async, "cudaMemcpyAsync");
 	RT_SYM(rt.errstr, "cudaGetErrorString");
+	RT_SYM(rt.launch_host_func, "cudaLaunchHostFunc");
 }
 
 static const char *cuda_str(int e)
@@ -421,18 +423,52 @@ static void chunk_cb(void *req, ucs_status_t st, void *user)
 	ucp_request_free(req);
 }
 
-/* Issues the gets of ch: the pieces of the tensors its stream bytes fall
- * in, from the slot in the peer's ring. */
+static void get_failed(struct pull *p, ucs_status_ptr_t sp)
+{
+	p->failed = true;
+	snprintf(p->why, sizeof(p->why), "get: %s",
+		 ucs_status_string(UCS_PTR_STATUS(sp)));
+}
+
+static void get_post(struct relay *r, struct pull *p, struct pchunk *ch,
+		     void *dst, uint64_t len, uint64_t src)
+{
+	ucp_request_param_t rp = { 0 };
+	ucs_status_ptr_t sp;
+
+	rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+			  UCP_OP_ATTR_FIELD_USER_DATA;
+	rp.cb.send = chunk_cb;
+	rp.user_data = ch;
+	sp = ucp_get_nbx(p->c->ep, dst, len, src, p->regions[0].rkey, &rp);
+	if (UCS_PTR_IS_ERR(sp)) {
+		get_failed(p, sp);
+		return;
+	}
+	if (sp) {
+		ch->pending++;
+		p->inflight++;
+		r->inflight++;
+	}
+}
+
+/* Issues the gets of ch from the slot in the peer's ring: into the pieces
+ * of the tensors its stream bytes fall in (a host writer), or whole into
+ * the same slot of our own pinned ring (a device writer). */
 static void chunk_issue(struct relay *r, struct pull *p, struct pchunk *ch,
 			uint32_t slot)
 {
-	uint64_t done = 0;
+	uint64_t done = 0, src = p->regions[0].addr +
+				 (uint64_t)slot * p->slot_size;
 
+	ch->ct = p->cur_t;
+	ch->ctoff = p->cur_toff;
+	if (p->mring)
+		get_post(r, p, ch, (uint8_t *)p->mring +
+			 (size_t)slot * p->slot_size, ch->len, src);
 	while (done < ch->len && !p->failed) {
 		DLTensor *t = dlshare_writer_tensor(p->w, p->cur_t);
 		uint64_t left = p->tlen[p->cur_t] - p->cur_toff, n;
-		ucp_request_param_t rp = { 0 };
-		ucs_status_ptr_t sp;
 
 		if (!left) {
 			p->cur_t++;
@@ -440,30 +476,111 @@ static void chunk_issue(struct relay *r, struct pull *p, struct pchunk *ch,
 			continue;
 		}
 		n = ch->len - done < left ? ch->len - done : left;
-		rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-				  UCP_OP_ATTR_FIELD_USER_DATA;
-		rp.cb.send = chunk_cb;
-		rp.user_data = ch;
-		sp = ucp_get_nbx(p->c->ep, (uint8_t *)t->data + t->byte_offset +
-				 p->cur_toff, n, p->regions[0].addr +
-				 (uint64_t)slot * p->slot_size + done,
-				 p->regions[0].rkey, &rp);
-		if (UCS_PTR_IS_ERR(sp)) {
-			p->failed = true;
-			snprintf(p->why, sizeof(p->why), "get: %s",
-				 ucs_status_string(UCS_PTR_STATUS(sp)));
-			break;
-		}
-		if (sp) {
-			ch->pending++;
-			p->inflight++;
-			r->inflight++;
-		}
+		if (!p->mring)
+			get_post(r, p, ch, (uint8_t *)t->data + t->byte_offset +
+				 p->cur_toff, n, src + done);
 		done += n;
 		p->cur_toff += n;
 	}
 	p->issue_pos += ch->len;
 	ch->st = PC_ISSUED;
+}
+
+static void copied_cb(void *arg)
+{
+	struct pchunk *ch = arg;
+	struct relay *r = ch->p->c->r;
+	uint64_t one = 1;
+
+	__atomic_store_n(&ch->copied, 1, __ATOMIC_RELEASE);
+	__atomic_add_fetch(&ch->p->copies_done, 1, __ATOMIC_RELEASE);
+	if (write(r->evfd, &one, sizeof(one)) < 0) {
+		/* the loop is awake anyway */
+	}
+}
+
+/* Queues the host→device copies of ch (now in our ring) into the writer's
+ * device buffers, and a host function that says when they ran. Neither
+ * call waits: the source is pinned. Returns 0 or -1 (p failed). */
+static int chunk_copy(struct relay *r, struct pull *p, struct pchunk *ch,
+		      uint32_t slot)
+{
+	const uint8_t *src = (uint8_t *)p->mring + (size_t)slot * p->slot_size;
+	size_t ti = ch->ct;
+	uint64_t toff = ch->ctoff, done = 0;
+	int e = rt.set_device(r->cfg->device);
+
+	while (!e && done < ch->len) {
+		DLTensor *t = dlshare_writer_tensor(p->w, ti);
+		uint64_t left = p->tlen[ti] - toff, n;
+
+		if (!left) {
+			ti++;
+			toff = 0;
+			continue;
+		}
+		n = ch->len - done < left ? ch->len - done : left;
+		e = rt.memcpy_async((uint8_t *)t->data + t->byte_offset + toff,
+				    src + done, n, CUDA_MEMCPY_DEFAULT,
+				    p->mstream);
+		done += n;
+		toff += n;
+	}
+	if (!e) {
+		ch->copied = 0;
+		e = rt.launch_host_func(p->mstream, copied_cb, ch);
+	}
+	if (e) {
+		p->failed = true;
+		snprintf(p->why, sizeof(p->why), "host-to-device copy: %s",
+			 cuda_str(e));
+		return -1;
+	}
+	p->copies++;
+	ch->st = PC_COPYING;
+	return 0;
+}
+
+bool stage_idle(struct pull *p)
+{
+	return !p->inflight &&
+	       p->copies == __atomic_load_n(&p->copies_done, __ATOMIC_ACQUIRE);
+}
+
+int stage_mirror_setup(struct relay *r, struct pull *p)
+{
+	int e;
+
+	pthread_once(&rt_once, rt_load);
+	if (rt_why) {
+		snprintf(p->why, sizeof(p->why), "%s", rt_why);
+		return -1;
+	}
+	e = rt.set_device(r->cfg->device);
+	if (!e)
+		e = rt.stream_create(&p->mstream, CUDA_STREAM_NON_BLOCKING);
+	if (!e)
+		e = rt.malloc_host(&p->mring, (size_t)p->nslots * p->slot_size);
+	if (e) {
+		p->mring = NULL;
+		snprintf(p->why, sizeof(p->why), "staging on GPU %d: %s",
+			 r->cfg->device, cuda_str(e));
+		stage_mirror_teardown(p);
+		return -1;
+	}
+	return 0;
+}
+
+void stage_mirror_teardown(struct pull *p)
+{
+	if (p->mstream) {
+		rt.stream_sync(p->mstream);
+		rt.stream_destroy(p->mstream);
+		p->mstream = NULL;
+	}
+	if (p->mring)
+		rt.free_host(p->mring);
+	p->mring = NULL;
 }
 
 void stage_pump(struct relay *r, struct pull *p)
@@ -485,6 +602,15 @@ void stage_pump(struct relay *r, struct pull *p)
 		struct pchunk *ch = &p->chunks[i];
 		struct wbuf w;
 
+		if (ch->st == PC_ISSUED && !ch->pending && p->mring &&
+		    !p->failed) {
+			/* in our ring: on to the device, then FREE */
+			chunk_copy(r, p, ch, i);
+			continue;
+		}
+		if (ch->st == PC_COPYING &&
+		    __atomic_load_n(&ch->copied, __ATOMIC_ACQUIRE))
+			ch->st = PC_ISSUED;
 		if (ch->st != PC_ISSUED || ch->pending)
 			continue;
 		ch->st = PC_EMPTY;

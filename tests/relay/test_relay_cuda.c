@@ -98,6 +98,86 @@ static void test_device_state_dict(void **state)
 	free(bytes);
 }
 
+/* Waits on B for a version of name newer than after, on B's GPU 0, and
+ * checks it holds what publish_dev() wrote. Returns B's version. */
+static uint64_t expect_dev(const char *name, uint64_t after, size_t n,
+			   const uint64_t *bytes, uint32_t seed)
+{
+	dlshare_get_opts o = { .select = DLSHARE_NEWER_THAN, .version = after,
+			       .timeout_ms = harness_ms(30000) };
+	dlshare_bundle *b = NULL;
+	uint64_t v;
+	size_t i;
+	int err = dlshare_get(cb, name, &o, &b);
+
+	if (err)
+		dump_logs();
+	assert_int_equal(err, 0);
+	assert_int_equal(dlshare_bundle_count(b), n);
+	for (i = 0; i < n; i++) {
+		const DLTensor *t = dlshare_bundle_tensor(b, i);
+		uint8_t *want = malloc(bytes[i] ? bytes[i] : 1);
+		uint8_t *got = malloc(bytes[i] ? bytes[i] : 1);
+
+		assert_int_equal(t->device.device_type, kDLCUDA);
+		assert_int_equal(t->device.device_id, 0);
+		harness_fill(want, bytes[i], seed + (uint32_t)i);
+		assert_int_equal(cudaMemcpy(got, (const uint8_t *)t->data +
+					    t->byte_offset, bytes[i],
+					    cudaMemcpyDeviceToHost), cudaSuccess);
+		assert_memory_equal(got, want, bytes[i]);
+		free(want);
+		free(got);
+	}
+	v = dlshare_bundle_version(b);
+	dlshare_bundle_free(b);
+	return v;
+}
+
+/* --device cuda:0 on the mirror: the version is created on B's GPU,
+ * pulled into B's pinned ring and copied host to device, slot by slot. */
+static void test_device_to_device(void **state)
+{
+	size_t n = 200, i;
+	uint64_t *bytes = calloc(n, sizeof(*bytes));
+	uint64_t v;
+
+	(void)state;
+	for (i = 0; i < n; i++)
+		bytes[i] = i == 3 ? 0 : 4 * (1 + (i * 104729) %
+					   (small ? 4096 : 32768));
+	a_chunk = "256K";
+	start_all();
+	relay_b = relay_start(log_b, "--socket", B.sock, "--connect", port_s,
+			      "--mirror", "m/", "--key-file", keyfile,
+			      "--device", "cuda:0", "--reconnect-max-ms", "200",
+			      (char *)NULL);
+	publish_dev("m/d2d", n, bytes, NULL, 51);
+	v = expect_dev("m/d2d", 0, n, bytes, 51);
+	publish_dev("m/d2d", n, bytes, NULL, 52);
+	expect_dev("m/d2d", v, n, bytes, 52);
+	assert_int_equal(wait_leases(ca, 0), 0);
+	no_disconnects();
+	stop_all();
+	a_chunk = "4M";
+	free(bytes);
+}
+
+/* --device takes cpu or cuda:N only. */
+static void test_device_option(void **state)
+{
+	pid_t pid;
+
+	(void)state;
+	start_all();
+	pid = relay_start(log_b, "--socket", B.sock, "--connect", port_s,
+			  "--mirror", "m/", "--key-file", keyfile,
+			  "--device", "gpu0", (char *)NULL);
+	assert_int_equal(harness_wait(pid), 2);   /* a usage error */
+	assert_true(log_has(log_b, "--device 'gpu0': not cpu or cuda:N"));
+	stop_all();
+}
+
 /* The serving relay killed while it stages a device version (4 KiB slots,
  * two of them: thousands of chunks): nothing partial on B, no lease on A;
  * restarted, the version arrives whole. */
@@ -112,6 +192,17 @@ static void test_device_kill_mid_transfer(void **state)
 	relay_b = start_b_with(keyfile, "4M", "16");
 	publish_dev("m/devslow", 2, bytes, NULL, 31);
 	wait_transfer();
+	{
+		/* B took the offer: its version is created (pending) */
+		dlshare_name_info info;
+		int i;
+
+		for (i = 0; i < harness_ms(10000) / 5; i++) {
+			if (dlshare_stat(cb, "m/devslow", &info, NULL) == 0)
+				break;
+			sleep_ms(5);
+		}
+	}
 	crash(&relay_a);
 	assert_int_equal(wait_leases(ca, 0), 0);
 	no_partial_on_b("m/devslow");
@@ -149,6 +240,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_device_state_dict),
+		cmocka_unit_test(test_device_to_device),
+		cmocka_unit_test(test_device_option),
 		cmocka_unit_test(test_device_kill_mid_transfer),
 		cmocka_unit_test(test_device_without_cuda),
 	};
