@@ -10,6 +10,8 @@
 #define RELAY_NO_MAIN
 #include "test_relay.c"
 
+#include <inttypes.h>
+
 #include <cuda_runtime_api.h>
 
 /* Publishes n uint8/float32 tensors (as publish()) as a device version on
@@ -178,41 +180,66 @@ static void test_device_option(void **state)
 	stop_all();
 }
 
-/* The serving relay killed while it stages a device version (4 KiB slots,
- * two of them: thousands of chunks): nothing partial on B, no lease on A;
- * restarted, the version arrives whole. */
+/* B's daemon holds want buffers (a pending version holds one). */
+static void wait_b_buffers(uint64_t want)
+{
+	dlshare_stats st;
+	int i;
+
+	for (i = 0; i < harness_ms(10000) / 5; i++) {
+		assert_int_equal(dlshare_stats_get(cb, &st), 0);
+		if (st.buffers == want)
+			return;
+		sleep_ms(5);
+	}
+	dump_logs();
+	fail_msg("B holds %" PRIu64 " buffers, not %" PRIu64, st.buffers, want);
+}
+
+static pid_t start_b_dev(void)
+{
+	return relay_start(log_b, "--socket", B.sock, "--connect", port_s,
+			   "--mirror", "m/", "--key-file", keyfile,
+			   "--device", "cuda:0", "--reconnect-max-ms", "200",
+			   (char *)NULL);
+}
+
+/* Relays killed while a device version is staged (4 KiB slots, two of
+ * them: thousands of chunks) into a device version on B: first the
+ * mirroring one, then the serving one. Nothing partial on B (its pending
+ * device buffer goes too), no lease on A; both back, the version arrives
+ * whole. */
 static void test_device_kill_mid_transfer(void **state)
 {
 	uint64_t bytes[2] = { small ? 2u << 20 : 16u << 20, 4096 };
+	dlshare_stats st;
 
 	(void)state;
 	a_chunk = "4K";
 	a_slots = "2";
 	start_all();
-	relay_b = start_b_with(keyfile, "4M", "16");
+	relay_b = start_b_dev();
 	publish_dev("m/devslow", 2, bytes, NULL, 31);
-	wait_transfer();
-	{
-		/* B took the offer: its version is created (pending) */
-		dlshare_name_info info;
-		int i;
-
-		for (i = 0; i < harness_ms(10000) / 5; i++) {
-			if (dlshare_stat(cb, "m/devslow", &info, NULL) == 0)
-				break;
-			sleep_ms(5);
-		}
-	}
-	crash(&relay_a);
+	wait_b_buffers(1);     /* B took the offer: a pending version */
+	crash(&relay_b);
+	wait_b_buffers(0);
+	no_partial_on_b("m/devslow");
 	assert_int_equal(wait_leases(ca, 0), 0);
-	no_partial_on_b("m/devslow");
+	assert_int_equal(dlshare_stats_get(cb, &st), 0);
+	assert_int_equal(st.leases, 0);
+
+	relay_b = start_b_dev();
+	wait_b_buffers(1);
+	crash(&relay_a);
 	assert_true(log_has(log_b, "aborted, nothing published"));
+	wait_b_buffers(0);
 	no_partial_on_b("m/devslow");
+	assert_int_equal(wait_leases(ca, 0), 0);
 
 	a_chunk = "4M";
 	a_slots = "4";
 	relay_a = start_a();
-	expect("m/devslow", 0, 2, bytes, NULL, 31);
+	expect_dev("m/devslow", 0, 2, bytes, 31);
 	assert_int_equal(wait_leases(ca, 0), 0);
 	stop_all();
 }
