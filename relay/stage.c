@@ -549,7 +549,18 @@ bool stage_idle(struct pull *p)
 
 int stage_mirror_setup(struct relay *r, struct pull *p)
 {
+	uint64_t ring = (uint64_t)p->nslots * p->slot_size;
+	uint64_t limit = (uint64_t)r->cfg->stage_slots * r->cfg->chunk_size;
 	int e;
+
+	/* the peer names the ring's size: pinned memory here is bounded by
+	 * this relay's own staging settings, not by the peer's */
+	if (ring > limit) {
+		snprintf(p->why, sizeof(p->why), "the peer's staging ring of "
+			 "%" PRIu64 " bytes exceeds this relay's --stage-slots "
+			 "x --chunk-size, %" PRIu64 " bytes", ring, limit);
+		return -1;
+	}
 
 	pthread_once(&rt_once, rt_load);
 	if (rt_why) {

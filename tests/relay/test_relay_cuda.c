@@ -180,6 +180,29 @@ static void test_device_option(void **state)
 	stop_all();
 }
 
+/* A mirror with --device cuda:0 pins at most its own --stage-slots x
+ * --chunk-size: a peer's larger ring is refused, nothing published. */
+static void test_device_ring_limit(void **state)
+{
+	uint64_t bytes[1] = { 8192 };
+
+	(void)state;
+	a_chunk = "1M";   /* A's ring: 4 MiB */
+	start_all();
+	relay_b = relay_start(log_b, "--socket", B.sock, "--connect", port_s,
+			      "--mirror", "m/", "--key-file", keyfile,
+			      "--device", "cuda:0", "--chunk-size", "256K",
+			      "--stage-slots", "2", (char *)NULL);
+	publish_dev("m/bigring", 1, bytes, NULL, 61);
+	assert_true(log_has(log_b, "staging ring of 4194304 bytes exceeds "
+			    "this relay's --stage-slots x --chunk-size, "
+			    "524288 bytes"));
+	no_partial_on_b("m/bigring");
+	assert_int_equal(wait_leases(ca, 0), 0);
+	stop_all();
+	a_chunk = "4M";
+}
+
 /* B's daemon holds want buffers (a pending version holds one). */
 static void wait_b_buffers(uint64_t want)
 {
@@ -269,6 +292,7 @@ int main(void)
 		cmocka_unit_test(test_device_state_dict),
 		cmocka_unit_test(test_device_to_device),
 		cmocka_unit_test(test_device_option),
+		cmocka_unit_test(test_device_ring_limit),
 		cmocka_unit_test(test_device_kill_mid_transfer),
 		cmocka_unit_test(test_device_without_cuda),
 	};
