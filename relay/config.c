@@ -1,6 +1,7 @@
 /* config — the option table, and the command line and INI file it reads. */
 #include "config.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <stddef.h>
@@ -51,6 +52,12 @@ static const struct opt opts[] = {
 	  "bytes per one-sided get (default 4M)" },
 	{ "max-inflight", 0, OPT_U32, "N", 1, 4096, CFG(max_inflight),
 	  "gets outstanding at once, all pulls together (default 16)" },
+	{ "device", 0, OPT_STR, "cpu|cuda:N", 1, 16, CFG(device_str),
+	  "where mirrored device versions are created (default cpu: as host "
+	  "versions)" },
+	{ "stage-slots", 0, OPT_U32, "N", 2, 32, CFG(stage_slots),
+	  "pinned host chunks (of --chunk-size) staging one device version "
+	  "being served (default 4)" },
 	{ "max-peers", 0, OPT_U32, "N", 1, 4096, CFG(max_peers),
 	  "connections accepted on --listen (default 64)" },
 	{ "max-subscriptions", 0, OPT_U32, "N", 1, 1024, CFG(max_subscriptions),
@@ -76,6 +83,8 @@ void config_init(struct relay_config *c)
 	c->mode = 0644;
 	c->chunk_size = 4u << 20;
 	c->max_inflight = 16;
+	c->stage_slots = 4;
+	c->device = -1;
 	c->max_peers = 64;
 	c->max_subscriptions = 16;
 	c->max_message = 64u << 20;
@@ -409,6 +418,21 @@ int config_parse(struct relay_config *c, int argc, char **argv, FILE *out,
 		fprintf(err, "dlshare-relay: unexpected argument '%s'\n",
 			argv[optind]);
 		return -1;
+	}
+	if (c->device_str && strcmp(c->device_str, "cpu")) {
+		unsigned long d;
+		char *end;
+
+		errno = 0;
+		if (strncmp(c->device_str, "cuda:", 5) ||
+		    !isdigit((unsigned char)c->device_str[5]) ||
+		    (d = strtoul(c->device_str + 5, &end, 10), errno) || *end ||
+		    d > 1023) {
+			fprintf(err, "dlshare-relay: --device '%s': not cpu or "
+				"cuda:N\n", c->device_str);
+			return -1;
+		}
+		c->device = (int)d;
 	}
 	if (!c->key_file) {
 		fputs("dlshare-relay: --key-file is required\n", err);

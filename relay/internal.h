@@ -24,6 +24,7 @@
 #define MAX_NDIM 32
 #define COALESCE_GAP 256       /* bytes of padding a get may span */
 #define BACKOFF_MIN_MS 50
+#define STAGE_SLOTS_MAX 32   /* --stage-slots' upper bound; a u32 mask */
 
 /* Lines on stderr with sd-daemon priority prefixes. Any thread. */
 void relay_log(int prio, const char *fmt, ...)
@@ -86,6 +87,20 @@ struct sub {
 	struct seen *seen;
 	char hot[256];
 	char last[256];
+	/* a device version staged through pinned host memory (stage.c) */
+	struct stage *stg;        /* the thread's ring; NULL until needed */
+	bool staged;              /* the offer is staged; set by the thread
+				   * before SUB_READY, read by the loop */
+	uint32_t stg_free;        /* slots the peer gave back; under r->mu */
+	struct stage_chunk {
+		uint64_t off;
+		uint32_t slot, len;
+	} stg_q[STAGE_SLOTS_MAX]; /* copied chunks for the loop; under r->mu */
+	unsigned stg_nq;          /* under r->mu */
+	bool stg_queued;          /* on r->chunky; under r->mu */
+	struct sub *next_chunky;  /* under r->mu */
+	uint32_t stg_out;         /* slots sent to the peer, not yet freed;
+				   * loop only */
 };
 
 struct region {
@@ -93,6 +108,19 @@ struct region {
 	const uint8_t *rkey_buf;
 	uint32_t rkey_len;
 	ucp_rkey_h rkey;
+};
+
+/* A staged offer's chunk on the mirroring side: one ring slot. */
+struct pchunk {
+	struct pull *p;
+	uint64_t off;             /* in the version's byte stream */
+	uint32_t len;
+	unsigned pending;         /* gets outstanding */
+	enum { PC_EMPTY, PC_QUEUED, PC_ISSUED, PC_COPYING } st;
+	size_t ct;                /* the tensor and offset it starts at */
+	uint64_t ctoff;
+	int copied;               /* the host→device copy ran (atomic: set
+				   * by a CUDA host function) */
 };
 
 struct job {
@@ -138,6 +166,22 @@ struct pull {
 	unsigned inflight;
 	bool failed;
 	char why[160];
+	/* a staged offer (MSG_OFFER_STAGED): bytes come through the serving
+	 * relay's ring of pinned slots, in stream order (stage.c) */
+	bool staged;
+	uint32_t nslots, slot_size;
+	uint64_t stream_len;      /* all tensors' bytes, back to back */
+	uint64_t recv_pos;        /* end of the last CHUNK announced */
+	uint64_t issue_pos;       /* end of the last chunk whose gets went out */
+	uint64_t got;             /* bytes of chunks whose gets completed */
+	size_t cur_t;             /* the tensor issue_pos is in, and where */
+	uint64_t cur_toff;
+	struct pchunk *chunks;    /* nslots */
+	/* --device cuda:N: gets land in this pinned ring (the slots'
+	 * layout), then are copied host→device on mstream (stage.c) */
+	void *mring, *mstream;
+	unsigned copies;          /* host functions queued (loop) */
+	unsigned copies_done;     /* ... and run (atomic) */
 };
 
 enum conn_state {
@@ -174,6 +218,7 @@ struct conn {
 	struct pull *pulls;
 	void *close_req;
 	bool closed;              /* ucp_ep_close_nbx was called */
+	uint16_t peer_minor;      /* the relay protocol minor the peer speaks */
 	bool flush;               /* close after what was sent went out */
 	unsigned recvs;           /* rendezvous receives outstanding */
 };
@@ -218,6 +263,7 @@ struct relay {
 	bool stop;
 	pthread_mutex_t mu;
 	struct sub *ready;        /* under mu */
+	struct sub *chunky;       /* subs with staged chunks to send; under mu */
 	/* the daemon worker: creates, seals and aborts of pulls, so that the
 	 * loop never waits for the daemon (a 256 MiB create populates its
 	 * pages) */
@@ -269,5 +315,40 @@ void *mirror_worker(void *arg);
 /* A message from a peer this relay connected to; an OFFER keeps *msg. */
 void mirror_msg(struct relay *r, struct conn *c, uint16_t type,
 		struct rbuf *rb, struct inmsg **msg);
+
+/* stage.c: device versions through pinned host memory */
+
+/* Thread of s: b holds device tensors. Loads CUDA, allocates s's ring (once
+ * per subscription), orders its stream after the producer's work. Returns
+ * 0 (s->staged set), or -1 after logging why b cannot be offered. */
+int stage_prepare(struct sub *s, dlshare_bundle *b);
+/* Thread of s, r->mu held: copies chunks of b into free slots and queues
+ * them for the loop until the loop released s. */
+void stage_serve(struct sub *s, dlshare_bundle *b);
+/* Thread of s, at its end: frees the ring (no longer registered). */
+void stage_free(struct sub *s);
+/* Loop: the ring's address and size, for the offer. */
+void stage_ring(struct sub *s, void **addr, uint64_t *len, uint32_t *nslots,
+		uint32_t *slot_size);
+/* Loop: s is about to be freed: off r->chunky. */
+void stage_forget(struct relay *r, struct sub *s);
+/* Loop: sends the CHUNK messages the threads queued. */
+void stage_drain(struct relay *r);
+/* Loop: a FREE from the peer. Returns 0, or -1 (not a slot it holds). */
+int stage_freed(struct relay *r, struct conn *c, uint64_t offer_id,
+		uint32_t slot);
+/* Mirroring side, loop: a CHUNK for one of c's pulls. Returns 0, or -1
+ * after failing c. */
+int stage_chunk(struct relay *r, struct conn *c, struct rbuf *rb);
+/* Mirroring side, loop: issues gets of announced chunks, sends FREE for
+ * those done. */
+void stage_pump(struct relay *r, struct pull *p);
+/* Mirroring side, loop: nothing of p is outstanding (gets, copies). */
+bool stage_idle(struct pull *p);
+/* Mirroring side, daemon worker: after the create of a pull into a GPU,
+ * its pinned ring and stream. Returns 0 or -1 (p->why set). */
+int stage_mirror_setup(struct relay *r, struct pull *p);
+/* Mirroring side, daemon worker: waits for p's copies, frees the ring. */
+void stage_mirror_teardown(struct pull *p);
 
 #endif

@@ -47,6 +47,7 @@ static void pull_free(struct pull *p)
 		if (p->regions[i].rkey)
 			ucp_rkey_destroy(p->regions[i].rkey);
 	free(p->regions);
+	free(p->chunks);
 	free(p->jobs);
 	free(p->spec);
 	free(p->shapes);
@@ -112,6 +113,11 @@ void *mirror_worker(void *arg)
 			dlshare_create_opts co = { 0 };
 
 			co.device.device_type = kDLCPU;
+			if (p->staged && r->cfg->device >= 0) {
+				/* --device cuda:N: a device version there */
+				co.device.device_type = kDLCUDA;
+				co.device.device_id = r->cfg->device;
+			}
 			co.mode = r->cfg->mode;
 			/* stat on this node names where the version came from */
 			co.origin_node = p->c->node[0] ? p->c->node : NULL;
@@ -122,17 +128,26 @@ void *mirror_worker(void *arg)
 				p->w = NULL;
 				p->failed = true;
 				last_error(p->why, sizeof(p->why), "create", err);
+			} else if (co.device.device_type == kDLCUDA &&
+				   stage_mirror_setup(r, p)) {
+				p->failed = true;
 			}
 		} else if (!p->failed && p->w) {
-			err = dlshare_seal(p->w, NULL, &p->sealed);
+			/* device copies are ordered before the seal's event */
+			err = dlshare_seal(p->w, p->mstream, &p->sealed);
 			p->w = NULL;
 			if (err) {
 				p->failed = true;
 				last_error(p->why, sizeof(p->why), "seal", err);
 			}
+			stage_mirror_teardown(p);
 		} else if (p->w) {
+			/* no copy may still write into what is aborted */
+			stage_mirror_teardown(p);
 			dlshare_writer_abort(p->w);
 			p->w = NULL;
+		} else {
+			stage_mirror_teardown(p);
 		}
 		pthread_mutex_lock(&r->mu);
 		p->next_job = r->done;
@@ -261,6 +276,13 @@ void mirror_run(struct relay *r)
 		for (p = *pp; p; p = p->next) {
 			if (p->busy || p->st != P_PULLING)
 				continue;
+			if (p->staged) {
+				stage_pump(r, p);
+				if (stage_idle(p) &&
+				    (p->failed || p->got == p->stream_len))
+					mirror_close(r, p);
+				continue;
+			}
 			pull_pump(r, p);
 			if (!p->inflight && (p->failed || p->cur == p->njobs))
 				mirror_close(r, p);
@@ -290,6 +312,11 @@ static void pull_start(struct relay *r, struct pull *p)
 				 ucs_status_string(st));
 		}
 		p->regions[i].rkey_buf = NULL;
+	}
+	if (p->staged) {
+		/* the bytes come chunk by chunk (stage.c) */
+		p->bytes = p->stream_len;
+		return;
 	}
 	/* Jobs: one per tensor, merged with the one before when both sides
 	 * continue it across the same padding (the library lays bundles out
@@ -324,7 +351,7 @@ static void pull_start(struct relay *r, struct pull *p)
 
 /* Takes an OFFER (msg, owned) from c. Returns 0, or -1 after failing c. */
 static int offer_take(struct relay *r, struct conn *c, void *msg,
-		      struct rbuf *rb)
+		      struct rbuf *rb, bool staged)
 {
 	const struct relay_peer_cfg *pc = &r->cfg->peers[c->upstream];
 	struct pull *p = calloc(1, sizeof(*p));
@@ -353,8 +380,18 @@ static int offer_take(struct relay *r, struct conn *c, void *msg,
 	p->origin_version = rbuf_u64(rb);
 	p->nregions = rbuf_u32(rb);
 	ntensors = rbuf_u32(rb);
+	if (staged) {
+		p->staged = true;
+		p->nslots = rbuf_u32(rb);
+		p->slot_size = rbuf_u32(rb);
+	}
 	if (rb->bad || !nl || nl > 255) {
 		bad = "a malformed offer";
+		goto proto;
+	}
+	if (staged && (p->nregions != 1 || !p->nslots ||
+		       p->nslots > STAGE_SLOTS_MAX || !p->slot_size)) {
+		bad = "a staged offer without one ring of at most 32 slots";
 		goto proto;
 	}
 	memcpy(p->name, name, nl);
@@ -385,7 +422,13 @@ static int offer_take(struct relay *r, struct conn *c, void *msg,
 	 * bounds them all, whatever the counts say */
 	shapes = calloc(rbuf_left(rb) / 8 + 1, sizeof(*shapes));
 	p->jobs = calloc(ntensors ? ntensors : 1, sizeof(*p->jobs));
-	if (!p->regions || !spec || !treg || !toff || !tlen || !shapes || !p->jobs) {
+	if (staged) {
+		p->chunks = calloc(p->nslots, sizeof(*p->chunks));
+		for (i = 0; p->chunks && i < p->nslots; i++)
+			p->chunks[i].p = p;
+	}
+	if (!p->regions || !spec || !treg || !toff || !tlen || !shapes ||
+	    !p->jobs || (staged && !p->chunks)) {
 		pull_free(p);
 		p = NULL;
 		conn_fail(c, "out of memory for an offer of %u tensors", ntensors);
@@ -400,6 +443,10 @@ static int offer_take(struct relay *r, struct conn *c, void *msg,
 		g->rkey_buf = rbuf_bytes(rb, g->rkey_len);
 		if (rb->bad || g->addr + g->len < g->addr) {
 			bad = "a malformed region";
+			goto proto;
+		}
+		if (staged && g->len != (uint64_t)p->nslots * p->slot_size) {
+			bad = "a staged offer whose ring is not its slots";
 			goto proto;
 		}
 	}
@@ -440,8 +487,16 @@ static int offer_take(struct relay *r, struct conn *c, void *msg,
 			bad = "a tensor whose size does not match its shape";
 			goto proto;
 		}
-		if (nb && (treg[i] >= p->nregions || toff[i] > p->regions[treg[i]].len ||
-			   p->regions[treg[i]].len - toff[i] < nb)) {
+		if (staged && nb) {
+			/* stream order: each tensor right after the last */
+			if (treg[i] != 0 || toff[i] != p->stream_len) {
+				bad = "a staged tensor out of stream order";
+				goto proto;
+			}
+			p->stream_len += nb;
+		} else if (nb && (treg[i] >= p->nregions ||
+				  toff[i] > p->regions[treg[i]].len ||
+				  p->regions[treg[i]].len - toff[i] < nb)) {
 			bad = "a tensor outside its region";
 			goto proto;
 		}
@@ -606,11 +661,15 @@ void mirror_msg(struct relay *r, struct conn *c, uint16_t type,
 	case C_DEAD:
 		return;
 	}
-	if (type == MSG_OFFER) {
+	if (type == MSG_OFFER || type == MSG_OFFER_STAGED) {
 		struct inmsg *m = *msg;
 
 		*msg = NULL;
-		offer_take(r, c, m, rb);
+		offer_take(r, c, m, rb, type == MSG_OFFER_STAGED);
+		return;
+	}
+	if (type == MSG_CHUNK) {
+		stage_chunk(r, c, rb);
 		return;
 	}
 unexpected:

@@ -12,7 +12,7 @@
 #define RELAY_HDR_LEN 12
 #define RELAY_AM_ID 0x44         /* the UCP active message id of every message */
 #define RELAY_PROTO_MAJOR 1
-#define RELAY_PROTO_MINOR 5
+#define RELAY_PROTO_MINOR 6   /* 6: staged (device) offers */
 #define RELAY_NONCE_LEN 32
 #define RELAY_NODE_MAX 64        /* bytes of a node name */
 #define RELAY_PREFIX_MAX 255     /* bytes of a mirrored prefix */
@@ -27,6 +27,10 @@ enum relay_msg_type {
 	MSG_OFFER = 6,     /* server -> mirror: one sealed version */
 	MSG_DONE = 7,      /* mirror -> server: offer id, status */
 	MSG_ERROR = 8,     /* either way, then the sender closes */
+	MSG_OFFER_STAGED = 9, /* server -> mirror (minor >= 6): a device
+			       * version through a ring of pinned slots */
+	MSG_CHUNK = 10,    /* server -> mirror: a slot holds stream bytes */
+	MSG_FREE = 11,     /* mirror -> server: the slot was read */
 };
 
 /* DONE status. */

@@ -100,6 +100,14 @@ static bool sub_offer(struct sub *s, dlshare_bundle *b, const char *name_in)
 	seen_set(s, name, dlshare_bundle_version(b));
 	snprintf(s->hot, sizeof(s->hot), "%s", name);
 	snprintf(s->last, sizeof(s->last), "%s", name);
+	s->staged = false;
+	if (dlshare_bundle_count(b) && dlshare_bundle_tensor(b, 0) &&
+	    dlshare_bundle_tensor(b, 0)->device.device_type == kDLCUDA &&
+	    stage_prepare(s, b)) {
+		/* refused (logged): the next version may do */
+		dlshare_bundle_free(b);
+		return true;
+	}
 	pthread_mutex_lock(&r->mu);
 	if (s->cancel) {
 		pthread_mutex_unlock(&r->mu);
@@ -116,6 +124,8 @@ static bool sub_offer(struct sub *s, dlshare_bundle *b, const char *name_in)
 		/* the counter is full: the loop is awake anyway */
 	}
 	pthread_mutex_lock(&r->mu);
+	if (s->staged)
+		stage_serve(s, b);
 	while (s->state != SUB_RELEASE)
 		pthread_cond_wait(&s->cv, &r->mu);
 	s->bundle = NULL;
@@ -208,6 +218,7 @@ static void *sub_thread(void *arg)
 	if (!k)
 		log_err("serving %s: out of memory", s->prefix);
 	free(k);
+	stage_free(s);
 	HASH_ITER(hh, s->seen, e, tmp) {
 		HASH_DEL(s->seen, e);
 		free(e);
@@ -233,7 +244,9 @@ void serve_release(struct relay *r, struct sub *s)
 	free(s->memh);
 	s->memh = NULL;
 	s->nmemh = 0;
+	s->stg_out = 0;
 	pthread_mutex_lock(&r->mu);
+	s->staged = false;
 	if (s->state == SUB_READY) {
 		for (pp = &r->ready; *pp; pp = &(*pp)->next_ready)
 			if (*pp == s) {
@@ -264,6 +277,7 @@ void serve_reap(struct relay *r)
 		}
 		*pp = s->next;
 		pthread_join(s->th, NULL);
+		stage_forget(r, s);
 		pthread_cond_destroy(&s->cv);
 		free(s);
 	}
@@ -309,6 +323,8 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 	uint64_t *reg_addr = NULL, *reg_len = NULL;
 	struct wbuf w;
 	const char *why = NULL;
+	uint64_t stream_len = 0;
+	uint32_t nslots = 0, slot_size = 0;
 	int ret = -1;
 
 	if (!sp || !reg_of) {
@@ -322,6 +338,18 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 		if (!t || dlshare_tensor_nbytes(t, &nb)) {
 			why = "a tensor the library refuses";
 			goto out;
+		}
+		if (s->staged) {
+			if (!is_compact(t)) {
+				why = "a strided tensor (the relay moves "
+				      "compact ones)";
+				goto out;
+			}
+			/* the ring's stream: tensors back to back */
+			reg_of[i] = nb ? 0 : UINT32_MAX;
+			sp[i].addr = stream_len;
+			stream_len += nb;
+			continue;
 		}
 		if (t->device.device_type != kDLCPU &&
 		    t->device.device_type != kDLCUDAHost) {
@@ -340,6 +368,11 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 		sp[nspan].idx = i;
 		nspan++;
 	}
+	if (s->staged && c->peer_minor < 6) {
+		why = "a device version, and the peer's relay (protocol 1."
+		      "5) takes host versions only";
+		goto out;
+	}
 	qsort(sp, nspan, sizeof(*sp), span_cmp);
 	reg_addr = calloc(nspan ? nspan : 1, sizeof(uint64_t));
 	reg_len = calloc(nspan ? nspan : 1, sizeof(uint64_t));
@@ -347,6 +380,13 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 	if (!reg_addr || !reg_len || !s->memh) {
 		why = "out of memory";
 		goto out;
+	}
+	if (s->staged) {
+		void *ring;
+
+		stage_ring(s, &ring, &reg_len[0], &nslots, &slot_size);
+		reg_addr[0] = (uint64_t)(uintptr_t)ring;
+		nreg = 1;
 	}
 	/* Tensors whose bytes touch the same or the next page belong to one
 	 * mapping: one registration covers them, with no hole. */
@@ -370,7 +410,7 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 		nreg++;
 	}
 
-	wbuf_start(&w, MSG_OFFER);
+	wbuf_start(&w, s->staged ? MSG_OFFER_STAGED : MSG_OFFER);
 	wbuf_u32(&w, s->sub_id);
 	s->offer_id = ++r->next_offer;
 	wbuf_u64(&w, s->offer_id);
@@ -379,6 +419,10 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 	wbuf_u64(&w, dlshare_bundle_version(b));
 	wbuf_u32(&w, (uint32_t)nreg);
 	wbuf_u32(&w, (uint32_t)n);
+	if (s->staged) {
+		wbuf_u32(&w, nslots);
+		wbuf_u32(&w, slot_size);
+	}
 	for (i = 0; i < nreg; i++) {
 		ucp_mem_map_params_t mp = { 0 };
 		void *rk = NULL;
@@ -386,7 +430,8 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 		ucs_status_t st;
 
 		/* read-only both here (the lease's mapping is) and for the
-		 * peer: its rkey allows gets, never puts */
+		 * peer: its rkey allows gets, never puts (a staging ring is
+		 * written by CUDA, not through UCX) */
 		mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
 				UCP_MEM_MAP_PARAM_FIELD_LENGTH |
 				UCP_MEM_MAP_PARAM_FIELD_PROT;
@@ -430,9 +475,12 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 		for (d = 0; d < t->ndim; d++)
 			wbuf_u64(&w, (uint64_t)t->shape[d]);
 		wbuf_u32(&w, reg_of[i]);
-		wbuf_u64(&w, reg_of[i] == UINT32_MAX ? 0 :
-			 (uint64_t)(uintptr_t)t->data + t->byte_offset -
-			 reg_addr[reg_of[i]]);
+		if (s->staged)
+			wbuf_u64(&w, reg_of[i] == UINT32_MAX ? 0 : sp[i].addr);
+		else
+			wbuf_u64(&w, reg_of[i] == UINT32_MAX ? 0 :
+				 (uint64_t)(uintptr_t)t->data + t->byte_offset -
+				 reg_addr[reg_of[i]]);
 		wbuf_u64(&w, nb);
 	}
 	if (w.len > r->cfg->max_message) {
@@ -442,6 +490,7 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 	}
 	pthread_mutex_lock(&r->mu);
 	s->state = SUB_SENT;
+	pthread_cond_signal(&s->cv);   /* a staging thread may start */
 	pthread_mutex_unlock(&r->mu);
 	s->sent_ms = relay_now_ms();
 	ret = conn_send(c, &w);
@@ -463,6 +512,7 @@ out:
 /* Offers what the threads found. */
 void serve_drain(struct relay *r)
 {
+	stage_drain(r);
 	for (;;) {
 		struct sub *s;
 		struct conn *c;
@@ -500,7 +550,7 @@ void serve_msg(struct relay *r, struct conn *c, uint16_t type,
 		major = rbuf_u16(rb);
 		minor = rbuf_u16(rb);
 		nonce = rbuf_bytes(rb, RELAY_NONCE_LEN);
-		(void)minor;
+		c->peer_minor = minor;
 		if (rb->bad || rbuf_left(rb))
 			goto malformed;
 		if (major != RELAY_PROTO_MAJOR) {
@@ -609,6 +659,14 @@ void serve_msg(struct relay *r, struct conn *c, uint16_t type,
 			log_warn("peer %s could not mirror %s", c->peer, s->name);
 		s->offer_id = 0;
 		serve_release(r, s);
+		return;
+	}
+	if (type == MSG_FREE) {
+		uint64_t id = rbuf_u64(rb);
+		uint32_t slot = rbuf_u32(rb);
+
+		if (rb->bad || rbuf_left(rb) || stage_freed(r, c, id, slot))
+			goto malformed;
 		return;
 	}
 	if (type == MSG_ERROR) {

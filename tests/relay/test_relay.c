@@ -69,6 +69,9 @@ static void write_key(const char *path, const char *key)
 }
 
 /* Starts dlshare-relay with args (NULL-ended), its output into log. */
+/* the CUDA runtime the relays load, when not the environment's */
+static const char *relay_runtime;
+
 static pid_t relay_start(const char *log, ...)
 {
 	const char *argv[32];
@@ -90,6 +93,8 @@ static pid_t relay_start(const char *log, ...)
 		dup2(fd, 2);
 		setenv("UCX_TLS", "tcp", 0);
 		setenv("UCX_NET_DEVICES", "lo", 0);
+		if (relay_runtime)
+			setenv("DLSHARE_CUDA_RUNTIME", relay_runtime, 1);
 		execv(argv[0], (char *const *)argv);
 		_exit(127);
 	}
@@ -99,6 +104,8 @@ static pid_t relay_start(const char *log, ...)
 static char port_s[32];
 
 static const char *a_timeout = "60000";  /* --transfer-timeout-ms */
+static const char *a_chunk = "4M";       /* A's --chunk-size (staging) */
+static const char *a_slots = "4";        /* A's --stage-slots */
 
 static pid_t start_a(void)
 {
@@ -106,7 +113,9 @@ static pid_t start_a(void)
 	return relay_start(log_a, "--socket", A.sock, "--listen", port_s,
 			   "--key-file", keyfile, "--scan-interval-ms", "50",
 			   "--node-name", "node-a", "--transfer-timeout-ms",
-			   a_timeout, "--auth-timeout-ms", "1000", (char *)NULL);
+			   a_timeout, "--auth-timeout-ms", "1000",
+			   "--chunk-size", a_chunk, "--stage-slots", a_slots,
+			   (char *)NULL);
 }
 
 static pid_t start_b_with(const char *key, const char *chunk,
@@ -807,6 +816,7 @@ static void test_hostile_ucx(void **state)
 	stop_all();
 }
 
+#ifndef RELAY_NO_MAIN
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -826,3 +836,4 @@ int main(void)
 	signal(SIGPIPE, SIG_IGN);
 	return test_run_group("relay", tests, setup, NULL);
 }
+#endif

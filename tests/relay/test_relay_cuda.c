@@ -1,0 +1,302 @@
+/* test_relay_cuda — device versions through the relays, on fakecuda (the
+ * daemons, the relays and this process load it: DLSHARE_CUDA_DRIVER and
+ * DLSHARE_CUDA_RUNTIME). A device state dict published on A is staged by
+ * A's relay through pinned host chunks and arrives on B bit-exact, as host
+ * tensors (docs/protocol.md, "Device versions"); a serving relay killed
+ * mid-transfer leaves nothing partial on B and no lease on A; a relay
+ * without a CUDA runtime refuses device versions with a log line. The
+ * helpers are test_relay.c's. */
+#pragma GCC diagnostic ignored "-Wunused-function"
+#define RELAY_NO_MAIN
+#include "test_relay.c"
+
+#include <inttypes.h>
+
+#include <cuda_runtime_api.h>
+
+/* Publishes n uint8/float32 tensors (as publish()) as a device version on
+ * A's GPU 0, filled from seed through host copies. */
+static uint64_t publish_dev(const char *name, size_t n, const uint64_t *bytes,
+			    const char *const *keys, uint32_t seed)
+{
+	dlshare_tensor_spec *spec = calloc(n, sizeof(*spec));
+	int64_t *shape = calloc(n, sizeof(*shape));
+	dlshare_create_opts co = { .device = { kDLCUDA, 0 } };
+	dlshare_writer *w;
+	uint64_t v = 0;
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		spec[i].key = keys ? keys[i] : NULL;
+		spec[i].dtype = (DLDataType){ kDLUInt, 8, 1 };
+		spec[i].ndim = 1;
+		shape[i] = (int64_t)bytes[i];
+		spec[i].shape = &shape[i];
+		if (i % 3 == 1 && bytes[i] % 4 == 0) {
+			spec[i].dtype = (DLDataType){ kDLFloat, 32, 1 };
+			shape[i] = (int64_t)bytes[i] / 4;
+		}
+	}
+	assert_int_equal(dlshare_create(ca, name, spec, n, &co, &w), 0);
+	for (i = 0; i < n; i++) {
+		DLTensor *t = dlshare_writer_tensor(w, i);
+		uint8_t *h = malloc(bytes[i] ? bytes[i] : 1);
+
+		assert_int_equal(t->device.device_type, kDLCUDA);
+		harness_fill(h, bytes[i], seed + (uint32_t)i);
+		assert_int_equal(cudaMemcpy((uint8_t *)t->data + t->byte_offset,
+					    h, bytes[i], cudaMemcpyHostToDevice),
+				 cudaSuccess);
+		free(h);
+	}
+	assert_int_equal(dlshare_seal(w, NULL, &v), 0);
+	free(spec);
+	free(shape);
+	return v;
+}
+
+/* A few hundred device tensors, tens of MiB (a few under sanitizers),
+ * staged through A's ring of 4 slots of 1 MiB; then a second version. */
+static void test_device_state_dict(void **state)
+{
+	size_t n = 300, i;
+	uint64_t *bytes = calloc(n, sizeof(*bytes));
+	char **keys = calloc(n, sizeof(*keys));
+	uint64_t v;
+
+	(void)state;
+	for (i = 0; i < n; i++) {
+		keys[i] = malloc(40);
+		snprintf(keys[i], 40, "model.layers.%03zu.weight", i);
+		/* 4 B .. ~256 KiB (~16 KiB under sanitizers), one empty */
+		bytes[i] = i == 7 ? 0 : 4 * (1 + (i * 7919) %
+					   (small ? 4096 : 65536));
+	}
+	a_chunk = "1M";
+	start_all();
+	relay_b = start_b_with(keyfile, "4M", "16");
+	publish_dev("m/dev", n, bytes, (const char *const *)keys, 21);
+	v = expect("m/dev", 0, n, bytes, (const char *const *)keys, 21);
+	assert_true(log_has(log_a, "staged through 4 pinned chunks of 1048576"));
+	{
+		/* --device cpu (the default): host tensors on B */
+		dlshare_bundle *b = NULL;
+
+		assert_int_equal(dlshare_get(cb, "m/dev", NULL, &b), 0);
+		assert_int_equal(dlshare_bundle_tensor(b, 0)->device.device_type,
+				 kDLCPU);
+		dlshare_bundle_free(b);
+	}
+	publish_dev("m/dev", n, bytes, (const char *const *)keys, 22);
+	expect("m/dev", v, n, bytes, (const char *const *)keys, 22);
+	assert_int_equal(wait_leases(ca, 0), 0);
+	no_disconnects();
+	log_lacks(log_a, "not offered");
+	stop_all();
+	a_chunk = "4M";
+	for (i = 0; i < n; i++)
+		free(keys[i]);
+	free(keys);
+	free(bytes);
+}
+
+/* Waits on B for a version of name newer than after, on B's GPU 0, and
+ * checks it holds what publish_dev() wrote. Returns B's version. */
+static uint64_t expect_dev(const char *name, uint64_t after, size_t n,
+			   const uint64_t *bytes, uint32_t seed)
+{
+	dlshare_get_opts o = { .select = DLSHARE_NEWER_THAN, .version = after,
+			       .timeout_ms = harness_ms(30000) };
+	dlshare_bundle *b = NULL;
+	uint64_t v;
+	size_t i;
+	int err = dlshare_get(cb, name, &o, &b);
+
+	if (err)
+		dump_logs();
+	assert_int_equal(err, 0);
+	assert_int_equal(dlshare_bundle_count(b), n);
+	for (i = 0; i < n; i++) {
+		const DLTensor *t = dlshare_bundle_tensor(b, i);
+		uint8_t *want = malloc(bytes[i] ? bytes[i] : 1);
+		uint8_t *got = malloc(bytes[i] ? bytes[i] : 1);
+
+		assert_int_equal(t->device.device_type, kDLCUDA);
+		assert_int_equal(t->device.device_id, 0);
+		harness_fill(want, bytes[i], seed + (uint32_t)i);
+		assert_int_equal(cudaMemcpy(got, (const uint8_t *)t->data +
+					    t->byte_offset, bytes[i],
+					    cudaMemcpyDeviceToHost), cudaSuccess);
+		assert_memory_equal(got, want, bytes[i]);
+		free(want);
+		free(got);
+	}
+	v = dlshare_bundle_version(b);
+	dlshare_bundle_free(b);
+	return v;
+}
+
+/* --device cuda:0 on the mirror: the version is created on B's GPU,
+ * pulled into B's pinned ring and copied host to device, slot by slot. */
+static void test_device_to_device(void **state)
+{
+	size_t n = 200, i;
+	uint64_t *bytes = calloc(n, sizeof(*bytes));
+	uint64_t v;
+
+	(void)state;
+	for (i = 0; i < n; i++)
+		bytes[i] = i == 3 ? 0 : 4 * (1 + (i * 104729) %
+					   (small ? 4096 : 32768));
+	a_chunk = "256K";
+	start_all();
+	relay_b = relay_start(log_b, "--socket", B.sock, "--connect", port_s,
+			      "--mirror", "m/", "--key-file", keyfile,
+			      "--device", "cuda:0", "--reconnect-max-ms", "200",
+			      (char *)NULL);
+	publish_dev("m/d2d", n, bytes, NULL, 51);
+	v = expect_dev("m/d2d", 0, n, bytes, 51);
+	publish_dev("m/d2d", n, bytes, NULL, 52);
+	expect_dev("m/d2d", v, n, bytes, 52);
+	assert_int_equal(wait_leases(ca, 0), 0);
+	no_disconnects();
+	stop_all();
+	a_chunk = "4M";
+	free(bytes);
+}
+
+/* --device takes cpu or cuda:N only. */
+static void test_device_option(void **state)
+{
+	pid_t pid;
+
+	(void)state;
+	start_all();
+	pid = relay_start(log_b, "--socket", B.sock, "--connect", port_s,
+			  "--mirror", "m/", "--key-file", keyfile,
+			  "--device", "gpu0", (char *)NULL);
+	assert_int_equal(harness_wait(pid), 2);   /* a usage error */
+	assert_true(log_has(log_b, "--device 'gpu0': not cpu or cuda:N"));
+	stop_all();
+}
+
+/* A mirror with --device cuda:0 pins at most its own --stage-slots x
+ * --chunk-size: a peer's larger ring is refused, nothing published. */
+static void test_device_ring_limit(void **state)
+{
+	uint64_t bytes[1] = { 8192 };
+
+	(void)state;
+	a_chunk = "1M";   /* A's ring: 4 MiB */
+	start_all();
+	relay_b = relay_start(log_b, "--socket", B.sock, "--connect", port_s,
+			      "--mirror", "m/", "--key-file", keyfile,
+			      "--device", "cuda:0", "--chunk-size", "256K",
+			      "--stage-slots", "2", (char *)NULL);
+	publish_dev("m/bigring", 1, bytes, NULL, 61);
+	assert_true(log_has(log_b, "staging ring of 4194304 bytes exceeds "
+			    "this relay's --stage-slots x --chunk-size, "
+			    "524288 bytes"));
+	no_partial_on_b("m/bigring");
+	assert_int_equal(wait_leases(ca, 0), 0);
+	stop_all();
+	a_chunk = "4M";
+}
+
+/* B's daemon holds want buffers (a pending version holds one). */
+static void wait_b_buffers(uint64_t want)
+{
+	dlshare_stats st;
+	int i;
+
+	for (i = 0; i < harness_ms(10000) / 5; i++) {
+		assert_int_equal(dlshare_stats_get(cb, &st), 0);
+		if (st.buffers == want)
+			return;
+		sleep_ms(5);
+	}
+	dump_logs();
+	fail_msg("B holds %" PRIu64 " buffers, not %" PRIu64, st.buffers, want);
+}
+
+static pid_t start_b_dev(void)
+{
+	return relay_start(log_b, "--socket", B.sock, "--connect", port_s,
+			   "--mirror", "m/", "--key-file", keyfile,
+			   "--device", "cuda:0", "--reconnect-max-ms", "200",
+			   (char *)NULL);
+}
+
+/* Relays killed while a device version is staged (4 KiB slots, two of
+ * them: thousands of chunks) into a device version on B: first the
+ * mirroring one, then the serving one. Nothing partial on B (its pending
+ * device buffer goes too), no lease on A; both back, the version arrives
+ * whole. */
+static void test_device_kill_mid_transfer(void **state)
+{
+	uint64_t bytes[2] = { small ? 2u << 20 : 16u << 20, 4096 };
+	dlshare_stats st;
+
+	(void)state;
+	a_chunk = "4K";
+	a_slots = "2";
+	start_all();
+	relay_b = start_b_dev();
+	publish_dev("m/devslow", 2, bytes, NULL, 31);
+	wait_b_buffers(1);     /* B took the offer: a pending version */
+	crash(&relay_b);
+	wait_b_buffers(0);
+	no_partial_on_b("m/devslow");
+	assert_int_equal(wait_leases(ca, 0), 0);
+	assert_int_equal(dlshare_stats_get(cb, &st), 0);
+	assert_int_equal(st.leases, 0);
+
+	relay_b = start_b_dev();
+	wait_b_buffers(1);
+	crash(&relay_a);
+	assert_true(log_has(log_b, "aborted, nothing published"));
+	wait_b_buffers(0);
+	no_partial_on_b("m/devslow");
+	assert_int_equal(wait_leases(ca, 0), 0);
+
+	a_chunk = "4M";
+	a_slots = "4";
+	relay_a = start_a();
+	expect_dev("m/devslow", 0, 2, bytes, 31);
+	assert_int_equal(wait_leases(ca, 0), 0);
+	stop_all();
+}
+
+/* A relay that cannot load a CUDA runtime refuses device versions, says
+ * why, and keeps serving host ones. */
+static void test_device_without_cuda(void **state)
+{
+	uint64_t bytes[1] = { 4096 };
+
+	(void)state;
+	relay_runtime = "/nonexistent/libcudart.so";
+	start_all();
+	relay_runtime = NULL;
+	relay_b = start_b_with(keyfile, "4M", "16");
+	publish_dev("m/devnone", 1, bytes, NULL, 41);
+	assert_true(log_has(log_a, "not offered: no CUDA runtime"));
+	no_partial_on_b("m/devnone");
+	publish("m/host", 1, bytes, NULL, 42);
+	expect("m/host", 0, 1, bytes, NULL, 42);
+	stop_all();
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_device_state_dict),
+		cmocka_unit_test(test_device_to_device),
+		cmocka_unit_test(test_device_option),
+		cmocka_unit_test(test_device_ring_limit),
+		cmocka_unit_test(test_device_kill_mid_transfer),
+		cmocka_unit_test(test_device_without_cuda),
+	};
+
+	signal(SIGPIPE, SIG_IGN);
+	return test_run_group("relay_cuda", tests, setup, NULL);
+}
