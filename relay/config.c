@@ -49,6 +49,8 @@ static const struct opt opts[] = {
 	  "this node's name for peers (default: the host name)" },
 	{ "chunk-size", 0, OPT_BYTES, "BYTES", 4096, (uint64_t)1 << 30, CFG(chunk_size),
 	  "bytes per one-sided get (default 4M)" },
+	{ "inline-max", 0, OPT_BYTES, "BYTES", 0, 1u << 20, CFG(inline_max),
+	  "versions up to this many bytes travel in the offer (default 64K; 0: never)" },
 	{ "max-inflight", 0, OPT_U32, "N", 1, 4096, CFG(max_inflight),
 	  "gets outstanding at once, all pulls together (default 16)" },
 	{ "max-peers", 0, OPT_U32, "N", 1, 4096, CFG(max_peers),
@@ -76,6 +78,7 @@ void config_init(struct relay_config *c)
 	c->mode = 0644;
 	c->chunk_size = 4u << 20;
 	c->max_inflight = 16;
+	c->inline_max = 64u << 10;
 	c->max_peers = 64;
 	c->max_subscriptions = 16;
 	c->max_message = 64u << 20;

@@ -22,6 +22,7 @@ struct relay_config {
 	uint32_t mode;           /* of mirrored names; 0: the daemon's default */
 	char *node_name;         /* NULL: the host name */
 	uint64_t chunk_size;     /* bytes per ucp_get_nbx */
+	uint64_t inline_max;     /* a version's bytes an offer may carry */
 	uint32_t max_inflight;   /* outstanding gets, all pulls together */
 	uint32_t max_peers;      /* connections accepted on --listen */
 	uint32_t max_subscriptions; /* prefixes one peer may follow */

@@ -90,6 +90,7 @@ struct sub {
 
 struct region {
 	uint64_t addr, len;
+	const uint8_t *data;      /* inline (1.6): len bytes in the OFFER */
 	const uint8_t *rkey_buf;
 	uint32_t rkey_len;
 	ucp_rkey_h rkey;
@@ -137,6 +138,9 @@ struct pull {
 	uint64_t bytes;
 	unsigned inflight;
 	bool failed;
+	bool all_inline;          /* every region inline: the worker copies */
+	bool check_origin;        /* no record of the name: stat it first */
+	bool skipped;             /* the daemon has it already: DONE 1 */
 	char why[160];
 };
 
@@ -166,6 +170,7 @@ struct conn {
 	char node[RELAY_NODE_MAX + 1];
 	uint8_t nonce_m[RELAY_NONCE_LEN], nonce_s[RELAY_NONCE_LEN];
 	uint64_t deadline_ms;     /* to authenticate */
+	uint16_t minor;           /* server: the mirror's CHALLENGE minor */
 	size_t queued;            /* bytes of received, unhandled messages */
 	/* serving */
 	struct sub *subs;

@@ -298,6 +298,37 @@ static bool is_compact(const DLTensor *t)
 	return true;
 }
 
+/* Whether the regions of an offer (nreg, lengths len) travel inline in
+ * it (relay protocol 1.6): a mirror that speaks 1.6, and no more than
+ * --inline-max bytes in all. Saves the mirror a get's round trip and this
+ * relay the registration. Host regions only: offer_send refused device
+ * tensors before (a staged device region must never come here). */
+static bool offer_inline(struct relay *r, const struct conn *c,
+			 const uint64_t *len, size_t nreg)
+{
+	uint64_t total = 0;
+	size_t i;
+
+	if (c->minor < 6 || !r->cfg->inline_max)
+		return false;
+	for (i = 0; i < nreg; i++) {
+		total += len[i];
+		if (total > r->cfg->inline_max)
+			return false;
+	}
+	return true;
+}
+
+/* An inline region: addr, len, rkey_len 0, then its len bytes (read
+ * from the lease's mapping, which the lease keeps valid). */
+static void offer_inline_region(struct wbuf *w, uint64_t addr, uint64_t len)
+{
+	wbuf_u64(w, addr);
+	wbuf_u64(w, len);
+	wbuf_u32(w, 0);
+	wbuf_bytes(w, (const void *)(uintptr_t)addr, len);
+}
+
 /* Builds and sends the OFFER of s's lease. Returns 0, or -1 when this
  * version cannot be offered (s is then released, the peer kept). */
 static int offer_send(struct relay *r, struct conn *c, struct sub *s)
@@ -309,6 +340,7 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 	uint64_t *reg_addr = NULL, *reg_len = NULL;
 	struct wbuf w;
 	const char *why = NULL;
+	bool inl = false;
 	int ret = -1;
 
 	if (!sp || !reg_of) {
@@ -370,6 +402,7 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 		nreg++;
 	}
 
+	inl = offer_inline(r, c, reg_len, nreg);
 	wbuf_start(&w, MSG_OFFER);
 	wbuf_u32(&w, s->sub_id);
 	s->offer_id = ++r->next_offer;
@@ -385,6 +418,10 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 		size_t rklen = 0;
 		ucs_status_t st;
 
+		if (inl) {
+			offer_inline_region(&w, reg_addr[i], reg_len[i]);
+			continue;
+		}
 		/* read-only both here (the lease's mapping is) and for the
 		 * peer: its rkey allows gets, never puts */
 		mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
@@ -500,7 +537,7 @@ void serve_msg(struct relay *r, struct conn *c, uint16_t type,
 		major = rbuf_u16(rb);
 		minor = rbuf_u16(rb);
 		nonce = rbuf_bytes(rb, RELAY_NONCE_LEN);
-		(void)minor;
+		c->minor = minor;
 		if (rb->bad || rbuf_left(rb))
 			goto malformed;
 		if (major != RELAY_PROTO_MAJOR) {
