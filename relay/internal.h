@@ -113,6 +113,8 @@ enum pull_state {
 struct pull {
 	struct pull *next;
 	struct pull *next_job;    /* r->jobs or r->done, under r->mu */
+	struct pull *next_early;  /* r->early, under r->mu */
+	bool released;            /* DONE sent early (inline); loop only */
 	enum pull_state st;
 	bool busy;                /* on the worker: not to be freed */
 	uint64_t sealed;          /* the local version, once sealed */
@@ -230,6 +232,7 @@ struct relay {
 	bool worker_started;
 	pthread_cond_t jobcv;
 	struct pull *jobs, *done;  /* under mu */
+	struct pull *early;        /* inline pulls copied, not yet sealed */
 	bool worker_stop;          /* under mu */
 };
 

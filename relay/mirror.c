@@ -106,8 +106,9 @@ static bool pull_have(struct relay *r, struct pull *p)
  * the bytes are copied into the writer's mapping and the version sealed
  * (or aborted) here, without going back to the loop between the create
  * and the seal. p is left P_CLOSING, for mirror_done to finish. */
-static void pull_inline(struct pull *p)
+static void pull_inline(struct relay *r, struct pull *p)
 {
+	uint64_t one = 1;
 	uint32_t i;
 	int err;
 
@@ -130,6 +131,18 @@ static void pull_inline(struct pull *p)
 		dlshare_writer_abort(p->w);
 		p->w = NULL;
 		return;
+	}
+	/* The bytes are here: the server's lease is no longer needed, so the
+	 * loop answers DONE now (1.6), not after the seal, whose reply the
+	 * daemon sends only after it woke this version's readers. The next
+	 * offer of this prefix is then created after this seal (the worker
+	 * runs jobs in order): at most two pulls a prefix. */
+	pthread_mutex_lock(&r->mu);
+	p->next_early = r->early;
+	r->early = p;
+	pthread_mutex_unlock(&r->mu);
+	if (write(r->evfd, &one, sizeof(one)) < 0) {
+		/* the loop is awake anyway */
 	}
 	err = dlshare_seal(p->w, NULL, &p->sealed);
 	p->w = NULL;
@@ -178,7 +191,7 @@ void *mirror_worker(void *arg)
 				p->failed = true;
 				last_error(p->why, sizeof(p->why), "create", err);
 			} else if (p->all_inline) {
-				pull_inline(p);
+				pull_inline(r, p);
 			}
 		} else if (!p->failed && p->w) {
 			err = dlshare_seal(p->w, NULL, &p->sealed);
@@ -218,12 +231,22 @@ static void pull_start(struct relay *r, struct pull *p);
 /* What the worker finished. */
 void mirror_done(struct relay *r)
 {
-	struct pull *list, *p;
+	struct pull *list, *early, *p;
 
+	/* both at once: a pull in list has its early notice in early, or
+	 * in one taken before */
 	pthread_mutex_lock(&r->mu);
+	early = r->early;
+	r->early = NULL;
 	list = r->done;
 	r->done = NULL;
 	pthread_mutex_unlock(&r->mu);
+	while ((p = early)) {
+		early = p->next_early;
+		p->released = true;
+		if (p->c->state == C_READY)
+			send_done(p->c, p->offer_id, DONE_OK);
+	}
 	while ((p = list)) {
 		list = p->next_job;
 		p->busy = false;
@@ -260,7 +283,7 @@ void mirror_done(struct relay *r)
 				 p->sealed, p->bytes,
 				 p->all_inline ? ", in the offer" : "");
 		}
-		if (p->c->state == C_READY)
+		if (p->c->state == C_READY && !p->released)
 			send_done(p->c, p->offer_id,
 				  p->failed ? DONE_FAILED : DONE_OK);
 		pull_free(p);
@@ -443,7 +466,7 @@ static int offer_take(struct relay *r, struct conn *c, void *msg,
 		goto proto;
 	}
 	for (struct pull *q = c->pulls; q; q = q->next)
-		if (q->sub_id == p->sub_id) {
+		if (q->sub_id == p->sub_id && !q->released) {
 			bad = "a second offer for one prefix before DONE";
 			goto proto;
 		}
