@@ -50,6 +50,8 @@ static const struct opt opts[] = {
 	  "this node's name for peers (default: the host name)" },
 	{ "chunk-size", 0, OPT_BYTES, "BYTES", 4096, (uint64_t)1 << 30, CFG(chunk_size),
 	  "bytes per one-sided get (default 4M)" },
+	{ "inline-max", 0, OPT_BYTES, "BYTES", 0, 1u << 20, CFG(inline_max),
+	  "versions up to this many bytes travel in the offer (default 64K; 0: never)" },
 	{ "max-inflight", 0, OPT_U32, "N", 1, 4096, CFG(max_inflight),
 	  "gets outstanding at once, all pulls together (default 16)" },
 	{ "device", 0, OPT_STR, "cpu|cuda:N", 1, 16, CFG(device_str),
@@ -85,6 +87,7 @@ void config_init(struct relay_config *c)
 	c->max_inflight = 16;
 	c->stage_slots = 4;
 	c->device = -1;
+	c->inline_max = 64u << 10;
 	c->max_peers = 64;
 	c->max_subscriptions = 16;
 	c->max_message = 64u << 20;

@@ -25,6 +25,7 @@ struct relay_config {
 	int device;              /* mirrored device versions: -1 host, else
 				  * this GPU ordinal */
 	uint64_t chunk_size;     /* bytes per ucp_get_nbx */
+	uint64_t inline_max;     /* a version's bytes an offer may carry */
 	uint32_t max_inflight;   /* outstanding gets, all pulls together */
 	uint32_t stage_slots;    /* pinned chunks staging one device offer */
 	uint32_t max_peers;      /* connections accepted on --listen */

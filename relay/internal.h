@@ -105,6 +105,7 @@ struct sub {
 
 struct region {
 	uint64_t addr, len;
+	const uint8_t *data;      /* inline (1.6): len bytes in the OFFER */
 	const uint8_t *rkey_buf;
 	uint32_t rkey_len;
 	ucp_rkey_h rkey;
@@ -140,6 +141,8 @@ enum pull_state {
 struct pull {
 	struct pull *next;
 	struct pull *next_job;    /* r->jobs or r->done, under r->mu */
+	struct pull *next_early;  /* r->early, under r->mu */
+	bool released;            /* DONE sent early (inline); loop only */
 	enum pull_state st;
 	bool busy;                /* on the worker: not to be freed */
 	uint64_t sealed;          /* the local version, once sealed */
@@ -165,6 +168,9 @@ struct pull {
 	uint64_t bytes;
 	unsigned inflight;
 	bool failed;
+	bool all_inline;          /* every region inline: the worker copies */
+	bool check_origin;        /* no record of the name: stat it first */
+	bool skipped;             /* the daemon has it already: DONE 1 */
 	char why[160];
 	/* a staged offer (MSG_OFFER_STAGED): bytes come through the serving
 	 * relay's ring of pinned slots, in stream order (stage.c) */
@@ -271,6 +277,7 @@ struct relay {
 	bool worker_started;
 	pthread_cond_t jobcv;
 	struct pull *jobs, *done;  /* under mu */
+	struct pull *early;        /* inline pulls copied, not yet sealed */
 	bool worker_stop;          /* under mu */
 };
 

@@ -88,6 +88,71 @@ static void last_error(char *buf, size_t len, const char *what, int err)
 		 dlshare_last_error() : dlshare_strerror(err));
 }
 
+/* Worker, p->busy: whether this node's daemon already has p's version
+ * (or a newer one) of the same origin: the name's newest version was
+ * mirrored from p's peer node, at an origin version >= the offered one.
+ * A relay that restarted keeps no record of what it mirrored; the daemon
+ * keeps the origin with each version (1.5), so nothing is pulled twice. */
+static bool pull_have(struct relay *r, struct pull *p)
+{
+	dlshare_name_info info;
+
+	if (!p->c->node[0] || dlshare_stat(r->dl, p->name, &info, NULL))
+		return false;   /* no such name (or no answer): pull it */
+	return info.latest && !strcmp(info.origin_node, p->c->node) &&
+	       info.origin_version >= p->origin_version;
+}
+
+/* Worker, p->busy: every region of p came inline, so no get is needed:
+ * the bytes are copied into the writer's mapping and the version sealed
+ * (or aborted) here, without going back to the loop between the create
+ * and the seal. p is left P_CLOSING, for mirror_done to finish. */
+static void pull_inline(struct relay *r, struct pull *p)
+{
+	uint64_t one = 1;
+	uint32_t i;
+	int err;
+
+	if (dlshare_writer_count(p->w) != p->ntensors) {
+		snprintf(p->why, sizeof(p->why), "the writer has %zu tensors, "
+			 "the offer %u", dlshare_writer_count(p->w), p->ntensors);
+		p->failed = true;
+	}
+	for (i = 0; i < p->ntensors && !p->failed; i++) {
+		DLTensor *t = dlshare_writer_tensor(p->w, i);
+
+		if (!p->tlen[i])
+			continue;
+		memcpy((uint8_t *)t->data + t->byte_offset,
+		       p->regions[p->treg[i]].data + p->toff[i], p->tlen[i]);
+		p->bytes += p->tlen[i];
+	}
+	p->st = P_CLOSING;
+	if (p->failed) {
+		dlshare_writer_abort(p->w);
+		p->w = NULL;
+		return;
+	}
+	/* The bytes are here: the server's lease is no longer needed, so the
+	 * loop answers DONE now (1.6), not after the seal, whose reply the
+	 * daemon sends only after it woke this version's readers. The next
+	 * offer of this prefix is then created after this seal (the worker
+	 * runs jobs in order): at most two pulls a prefix. */
+	pthread_mutex_lock(&r->mu);
+	p->next_early = r->early;
+	r->early = p;
+	pthread_mutex_unlock(&r->mu);
+	if (write(r->evfd, &one, sizeof(one)) < 0) {
+		/* the loop is awake anyway */
+	}
+	err = dlshare_seal(p->w, NULL, &p->sealed);
+	p->w = NULL;
+	if (err) {
+		p->failed = true;
+		last_error(p->why, sizeof(p->why), "seal", err);
+	}
+}
+
 /* The daemon worker: runs blocking libdlshare calls of pulls. */
 void *mirror_worker(void *arg)
 {
@@ -109,7 +174,10 @@ void *mirror_worker(void *arg)
 		r->jobs = p->next_job;
 		pthread_mutex_unlock(&r->mu);
 
-		if (p->st == P_CREATING) {
+		if (p->st == P_CREATING && p->check_origin &&
+		    pull_have(r, p)) {
+			p->skipped = true;
+		} else if (p->st == P_CREATING) {
 			dlshare_create_opts co = { 0 };
 
 			co.device.device_type = kDLCPU;
@@ -131,6 +199,8 @@ void *mirror_worker(void *arg)
 			} else if (co.device.device_type == kDLCUDA &&
 				   stage_mirror_setup(r, p)) {
 				p->failed = true;
+			} else if (p->all_inline) {
+				pull_inline(r, p);
 			}
 		} else if (!p->failed && p->w) {
 			/* device copies are ordered before the seal's event */
@@ -176,15 +246,36 @@ static void pull_start(struct relay *r, struct pull *p);
 /* What the worker finished. */
 void mirror_done(struct relay *r)
 {
-	struct pull *list, *p;
+	struct pull *list, *early, *p;
 
+	/* both at once: a pull in list has its early notice in early, or
+	 * in one taken before */
 	pthread_mutex_lock(&r->mu);
+	early = r->early;
+	r->early = NULL;
 	list = r->done;
 	r->done = NULL;
 	pthread_mutex_unlock(&r->mu);
+	while ((p = early)) {
+		early = p->next_early;
+		p->released = true;
+		if (p->c->state == C_READY)
+			send_done(p->c, p->offer_id, DONE_OK);
+	}
 	while ((p = list)) {
 		list = p->next_job;
 		p->busy = false;
+		if (p->skipped) {
+			pull_unlink(p);
+			known_set(r, p->name, p->origin_version);
+			log_info("mirror %s: origin version %" PRIu64 " from %s is "
+				 "here already; not pulled again", p->name,
+				 p->origin_version, p->c->node);
+			if (p->c->state == C_READY)
+				send_done(p->c, p->offer_id, DONE_SKIPPED);
+			pull_free(p);
+			continue;
+		}
 		if (p->st == P_CREATING) {
 			if (!p->failed && p->c->state == C_READY) {
 				pull_start(r, p);
@@ -201,12 +292,13 @@ void mirror_done(struct relay *r)
 		} else {
 			known_set(r, p->name, p->origin_version);
 			log_info("mirror %s: origin version %" PRIu64 " from %s is "
-				 "local version %" PRIu64 " (%" PRIu64 " bytes)",
+				 "local version %" PRIu64 " (%" PRIu64 " bytes%s)",
 				 p->name, p->origin_version,
 				 p->c->node[0] ? p->c->node : p->c->peer,
-				 p->sealed, p->bytes);
+				 p->sealed, p->bytes,
+				 p->all_inline ? ", in the offer" : "");
 		}
-		if (p->c->state == C_READY)
+		if (p->c->state == C_READY && !p->released)
 			send_done(p->c, p->offer_id,
 				  p->failed ? DONE_FAILED : DONE_OK);
 		pull_free(p);
@@ -303,7 +395,11 @@ static void pull_start(struct relay *r, struct pull *p)
 		p->failed = true;
 	}
 	for (i = 0; i < p->nregions && !p->failed; i++) {
-		ucs_status_t st = ucp_ep_rkey_unpack(p->c->ep, p->regions[i].rkey_buf,
+		ucs_status_t st;
+
+		if (p->regions[i].data)
+			continue;
+		st = ucp_ep_rkey_unpack(p->c->ep, p->regions[i].rkey_buf,
 						     &p->regions[i].rkey);
 		if (st != UCS_OK) {
 			p->regions[i].rkey = NULL;
@@ -333,6 +429,10 @@ static void pull_start(struct relay *r, struct pull *p)
 		src = p->regions[reg].addr + p->toff[i];
 		dst = (uint8_t *)t->data + t->byte_offset;
 		p->bytes += len;
+		if (p->regions[reg].data) {
+			memcpy(dst, p->regions[reg].data + p->toff[i], len);
+			continue;
+		}
 		if (p->njobs) {
 			struct job *j = &p->jobs[p->njobs - 1];
 			uint64_t send = j->src + j->len;
@@ -365,6 +465,7 @@ static int offer_take(struct relay *r, struct conn *c, void *msg,
 	const char *name;
 	struct known *kn;
 	const char *bad = NULL;
+	uint32_t ninline = 0;
 
 	if (!p) {
 		free(msg);
@@ -402,7 +503,7 @@ static int offer_take(struct relay *r, struct conn *c, void *msg,
 		goto proto;
 	}
 	for (struct pull *q = c->pulls; q; q = q->next)
-		if (q->sub_id == p->sub_id) {
+		if (q->sub_id == p->sub_id && !q->released) {
 			bad = "a second offer for one prefix before DONE";
 			goto proto;
 		}
@@ -440,7 +541,17 @@ static int offer_take(struct relay *r, struct conn *c, void *msg,
 		g->addr = rbuf_u64(rb);
 		g->len = rbuf_u64(rb);
 		g->rkey_len = rbuf_u32(rb);
-		g->rkey_buf = rbuf_bytes(rb, g->rkey_len);
+		if (!rb->bad && !g->rkey_len) {
+			/* inline (1.6): the region's bytes follow */
+			if (g->len > rbuf_left(rb)) {
+				bad = "an inline region longer than its offer";
+				goto proto;
+			}
+			g->data = rbuf_bytes(rb, (size_t)g->len);
+			ninline++;
+		} else {
+			g->rkey_buf = rbuf_bytes(rb, g->rkey_len);
+		}
 		if (rb->bad || g->addr + g->len < g->addr) {
 			bad = "a malformed region";
 			goto proto;
@@ -537,12 +648,16 @@ static int offer_take(struct relay *r, struct conn *c, void *msg,
 		p = NULL;
 		goto out;
 	}
+	/* no record (a restarted relay): the worker asks the daemon what
+	 * the name's newest version came from before it creates one */
+	p->check_origin = !kn;
 	p->spec = spec;
 	p->shapes = shapes;
 	p->toff = toff;
 	p->tlen = tlen;
 	p->treg = treg;
 	p->ntensors = ntensors;
+	p->all_inline = ninline == p->nregions;
 	spec = NULL;
 	shapes = NULL;
 	toff = tlen = NULL;

@@ -12,7 +12,7 @@
 #define RELAY_HDR_LEN 12
 #define RELAY_AM_ID 0x44         /* the UCP active message id of every message */
 #define RELAY_PROTO_MAJOR 1
-#define RELAY_PROTO_MINOR 6   /* 6: staged (device) offers */
+#define RELAY_PROTO_MINOR 6   /* 6: staged (device) offers, inline versions */
 #define RELAY_NONCE_LEN 32
 #define RELAY_NODE_MAX 64        /* bytes of a node name */
 #define RELAY_PREFIX_MAX 255     /* bytes of a mirrored prefix */

@@ -312,6 +312,37 @@ static bool is_compact(const DLTensor *t)
 	return true;
 }
 
+/* Whether the regions of an offer (nreg, lengths len) travel inline in
+ * it (relay protocol 1.6): a mirror that speaks 1.6, and no more than
+ * --inline-max bytes in all. Saves the mirror a get's round trip and this
+ * relay the registration. Host regions only: offer_send refused device
+ * tensors before (a staged device region must never come here). */
+static bool offer_inline(struct relay *r, const struct conn *c,
+			 const uint64_t *len, size_t nreg)
+{
+	uint64_t total = 0;
+	size_t i;
+
+	if (c->peer_minor < 6 || !r->cfg->inline_max)
+		return false;
+	for (i = 0; i < nreg; i++) {
+		total += len[i];
+		if (total > r->cfg->inline_max)
+			return false;
+	}
+	return true;
+}
+
+/* An inline region: addr, len, rkey_len 0, then its len bytes (read
+ * from the lease's mapping, which the lease keeps valid). */
+static void offer_inline_region(struct wbuf *w, uint64_t addr, uint64_t len)
+{
+	wbuf_u64(w, addr);
+	wbuf_u64(w, len);
+	wbuf_u32(w, 0);
+	wbuf_bytes(w, (const void *)(uintptr_t)addr, len);
+}
+
 /* Builds and sends the OFFER of s's lease. Returns 0, or -1 when this
  * version cannot be offered (s is then released, the peer kept). */
 static int offer_send(struct relay *r, struct conn *c, struct sub *s)
@@ -325,6 +356,7 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 	const char *why = NULL;
 	uint64_t stream_len = 0;
 	uint32_t nslots = 0, slot_size = 0;
+	bool inl = false;
 	int ret = -1;
 
 	if (!sp || !reg_of) {
@@ -410,6 +442,9 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 		nreg++;
 	}
 
+	/* a staged (device) version is copied through the ring, never
+	 * inline: offer_inline reads host memory */
+	inl = !s->staged && offer_inline(r, c, reg_len, nreg);
 	wbuf_start(&w, s->staged ? MSG_OFFER_STAGED : MSG_OFFER);
 	wbuf_u32(&w, s->sub_id);
 	s->offer_id = ++r->next_offer;
@@ -429,6 +464,10 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 		size_t rklen = 0;
 		ucs_status_t st;
 
+		if (inl) {
+			offer_inline_region(&w, reg_addr[i], reg_len[i]);
+			continue;
+		}
 		/* read-only both here (the lease's mapping is) and for the
 		 * peer: its rkey allows gets, never puts (a staging ring is
 		 * written by CUDA, not through UCX) */

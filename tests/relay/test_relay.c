@@ -462,6 +462,64 @@ static void no_partial_on_b(const char *name)
 		assert_int_equal(err, DLSHARE_ENOENT);
 }
 
+/* Versions up to --inline-max (64 KiB by default) travel in the offer,
+ * one byte more by gets: both arrive bit-exact. */
+static void test_inline_limit(void **state)
+{
+	uint64_t two[3] = { 1000, 0, 100 }, at[1] = { 65536 }, over[1] = { 65537 };
+	const char *keys[3] = { "x", "empty", "y" };
+
+	(void)state;
+	start_all();
+	relay_b = start_b_with(keyfile, "1M", "16");
+	publish("m/two", 3, two, keys, 30);
+	expect("m/two", 0, 3, two, keys, 30);
+	assert_true(log_has(log_b, "(1100 bytes, in the offer)"));
+	publish("m/at", 1, at, NULL, 31);
+	expect("m/at", 0, 1, at, NULL, 31);
+	assert_true(log_has(log_b, "(65536 bytes, in the offer)"));
+	publish("m/over", 1, over, NULL, 32);
+	expect("m/over", 0, 1, over, NULL, 32);
+	assert_true(log_has(log_b, "(65537 bytes)"));
+	no_disconnects();
+	stop_all();
+}
+
+/* A restarted mirror keeps no record of what it mirrored: the origin the
+ * daemon keeps with each version tells it, and it pulls nothing again. */
+static void test_restart_no_repull(void **state)
+{
+	uint64_t sm[1] = { 1000 }, big[1] = { 300000 };
+	dlshare_name_info info;
+	uint64_t vs, vb, v2;
+
+	(void)state;
+	start_all();
+	relay_b = start_b_with(keyfile, "1M", "16");
+	publish("m/keep-small", 1, sm, NULL, 41);
+	publish("m/keep-big", 1, big, NULL, 42);
+	vs = expect("m/keep-small", 0, 1, sm, NULL, 41);
+	vb = expect("m/keep-big", 0, 1, big, NULL, 42);
+	stop(&relay_b);
+	relay_b = start_b_with(keyfile, "1M", "16");
+	assert_true(log_has(log_b, "mirror m/keep-small: origin version 1 from "
+			    "node-a is here already"));
+	assert_true(log_has(log_b, "mirror m/keep-big: origin version 1 from "
+			    "node-a is here already"));
+	assert_int_equal(dlshare_stat(cb, "m/keep-small", &info, NULL), 0);
+	assert_int_equal(info.latest, vs);
+	assert_int_equal(dlshare_stat(cb, "m/keep-big", &info, NULL), 0);
+	assert_int_equal(info.latest, vb);
+	/* a newer version at the origin still comes */
+	publish("m/keep-small", 1, sm, NULL, 43);
+	v2 = expect("m/keep-small", vs, 1, sm, NULL, 43);
+	assert_int_equal(v2, vs + 1);
+	assert_int_equal(dlshare_stat(cb, "m/keep-small", &info, NULL), 0);
+	assert_string_equal(info.origin_node, "node-a");
+	assert_int_equal(info.origin_version, 2);
+	stop_all();
+}
+
 /* Kills the mirroring relay, then the serving one, while a version is
  * being pulled: nothing partial on B, no lease left on A, and after a
  * restart the version arrives whole. */
@@ -824,6 +882,8 @@ int main(void)
 		cmocka_unit_test(test_state_dict),
 		cmocka_unit_test(test_newer_than_100),
 		cmocka_unit_test(test_kill_mid_transfer),
+		cmocka_unit_test(test_inline_limit),
+		cmocka_unit_test(test_restart_no_repull),
 		cmocka_unit_test(test_fan_out),
 		cmocka_unit_test(test_stalled_mirror),
 		cmocka_unit_test(test_deleted_during_pull),

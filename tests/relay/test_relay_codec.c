@@ -205,6 +205,21 @@ static void test_config(void **state)
 	assert_int_equal(parse(&c, devnull, "--listen", ":7000", "--key-file",
 			       "k", "--max-inflight", "0", (char *)NULL), -1);
 	config_deinit(&c);
+	/* --inline-max: 64K by default, 0 and 1M allowed, 1M + 1 refused */
+	assert_int_equal(parse(&c, devnull, "--listen", ":7000", "--key-file",
+			       "k", (char *)NULL), 0);
+	assert_int_equal(c.inline_max, 64u << 10);
+	config_deinit(&c);
+	assert_int_equal(parse(&c, devnull, "--listen", ":7000", "--key-file",
+			       "k", "--inline-max", "0", (char *)NULL), 0);
+	assert_int_equal(c.inline_max, 0);
+	config_deinit(&c);
+	assert_int_equal(parse(&c, devnull, "--listen", ":7000", "--key-file",
+			       "k", "--inline-max", "1M", (char *)NULL), 0);
+	config_deinit(&c);
+	assert_int_equal(parse(&c, devnull, "--listen", ":7000", "--key-file",
+			       "k", "--inline-max", "1048577", (char *)NULL), -1);
+	config_deinit(&c);
 	f = fopen(path, "w");
 	fputs("listen = :1\nkey-file = k\nbogus = 1\n", f);
 	fclose(f);
