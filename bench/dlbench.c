@@ -1029,8 +1029,16 @@ static int section_storm(const struct plan *pl)
 	struct fig *ff = report_decl("floor_storm_ms", "ms",
 		"floor: epoll server, %d clients killed, all hang-ups seen",
 		pl->storm_n);
+	struct fig *fdc = report_decl("storm_daemon_cpu_ms", "ms",
+		"kill storm: daemon's loop on CPU, kill to leases = 0");
+	struct fig *ffc = report_decl("floor_storm_server_cpu_ms", "ms",
+		"floor: epoll server on CPU, kill to last hang-up");
+	struct fig *fsh = report_decl("floor_storm_shaped_ms", "ms",
+		"floor: the same, clients shaped like dlshare's (--shaped)");
 	struct fig *fr = report_decl("kill_storm_over_floor", "x",
 		"kill storm reclaim / floor");
+	struct fig *frs = report_decl("kill_storm_over_shaped_floor", "x",
+		"kill storm reclaim / shaped floor");
 	report_goal(fr, REPORT_GOAL_LE, 1.2);
 
 	if ((uint64_t)pl->storm_n * 3 + 4096 > nofile_limit) {
@@ -1042,27 +1050,45 @@ static int section_storm(const struct plan *pl)
 	    fig_publish(&d, FIG_NAME, FIG_TENSOR_BYTES))
 		goto out;
 	for (int r = 0; r < pl->storm_reps; r++) {
-		double lms = NAN, cms = NAN, fms = NAN;
+		double lms = NAN, cms = NAN, fms = NAN, dcpu = NAN, fcpu = NAN;
+		double sms = NAN;
 
 		progress("storm: repeat %d/%d (%d clients)", r + 1,
 			 pl->storm_reps, pl->storm_n);
-		for (int side = 0; side < 2; side++) {
-			if ((side == 0) == (r % 2 == 0)) {
+		/* Three sides, in an order that turns with each repeat. */
+		for (int k = 0; k < 3; k++) {
+			int side = (k + r) % 3;
+
+			if (side == 0) {
 				if (floor_run(out, sizeof(out), "storm",
 					      "--clients",
 					      num(n, sizeof(n), pl->storm_n),
 					      (const char *)NULL))
 					goto out;
 				fms = kv(out, "ms");
+				fcpu = kv(out, "cpu_ms");
+				if (fcpu < 0)
+					fcpu = NAN;
+			} else if (side == 1) {
+				if (floor_run(out, sizeof(out), "storm",
+					      "--clients",
+					      num(n, sizeof(n), pl->storm_n),
+					      "--shaped", (const char *)NULL))
+					goto out;
+				sms = kv(out, "ms");
 			} else if (fig_storm(&d, pl->storm_n, pl->storm_leases,
-					     &lms, &cms)) {
+					     &lms, &cms, &dcpu)) {
 				goto out;
 			}
 		}
 		report_add(fl, lms);
 		report_add(fc, cms);
 		report_add(ff, fms);
+		report_add(fdc, dcpu);
+		report_add(ffc, fcpu);
+		report_add(fsh, sms);
 		report_add(fr, lms / fms);
+		report_add(frs, lms / sms);
 	}
 	rc = 0;
 out:

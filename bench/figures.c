@@ -1088,7 +1088,8 @@ static int storm_child(void *arg, double *out, int max)
 	uint64_t want = (uint64_t)a->n * (uint64_t)a->leases, t0;
 	dlshare_client *c;
 	dlshare_stats st;
-	double lms = -1, cms = -1;
+	double lms = -1, cms = -1, cpu = NAN;
+	uint64_t cpu0;
 
 	if (!pids || pipe2(ready, O_CLOEXEC) < 0 || pipe2(hold, O_CLOEXEC) < 0)
 		return -1;
@@ -1123,6 +1124,7 @@ static int storm_child(void *arg, double *out, int max)
 			(unsigned long long)st.leases, (unsigned long long)want);
 		ok = 0;
 	}
+	cpu0 = util_cpu_ns(a->d->pid);
 	t0 = util_now_ns();
 	for (int i = 0; i < a->n; i++)
 		kill(pids[i], SIGKILL);
@@ -1133,8 +1135,13 @@ static int storm_child(void *arg, double *out, int max)
 			ok = 0;
 			break;
 		}
-		if (lms < 0 && st.leases == 0)
+		if (lms < 0 && st.leases == 0) {
+			uint64_t cpu1 = util_cpu_ns(a->d->pid);
+
 			lms = ms;
+			if (cpu0 && cpu1)
+				cpu = (double)(cpu1 - cpu0) / 1e6;
+		}
 		if (cms < 0 && st.connections == 1)
 			cms = ms;
 		if (lms >= 0 && cms >= 0)
@@ -1157,19 +1164,21 @@ static int storm_child(void *arg, double *out, int max)
 		return -1;
 	out[0] = lms;
 	out[1] = cms;
-	return 2;
+	out[2] = cpu;
+	return 3;
 }
 
 int fig_storm(const struct daemon_proc *d, int n, int leases,
-	      double *leases_ms, double *conns_ms)
+	      double *leases_ms, double *conns_ms, double *cpu_ms)
 {
 	struct storm_arg a = { d, n, leases };
-	double v[2];
+	double v[3];
 
-	if (in_child(storm_child, &a, v, 2) != 2)
+	if (in_child(storm_child, &a, v, 3) != 3)
 		return -1;
 	*leases_ms = v[0];
 	*conns_ms = v[1];
+	*cpu_ms = v[2];
 	return 0;
 }
 

@@ -97,9 +97,11 @@ int fig_raw_get(const struct daemon_proc *d, const char *prefix, long n,
 /* Kill storm: n client processes each hold `leases` leases on FIG_NAME;
  * all are SIGKILLed at once. *leases_ms: from the first kill to the
  * daemon's lease count back to 0; *conns_ms: to its connection count back
- * to 1 (the observer). */
+ * to 1 (the observer); *cpu_ms: the CPU time the daemon's event loop
+ * ran from the first kill until the leases were back to 0 (NAN where
+ * /proc/PID/schedstat cannot be read). */
 int fig_storm(const struct daemon_proc *d, int n, int leases,
-	      double *leases_ms, double *conns_ms);
+	      double *leases_ms, double *conns_ms, double *cpu_ms);
 
 /* A state dict of n float32[16] tensors with 60-byte keys in one version
  * (a manifest memfd, protocol 1.4): the publish from plain memory (a copy

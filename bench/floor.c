@@ -15,10 +15,13 @@
  *       at most 32 packets per peer and wakeup) answering N client
  *       processes that each send requests and wait for the reply in a loop
  *       for T ms; prints round trips a second.
- *   dlshare-floor storm --clients N
+ *   dlshare-floor storm --clients N [--shaped]
  *       a kill storm against a bare epoll server: N processes each hold a
  *       connection, all get SIGKILL at once; prints the ms from the first
- *       kill until the server has seen every hang-up and closed its end.
+ *       kill until the server has seen every hang-up and closed its end,
+ *       and the server's CPU time for it. --shaped: each client is built
+ *       like a dlshare client (a second thread blocked on the socket, a
+ *       shared 4 KiB memfd mapped), so its exit tears down as much.
  *   dlshare-floor handoff --bytes B --iters N [--huge 2M|1G]
  *       the kernel's part of a store-mode handoff: a memfd written through a
  *       shared mapping, munmap, F_SEAL_WRITE, its fd sent over a SEQPACKET
@@ -45,6 +48,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -334,12 +338,23 @@ static int floor_server(int nclients, size_t req, size_t rep, long ms)
 
 /* ---- storm -------------------------------------------------------------- */
 
-static int floor_storm(int nclients)
+/* A --shaped storm client's second thread: blocked on the socket, as
+ * libdlshare's receiver thread is. */
+static void *storm_reader(void *arg)
+{
+	char b[64];
+
+	while (recv(*(int *)arg, b, sizeof(b), 0) != 0)
+		;
+	return NULL;
+}
+
+static int floor_storm(int nclients, int shaped)
 {
 	struct epoll_event evs[64];
 	pid_t *pids = calloc((size_t)nclients, sizeof(*pids));
 	int ready[2], ep, open_peers = nclients;
-	uint64_t t0;
+	uint64_t t0, cpu0;
 
 	ep = epoll_create1(EPOLL_CLOEXEC);
 	if (!pids || ep < 0 || pipe2(ready, O_CLOEXEC) < 0)
@@ -358,6 +373,22 @@ static int floor_storm(int nclients)
 
 			close(sv[0]);
 			close(ready[0]);
+			if (shaped) {
+				/* The shape of a dlshare client: a second
+				 * thread on the socket and a shared buffer
+				 * mapped (what its exit must tear down). */
+				static int fd;
+				pthread_t th;
+				int mfd = memfd_create("floor", MFD_CLOEXEC);
+
+				fd = sv[1];
+				if (mfd < 0 || ftruncate(mfd, 4096) < 0 ||
+				    mmap(NULL, 4096, PROT_READ, MAP_SHARED,
+					 mfd, 0) == MAP_FAILED ||
+				    pthread_create(&th, NULL, storm_reader,
+						   &fd))
+					_exit(1);
+			}
 			if (util_write_all(ready[1], &b, 1) < 0)
 				_exit(1);
 			for (;;)
@@ -376,6 +407,7 @@ static int floor_storm(int nclients)
 		if (read(ready[0], &b, 1) != 1)
 			die("a client failed");
 	}
+	cpu0 = util_cpu_ns(0);
 	t0 = util_now_ns();
 	for (int i = 0; i < nclients; i++)
 		kill(pids[i], SIGKILL);
@@ -397,8 +429,14 @@ static int floor_storm(int nclients)
 			open_peers--;
 		}
 	}
-	printf("ms=%.3f clients=%d\n", (double)(util_now_ns() - t0) / 1e6,
-	       nclients);
+	{
+		double ms = (double)(util_now_ns() - t0) / 1e6;
+		uint64_t cpu1 = util_cpu_ns(0);
+
+		printf("ms=%.3f cpu_ms=%.3f clients=%d\n", ms,
+		       cpu0 && cpu1 ? (double)(cpu1 - cpu0) / 1e6 : -1.0,
+		       nclients);
+	}
 	for (int i = 0; i < nclients; i++)
 		child_wait(pids[i]);
 	free(pids);
@@ -584,7 +622,7 @@ static void usage(void)
 	fprintf(stderr,
 		"usage: dlshare-floor rt --type seqpacket|stream [--fd] --req B --rep B --iters N [--server-cpu C]\n"
 		"       dlshare-floor server --clients N --req B --rep B --ms T\n"
-		"       dlshare-floor storm --clients N\n"
+		"       dlshare-floor storm --clients N [--shaped]\n"
 		"       dlshare-floor handoff --bytes B --iters N [--huge 2M|1G]\n"
 		"       dlshare-floor fill --bytes B --iters N\n");
 	exit(2);
@@ -603,10 +641,11 @@ int main(int argc, char **argv)
 		{ "bytes", required_argument, NULL, 'b' },
 		{ "huge", required_argument, NULL, 'H' },
 		{ "server-cpu", required_argument, NULL, 's' },
+		{ "shaped", no_argument, NULL, 'S' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int type = SOCK_SEQPACKET, with_fd = 0, clients = 1, huge = 0, o;
-	int server_cpu = -1;
+	int server_cpu = -1, shaped = 0;
 	long req = 64, rep = 64, iters = 10000, ms = 1000;
 	unsigned long long bytes = 4096;
 	const char *cmd;
@@ -649,6 +688,9 @@ int main(int argc, char **argv)
 		case 's':
 			server_cpu = atoi(optarg);
 			break;
+		case 'S':
+			shaped = 1;
+			break;
 		case 'H':
 			if (strcmp(optarg, "2M") == 0)
 				huge = 21;
@@ -672,7 +714,7 @@ int main(int argc, char **argv)
 	if (strcmp(cmd, "server") == 0)
 		return floor_server(clients, (size_t)req, (size_t)rep, ms);
 	if (strcmp(cmd, "storm") == 0)
-		return floor_storm(clients);
+		return floor_storm(clients, shaped);
 	if (strcmp(cmd, "fill") == 0)
 		return floor_fill(bytes, iters);
 	if (strcmp(cmd, "handoff") == 0)

@@ -22,6 +22,27 @@ uint64_t util_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+uint64_t util_cpu_ns(pid_t pid)
+{
+	char path[64];
+	unsigned long long ns = 0;
+	FILE *f;
+
+	/* The first field of schedstat: the time the thread ran, in ns (the
+	 * main thread's: the daemon's event loop, the floor's server). */
+	if (pid)
+		snprintf(path, sizeof(path), "/proc/%d/schedstat", (int)pid);
+	else
+		snprintf(path, sizeof(path), "/proc/self/schedstat");
+	f = fopen(path, "re");
+	if (!f)
+		return 0;
+	if (fscanf(f, "%llu", &ns) != 1)
+		ns = 0;
+	fclose(f);
+	return (uint64_t)ns;
+}
+
 void util_sleep_ms(int ms)
 {
 	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };

@@ -16,6 +16,9 @@
 
 /* CLOCK_MONOTONIC in nanoseconds; comparable across processes. */
 uint64_t util_now_ns(void);
+/* CPU time the main thread of pid (0: this process) has run, in ns, from
+ * /proc/PID/schedstat; 0 where that cannot be read. */
+uint64_t util_cpu_ns(pid_t pid);
 void util_sleep_ms(int ms);
 
 /* A growable array of doubles. */

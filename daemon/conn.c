@@ -107,7 +107,13 @@ void conn_fail(struct conn *c, const char *why)
 	c->state = CONN_FAILING;
 	c->why = why;
 	c->armed = 0;
-	uv_poll_stop(&c->poll);
+	/* Inside on_poll the conn is closed (uv_close stops the handle)
+	 * before the loop polls again: no stop of its own, which would cost
+	 * a second epoll_ctl and libuv's scan of the pending events per peer
+	 * (a kill storm's hang-ups). Elsewhere the reap may come later, and a
+	 * level-triggered hang-up must not wake the loop until then. */
+	if (!c->set->in_poll)
+		uv_poll_stop(&c->poll);
 	c->doomed_next = c->set->doomed;
 	c->set->doomed = c;
 }
@@ -122,7 +128,9 @@ void conn_close(struct conn *c, const char *why)
 		 (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid,
 		 why);
 	c->state = CONN_CLOSING;
-	uv_poll_stop(&c->poll);
+	/* No uv_poll_stop here: uv_close below stops the handle itself, and
+	 * each stop is an epoll_ctl plus a scan of the loop's pending events
+	 * (libuv's invalidate_fd), which a kill storm pays once per peer. */
 	/* The queue first: its fds are charged where ops->closed may free
 	 * the record (the peer's uid's, in the daemon). */
 	while (c->out_head) {
@@ -385,7 +393,9 @@ static void conn_read(struct conn *c)
 static void on_poll(uv_poll_t *h, int status, int events)
 {
 	struct conn *c = h->data;
+	struct conn_set *set = c->set;
 
+	set->in_poll++;
 	if (status == UV_ECONNRESET || status == UV_EPIPE ||
 	    status == UV_EBADF) {
 		/* A peer that closed with data of ours still unread shows up
@@ -407,8 +417,10 @@ static void on_poll(uv_poll_t *h, int status, int events)
 			conn_read(c);
 		conn_update_poll(c);
 	}
-	/* c is not freed before the loop runs its close callback. */
-	conn_reap(c->set);
+	/* c is not freed before the loop runs its close callback. Every
+	 * conn doomed in this callback is closed here (in_poll). */
+	conn_reap(set);
+	set->in_poll--;
 }
 
 void conn_sweep(struct conn_set *set)

@@ -75,6 +75,8 @@ struct conn_set {
 	uint32_t n;               /* of them */
 	struct conn *doomed;      /* failing, closed by conn_reap() */
 	uint64_t next_id;
+	unsigned in_poll;         /* inside on_poll, which reaps before it
+	                           * returns to the loop */
 };
 
 struct outpkt {

@@ -610,13 +610,27 @@ static void version_publish(struct registry *r, struct version *v)
 		queue_insert(e, v);
 	} else if (!old || v->number > old->number) {
 		e->latest = v;
-		if (old)
-			version_check(r, old);
+	} else {
+		old = NULL;
 	}
+	if (e->queue_depth)
+		old = NULL;
+	/* The parked gets are answered before the version v replaces dies:
+	 * its death pushes BufferGone to readers and Retired to an exporting
+	 * producer, whose freeing of the old memory (O(its pages) in the
+	 * kernel) would otherwise race the readers' wakeup. The old version
+	 * stays alive through the callback (publishing), and its Retired
+	 * still comes before the PublishReply (docs/protocol.md). */
+	if (old)
+		old->publishing = 1;
 	if (r->ops && r->ops->published) {
 		v->publishing = 1;
 		r->ops->published(r->ud, e, v);
 		v->publishing = 0;
+	}
+	if (old) {
+		old->publishing = 0;
+		version_check(r, old);
 	}
 	version_check(r, v);
 }

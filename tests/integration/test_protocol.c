@@ -651,6 +651,56 @@ static void buffer_gone_to_holders(void **state)
 	dlshare_disconnect(c);
 }
 
+/* A parked get is answered before the version it waited past dies: the
+ * GetReply for the new version comes ahead of the old buffer's BufferGone
+ * (docs/protocol.md, Publish). */
+static void parked_reply_before_gone(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	int64_t shape[1] = { 64 };
+	int holder = raw_connect(fx->d.sock);
+	uint64_t lease, buf, v1;
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Get g = DLSHARE__GET__INIT;
+	struct util_want w = UTIL_ANY;
+	struct wire_msg *m;
+
+	assert_true(holder >= 0);
+	assert_int_equal(raw_hello(holder), 0);
+	assert_int_equal(util_store(c, "bg/p", DT_F32, 1, shape, 1, &v1), 0);
+	assert_int_equal(raw_get_buffer(holder, "bg/p", 10, &lease, &buf), 0);
+	/* The lease goes with the parked get: nothing holds v1 then. */
+	g.name = "bg/p";
+	g.has_select = 1;
+	g.select = DLSHARE__SELECT__SELECT_NEWER_THAN;
+	g.has_version = 1;
+	g.version = v1;
+	g.has_timeout_ms = 1;
+	g.timeout_ms = 60000;
+	f.id = 11;
+	f.n_releases = 1;
+	f.releases = &lease;
+	f.body_case = DLSHARE__FRAME__BODY_GET;
+	f.get = &g;
+	assert_int_equal(raw_send(holder, &f, NULL, 0, 0), 0);
+	w.parked = 1;
+	w.leases = 0;
+	util_assert_want(c, &w);
+	assert_int_equal(util_store(c, "bg/p", DT_F32, 1, shape, 2, NULL), 0);
+	assert_int_equal(raw_recv(holder, harness_ms(5000), &m), 0);
+	assert_int_equal(m->frame->body_case, DLSHARE__FRAME__BODY_GET_REPLY);
+	assert_int_equal(m->frame->id, 11);
+	wire_msg_free(m);
+	assert_int_equal(raw_recv(holder, harness_ms(5000), &m), 0);
+	assert_int_equal(m->frame->body_case, DLSHARE__FRAME__BODY_BUFFER_GONE);
+	assert_int_equal(m->frame->buffer_gone->ids[0], buf);
+	wire_msg_free(m);
+	close(holder);
+	assert_int_equal(harness_wait_stats(c, 0, 1, NULL), 0);
+	dlshare_disconnect(c);
+}
+
 /* ---- Releases riding on a request (Frame.releases, protocol 1.1) ------------- */
 
 /* Stats carrying releases; returns the leases the StatsReply counts. */
@@ -1249,6 +1299,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(misbehaving_peers, setup, teardown),
 		cmocka_unit_test_setup_teardown(bad_requests_keep_connection, setup, teardown),
 		cmocka_unit_test_setup_teardown(buffer_gone_to_holders, setup, teardown),
+		cmocka_unit_test_setup_teardown(parked_reply_before_gone, setup, teardown),
 		cmocka_unit_test_setup_teardown(releases_ride_on_requests, setup, teardown),
 		cmocka_unit_test_setup_teardown(library_releases_ride, setup, teardown),
 		cmocka_unit_test_setup_teardown(goodbye_forgets_events, setup, teardown),
