@@ -2,8 +2,13 @@
  * pairs on loopback, and ucx_perftest beside them as the floor.
  *
  * Node A runs a daemon and `dlshare-relay --listen`; node B a daemon and
- * `dlshare-relay --connect A --mirror bench/relay`; nodes F1..F4 the same,
- * mirroring bench/fan (the fan-out). Everything talks UCX over TCP on lo
+ * `dlshare-relay --connect A` with one --mirror per figure (bench/rsmall,
+ * bench/rbig, bench/rfan1: each followed name is the only one of its
+ * prefix, as a weight-sync name is, so the origin's waiting get is on it;
+ * a name that is not the last changed one of its prefix is found by the
+ * relay's scan, up to --scan-interval-ms later, which these figures would
+ * otherwise measure); nodes F1..F4 the same, mirroring bench/fan (the
+ * fan-out). Everything talks UCX over TCP on lo
  * (UCX_TLS=tcp, UCX_NET_DEVICES=lo unless the environment says otherwise),
  * ucx_perftest too, so relay and floor use the same transport.
  *
@@ -296,7 +301,8 @@ static int node_start(struct node *n, const char *name, const char *listen,
 		      const char *connect, const char *mirror,
 		      const char *key)
 {
-	const char *argv[16];
+	const char *argv[24];
+	char prefixes[128], *save = NULL;
 	int argc = 0;
 
 	n->relay = -1;
@@ -314,8 +320,14 @@ static int node_start(struct node *n, const char *name, const char *listen,
 	} else {
 		argv[argc++] = "--connect";
 		argv[argc++] = connect;
-		argv[argc++] = "--mirror";
-		argv[argc++] = mirror;
+		/* mirror: prefixes separated by commas, one --mirror (one
+		 * subscription, one waiting get at the origin) each */
+		snprintf(prefixes, sizeof(prefixes), "%s", mirror);
+		for (char *p = strtok_r(prefixes, ",", &save);
+		     p && argc < 20; p = strtok_r(NULL, ",", &save)) {
+			argv[argc++] = "--mirror";
+			argv[argc++] = p;
+		}
 	}
 	argv[argc] = NULL;
 	n->relay = spawn(argv, n->log);
@@ -688,7 +700,8 @@ int relay_section(int quick, int reps, const char *daemon_bin)
 		}
 		snprintf(listen, sizeof(listen), "127.0.0.1:%d", free_port());
 		if (node_start(&a, "A", listen, NULL, NULL, key) ||
-		    node_start(&b, "B", NULL, listen, "bench/relay", key))
+		    node_start(&b, "B", NULL, listen,
+			       "bench/rsmall,bench/rbig,bench/rfan1", key))
 			goto fail_relay;
 		for (int j = 0; j < FANOUT; j++) {
 			snprintf(aname, sizeof(aname), "F%d", j + 1);
@@ -697,11 +710,11 @@ int relay_section(int quick, int reps, const char *daemon_bin)
 				goto fail_relay;
 		}
 		/* Consumers first (they fork), the publisher after. */
-		if (follow_start(&fsmall, "bench/relay/small", bn, 1,
+		if (follow_start(&fsmall, "bench/rsmall/x", bn, 1,
 				 1 + reps * small_iters, timeout_ms) ||
-		    follow_start(&fbig, "bench/relay/big", bn, 1, 1 + reps,
+		    follow_start(&fbig, "bench/rbig/x", bn, 1, 1 + reps,
 				 timeout_ms) ||
-		    follow_start(&ffan1, "bench/relay/fan1", bn, 1, 1 + reps,
+		    follow_start(&ffan1, "bench/rfan1/x", bn, 1, 1 + reps,
 				 timeout_ms) ||
 		    follow_start(&ffan, "bench/fan/x", fn, FANOUT, 1 + reps,
 				 timeout_ms))
