@@ -40,19 +40,19 @@ uint64_t relay_now_ms(void);
 struct relay;
 struct conn;
 
-/* A name a serving thread has offered, and the version. Thread only. */
-struct seen {
+/* A version by name, in a uthash table: what a subscription offered
+ * (serve.c, its thread only), the newest origin version each mirrored name
+ * got (mirror.c, the loop only). nv_set keeps the old entry when out of
+ * memory; nv_get says 0 for a name not there. */
+struct name_version {
 	UT_hash_handle hh;
 	uint64_t version;
 	char name[];
 };
 
-/* The newest origin version each mirrored name got. Loop only. */
-struct known {
-	UT_hash_handle hh;
-	uint64_t version;
-	char name[];
-};
+void nv_set(struct name_version **t, const char *name, uint64_t v);
+uint64_t nv_get(struct name_version *t, const char *name);
+void nv_clear(struct name_version **t);
 
 enum sub_state {
 	SUB_SCAN,     /* the thread looks for a new version */
@@ -84,7 +84,7 @@ struct sub {
 	uint32_t nmemh;
 	uint64_t sent_ms;
 	/* thread only */
-	struct seen *seen;
+	struct name_version *seen;
 	char hot[256];
 	char last[256];
 	/* a device version staged through pinned host memory (stage.c) */
@@ -258,7 +258,7 @@ struct relay {
 	struct inmsg *in_head, *in_tail;
 	struct pending_req *reqs;
 	struct upstream up[RELAY_MAX_CONNECT];
-	struct known *known;
+	struct name_version *known;
 	struct sub *zombies;
 	unsigned inflight;
 	uint64_t next_offer;

@@ -13,22 +13,6 @@
 
 /* ---- mirroring: pulls --------------------------------------------------------- */
 
-static void known_set(struct relay *r, const char *name, uint64_t v)
-{
-	struct known *k;
-	size_t n = strlen(name);
-
-	HASH_FIND_STR(r->known, name, k);
-	if (!k) {
-		k = calloc(1, sizeof(*k) + n + 1);
-		if (!k)
-			return;
-		memcpy(k->name, name, n + 1);
-		HASH_ADD_STR(r->known, name, k);
-	}
-	k->version = v;
-}
-
 static void send_done(struct conn *c, uint64_t offer_id, uint32_t status)
 {
 	struct wbuf w;
@@ -267,7 +251,7 @@ void mirror_done(struct relay *r)
 		p->busy = false;
 		if (p->skipped) {
 			pull_unlink(p);
-			known_set(r, p->name, p->origin_version);
+			nv_set(&r->known, p->name, p->origin_version);
 			log_info("mirror %s: origin version %" PRIu64 " from %s is "
 				 "here already; not pulled again", p->name,
 				 p->origin_version, p->c->node);
@@ -290,7 +274,7 @@ void mirror_done(struct relay *r)
 				 "nothing published: %s", p->name,
 				 p->origin_version, p->c->peer, p->why);
 		} else {
-			known_set(r, p->name, p->origin_version);
+			nv_set(&r->known, p->name, p->origin_version);
 			log_info("mirror %s: origin version %" PRIu64 " from %s is "
 				 "local version %" PRIu64 " (%" PRIu64 " bytes%s)",
 				 p->name, p->origin_version,
@@ -463,7 +447,7 @@ static int offer_take(struct relay *r, struct conn *c, void *msg,
 	uint32_t ntensors, i, k;
 	uint16_t nl;
 	const char *name;
-	struct known *kn;
+	uint64_t known;
 	const char *bad = NULL;
 	uint32_t ninline = 0;
 
@@ -641,8 +625,8 @@ static int offer_take(struct relay *r, struct conn *c, void *msg,
 		p->keys = keys;
 	}
 
-	HASH_FIND_STR(r->known, p->name, kn);
-	if (kn && kn->version >= p->origin_version) {
+	known = nv_get(r->known, p->name);
+	if (known >= p->origin_version) {
 		send_done(c, p->offer_id, DONE_SKIPPED);
 		pull_free(p);
 		p = NULL;
@@ -650,7 +634,7 @@ static int offer_take(struct relay *r, struct conn *c, void *msg,
 	}
 	/* no record (a restarted relay): the worker asks the daemon what
 	 * the name's newest version came from before it creates one */
-	p->check_origin = !kn;
+	p->check_origin = !known;
 	p->spec = spec;
 	p->shapes = shapes;
 	p->toff = toff;

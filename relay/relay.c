@@ -20,6 +20,40 @@
 
 #include "internal.h"
 
+void nv_set(struct name_version **t, const char *name, uint64_t v)
+{
+	struct name_version *e;
+	size_t n = strlen(name);
+
+	HASH_FIND_STR(*t, name, e);
+	if (!e) {
+		e = calloc(1, sizeof(*e) + n + 1);
+		if (!e)
+			return;
+		memcpy(e->name, name, n + 1);
+		HASH_ADD_STR(*t, name, e);
+	}
+	e->version = v;
+}
+
+uint64_t nv_get(struct name_version *t, const char *name)
+{
+	struct name_version *e;
+
+	HASH_FIND_STR(t, name, e);
+	return e ? e->version : 0;
+}
+
+void nv_clear(struct name_version **t)
+{
+	struct name_version *e, *tmp;
+
+	HASH_ITER(hh, *t, e, tmp) {
+		HASH_DEL(*t, e);
+		free(e);
+	}
+}
+
 /* ---- logging (sd-daemon prefixes) ------------------------------------- */
 
 void relay_log(int prio, const char *fmt, ...)
@@ -729,7 +763,6 @@ int relay_run(const struct relay_config *cfg)
 	sigset_t mask;
 	int ret = 1, i, err;
 	struct conn *c;
-	struct known *k, *kt;
 
 	if (!r)
 		return 1;
@@ -847,10 +880,7 @@ out:
 		r->in_head = m->next;
 		free(m);
 	}
-	HASH_ITER(hh, r->known, k, kt) {
-		HASH_DEL(r->known, k);
-		free(k);
-	}
+	nv_clear(&r->known);
 	if (r->worker_started) {
 		pthread_mutex_lock(&r->mu);
 		r->worker_stop = true;

@@ -28,13 +28,9 @@ struct pick {
 static int pick_cb(const dlshare_name_info *info, void *arg)
 {
 	struct pick *k = arg;
-	struct seen *e;
 	bool after;
 
-	if (!info->latest)
-		return 0;
-	HASH_FIND_STR(k->s->seen, info->name, e);
-	if (e && e->version >= info->latest)
+	if (!info->latest || nv_get(k->s->seen, info->name) >= info->latest)
 		return 0;
 	after = strcmp(info->name, k->s->last) > 0;
 	if (k->n == PICK_MAX) {
@@ -61,30 +57,6 @@ static int pick_cb(const dlshare_name_info *info, void *arg)
 	return 0;
 }
 
-static void seen_set(struct sub *s, const char *name, uint64_t v)
-{
-	struct seen *e;
-	size_t n = strlen(name);
-
-	HASH_FIND_STR(s->seen, name, e);
-	if (!e) {
-		e = calloc(1, sizeof(*e) + n + 1);
-		if (!e)
-			return;
-		memcpy(e->name, name, n + 1);
-		HASH_ADD_STR(s->seen, name, e);
-	}
-	e->version = v;
-}
-
-static uint64_t seen_get(struct sub *s, const char *name)
-{
-	struct seen *e;
-
-	HASH_FIND_STR(s->seen, name, e);
-	return e ? e->version : 0;
-}
-
 /* Hands b (a lease on name) to the loop and waits until it is done with
  * it. Returns false when cancelled. */
 static bool sub_offer(struct sub *s, dlshare_bundle *b, const char *name_in)
@@ -97,7 +69,7 @@ static bool sub_offer(struct sub *s, dlshare_bundle *b, const char *name_in)
 	/* name_in may be s->hot, rewritten below */
 	snprintf(name, sizeof(name), "%s", name_in);
 
-	seen_set(s, name, dlshare_bundle_version(b));
+	nv_set(&s->seen, name, dlshare_bundle_version(b));
 	snprintf(s->hot, sizeof(s->hot), "%s", name);
 	snprintf(s->last, sizeof(s->last), "%s", name);
 	s->staged = false;
@@ -141,7 +113,6 @@ static void *sub_thread(void *arg)
 	struct sub *s = arg;
 	struct relay *r = s->r;
 	uint64_t one = 1;
-	struct seen *e, *tmp;
 
 	struct pick *k = malloc(sizeof(*k));
 
@@ -178,7 +149,7 @@ static void *sub_thread(void *arg)
 						 dlshare_last_error()[0] ?
 						 dlshare_last_error() :
 						 dlshare_strerror(err));
-				seen_set(s, k->name[i], k->v[i]);
+				nv_set(&s->seen, k->name[i], k->v[i]);
 				continue;
 			}
 			if (!sub_offer(s, b, k->name[i]))
@@ -193,7 +164,7 @@ static void *sub_thread(void *arg)
 			 * daemon parks the request; others are seen by the next
 			 * scan. */
 			o.select = DLSHARE_NEWER_THAN;
-			o.version = seen_get(s, s->hot);
+			o.version = nv_get(s->seen, s->hot);
 			o.timeout_ms = (int32_t)r->cfg->scan_interval_ms;
 			err = dlshare_get(r->dl, s->hot, &o, &b);
 			if (err == 0)
@@ -219,10 +190,7 @@ static void *sub_thread(void *arg)
 		log_err("serving %s: out of memory", s->prefix);
 	free(k);
 	stage_free(s);
-	HASH_ITER(hh, s->seen, e, tmp) {
-		HASH_DEL(s->seen, e);
-		free(e);
-	}
+	nv_clear(&s->seen);
 	pthread_mutex_lock(&r->mu);
 	s->state = SUB_EXITED;
 	pthread_mutex_unlock(&r->mu);
