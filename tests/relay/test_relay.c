@@ -247,23 +247,32 @@ static uint64_t publish(const char *name, size_t n, const uint64_t *bytes,
 	return v;
 }
 
-/* Waits on B for a version of name newer than after, and checks it holds
- * exactly what publish() wrote. Returns B's version. */
-static uint64_t expect(const char *name, uint64_t after, size_t n,
-		       const uint64_t *bytes, const char *const *keys,
-		       uint32_t seed)
+/* Waits on B for a version of name newer than after, holding n tensors
+ * (the relays' logs are dumped when none comes). */
+static dlshare_bundle *get_on_b(const char *name, uint64_t after, size_t n)
 {
 	dlshare_get_opts o = { .select = DLSHARE_NEWER_THAN, .version = after,
 			       .timeout_ms = harness_ms(30000) };
 	dlshare_bundle *b = NULL;
-	uint64_t v;
-	size_t i;
 	int err = dlshare_get(cb, name, &o, &b);
 
 	if (err)
 		dump_logs();
 	assert_int_equal(err, 0);
 	assert_int_equal(dlshare_bundle_count(b), n);
+	return b;
+}
+
+/* Waits on B for a version of name newer than after, and checks it holds
+ * exactly what publish() wrote. Returns B's version. */
+static uint64_t expect(const char *name, uint64_t after, size_t n,
+		       const uint64_t *bytes, const char *const *keys,
+		       uint32_t seed)
+{
+	dlshare_bundle *b = get_on_b(name, after, n);
+	uint64_t v;
+	size_t i;
+
 	for (i = 0; i < n; i++) {
 		const DLTensor *t = dlshare_bundle_tensor(b, i);
 		uint8_t *want = malloc(bytes[i] ? bytes[i] : 1);

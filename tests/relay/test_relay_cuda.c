@@ -105,17 +105,10 @@ static void test_device_state_dict(void **state)
 static uint64_t expect_dev(const char *name, uint64_t after, size_t n,
 			   const uint64_t *bytes, uint32_t seed)
 {
-	dlshare_get_opts o = { .select = DLSHARE_NEWER_THAN, .version = after,
-			       .timeout_ms = harness_ms(30000) };
-	dlshare_bundle *b = NULL;
+	dlshare_bundle *b = get_on_b(name, after, n);
 	uint64_t v;
 	size_t i;
-	int err = dlshare_get(cb, name, &o, &b);
 
-	if (err)
-		dump_logs();
-	assert_int_equal(err, 0);
-	assert_int_equal(dlshare_bundle_count(b), n);
 	for (i = 0; i < n; i++) {
 		const DLTensor *t = dlshare_bundle_tensor(b, i);
 		uint8_t *want = malloc(bytes[i] ? bytes[i] : 1);
