@@ -106,6 +106,7 @@ static char port_s[32];
 static const char *a_timeout = "60000";  /* --transfer-timeout-ms */
 static const char *a_chunk = "4M";       /* A's --chunk-size (staging) */
 static const char *a_slots = "4";        /* A's --stage-slots */
+static const char *a_peers = "64";       /* A's --max-peers */
 
 static pid_t start_a(void)
 {
@@ -115,7 +116,7 @@ static pid_t start_a(void)
 			   "--node-name", "node-a", "--transfer-timeout-ms",
 			   a_timeout, "--auth-timeout-ms", "1000",
 			   "--chunk-size", a_chunk, "--stage-slots", a_slots,
-			   (char *)NULL);
+			   "--max-peers", a_peers, (char *)NULL);
 }
 
 static pid_t start_b_with(const char *key, const char *chunk,
@@ -616,6 +617,39 @@ static void test_deleted_during_pull(void **state)
 /* Fan-out: one origin, a second mirroring node C beside B, and names
  * under two prefixes followed by B: every copy bit-exact, A's leases all
  * go. */
+/* --max-peers 1: a second relay connecting to A is refused and logged,
+ * and A keeps serving the first. */
+static void test_max_peers(void **state)
+{
+	uint64_t bytes[1] = { 5000 };
+	pid_t relay_b2;
+	dlshare_name_info info;
+	char log_b2[160];
+
+	(void)state;
+	a_peers = "1";
+	start_all();
+	a_peers = "64";
+	relay_b = start_b_with(keyfile, "1M", "16");
+	publish("m/one", 1, bytes, NULL, 61);
+	expect("m/one", 0, 1, bytes, NULL, 61);
+	snprintf(log_b2, sizeof(log_b2), "%s/relay-b2.log", B.dir);
+	relay_b2 = relay_start(log_b2, "--socket", B.sock, "--connect", port_s,
+			       "--mirror", "n/", "--key-file", keyfile,
+			       "--reconnect-max-ms", "200", (char *)NULL);
+	assert_true(log_has(log_a, "--max-peers 1 reached"));
+	publish("n/two", 1, bytes, NULL, 62);
+	publish("m/one", 1, bytes, NULL, 63);
+	expect("m/one", 1, 1, bytes, NULL, 63);
+	/* the refused relay's prefix got nothing */
+	assert_int_equal(dlshare_stat(cb, "n/two", &info, NULL),
+			 DLSHARE_ENOENT);
+	kill(relay_b2, SIGTERM);
+	assert_int_equal(harness_wait(relay_b2), 0);
+	assert_int_equal(wait_leases(ca, 0), 0);
+	stop_all();
+}
+
 static void test_fan_out(void **state)
 {
 	uint64_t bytes[3] = { 3000, 1u << 20, 64 };
@@ -893,6 +927,7 @@ int main(void)
 		cmocka_unit_test(test_kill_mid_transfer),
 		cmocka_unit_test(test_inline_limit),
 		cmocka_unit_test(test_restart_no_repull),
+		cmocka_unit_test(test_max_peers),
 		cmocka_unit_test(test_fan_out),
 		cmocka_unit_test(test_stalled_mirror),
 		cmocka_unit_test(test_deleted_during_pull),
