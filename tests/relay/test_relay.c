@@ -107,6 +107,7 @@ static const char *a_timeout = "60000";  /* --transfer-timeout-ms */
 static const char *a_chunk = "4M";       /* A's --chunk-size (staging) */
 static const char *a_slots = "4";        /* A's --stage-slots */
 static const char *a_peers = "64";       /* A's --max-peers */
+static const char *a_msg = "64M";        /* A's --max-message */
 
 static pid_t start_a(void)
 {
@@ -116,7 +117,8 @@ static pid_t start_a(void)
 			   "--node-name", "node-a", "--transfer-timeout-ms",
 			   a_timeout, "--auth-timeout-ms", "1000",
 			   "--chunk-size", a_chunk, "--stage-slots", a_slots,
-			   "--max-peers", a_peers, (char *)NULL);
+			   "--max-peers", a_peers, "--max-message", a_msg,
+			   (char *)NULL);
 }
 
 static pid_t start_b_with(const char *key, const char *chunk,
@@ -650,6 +652,34 @@ static void test_max_peers(void **state)
 	stop_all();
 }
 
+/* --max-message 4K on A: a version whose offer (500 tensors' keys,
+ * shapes and regions) is larger is not offered, and A says why; a small
+ * one still is. */
+static void test_max_message(void **state)
+{
+	size_t n = 500, i;
+	uint64_t *bytes = calloc(n, sizeof(*bytes)), one[1] = { 64 };
+	dlshare_name_info info;
+
+	(void)state;
+	assert_non_null(bytes);
+	for (i = 0; i < n; i++)
+		bytes[i] = 16;
+	a_msg = "4K";
+	start_all();
+	a_msg = "64M";
+	relay_b = start_b_with(keyfile, "1M", "16");
+	publish("m/big", n, bytes, NULL, 71);
+	assert_true(log_has(log_a, "larger than --max-message"));
+	publish("m/small", 1, one, NULL, 72);
+	expect("m/small", 0, 1, one, NULL, 72);
+	assert_int_equal(dlshare_stat(cb, "m/big", &info, NULL),
+			 DLSHARE_ENOENT);
+	assert_int_equal(wait_leases(ca, 0), 0);
+	free(bytes);
+	stop_all();
+}
+
 static void test_fan_out(void **state)
 {
 	uint64_t bytes[3] = { 3000, 1u << 20, 64 };
@@ -928,6 +958,7 @@ int main(void)
 		cmocka_unit_test(test_inline_limit),
 		cmocka_unit_test(test_restart_no_repull),
 		cmocka_unit_test(test_max_peers),
+		cmocka_unit_test(test_max_message),
 		cmocka_unit_test(test_fan_out),
 		cmocka_unit_test(test_stalled_mirror),
 		cmocka_unit_test(test_deleted_during_pull),
