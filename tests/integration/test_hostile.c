@@ -316,11 +316,16 @@ static int64_t median(int64_t *v, int n)
 	return v[n / 2];
 }
 
+/* Rounds the hostile child waits for before it may stop (with a stop
+ * pipe): it goes on until we were served this often meanwhile. */
+#define SERVED_ROUNDS 3
+
 /* Until pid exits (or, with pid 0, once): stats, a get of good/x, and
- * (with time_store) a store of good/y, each timed. Returns the child's
- * exit status. */
+ * (with time_store) a store of good/y, each timed. With stop >= 0, a byte
+ * goes there once SERVED_ROUNDS rounds are done. Returns the child's exit
+ * status. */
 static int serve_while(dlshare_client *c, pid_t pid, int time_store,
-		       struct served *sv)
+		       int stop, struct served *sv)
 {
 	static const int64_t shape[1] = { 16 };
 	static int64_t ts[SERVED_MAX], tg[SERVED_MAX], tw[SERVED_MAX];
@@ -352,7 +357,8 @@ static int serve_while(dlshare_client *c, pid_t pid, int time_store,
 			tw[n] = t3 - t2;
 			n++;
 		}
-		sv->rounds++;
+		if (++sv->rounds == SERVED_ROUNDS && stop >= 0)
+			assert_int_equal(write(stop, "s", 1), 1);
 		util_sleep_ms(2);
 	}
 	sv->stats = median(ts, n);
@@ -364,9 +370,12 @@ static int serve_while(dlshare_client *c, pid_t pid, int time_store,
 /* ==== pinned pages: the write seal waits in the kernel ================================ */
 
 #define PIN_SEALS 6
+#define PIN_SEALS_MAX 1000   /* ~150 s of seals: the parent stalled */
 
 struct pin_arg {
 	int ready;     /* write end: a byte once the page is pinned */
+	int stop;      /* read end: a byte once the parent was served enough */
+	int pipes[4];  /* ready's ends, then stop's: the parent closes them */
 };
 
 static void served_print(const struct served *sv)
@@ -378,41 +387,56 @@ static void served_print(const struct served *sv)
 		(long long)sv->store, (long long)sv->wstore);
 }
 
-/* Starts fn as the hostile uid and waits for its byte on ready[0]
- * (ready[1] is its end, in pa). Returns its pid. */
+/* Starts fn as the hostile uid and waits for its byte on pa->ready; the
+ * stop pipe's write end is pa->pipes[3]. Returns its pid. */
 static pid_t hostile_start(struct fixture *fx, util_child_fn fn,
-			   struct pin_arg *pa, int ready[2])
+			   struct pin_arg *pa)
 {
 	struct pollfd p;
 	pid_t pid;
 	char x;
 
-	assert_int_equal(pipe2(ready, O_CLOEXEC), 0);
-	pa->ready = ready[1];
+	assert_int_equal(pipe2(pa->pipes, O_CLOEXEC), 0);
+	assert_int_equal(pipe2(pa->pipes + 2, O_CLOEXEC), 0);
+	pa->ready = pa->pipes[1];
+	pa->stop = pa->pipes[2];
 	pid = util_spawn_as(&fx->d, hostile_uid(), hostile_uid(), fn, pa);
-	p = (struct pollfd){ .fd = ready[0], .events = POLLIN };
+	p = (struct pollfd){ .fd = pa->pipes[0], .events = POLLIN };
 	assert_int_equal(poll(&p, 1, harness_ms(5000)), 1);
-	assert_int_equal(read(ready[0], &x, 1), 1);
+	assert_int_equal(read(pa->pipes[0], &x, 1), 1);
 	return pid;
+}
+
+static void hostile_done(struct pin_arg *pa)
+{
+	for (int i = 0; i < 4; i++)
+		close(pa->pipes[i]);
 }
 
 /* Pins a page of its pending version and sends Seal after Seal: each must
  * fail with EBUSY, naming pinned pages; once the pin is gone, the same
- * version seals. */
+ * version seals. It seals at least PIN_SEALS times, and on until the
+ * parent says it was served SERVED_ROUNDS times meanwhile (a slow machine,
+ * or valgrind, makes a round longer than a seal). */
 static int pinned_sealer(const struct daemon_proc *d, void *arg)
 {
 	const struct pin_arg *pa = arg;
 	int sock = child_sock(d), pin[2];
 	uint64_t v = create_pinned(sock, 2, "pin/x", pin);
+	struct pollfd p = { .fd = pa->stop, .events = POLLIN };
 	struct answer a;
 
 	CHILD_CHECK(write(pa->ready, "r", 1) == 1);
-	for (int i = 0; i < PIN_SEALS; i++) {
-		CHILD_CHECK(raw_send_seal(sock, 10 + i, "pin/x", v) == 0);
-		CHILD_CHECK(raw_answer(sock, 10 + i, &a, NULL) == 0);
+	for (int i = 0; i < PIN_SEALS_MAX; i++) {
+		CHILD_CHECK(raw_send_seal(sock, 10, "pin/x", v) == 0);
+		CHILD_CHECK(raw_answer(sock, 10, &a, NULL) == 0);
 		if (a.code != DLSHARE_EBUSY || !strstr(a.msg, "pinned pages"))
 			CHILD_FAIL("seal %d: %d \"%s\"", i, a.code, a.msg);
+		if (i + 1 >= PIN_SEALS && poll(&p, 1, 0) == 1)
+			break;
 	}
+	/* The parent was served meanwhile, or it stalled for good. */
+	CHILD_CHECK(poll(&p, 1, 0) == 1);
 	/* The pin goes with the pipe: the version stayed pending, and now
 	 * it seals. */
 	close(pin[0]);
@@ -437,29 +461,28 @@ static void seal_pinned(void **state)
 	dlshare_client *c = harness_connect(&fx->d);
 	struct pin_arg pa;
 	struct served sv;
-	int ready[2], other = util_can_switch_uids();
+	int other = util_can_switch_uids();
 	pid_t pid;
 
 	assert_int_equal(util_store(c, "good/x", DT_F32, 1, shape, 1, NULL), 0);
 	/* Once before: a daemon under valgrind translates each code path the
 	 * first time it runs, which is slow. */
-	serve_while(c, 0, 1, &sv);
-	pid = hostile_start(fx, pinned_sealer, &pa, ready);
+	serve_while(c, 0, 1, -1, &sv);
+	pid = hostile_start(fx, pinned_sealer, &pa);
 	/* Our seals are another uid's than the hostile ones: they do not
-	 * wait behind them (--uid-seals). */
-	assert_int_equal(serve_while(c, pid, other, &sv), 0);
+	 * wait behind them (--uid-seals). The child seals on until we were
+	 * served SERVED_ROUNDS times. */
+	assert_int_equal(serve_while(c, pid, other, pa.pipes[3], &sv), 0);
 	say_alone("our seals wait behind the hostile ones; not timed");
 	served_print(&sv);
-	/* Six seals of ~150 ms each: we were there meanwhile. */
-	assert_true(sv.rounds >= 3);
+	assert_true(sv.rounds >= SERVED_ROUNDS);
 	if (timed()) {
 		assert_true(sv.stats < harness_ms(BOUND_MS));
 		assert_true(sv.get < harness_ms(BOUND_MS));
 		if (other)
 			assert_true(sv.store < harness_ms(BOUND_MS));
 	}
-	close(ready[0]);
-	close(ready[1]);
+	hostile_done(&pa);
 	dlshare_disconnect(c);
 }
 
@@ -521,15 +544,15 @@ static void seal_uid_queue(void **state)
 	static const int64_t shape[1] = { 16 };
 	struct fixture *fx = *state;
 	dlshare_client *c = harness_connect(&fx->d);
-	int ready[2], other = util_can_switch_uids();
+	int other = util_can_switch_uids();
 	struct pin_arg pa;
 	struct served sv;
 	pid_t pid;
 
 	assert_int_equal(util_store(c, "good/x", DT_F32, 1, shape, 1, NULL), 0);
-	serve_while(c, 0, 1, &sv);
-	pid = hostile_start(fx, queued_sealer, &pa, ready);
-	assert_int_equal(serve_while(c, pid, other, &sv), 0);
+	serve_while(c, 0, 1, -1, &sv);
+	pid = hostile_start(fx, queued_sealer, &pa);
+	assert_int_equal(serve_while(c, pid, other, -1, &sv), 0);
 	say_alone("our seals are the hostile uid's; not timed");
 	served_print(&sv);
 	if (timed()) {
@@ -537,8 +560,7 @@ static void seal_uid_queue(void **state)
 		if (other)
 			assert_true(sv.store < harness_ms(BOUND_MS));
 	}
-	close(ready[0]);
-	close(ready[1]);
+	hostile_done(&pa);
 	dlshare_disconnect(c);
 }
 
