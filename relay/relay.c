@@ -211,6 +211,8 @@ void conn_fail(struct conn *c, const char *fmt, ...)
 	c->state = C_DEAD;
 	while ((s = c->subs)) {
 		c->subs = s->next;
+		if (s->memh && s->offer_id && !s->abort_sent)
+			r->m.serve_failed[RS_PEER_LOST]++;
 		pthread_mutex_lock(&r->mu);
 		s->cancel = true;
 		pthread_cond_signal(&s->cv);
@@ -297,6 +299,7 @@ void conn_auth_failed(struct relay *r, struct conn *c, const char *why)
 {
 	uint64_t t = relay_now_ms();
 
+	r->m.auth_failures++;
 	if (t - r->authlog_start >= 60000) {
 		if (r->authlog_dropped)
 			log_warn("%u more failed authentications in the last "
@@ -630,6 +633,9 @@ static void tick(struct relay *r)
 		for (s = c->subs; s; s = s->next)
 			if (s->memh && s->offer_id &&
 			    t - s->sent_ms > r->cfg->transfer_timeout_ms) {
+				if (!s->abort_sent)
+					r->m.serve_failed[RS_TIMEOUT]++;
+				s->abort_sent = true;   /* counted */
 				conn_fail(c, "held the offer of %s for more than "
 					  "--transfer-timeout-ms %u", s->name,
 					  r->cfg->transfer_timeout_ms);
@@ -642,6 +648,7 @@ static void tick(struct relay *r)
 		if (!u->c && t >= u->retry_ms && !r->stop)
 			upstream_connect(r, i);
 	}
+	metrics_tick(r, false);
 }
 
 /* ---- setup and loop ------------------------------------------------------------ */
@@ -838,8 +845,10 @@ int relay_run(const struct relay_config *cfg)
 		mirror_run(r);
 		conns_reap(r);
 		serve_reap(r);
-		if (r->stop && !r->conns && !r->zombies)
+		if (r->stop && !r->conns && !r->zombies) {
+			metrics_tick(r, true);   /* the final values */
 			break;
+		}
 		if (r->in_head || r->reqs)
 			continue;
 		if (ucp_worker_arm(r->worker) == UCS_ERR_BUSY)

@@ -947,6 +947,332 @@ static void test_hostile_ucx(void **state)
 	stop_all();
 }
 
+/* A mirror that asks more prefixes than A's --max-subscriptions 2: the
+ * third is refused, with a line on both sides, and the connection kept:
+ * the first two go on being served. */
+static void test_max_subscriptions(void **state)
+{
+	uint64_t bytes[1] = { 5000 };
+	uint64_t v;
+
+	(void)state;
+	start_all();
+	stop(&relay_a);
+	relay_a = relay_start(log_a, "--socket", A.sock, "--listen", port_s,
+			      "--key-file", keyfile, "--scan-interval-ms", "50",
+			      "--node-name", "node-a", "--max-subscriptions",
+			      "2", (char *)NULL);
+	relay_b = relay_start(log_b, "--socket", B.sock, "--connect", port_s,
+			      "--mirror", "m/a/", "--mirror", "m/b/", "--mirror",
+			      "m/c/", "--key-file", keyfile,
+			      "--reconnect-max-ms", "200", (char *)NULL);
+	assert_true(log_has(log_a, "'m/c/' refused: more than "
+			    "--max-subscriptions 2 prefixes"));
+	assert_true(log_has(log_b, "mirror 'm/c/' from node-a: refused by the "
+			    "peer: more than --max-subscriptions 2 prefixes"));
+	publish("m/c/x", 1, bytes, NULL, 90);
+	publish("m/a/x", 1, bytes, NULL, 91);
+	publish("m/b/x", 1, bytes, NULL, 92);
+	v = expect("m/a/x", 0, 1, bytes, NULL, 91);
+	expect("m/b/x", 0, 1, bytes, NULL, 92);
+	publish("m/a/x", 1, bytes, NULL, 93);
+	expect("m/a/x", v, 1, bytes, NULL, 93);
+	/* m/c/ was never followed (the scans of m/a/ and m/b/ ran since) */
+	no_partial_on_b("m/c/x");
+	no_disconnects();
+	log_lacks(log_a, "m/c/x");
+	stop_all();
+}
+
+/* ---- --metrics-file --------------------------------------------------- */
+
+/* A strict reader of the Prometheus text format 0.0.4, as the relay
+ * writes it: HELP then TYPE (counter or gauge) before a family's samples,
+ * every sample of the family just declared, counters named *_total, label
+ * values quoted with only \\, \" and \n escapes, numeric values, no series
+ * twice, a newline at the end. Returns NULL (and prints why) when the text
+ * breaks a rule. */
+static const char *prom_check(const char *text)
+{
+	static char seen[256][160], fams[64][128];
+	char fam[128] = "", type[16] = "", help_of[128] = "";
+	size_t nseen = 0, nfams = 0, i;
+	const char *l = text;
+
+	if (!*text || text[strlen(text) - 1] != '\n')
+		return "no newline at the end";
+	while (*l) {
+		const char *e = strchr(l, '\n'), *q;
+		char line[512], name[128];
+		size_t n = (size_t)(e - l), k;
+		char *end;
+
+		if (n >= sizeof(line))
+			return "a line too long";
+		memcpy(line, l, n);
+		line[n] = 0;
+		l = e + 1;
+		if (!strncmp(line, "# HELP ", 7)) {
+			if (sscanf(line + 7, "%127s", help_of) != 1 ||
+			    strlen(line) <= 8 + strlen(help_of))
+				return "a HELP without text";
+			continue;
+		}
+		if (!strncmp(line, "# TYPE ", 7)) {
+			if (sscanf(line + 7, "%127s %15s", fam, type) != 2 ||
+			    strcmp(fam, help_of))
+				return "a TYPE without its HELP";
+			if (strcmp(type, "counter") && strcmp(type, "gauge"))
+				return "a type other than counter or gauge";
+			if (!strcmp(type, "counter") &&
+			    (strlen(fam) < 7 ||
+			     strcmp(fam + strlen(fam) - 6, "_total")))
+				return "a counter not named *_total";
+			for (i = 0; i < nfams; i++)
+				if (!strcmp(fams[i], fam))
+					return "a family twice";
+			if (nfams < sizeof(fams) / sizeof(fams[0]))
+				snprintf(fams[nfams++], sizeof(fams[0]), "%s",
+					 fam);
+			continue;
+		}
+		if (line[0] == '#' || !line[0])
+			return "a comment or an empty line";
+		for (k = 0; line[k] && (line[k] == '_' || line[k] == ':' ||
+				       (line[k] >= 'a' && line[k] <= 'z') ||
+				       (line[k] >= 'A' && line[k] <= 'Z') ||
+				       (k && line[k] >= '0' && line[k] <= '9'));
+		     k++)
+			;
+		if (!k || k >= sizeof(name))
+			return "a sample without a name";
+		memcpy(name, line, k);
+		name[k] = 0;
+		if (!fam[0] || strcmp(name, fam))
+			return "a sample outside the family declared last";
+		q = line + k;
+		if (*q == '{') {
+			q++;
+			while (*q != '}') {
+				const char *ls = q;
+
+				while ((*q >= 'a' && *q <= 'z') || *q == '_' ||
+				       (q > ls && *q >= '0' && *q <= '9'))
+					q++;
+				if (q == ls || q[0] != '=' || q[1] != '"')
+					return "a bad label";
+				for (q += 2; *q != '"'; q++) {
+					if (!*q)
+						return "an unterminated label value";
+					if (*q == '\\' && q[1] != '\\' &&
+					    q[1] != '"' && q[1] != 'n')
+						return "a bad escape";
+					if (*q == '\\')
+						q++;
+				}
+				q++;
+				if (*q == ',')
+					q++;
+				else if (*q != '}')
+					return "labels not separated by ','";
+			}
+			q++;
+		}
+		if (*q != ' ')
+			return "no space before the value";
+		for (i = 0; i < nseen; i++)
+			if ((size_t)(q - line) < sizeof(seen[0]) &&
+			    !strncmp(seen[i], line, (size_t)(q - line)) &&
+			    !seen[i][q - line])
+				return "a series twice";
+		if (nseen < sizeof(seen) / sizeof(seen[0]))
+			snprintf(seen[nseen++], sizeof(seen[0]), "%.*s",
+				 (int)(q - line), line);
+		errno = 0;
+		(void)strtod(q + 1, &end);
+		if (errno || end == q + 1 || *end)
+			return "a value that is not a number";
+	}
+	return NULL;
+}
+
+/* Reads path (NULL when it is not there); the caller frees. */
+static char *slurp(const char *path)
+{
+	int fd = open(path, O_RDONLY);
+	char *buf;
+	ssize_t n;
+
+	if (fd < 0)
+		return NULL;
+	buf = calloc(1, 65536);
+	n = read(fd, buf, 65535);
+	close(fd);
+	if (n < 0) {
+		free(buf);
+		return NULL;
+	}
+	return buf;
+}
+
+/* The value of series (e.g. 'x_total{a="b"}') in text; fails if absent. */
+static double prom_value(const char *text, const char *series)
+{
+	size_t n = strlen(series);
+	const char *l;
+
+	for (l = text; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL)
+		if (!strncmp(l, series, n) && l[n] == ' ')
+			return strtod(l + n + 1, NULL);
+	fail_msg("no series %s in\n%s", series, text);
+	return -1;
+}
+
+/* Waits until the metrics file path, strictly valid each time it is read,
+ * says want for series; returns its text (the caller frees). */
+static char *prom_wait(const char *path, const char *series, double want)
+{
+	int i;
+
+	for (i = 0; i < harness_ms(20000) / 50; i++) {
+		char *t = slurp(path);
+		const char *bad;
+
+		if (t && *t) {
+			bad = prom_check(t);
+			if (bad) {
+				print_message("%s\n", t);
+				fail_msg("%s: %s", path, bad);
+			}
+			if (strstr(t, series) && prom_value(t, series) == want)
+				return t;
+		}
+		free(t);
+		sleep_ms(50);
+	}
+	dump_logs();
+	fail_msg("%s never said %s %g", path, series, want);
+	return NULL;
+}
+
+static char prom_saved[65536];   /* A's last file, for promtool */
+
+/* Counts after a known mirroring: three versions (one inline, one by
+ * gets, one of another name) and one peer with a wrong key. */
+static void test_metrics(void **state)
+{
+	uint64_t b1[1] = { 1000 }, b2[2] = { 100000, 0 }, b3[1] = { 5000 };
+	char mf_a[160], mf_b[160], log_c[160], *t;
+	struct stat st;
+	pid_t relay_c;
+	uint64_t v;
+
+	(void)state;
+	start_all();
+	stop(&relay_a);
+	snprintf(mf_a, sizeof(mf_a), "%s/relay-a.prom", A.dir);
+	snprintf(mf_b, sizeof(mf_b), "%s/relay-b.prom", B.dir);
+	snprintf(log_c, sizeof(log_c), "%s/relay-c.log", B.dir);
+	relay_a = relay_start(log_a, "--socket", A.sock, "--listen", port_s,
+			      "--key-file", keyfile, "--scan-interval-ms", "50",
+			      "--node-name", "node-a", "--metrics-file", mf_a,
+			      "--metrics-interval-s", "1", (char *)NULL);
+	assert_true(log_has(mf_a, "dlshare_relay_peers"));   /* it runs */
+	/* a peer with the wrong key, which does not come back for an hour */
+	relay_c = relay_start(log_c, "--socket", B.sock, "--connect", port_s,
+			      "--mirror", "m/", "--key-file", badkey,
+			      "--reconnect-max-ms", "3600000", (char *)NULL);
+	assert_true(log_has(log_a, "authentication failed"));
+	stop(&relay_c);
+	relay_b = relay_start(log_b, "--socket", B.sock, "--connect", port_s,
+			      "--mirror", "m/", "--key-file", keyfile,
+			      "--reconnect-max-ms", "200", "--metrics-file", mf_b,
+			      "--metrics-interval-s", "1", (char *)NULL);
+	publish("m/x", 1, b1, NULL, 1);
+	v = expect("m/x", 0, 1, b1, NULL, 1);
+	publish("m/x", 2, b2, NULL, 2);
+	expect("m/x", v, 2, b2, NULL, 2);
+	publish("m/y", 1, b3, NULL, 3);
+	expect("m/y", 0, 1, b3, NULL, 3);
+
+	t = prom_wait(mf_a, "dlshare_relay_versions_served_total", 3);
+	assert_int_equal(prom_value(t, "dlshare_relay_served_bytes_total"),
+			 106000);
+	assert_int_equal(prom_value(t, "dlshare_relay_versions_mirrored_total"), 0);
+	assert_int_equal(prom_value(t, "dlshare_relay_pulled_bytes_total"), 0);
+	assert_int_equal(prom_value(t, "dlshare_relay_auth_failures_total"), 1);
+	assert_int_equal(prom_value(t, "dlshare_relay_peers{role=\"serving\"}"), 1);
+	assert_int_equal(prom_value(t, "dlshare_relay_peers{role=\"mirroring\"}"), 0);
+	assert_int_equal(prom_value(t, "dlshare_relay_staging_slots_in_use"
+				    "{side=\"serve\"}"), 0);
+	assert_int_equal(prom_value(t, "dlshare_relay_transfers_failed_total"
+				    "{side=\"serve\",reason=\"peer-lost\"}"), 0);
+	assert_int_equal(prom_value(t, "dlshare_relay_transfers_failed_total"
+				    "{side=\"serve\",reason=\"not-offered\"}"), 0);
+	snprintf(prom_saved, sizeof(prom_saved), "%s", t);
+	free(t);
+	/* the collector's user reads it */
+	assert_int_equal(stat(mf_a, &st), 0);
+	assert_int_equal(st.st_mode & 0777, 0644);
+
+	t = prom_wait(mf_b, "dlshare_relay_versions_mirrored_total", 3);
+	assert_int_equal(prom_value(t, "dlshare_relay_pulled_bytes_total"),
+			 106000);
+	assert_int_equal(prom_value(t, "dlshare_relay_versions_skipped_total"), 0);
+	assert_int_equal(prom_value(t, "dlshare_relay_versions_served_total"), 0);
+	assert_int_equal(prom_value(t, "dlshare_relay_auth_failures_total"), 0);
+	assert_int_equal(prom_value(t, "dlshare_relay_peers{role=\"mirroring\"}"), 1);
+	assert_int_equal(prom_value(t, "dlshare_relay_transfers_failed_total"
+				    "{side=\"mirror\",reason=\"peer-lost\"}"), 0);
+	free(t);
+
+	/* stopped, each writes its final values; no temporary file is left */
+	no_disconnects();
+	stop(&relay_b);
+	t = prom_wait(mf_b, "dlshare_relay_peers{role=\"mirroring\"}", 0);
+	assert_int_equal(prom_value(t, "dlshare_relay_versions_mirrored_total"), 3);
+	free(t);
+	{
+		char cmd[300];
+
+		snprintf(cmd, sizeof(cmd), "ls -a %s %s | grep -q '[.]prom[.]'",
+			 A.dir, B.dir);
+		assert_int_not_equal(system(cmd), 0);
+	}
+	stop_all();
+}
+
+/* promtool check metrics on A's file of test_metrics, where promtool is
+ * installed (Debian: prometheus); skipped otherwise. */
+static void test_metrics_promtool(void **state)
+{
+	char path[] = "/tmp/dlshare-relay-prom-XXXXXX", cmd[256];
+	char *out;
+	int fd, rc;
+
+	(void)state;
+	if (system("command -v promtool >/dev/null 2>&1"))
+		test_skip("promtool not found (Debian package: prometheus); "
+			  "test_metrics parses the file strictly instead");
+	assert_true(prom_saved[0]);   /* test_metrics ran */
+	fd = mkstemp(path);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, prom_saved, strlen(prom_saved)),
+			 (ssize_t)strlen(prom_saved));
+	close(fd);
+	snprintf(cmd, sizeof(cmd), "promtool check metrics <%s >%s.out 2>&1",
+		 path, path);
+	rc = system(cmd);
+	snprintf(cmd, sizeof(cmd), "%s.out", path);
+	out = slurp(cmd);
+	unlink(path);
+	unlink(cmd);
+	assert_non_null(out);
+	if (rc || out[0])
+		fail_msg("promtool check metrics: %s\n%s", out, prom_saved);
+	free(out);
+}
+
 #ifndef RELAY_NO_MAIN
 int main(void)
 {
@@ -966,6 +1292,9 @@ int main(void)
 		cmocka_unit_test(test_key_mode),
 		cmocka_unit_test(test_hostile_garbage),
 		cmocka_unit_test(test_hostile_ucx),
+		cmocka_unit_test(test_max_subscriptions),
+		cmocka_unit_test(test_metrics),
+		cmocka_unit_test(test_metrics_promtool),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
