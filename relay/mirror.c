@@ -678,6 +678,7 @@ proto:
 	conn_fail(c, "%s", bad);
 	return -1;
 }
+
 void mirror_refused(struct relay *r, struct conn *c, struct rbuf *rb)
 {
 	const struct relay_peer_cfg *pc = &r->cfg->peers[c->upstream];

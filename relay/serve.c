@@ -508,7 +508,9 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 		why = "send failed";
 out:
 	if (ret) {
-		r->m.serve_failed[RS_NOT_OFFERED]++;
+		/* a send that failed closed c: conn_fail counted it */
+		if (c->state != C_DEAD)
+			r->m.serve_failed[RS_NOT_OFFERED]++;
 		log_warn("serving %s version %" PRIu64 " to %s: not offered: %s",
 			 s->name, dlshare_bundle_version(b), c->peer, why);
 		serve_release(r, s);
@@ -545,6 +547,7 @@ void serve_drain(struct relay *r)
 		offer_send(r, c, s);
 	}
 }
+
 /* A SUBSCRIBE beyond --max-subscriptions: logged, and said to a peer of
  * minor 7 (REFUSED); an older one is not told (it knows no such message). */
 static void sub_refuse(struct relay *r, struct conn *c, uint32_t id,

@@ -477,14 +477,20 @@ void stage_aborted(struct relay *r, struct conn *c, struct rbuf *rb)
 	for (p = c->pulls; p; p = p->next)
 		if (p->offer_id == offer_id)
 			break;
-	if (!p || !p->staged || p->st == P_CLOSING || p->failed)
-		return;   /* done or failing already: the DONE answers it */
+	if (!p || !p->staged)
+		return;   /* answered already: it crossed our DONE */
 	if (p->busy) {
-		/* the worker creates it: mirror_done fails it after */
-		snprintf(p->aborted, sizeof(p->aborted), "the origin %.24s "
-			 "aborted the transfer: %.100s", c->node, why);
+		/* on the worker (p->failed is its own until it is back): a
+		 * create is failed by mirror_done after it; a seal or abort
+		 * answers the offer anyway */
+		if (p->st == P_CREATING)
+			snprintf(p->aborted, sizeof(p->aborted), "the origin "
+				 "%.24s aborted the transfer: %.100s", c->node,
+				 why);
 		return;
 	}
+	if (p->st == P_CLOSING || p->failed)
+		return;   /* failing already: the DONE answers it */
 	p->failed = true;
 	snprintf(p->why, sizeof(p->why), "the origin %.24s aborted the "
 		 "transfer: %.100s", c->node, why);

@@ -27,7 +27,9 @@
 #include <dlshare/dlshare.h>
 #include <ucp/api/ucp.h>
 
+#include "auth.h"
 #include "harness.h"
+#include "msg.h"
 #include "skip.h"
 
 static struct daemon_proc A, B;
@@ -1273,6 +1275,207 @@ static void test_metrics_promtool(void **state)
 	free(out);
 }
 
+/* ---- a relay of an older minor, written here ------------------------- */
+
+/* A mirroring peer that speaks the relay protocol at a minor of our
+ * choice, by hand: what a minor-6 relay receives from A, message by
+ * message (types only), and whether A closed it. */
+struct old_mirror {
+	ucp_context_h ctx;
+	ucp_worker_h w;
+	ucp_ep_h ep;
+	int failed;
+	uint8_t nonce_m[RELAY_NONCE_LEN], nonce_s[RELAY_NONCE_LEN];
+	uint8_t mac_s[SHA256_LEN];
+	uint16_t types[256];   /* received, in order */
+	unsigned ntypes;
+};
+
+static ucs_status_t old_am(void *arg, const void *hdr, size_t hlen,
+			   void *data, size_t len,
+			   const ucp_am_recv_param_t *prm)
+{
+	struct old_mirror *m = arg;
+	const uint8_t *d = data;
+
+	(void)hdr;
+	(void)hlen;
+	/* a rendezvous message (a large offer) is dropped; its type is in
+	 * what comes eagerly in this test */
+	if ((prm->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || len < 12)
+		return UCS_OK;
+	if (m->ntypes < 256)
+		m->types[m->ntypes++] = (uint16_t)(d[4] | d[5] << 8);
+	if (d[4] == MSG_PROOF_S && len >= 12 + 4 + 64) {
+		memcpy(m->nonce_s, d + 16, RELAY_NONCE_LEN);
+		memcpy(m->mac_s, d + 48, SHA256_LEN);
+	}
+	return UCS_OK;
+}
+
+static void old_err(void *arg, ucp_ep_h ep, ucs_status_t st)
+{
+	(void)ep;
+	(void)st;
+	((struct old_mirror *)arg)->failed = 1;
+}
+
+static void old_send(struct old_mirror *m, struct wbuf *w)
+{
+	ucp_request_param_t rp = { .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+				   .flags = UCP_AM_SEND_FLAG_REPLY };
+	ucs_status_ptr_t sp;
+
+	assert_int_equal(wbuf_finish(w), 0);
+	sp = ucp_am_send_nbx(m->ep, RELAY_AM_ID, NULL, 0, w->p, w->len, &rp);
+	while (sp && !UCS_PTR_IS_ERR(sp) &&
+	       ucp_request_check_status(sp) == UCS_INPROGRESS && !m->failed)
+		ucp_worker_progress(m->w);
+	if (sp && !UCS_PTR_IS_ERR(sp))
+		ucp_request_free(sp);
+	free(w->p);
+}
+
+/* Progresses until a message of type t came (1), or A closed us (0). */
+static int old_wait(struct old_mirror *m, uint16_t t)
+{
+	int i;
+	unsigned k;
+
+	for (i = 0; i < harness_ms(20000); i++) {
+		ucp_worker_progress(m->w);
+		for (k = 0; k < m->ntypes; k++)
+			if (m->types[k] == t)
+				return 1;
+		if (m->failed)
+			return 0;
+		sleep_ms(1);
+	}
+	return 0;
+}
+
+static int old_got(const struct old_mirror *m, uint16_t t)
+{
+	unsigned k;
+
+	for (k = 0; k < m->ntypes; k++)
+		if (m->types[k] == t)
+			return 1;
+	return 0;
+}
+
+/* Connects to A as a mirror that says minor, authenticates with the
+ * good key, and subscribes to the n prefixes. */
+static void old_start(struct old_mirror *m, uint16_t minor,
+		      const char *const *prefix, int n)
+{
+	ucp_am_handler_param_t ap = { 0 };
+	ucp_params_t p = { 0 };
+	ucp_worker_params_t wp = { 0 };
+	ucp_ep_params_t ep = { 0 };
+	struct sockaddr_in sa = { .sin_family = AF_INET };
+	struct relay_key key;
+	uint8_t mac[SHA256_LEN];
+	ucp_config_t *cfg;
+	struct wbuf w;
+	int i;
+
+	memset(m, 0, sizeof(*m));
+	assert_int_equal(auth_key_load(&key, keyfile, stderr), 0);
+	sa.sin_port = htons((uint16_t)port);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	assert_int_equal(ucp_config_read(NULL, NULL, &cfg), UCS_OK);
+	p.field_mask = UCP_PARAM_FIELD_FEATURES;
+	p.features = UCP_FEATURE_AM | UCP_FEATURE_RMA;
+	assert_int_equal(ucp_init(&p, cfg, &m->ctx), UCS_OK);
+	ucp_config_release(cfg);
+	wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+	wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+	assert_int_equal(ucp_worker_create(m->ctx, &wp, &m->w), UCS_OK);
+	ap.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+			UCP_AM_HANDLER_PARAM_FIELD_CB |
+			UCP_AM_HANDLER_PARAM_FIELD_ARG;
+	ap.id = RELAY_AM_ID;
+	ap.cb = old_am;
+	ap.arg = m;
+	assert_int_equal(ucp_worker_set_am_recv_handler(m->w, &ap), UCS_OK);
+	ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+			UCP_EP_PARAM_FIELD_ERR_HANDLER |
+			UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+	ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+	ep.sockaddr.addr = (struct sockaddr *)&sa;
+	ep.sockaddr.addrlen = sizeof(sa);
+	ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+	ep.err_handler.cb = old_err;
+	ep.err_handler.arg = m;
+	assert_int_equal(ucp_ep_create(m->w, &ep, &m->ep), UCS_OK);
+	harness_fill(m->nonce_m, RELAY_NONCE_LEN, minor);
+	wbuf_start(&w, MSG_CHALLENGE);
+	wbuf_u16(&w, RELAY_PROTO_MAJOR);
+	wbuf_u16(&w, minor);
+	wbuf_bytes(&w, m->nonce_m, RELAY_NONCE_LEN);
+	old_send(m, &w);
+	assert_true(old_wait(m, MSG_PROOF_S));
+	auth_proof(&key, "server", m->nonce_m, m->nonce_s, mac);
+	assert_memory_equal(mac, m->mac_s, SHA256_LEN);
+	auth_proof(&key, "mirror", m->nonce_m, m->nonce_s, mac);
+	wbuf_start(&w, MSG_PROOF_M);
+	wbuf_bytes(&w, mac, SHA256_LEN);
+	old_send(m, &w);
+	assert_true(old_wait(m, MSG_WELCOME));
+	for (i = 0; i < n; i++) {
+		wbuf_start(&w, MSG_SUBSCRIBE);
+		wbuf_u32(&w, (uint32_t)i);
+		wbuf_u16(&w, (uint16_t)strlen(prefix[i]));
+		wbuf_bytes(&w, prefix[i], strlen(prefix[i]));
+		old_send(m, &w);
+	}
+}
+
+static void old_stop(struct old_mirror *m)
+{
+	ucp_request_param_t cp = { .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+				   .flags = UCP_EP_CLOSE_FLAG_FORCE };
+	ucs_status_ptr_t sp = ucp_ep_close_nbx(m->ep, &cp);
+
+	while (sp && !UCS_PTR_IS_ERR(sp) &&
+	       ucp_request_check_status(sp) == UCS_INPROGRESS)
+		ucp_worker_progress(m->w);
+	if (sp && !UCS_PTR_IS_ERR(sp))
+		ucp_request_free(sp);
+	ucp_worker_destroy(m->w);
+	ucp_cleanup(m->ctx);
+}
+
+/* A minor-6 mirror asking more than --max-subscriptions: A refuses the
+ * extra prefix in its log only (no REFUSED, a type that mirror does not
+ * know), keeps the connection and offers what the others hold. */
+static void test_max_subscriptions_minor6(void **state)
+{
+	const char *const pfx[3] = { "m/a/", "m/b/", "m/c/" };
+	uint64_t bytes[1] = { 100 };
+	struct old_mirror m;
+
+	(void)state;
+	start_all();
+	stop(&relay_a);
+	relay_a = relay_start(log_a, "--socket", A.sock, "--listen", port_s,
+			      "--key-file", keyfile, "--scan-interval-ms", "50",
+			      "--node-name", "node-a", "--max-subscriptions",
+			      "2", "--metrics-file", "/dev/null/x", (char *)NULL);
+	assert_true(log_has(log_a, "cannot write --metrics-file /dev/null/x"));
+	publish("m/b/x", 1, bytes, NULL, 94);
+	old_start(&m, 6, pfx, 3);
+	assert_true(log_has(log_a, "'m/c/' refused: more than "
+			    "--max-subscriptions 2 prefixes"));
+	assert_true(old_wait(&m, MSG_OFFER));   /* m/b/x, inline */
+	assert_false(old_got(&m, MSG_REFUSED));
+	assert_false(old_got(&m, MSG_ERROR));
+	assert_false(m.failed);
+	old_stop(&m);
+	stop_all();
+}
+
 #ifndef RELAY_NO_MAIN
 int main(void)
 {
@@ -1293,6 +1496,7 @@ int main(void)
 		cmocka_unit_test(test_hostile_garbage),
 		cmocka_unit_test(test_hostile_ucx),
 		cmocka_unit_test(test_max_subscriptions),
+		cmocka_unit_test(test_max_subscriptions_minor6),
 		cmocka_unit_test(test_metrics),
 		cmocka_unit_test(test_metrics_promtool),
 	};

@@ -328,6 +328,40 @@ static void test_device_staging_error(void **state)
 	a_chunk = "4M";
 }
 
+/* The same fault towards a mirror of relay minor 6, which knows no ABORT:
+ * A sends none, says so, and --transfer-timeout-ms ends the offer as
+ * before (the connection closed, the lease dropped). */
+static void test_device_staging_error_minor6(void **state)
+{
+	uint64_t bytes[1] = { 64u << 10 };
+	const char *const pfx[1] = { "m/" };
+	struct old_mirror m;
+
+	(void)state;
+	a_chunk = "16K";
+	a_timeout = "1000";
+	start_all();
+	stop(&relay_a);
+	assert_int_equal(truncate(log_a, 0), 0);   /* for "listening on" */
+	setenv("FAKECUDA_FAIL_D2H", "2", 1);
+	relay_a = start_a();
+	unsetenv("FAKECUDA_FAIL_D2H");
+	assert_true(log_has(log_a, "listening on"));
+	old_start(&m, 6, pfx, 1);
+	publish_dev("m/fault6", 1, bytes, NULL, 75);
+	assert_true(old_wait(&m, MSG_OFFER_STAGED));
+	assert_true(log_has(log_a, "staging failed; the peer's relay "
+			    "(protocol 1.6) cannot be told"));
+	assert_false(old_wait(&m, MSG_ABORT));   /* A closes it instead */
+	assert_true(log_has(log_a, "held the offer of m/fault6 for more than "
+			    "--transfer-timeout-ms 1000"));
+	assert_int_equal(wait_leases(ca, 0), 0);
+	old_stop(&m);
+	stop_all();
+	a_chunk = "4M";
+	a_timeout = "60000";
+}
+
 /* The UUID of this process's device ordinal dev. */
 static void uuid_of(int dev, unsigned char out[16])
 {
@@ -412,6 +446,7 @@ int main(void)
 		cmocka_unit_test(test_device_kill_mid_transfer),
 		cmocka_unit_test(test_device_without_cuda),
 		cmocka_unit_test(test_device_staging_error),
+		cmocka_unit_test(test_device_staging_error_minor6),
 		cmocka_unit_test(test_device_not_zero),
 	};
 
