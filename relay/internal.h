@@ -258,6 +258,7 @@ struct conn {
 	bool closed;              /* ucp_ep_close_nbx was called */
 	uint16_t peer_minor;      /* the relay protocol minor the peer speaks */
 	bool flush;               /* close after what was sent went out */
+	ucs_status_t lost;        /* the endpoint failed (UCS_OK: no) */
 	unsigned recvs;           /* rendezvous receives outstanding */
 };
 

@@ -94,7 +94,8 @@ int conn_send(struct conn *c, struct wbuf *w)
 		conn_fail(c, "out of memory building a message");
 		return -1;
 	}
-	if (c->state == C_DEAD || c->closed) {
+	if (c->state == C_DEAD || c->closed || c->lost != UCS_OK) {
+		/* a lost one is failed by conns_lost, with its reason */
 		free(w->p);
 		return -1;
 	}
@@ -152,14 +153,28 @@ static struct conn *conn_by_ep(struct relay *r, ucp_ep_h ep)
 	return NULL;
 }
 
+/* The peer's end: noted, and the connection failed by conns_lost after
+ * the messages it sent before were handled (a mirror with a wrong key
+ * sends its proof and closes at once: the proof is still refused, and
+ * logged, as such). */
 static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t st)
 {
 	struct relay *r = arg;
 	struct conn *c;
 
 	for (c = r->conns; c; c = c->next)
-		if (c->ep == ep && c->state != C_DEAD)
-			conn_fail(c, "connection lost: %s", ucs_status_string(st));
+		if (c->ep == ep && c->state != C_DEAD && c->lost == UCS_OK)
+			c->lost = st;
+}
+
+static void conns_lost(struct relay *r)
+{
+	struct conn *c;
+
+	for (c = r->conns; c; c = c->next)
+		if (c->lost != UCS_OK && c->state != C_DEAD)
+			conn_fail(c, "connection lost: %s",
+				  ucs_status_string(c->lost));
 }
 
 static struct conn *conn_new(struct relay *r, bool serving, int upstream,
@@ -840,6 +855,7 @@ int relay_run(const struct relay_config *cfg)
 			;
 		accept_pending(r);
 		msgs_run(r);
+		conns_lost(r);
 		serve_drain(r);
 		mirror_done(r);
 		mirror_run(r);

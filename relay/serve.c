@@ -508,9 +508,11 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 		why = "send failed";
 out:
 	if (ret) {
-		/* a send that failed closed c: conn_fail counted it */
+		/* a send that failed closed c (conn_fail counted it), or c
+		 * is lost (conns_lost closes it) */
 		if (c->state != C_DEAD)
-			r->m.serve_failed[RS_NOT_OFFERED]++;
+			r->m.serve_failed[c->lost != UCS_OK ? RS_PEER_LOST :
+					  RS_NOT_OFFERED]++;
 		log_warn("serving %s version %" PRIu64 " to %s: not offered: %s",
 			 s->name, dlshare_bundle_version(b), c->peer, why);
 		serve_release(r, s);

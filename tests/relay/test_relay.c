@@ -110,6 +110,7 @@ static const char *a_chunk = "4M";       /* A's --chunk-size (staging) */
 static const char *a_slots = "4";        /* A's --stage-slots */
 static const char *a_peers = "64";       /* A's --max-peers */
 static const char *a_msg = "64M";        /* A's --max-message */
+static const char *a_metrics;            /* A's --metrics-file (1 s) */
 
 static pid_t start_a(void)
 {
@@ -120,7 +121,8 @@ static pid_t start_a(void)
 			   a_timeout, "--auth-timeout-ms", "1000",
 			   "--chunk-size", a_chunk, "--stage-slots", a_slots,
 			   "--max-peers", a_peers, "--max-message", a_msg,
-			   (char *)NULL);
+			   a_metrics ? "--metrics-interval-s" : NULL, "1",
+			   "--metrics-file", a_metrics, (char *)NULL);
 }
 
 static pid_t start_b_with(const char *key, const char *chunk,

@@ -296,17 +296,26 @@ static void test_device_without_cuda(void **state)
 static void test_device_staging_error(void **state)
 {
 	uint64_t bytes[2] = { 64u << 10, 4096 };   /* 5 chunks of 16 KiB */
+	char mf_a[160], mf_b[160], *t;
 
 	(void)state;
 	a_chunk = "16K";
 	start_all();
 	stop(&relay_a);
+	snprintf(mf_a, sizeof(mf_a), "%s/relay-a.prom", A.dir);
+	snprintf(mf_b, sizeof(mf_b), "%s/relay-b.prom", B.dir);
+	a_metrics = mf_a;
 	/* the environment of A's relay alone: the daemons are running, and
 	 * this process does not read it again */
 	setenv("FAKECUDA_FAIL_D2H", "3", 1);
 	relay_a = start_a();
 	unsetenv("FAKECUDA_FAIL_D2H");
-	relay_b = start_b_dev();
+	a_metrics = NULL;
+	relay_b = relay_start(log_b, "--socket", B.sock, "--connect", port_s,
+			      "--mirror", "m/", "--key-file", keyfile,
+			      "--device", "cuda:0", "--reconnect-max-ms", "200",
+			      "--metrics-file", mf_b, "--metrics-interval-s", "1",
+			      (char *)NULL);
 	publish_dev("m/fault", 2, bytes, NULL, 71);
 	assert_true(log_has(log_a, "device-to-host copy on GPU 0: unspecified "
 			    "launch failure"));
@@ -322,6 +331,24 @@ static void test_device_staging_error(void **state)
 	publish_dev("m/fault", 2, bytes, NULL, 72);
 	expect_dev("m/fault", 0, 2, bytes, 72);
 	assert_int_equal(wait_leases(ca, 0), 0);
+	/* the metrics say which side failed and why */
+	t = prom_wait(mf_a, "dlshare_relay_versions_served_total", 1);
+	assert_int_equal(prom_value(t, "dlshare_relay_transfers_failed_total"
+				    "{side=\"serve\",reason=\"staging\"}"), 1);
+	assert_int_equal(prom_value(t, "dlshare_relay_transfers_failed_total"
+				    "{side=\"serve\",reason=\"peer-failed\"}"), 0);
+	assert_int_equal(prom_value(t, "dlshare_relay_served_bytes_total"),
+			 (64u << 10) + 4096);
+	free(t);
+	t = prom_wait(mf_b, "dlshare_relay_versions_mirrored_total", 1);
+	assert_int_equal(prom_value(t, "dlshare_relay_transfers_failed_total"
+				    "{side=\"mirror\",reason=\"origin-abort\"}"),
+			 1);
+	assert_int_equal(prom_value(t, "dlshare_relay_transfers_failed_total"
+				    "{side=\"mirror\",reason=\"other\"}"), 0);
+	assert_int_equal(prom_value(t, "dlshare_relay_staging_slots_in_use"
+				    "{side=\"mirror\"}"), 0);
+	free(t);
 	no_disconnects();
 	log_lacks(log_a, "--transfer-timeout-ms");
 	stop_all();
