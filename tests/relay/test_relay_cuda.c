@@ -403,7 +403,8 @@ static void uuid_of(int dev, unsigned char out[16])
  * the producer publishes on device 2; A's relay sees it as cuda:1
  * (CUDA_VISIBLE_DEVICES=1,2); B's relay mirrors to --device cuda:1 with
  * CUDA_VISIBLE_DEVICES=2,3, which is device 3 here. The version arrives
- * bit-exact on device 3 (its UUID, and where its memory is). */
+ * bit-exact on device 3 (its UUID, and where its memory is), and neither
+ * relay made a context on its cuda:0. */
 static void test_device_not_zero(void **state)
 {
 	uint64_t bytes[3] = { 8192, 0, 300000 };
@@ -421,14 +422,19 @@ static void test_device_not_zero(void **state)
 	a_chunk = "64K";
 	start_all();
 	stop(&relay_a);
+	/* each relay's cuda:0 is PROHIBITED in its own process (no context
+	 * there): neither may touch a GPU it was not given */
 	setenv("CUDA_VISIBLE_DEVICES", "1,2", 1);
+	setenv("FAKECUDA_COMPUTE_MODE", "default,prohibited,default,default", 1);
 	relay_a = start_a();
 	setenv("CUDA_VISIBLE_DEVICES", "2,3", 1);
+	setenv("FAKECUDA_COMPUTE_MODE", "default,default,prohibited,default", 1);
 	relay_b = relay_start(log_b, "--socket", B.sock, "--connect", port_s,
 			      "--mirror", "m/", "--key-file", keyfile,
 			      "--device", "cuda:1", "--reconnect-max-ms", "200",
 			      (char *)NULL);
 	unsetenv("CUDA_VISIBLE_DEVICES");
+	unsetenv("FAKECUDA_COMPUTE_MODE");
 	publish_dev_on(2, "m/gpu2", 3, bytes, NULL, 81);
 	b = get_on_b("m/gpu2", 0, 3);
 	for (i = 0; i < 3; i++) {
