@@ -76,6 +76,11 @@ static const struct opt opts[] = {
 	  "longest wait between reconnects, doubling from 50 ms (default 5000)" },
 	{ "auth-log-per-min", 0, OPT_U32, "N", 1, 100000, CFG(auth_log_per_min),
 	  "failed authentications logged a minute; more are counted (default 10)" },
+	{ "metrics-file", 0, OPT_STR, "PATH", 1, 4095, CFG(metrics_file),
+	  "write the relay's metrics (Prometheus text) to PATH, replaced "
+	  "atomically (default: none)" },
+	{ "metrics-interval-s", 0, OPT_U32, "S", 1, 3600, CFG(metrics_interval_s),
+	  "how often --metrics-file is written (default 15)" },
 };
 #define NOPTS (sizeof(opts) / sizeof(opts[0]))
 
@@ -96,6 +101,7 @@ void config_init(struct relay_config *c)
 	c->transfer_timeout_ms = 60000;
 	c->reconnect_max_ms = 5000;
 	c->auth_log_per_min = 10;
+	c->metrics_interval_s = 15;
 }
 
 void config_deinit(struct relay_config *c)

@@ -36,6 +36,8 @@ struct relay_config {
 	uint32_t transfer_timeout_ms;
 	uint32_t reconnect_max_ms;
 	uint32_t auth_log_per_min; /* failed-auth log lines a minute */
+	char *metrics_file;      /* NULL: no metrics written */
+	uint32_t metrics_interval_s;
 	struct relay_peer_cfg peers[RELAY_MAX_CONNECT];
 	int npeers;
 };

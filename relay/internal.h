@@ -40,6 +40,29 @@ uint64_t relay_now_ms(void);
 struct relay;
 struct conn;
 
+/* Why a pull failed (dlshare_relay_transfers_failed_total{side="mirror"}) */
+enum relay_fail {
+	RF_PEER_LOST, RF_ORIGIN_ABORT, RF_DAEMON, RF_TRANSFER, RF_CUDA,
+	RF_OTHER, RF_MIRROR_N
+};
+/* ... and why an offer was not pulled ({side="serve"}) */
+enum relay_serve_fail {
+	RS_PEER_LOST, RS_PEER_FAILED, RS_TIMEOUT, RS_STAGING, RS_NOT_OFFERED,
+	RS_N
+};
+
+/* The relay's counters (metrics.c writes them); loop only unless said. */
+struct relay_metrics {
+	uint64_t mirrored, skipped, pulled_bytes;
+	uint64_t served, served_bytes;
+	uint64_t mirror_failed[RF_MIRROR_N];
+	uint64_t serve_failed[RS_N];
+	uint64_t not_offered_threads;   /* serving threads' refusals; atomic */
+	uint64_t auth_failures;
+	uint64_t next_ms;               /* the next write */
+	bool warned;
+};
+
 /* A version by name, in a uthash table: what a subscription offered
  * (serve.c, its thread only), the newest origin version each mirrored name
  * got (mirror.c, the loop only). nv_set keeps the old entry when out of
@@ -80,6 +103,8 @@ struct sub {
 	char name[256];
 	/* loop only */
 	uint64_t offer_id;
+	uint64_t offer_bytes;     /* the offer's tensor bytes (metrics) */
+	bool abort_sent;          /* its staging failed (metrics) */
 	ucp_mem_h *memh;
 	uint32_t nmemh;
 	uint64_t sent_ms;
@@ -101,6 +126,9 @@ struct sub {
 	struct sub *next_chunky;  /* under r->mu */
 	uint32_t stg_out;         /* slots sent to the peer, not yet freed;
 				   * loop only */
+	bool stg_failed;          /* staging failed: the loop tells the peer
+				   * (ABORT, minor >= 7); under r->mu */
+	char stg_why[120];        /* why; under r->mu */
 };
 
 struct region {
@@ -188,6 +216,9 @@ struct pull {
 	void *mring, *mstream;
 	unsigned copies;          /* host functions queued (loop) */
 	unsigned copies_done;     /* ... and run (atomic) */
+	char aborted[160];        /* the origin's ABORT (minor 7) of a busy
+				   * pull, until the worker gave it back;
+				   * loop only */
 };
 
 enum conn_state {
@@ -220,12 +251,14 @@ struct conn {
 	/* serving */
 	struct sub *subs;
 	uint32_t nsubs;
+	uint32_t refused;         /* SUBSCRIBEs refused (--max-subscriptions) */
 	/* mirroring */
 	struct pull *pulls;
 	void *close_req;
 	bool closed;              /* ucp_ep_close_nbx was called */
 	uint16_t peer_minor;      /* the relay protocol minor the peer speaks */
 	bool flush;               /* close after what was sent went out */
+	ucs_status_t lost;        /* the endpoint failed (UCS_OK: no) */
 	unsigned recvs;           /* rendezvous receives outstanding */
 };
 
@@ -279,6 +312,7 @@ struct relay {
 	struct pull *jobs, *done;  /* under mu */
 	struct pull *early;        /* inline pulls copied, not yet sealed */
 	bool worker_stop;          /* under mu */
+	struct relay_metrics m;
 };
 
 /* relay.c: connections */
@@ -323,6 +357,14 @@ void *mirror_worker(void *arg);
 void mirror_msg(struct relay *r, struct conn *c, uint16_t type,
 		struct rbuf *rb, struct inmsg **msg);
 
+/* metrics.c: --metrics-file */
+
+/* Writes the file when --metrics-interval-s passed since the last write,
+ * or at once when now. */
+void metrics_tick(struct relay *r, bool now);
+/* The reason of a pull's failure, from its why. */
+enum relay_fail metrics_reason_of(const char *why);
+
 /* stage.c: device versions through pinned host memory */
 
 /* Thread of s: b holds device tensors. Loads CUDA, allocates s's ring (once
@@ -344,6 +386,11 @@ void stage_drain(struct relay *r);
 /* Loop: a FREE from the peer. Returns 0, or -1 (not a slot it holds). */
 int stage_freed(struct relay *r, struct conn *c, uint64_t offer_id,
 		uint32_t slot);
+/* Mirroring side, loop: an ABORT of one of c's pulls (the origin's
+ * staging failed): the pull fails with the origin's reason. */
+void stage_aborted(struct relay *r, struct conn *c, struct rbuf *rb);
+/* Mirroring side, loop: a REFUSED subscription: logged. */
+void mirror_refused(struct relay *r, struct conn *c, struct rbuf *rb);
 /* Mirroring side, loop: a CHUNK for one of c's pulls. Returns 0, or -1
  * after failing c. */
 int stage_chunk(struct relay *r, struct conn *c, struct rbuf *rb);

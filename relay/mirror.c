@@ -251,6 +251,7 @@ void mirror_done(struct relay *r)
 		p->busy = false;
 		if (p->skipped) {
 			pull_unlink(p);
+			r->m.skipped++;
 			nv_set(&r->known, p->name, p->origin_version);
 			log_info("mirror %s: origin version %" PRIu64 " from %s is "
 				 "here already; not pulled again", p->name,
@@ -259,6 +260,10 @@ void mirror_done(struct relay *r)
 				send_done(p->c, p->offer_id, DONE_SKIPPED);
 			pull_free(p);
 			continue;
+		}
+		if (p->aborted[0] && !p->failed) {
+			p->failed = true;   /* the origin's ABORT came meanwhile */
+			snprintf(p->why, sizeof(p->why), "%s", p->aborted);
 		}
 		if (p->st == P_CREATING) {
 			if (!p->failed && p->c->state == C_READY) {
@@ -270,10 +275,13 @@ void mirror_done(struct relay *r)
 		}
 		pull_unlink(p);
 		if (p->failed) {
+			r->m.mirror_failed[metrics_reason_of(p->why)]++;
 			log_warn("mirror %s version %" PRIu64 " from %s: aborted, "
 				 "nothing published: %s", p->name,
 				 p->origin_version, p->c->peer, p->why);
 		} else {
+			r->m.mirrored++;
+			r->m.pulled_bytes += p->bytes;
 			nv_set(&r->known, p->name, p->origin_version);
 			log_info("mirror %s: origin version %" PRIu64 " from %s is "
 				 "local version %" PRIu64 " (%" PRIu64 " bytes%s)",
@@ -627,6 +635,7 @@ static int offer_take(struct relay *r, struct conn *c, void *msg,
 
 	known = nv_get(r->known, p->name);
 	if (known >= p->origin_version) {
+		r->m.skipped++;
 		send_done(c, p->offer_id, DONE_SKIPPED);
 		pull_free(p);
 		p = NULL;
@@ -669,6 +678,32 @@ proto:
 	conn_fail(c, "%s", bad);
 	return -1;
 }
+
+void mirror_refused(struct relay *r, struct conn *c, struct rbuf *rb)
+{
+	const struct relay_peer_cfg *pc = &r->cfg->peers[c->upstream];
+	uint32_t id = rbuf_u32(rb);
+	uint16_t n = rbuf_u16(rb);
+	const char *t = rbuf_bytes(rb, n);
+	char why[160];
+	size_t i;
+
+	if (rb->bad || rbuf_left(rb) || n > 512 ||
+	    id >= (uint32_t)pc->nprefix) {
+		conn_error(c, 1, "a malformed refusal");
+		conn_fail(c, "a malformed refusal");
+		return;
+	}
+	if (n > sizeof(why) - 1)
+		n = sizeof(why) - 1;
+	for (i = 0; i < n; i++)
+		why[i] = t[i] >= 0x20 && t[i] < 0x7f ? t[i] : '?';
+	why[n] = 0;
+	log_err("mirror '%s' from %s: refused by the peer: %s; the other "
+		"prefixes are followed", pc->prefix[id],
+		c->node[0] ? c->node : c->peer, why);
+}
+
 void mirror_msg(struct relay *r, struct conn *c, uint16_t type,
 		       struct rbuf *rb, struct inmsg **msg)
 {
@@ -769,6 +804,14 @@ void mirror_msg(struct relay *r, struct conn *c, uint16_t type,
 	}
 	if (type == MSG_CHUNK) {
 		stage_chunk(r, c, rb);
+		return;
+	}
+	if (type == MSG_ABORT) {
+		stage_aborted(r, c, rb);
+		return;
+	}
+	if (type == MSG_REFUSED) {
+		mirror_refused(r, c, rb);
 		return;
 	}
 unexpected:

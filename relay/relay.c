@@ -94,7 +94,8 @@ int conn_send(struct conn *c, struct wbuf *w)
 		conn_fail(c, "out of memory building a message");
 		return -1;
 	}
-	if (c->state == C_DEAD || c->closed) {
+	if (c->state == C_DEAD || c->closed || c->lost != UCS_OK) {
+		/* a lost one is failed by conns_lost, with its reason */
 		free(w->p);
 		return -1;
 	}
@@ -152,14 +153,28 @@ static struct conn *conn_by_ep(struct relay *r, ucp_ep_h ep)
 	return NULL;
 }
 
+/* The peer's end: noted, and the connection failed by conns_lost after
+ * the messages it sent before were handled (a mirror with a wrong key
+ * sends its proof and closes at once: the proof is still refused, and
+ * logged, as such). */
 static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t st)
 {
 	struct relay *r = arg;
 	struct conn *c;
 
 	for (c = r->conns; c; c = c->next)
-		if (c->ep == ep && c->state != C_DEAD)
-			conn_fail(c, "connection lost: %s", ucs_status_string(st));
+		if (c->ep == ep && c->state != C_DEAD && c->lost == UCS_OK)
+			c->lost = st;
+}
+
+static void conns_lost(struct relay *r)
+{
+	struct conn *c;
+
+	for (c = r->conns; c; c = c->next)
+		if (c->lost != UCS_OK && c->state != C_DEAD)
+			conn_fail(c, "connection lost: %s",
+				  ucs_status_string(c->lost));
 }
 
 static struct conn *conn_new(struct relay *r, bool serving, int upstream,
@@ -211,6 +226,8 @@ void conn_fail(struct conn *c, const char *fmt, ...)
 	c->state = C_DEAD;
 	while ((s = c->subs)) {
 		c->subs = s->next;
+		if (s->memh && s->offer_id && !s->abort_sent)
+			r->m.serve_failed[RS_PEER_LOST]++;
 		pthread_mutex_lock(&r->mu);
 		s->cancel = true;
 		pthread_cond_signal(&s->cv);
@@ -297,6 +314,7 @@ void conn_auth_failed(struct relay *r, struct conn *c, const char *why)
 {
 	uint64_t t = relay_now_ms();
 
+	r->m.auth_failures++;
 	if (t - r->authlog_start >= 60000) {
 		if (r->authlog_dropped)
 			log_warn("%u more failed authentications in the last "
@@ -630,6 +648,9 @@ static void tick(struct relay *r)
 		for (s = c->subs; s; s = s->next)
 			if (s->memh && s->offer_id &&
 			    t - s->sent_ms > r->cfg->transfer_timeout_ms) {
+				if (!s->abort_sent)
+					r->m.serve_failed[RS_TIMEOUT]++;
+				s->abort_sent = true;   /* counted */
 				conn_fail(c, "held the offer of %s for more than "
 					  "--transfer-timeout-ms %u", s->name,
 					  r->cfg->transfer_timeout_ms);
@@ -642,6 +663,7 @@ static void tick(struct relay *r)
 		if (!u->c && t >= u->retry_ms && !r->stop)
 			upstream_connect(r, i);
 	}
+	metrics_tick(r, false);
 }
 
 /* ---- setup and loop ------------------------------------------------------------ */
@@ -833,13 +855,16 @@ int relay_run(const struct relay_config *cfg)
 			;
 		accept_pending(r);
 		msgs_run(r);
+		conns_lost(r);
 		serve_drain(r);
 		mirror_done(r);
 		mirror_run(r);
 		conns_reap(r);
 		serve_reap(r);
-		if (r->stop && !r->conns && !r->zombies)
+		if (r->stop && !r->conns && !r->zombies) {
+			metrics_tick(r, true);   /* the final values */
 			break;
+		}
 		if (r->in_head || r->reqs)
 			continue;
 		if (ucp_worker_arm(r->worker) == UCS_ERR_BUSY)

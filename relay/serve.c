@@ -327,6 +327,8 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 	bool inl = false;
 	int ret = -1;
 
+	s->offer_bytes = 0;
+	s->abort_sent = false;
 	if (!sp || !reg_of) {
 		why = "out of memory";
 		goto out;
@@ -339,6 +341,7 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 			why = "a tensor the library refuses";
 			goto out;
 		}
+		s->offer_bytes += nb;
 		if (s->staged) {
 			if (!is_compact(t)) {
 				why = "a strided tensor (the relay moves "
@@ -505,6 +508,11 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 		why = "send failed";
 out:
 	if (ret) {
+		/* a send that failed closed c (conn_fail counted it), or c
+		 * is lost (conns_lost closes it) */
+		if (c->state != C_DEAD)
+			r->m.serve_failed[c->lost != UCS_OK ? RS_PEER_LOST :
+					  RS_NOT_OFFERED]++;
 		log_warn("serving %s version %" PRIu64 " to %s: not offered: %s",
 			 s->name, dlshare_bundle_version(b), c->peer, why);
 		serve_release(r, s);
@@ -541,6 +549,38 @@ void serve_drain(struct relay *r)
 		offer_send(r, c, s);
 	}
 }
+
+/* A SUBSCRIBE beyond --max-subscriptions: logged, and said to a peer of
+ * minor 7 (REFUSED); an older one is not told (it knows no such message). */
+static void sub_refuse(struct relay *r, struct conn *c, uint32_t id,
+		       uint16_t pl, const char *pfx)
+{
+	char why[128];
+	struct wbuf w;
+	int n;
+
+	/* an honest relay asks at most RELAY_MAX_MIRROR prefixes of one
+	 * peer: one that goes on asking is cut off, not logged on */
+	if (++c->refused > RELAY_MAX_MIRROR) {
+		conn_error(c, 4, "too many subscriptions");
+		conn_fail(c, "more than %u subscriptions refused (--max-"
+			  "subscriptions %u)", RELAY_MAX_MIRROR,
+			  r->cfg->max_subscriptions);
+		return;
+	}
+	n = snprintf(why, sizeof(why), "more than --max-subscriptions %u "
+		     "prefixes", r->cfg->max_subscriptions);
+	log_warn("peer %s%s%s: '%.*s' refused: %s", c->peer,
+		 c->node[0] ? " node " : "", c->node, (int)pl, pfx, why);
+	if (c->peer_minor < 7)
+		return;
+	wbuf_start(&w, MSG_REFUSED);
+	wbuf_u32(&w, id);
+	wbuf_u16(&w, (uint16_t)n);
+	wbuf_bytes(&w, why, (size_t)n);
+	conn_send(c, &w);
+}
+
 void serve_msg(struct relay *r, struct conn *c, uint16_t type,
 		       struct rbuf *rb)
 {
@@ -618,9 +658,9 @@ void serve_msg(struct relay *r, struct conn *c, uint16_t type,
 		if (rb->bad || rbuf_left(rb) || !pl || pl > RELAY_PREFIX_MAX)
 			goto malformed;
 		if (c->nsubs >= r->cfg->max_subscriptions) {
-			conn_error(c, 4, "too many subscriptions");
-			conn_fail(c, "more than --max-subscriptions %u prefixes",
-				  r->cfg->max_subscriptions);
+			/* refused alone: the prefixes already followed keep
+			 * being served */
+			sub_refuse(r, c, id, pl, pfx);
 			return;
 		}
 		for (s = c->subs; s; s = s->next)
@@ -664,6 +704,12 @@ void serve_msg(struct relay *r, struct conn *c, uint16_t type,
 			goto unexpected;
 		if (status == DONE_FAILED)
 			log_warn("peer %s could not mirror %s", c->peer, s->name);
+		if (status == DONE_FAILED && !s->abort_sent)
+			r->m.serve_failed[RS_PEER_FAILED]++;
+		if (status == DONE_OK) {
+			r->m.served++;
+			r->m.served_bytes += s->offer_bytes;
+		}
 		s->offer_id = 0;
 		serve_release(r, s);
 		return;

@@ -188,14 +188,16 @@ int stage_prepare(struct sub *s, dlshare_bundle *b)
 	s->staged = true;
 	return 0;
 refuse:
+	__atomic_add_fetch(&r->m.not_offered_threads, 1, __ATOMIC_RELAXED);
 	log_warn("serving %s version %" PRIu64 ": not offered: %s",
 		 s->hot[0] ? s->hot : s->prefix, dlshare_bundle_version(b), why);
 	return -1;
 }
 
 /* Copies the next chunk of b into slot. Returns its length, or 0 after a
- * CUDA error (logged). */
-static uint32_t stage_copy(struct sub *s, dlshare_bundle *b, uint32_t slot)
+ * CUDA error (logged, and said in why). */
+static uint32_t stage_copy(struct sub *s, dlshare_bundle *b, uint32_t slot,
+			   char *why, size_t whylen)
 {
 	struct stage *g = s->stg;
 	uint8_t *dst = (uint8_t *)g->ring + (size_t)slot * g->slot_size;
@@ -224,8 +226,10 @@ static uint32_t stage_copy(struct sub *s, dlshare_bundle *b, uint32_t slot)
 	if (!e)
 		e = rt.stream_sync(g->stream);
 	if (e) {
-		log_err("serving %s: device-to-host copy: %s", s->name,
-			cuda_str(e));
+		snprintf(why, whylen, "device-to-host copy on GPU %d: %s",
+			 g->device, cuda_str(e));
+		log_err("serving %s version %" PRIu64 ": %s", s->name,
+			dlshare_bundle_version(b), why);
 		return 0;
 	}
 	return filled;
@@ -239,7 +243,9 @@ void stage_serve(struct sub *s, dlshare_bundle *b)
 
 	s->stg_free = g->nslots >= 32 ? UINT32_MAX : (1u << g->nslots) - 1;
 	s->stg_nq = 0;
+	s->stg_failed = false;
 	while (s->state != SUB_RELEASE) {
+		char why[sizeof(s->stg_why)];
 		uint32_t slot, len;
 		uint64_t off;
 
@@ -252,18 +258,22 @@ void stage_serve(struct sub *s, dlshare_bundle *b)
 		s->stg_free &= ~(1u << slot);
 		pthread_mutex_unlock(&r->mu);
 		off = g->pos;
-		len = stage_copy(s, b, slot);
+		len = stage_copy(s, b, slot, why, sizeof(why));
 		g->pos += len;
 		pthread_mutex_lock(&r->mu);
-		if (!len) {
-			/* the peer waits for bytes that never come: its
-			 * --transfer-timeout-ms ends the offer */
-			g->pos = g->len;
-			continue;
-		}
 		if (s->state == SUB_RELEASE)
 			break;
-		s->stg_q[s->stg_nq++] = (struct stage_chunk){ off, slot, len };
+		if (!len) {
+			/* no more bytes come: the loop tells the peer after
+			 * the chunks queued before (ABORT; a minor-6 peer
+			 * waits until --transfer-timeout-ms ends the offer) */
+			g->pos = g->len;
+			s->stg_failed = true;
+			memcpy(s->stg_why, why, sizeof(s->stg_why));
+		} else {
+			s->stg_q[s->stg_nq++] =
+				(struct stage_chunk){ off, slot, len };
+		}
 		if (!s->stg_queued) {
 			s->stg_queued = true;
 			s->next_chunky = r->chunky;
@@ -278,6 +288,7 @@ void stage_serve(struct sub *s, dlshare_bundle *b)
 	/* the loop no longer looks at this offer's chunks (serve_release
 	 * cleared s->staged) */
 	s->stg_nq = 0;
+	s->stg_failed = false;
 }
 
 /* ---- serving: the loop ---------------------------------------------------- */
@@ -291,10 +302,39 @@ void stage_ring(struct sub *s, void **addr, uint64_t *len, uint32_t *nslots,
 	*slot_size = s->stg->slot_size;
 }
 
+/* The staging of s's offer failed (why): a peer of minor 7 is told at
+ * once (ABORT) and answers DONE 2, which releases the lease as any DONE;
+ * an older one is not, and --transfer-timeout-ms ends the offer. */
+static void stage_abort_send(struct relay *r, struct conn *c, struct sub *s,
+			     uint64_t offer_id, const char *why)
+{
+	size_t n = strnlen(why, 512);
+	struct wbuf w;
+
+	s->abort_sent = true;
+	r->m.serve_failed[RS_STAGING]++;
+	if (c->peer_minor < 7) {
+		log_warn("serving %s to %s: staging failed; the peer's relay "
+			 "(protocol 1.%u) cannot be told, --transfer-timeout-ms "
+			 "%u ends the offer", s->name, c->peer, c->peer_minor,
+			 r->cfg->transfer_timeout_ms);
+		return;
+	}
+	log_warn("serving %s to %s: staging failed; the peer is told", s->name,
+		 c->peer);
+	wbuf_start(&w, MSG_ABORT);
+	wbuf_u64(&w, offer_id);
+	wbuf_u16(&w, (uint16_t)n);
+	wbuf_bytes(&w, why, n);
+	conn_send(c, &w);
+}
+
 void stage_drain(struct relay *r)
 {
 	for (;;) {
 		struct stage_chunk q[STAGE_SLOTS_MAX];
+		char why[sizeof(((struct sub *)0)->stg_why)];
+		bool failed;
 		unsigned nq, i;
 		uint64_t offer_id;
 		struct conn *c;
@@ -313,6 +353,9 @@ void stage_drain(struct relay *r)
 		nq = s->stg_nq;
 		memcpy(q, s->stg_q, nq * sizeof(q[0]));
 		s->stg_nq = 0;
+		failed = s->stg_failed;
+		s->stg_failed = false;
+		memcpy(why, s->stg_why, sizeof(why));
 		/* a sub is freed only after its thread exited, which it does
 		 * only once released: SUB_SENT means the offer stands */
 		offer_id = s->state == SUB_SENT ? s->offer_id : 0;
@@ -332,6 +375,8 @@ void stage_drain(struct relay *r)
 			if (conn_send(c, &w))
 				break;
 		}
+		if (failed)
+			stage_abort_send(r, c, s, offer_id, why);
 	}
 }
 
@@ -406,6 +451,49 @@ bad:
 	conn_error(c, 1, "a malformed or unexpected chunk");
 	conn_fail(c, "a malformed or unexpected chunk");
 	return -1;
+}
+
+void stage_aborted(struct relay *r, struct conn *c, struct rbuf *rb)
+{
+	uint64_t offer_id = rbuf_u64(rb);
+	uint16_t n = rbuf_u16(rb);
+	const char *t = rbuf_bytes(rb, n);
+	char why[160];
+	struct pull *p;
+	size_t i;
+
+	(void)r;
+	if (rb->bad || rbuf_left(rb) || n > 512) {
+		conn_error(c, 1, "a malformed abort");
+		conn_fail(c, "a malformed abort");
+		return;
+	}
+	/* the origin's words, printable only, for our log */
+	if (n > sizeof(why) - 1)
+		n = sizeof(why) - 1;
+	for (i = 0; i < n; i++)
+		why[i] = t[i] >= 0x20 && t[i] < 0x7f ? t[i] : '?';
+	why[n] = 0;
+	for (p = c->pulls; p; p = p->next)
+		if (p->offer_id == offer_id)
+			break;
+	if (!p || !p->staged)
+		return;   /* answered already: it crossed our DONE */
+	if (p->busy) {
+		/* on the worker (p->failed is its own until it is back): a
+		 * create is failed by mirror_done after it; a seal or abort
+		 * answers the offer anyway */
+		if (p->st == P_CREATING)
+			snprintf(p->aborted, sizeof(p->aborted), "the origin "
+				 "%.24s aborted the transfer: %.100s", c->node,
+				 why);
+		return;
+	}
+	if (p->st == P_CLOSING || p->failed)
+		return;   /* failing already: the DONE answers it */
+	p->failed = true;
+	snprintf(p->why, sizeof(p->why), "the origin %.24s aborted the "
+		 "transfer: %.100s", c->node, why);
 }
 
 static void chunk_cb(void *req, ucs_status_t st, void *user)

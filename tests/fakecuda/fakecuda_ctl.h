@@ -92,6 +92,13 @@ long fakecuda_contexts_created(int ordinal);
  * else 4096. */
 void fakecuda_set_ipc_event_limit(long max);
 
+/* Fault injection: the nth device-to-host copy (cudaMemcpy or
+ * cudaMemcpyAsync from device memory into host memory, counted from 1 from
+ * this call, or from the first CUDA call for FAKECUDA_FAIL_D2H=n) fails with
+ * cudaErrorLaunchFailure, once; 0 turns it off. Unlike a real launch
+ * failure, the error is not sticky: later calls succeed. */
+void fakecuda_fail_d2h(unsigned long nth);
+
 /* Zeroes the call counters (the live counts stay: they describe objects that
  * still exist). */
 void fakecuda_reset_stats(void);

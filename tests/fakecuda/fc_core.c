@@ -284,6 +284,21 @@ static int fc_env_reopen(void)
     return FAKECUDA_REOPEN_FAIL;
 }
 
+static unsigned long fc_env_fail_d2h(void)
+{
+    const char *s = getenv("FAKECUDA_FAIL_D2H");
+    if (!s || !*s)
+        return 0;
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(s, &end, 10);
+    if (errno || *end) {
+        fc_warn("ignoring FAKECUDA_FAIL_D2H=%s", s);
+        return 0;
+    }
+    return v;
+}
+
 static long fc_env_ipc_events_max(void)
 {
     const char *s = getenv("FAKECUDA_IPC_EVENTS_MAX");
@@ -453,6 +468,7 @@ static void fc_init(void)
         atomic_store(&g_set.reopen, fc_env_reopen());
     if (!atomic_load(&g_set.ipc_events_max_set))
         atomic_store(&g_set.ipc_events_max, fc_env_ipc_events_max());
+    atomic_store(&g_set.fail_d2h, fc_env_fail_d2h());
 
     if (getrandom(&g_fc.id_salt, sizeof(g_fc.id_salt), 0) != sizeof(g_fc.id_salt))
         g_fc.id_salt = (uint64_t)getpid() << 32 ^ (uint64_t)time(NULL);
@@ -1235,6 +1251,12 @@ FC_API void fakecuda_set_ipc_event_limit(long max)
     atomic_store(&g_set.ipc_events_max_set, 1);
 }
 
+FC_API void fakecuda_fail_d2h(unsigned long nth)
+{
+    atomic_store(&g_set.d2h_seen, 0);
+    atomic_store(&g_set.fail_d2h, nth);
+}
+
 FC_API void fakecuda_reset_stats(void)
 {
 #define Z(f) atomic_store(&g_cnt.f, 0)
@@ -1257,6 +1279,8 @@ FC_API void fakecuda_reset(void)
     atomic_store(&g_set.delay_us, fc_env_delay());
     atomic_store(&g_set.reopen, fc_env_reopen());
     atomic_store(&g_set.ipc_events_max, fc_env_ipc_events_max());
+    atomic_store(&g_set.fail_d2h, fc_env_fail_d2h());
+    atomic_store(&g_set.d2h_seen, 0);
     tls_last_error = cudaSuccess;
     fakecuda_reset_stats();
 }

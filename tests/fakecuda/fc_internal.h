@@ -213,6 +213,9 @@ struct fc_settings {
     _Atomic long ipc_events_max; /* 0: no limit */
     _Atomic int ipc_events_max_set;
     _Atomic unsigned destroy_delay_us; /* fakecuda_set_event_destroy_delay_us */
+    _Atomic unsigned long fail_d2h;    /* FAKECUDA_FAIL_D2H: that device-to-host
+                                        * copy fails (1-based; 0: none) */
+    _Atomic unsigned long d2h_seen;    /* device-to-host copies asked so far */
 };
 extern struct fc_settings g_set;
 

@@ -473,6 +473,13 @@ static cudaError_t fc_memcpy(void *dst, const void *src, size_t count, enum cuda
                    (kind == cudaMemcpyDeviceToHost && !dd && sd) ||
                    (kind == cudaMemcpyDeviceToDevice && dd && sd);
     e = kind_ok ? cudaSuccess : cudaErrorInvalidValue;
+    /* fault injection (FAKECUDA_FAIL_D2H, fakecuda_fail_d2h): the nth
+     * device-to-host copy fails, once */
+    if (!e && sd && !dd) {
+        unsigned long nth = atomic_load(&g_set.fail_d2h);
+        if (atomic_fetch_add(&g_set.d2h_seen, 1) + 1 == nth)
+            e = cudaErrorLaunchFailure;
+    }
     if (!e && dd)
         e = fc_check_device_span(rd, (uintptr_t)dst, count, true);
     if (!e && sd)

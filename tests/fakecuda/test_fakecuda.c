@@ -1021,6 +1021,16 @@ static void streams_child(int sock, const void *arg)
     CK(all_bytes(back, n, 3));
     fakecuda_set_delay_us(1000);
 
+    /* Fault injection: the 2nd device-to-host copy from now fails, once;
+     * host-to-device copies do not count. */
+    fakecuda_fail_d2h(2);
+    CKC(cudaMemcpy(d, host, 16, cudaMemcpyHostToDevice));
+    CKC(cudaMemcpy(back, d, 16, cudaMemcpyDeviceToHost));
+    CKE(cudaMemcpyAsync(back, d, 16, cudaMemcpyDefault, nb), cudaErrorLaunchFailure);
+    CKE(cudaGetLastError(), cudaErrorLaunchFailure);
+    CKC(cudaMemcpy(back, d, 16, cudaMemcpyDeviceToHost));
+    fakecuda_fail_d2h(0);
+
     /* Argument checks, last error, error strings. */
     CKE(cudaMemcpy(d, d + 1, 16, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
     CKE(cudaMemcpy(back, d + n - 8, 16, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);

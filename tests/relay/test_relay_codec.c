@@ -220,6 +220,28 @@ static void test_config(void **state)
 	assert_int_equal(parse(&c, devnull, "--listen", ":7000", "--key-file",
 			       "k", "--inline-max", "1048577", (char *)NULL), -1);
 	config_deinit(&c);
+	/* --metrics-file: none by default; --metrics-interval-s 15 by
+	 * default, 1 to 3600; both from the INI file too */
+	assert_int_equal(parse(&c, devnull, "--listen", ":7000", "--key-file",
+			       "k", (char *)NULL), 0);
+	assert_null(c.metrics_file);
+	assert_int_equal(c.metrics_interval_s, 15);
+	config_deinit(&c);
+	assert_int_equal(parse(&c, devnull, "--listen", ":7000", "--key-file",
+			       "k", "--metrics-interval-s", "0", (char *)NULL), -1);
+	config_deinit(&c);
+	assert_int_equal(parse(&c, devnull, "--listen", ":7000", "--key-file",
+			       "k", "--metrics-interval-s", "3601", (char *)NULL),
+			 -1);
+	config_deinit(&c);
+	f = fopen(path, "w");
+	fputs("listen = :1\nkey-file = k\nmetrics-file = /run/r.prom\n"
+	      "metrics-interval-s = 3600\n", f);
+	fclose(f);
+	assert_int_equal(parse(&c, devnull, "--config", path, (char *)NULL), 0);
+	assert_string_equal(c.metrics_file, "/run/r.prom");
+	assert_int_equal(c.metrics_interval_s, 3600);
+	config_deinit(&c);
 	f = fopen(path, "w");
 	fputs("listen = :1\nkey-file = k\nbogus = 1\n", f);
 	fclose(f);

@@ -15,13 +15,15 @@
 #include <cuda_runtime_api.h>
 
 /* Publishes n uint8/float32 tensors (as publish()) as a device version on
- * A's GPU 0, filled from seed through host copies. */
-static uint64_t publish_dev(const char *name, size_t n, const uint64_t *bytes,
-			    const char *const *keys, uint32_t seed)
+ * A's GPU dev (this process's ordinal), filled from seed through host
+ * copies. */
+static uint64_t publish_dev_on(int dev, const char *name, size_t n,
+			       const uint64_t *bytes, const char *const *keys,
+			       uint32_t seed)
 {
 	dlshare_tensor_spec *spec = calloc(n, sizeof(*spec));
 	int64_t *shape = calloc(n, sizeof(*shape));
-	dlshare_create_opts co = { .device = { kDLCUDA, 0 } };
+	dlshare_create_opts co = { .device = { kDLCUDA, dev } };
 	dlshare_writer *w;
 	uint64_t v = 0;
 	size_t i;
@@ -53,6 +55,13 @@ static uint64_t publish_dev(const char *name, size_t n, const uint64_t *bytes,
 	free(spec);
 	free(shape);
 	return v;
+}
+
+/* ... on GPU 0. */
+static uint64_t publish_dev(const char *name, size_t n, const uint64_t *bytes,
+			    const char *const *keys, uint32_t seed)
+{
+	return publish_dev_on(0, name, n, bytes, keys, seed);
 }
 
 /* A few hundred device tensors, tens of MiB (a few under sanitizers),
@@ -279,6 +288,187 @@ static void test_device_without_cuda(void **state)
 	stop_all();
 }
 
+/* A CUDA error while A's relay stages a device version (fakecuda's
+ * FAKECUDA_FAIL_D2H: its third device-to-host copy fails, once) is told to
+ * B at once (ABORT, relay minor 7), not after --transfer-timeout-ms: B
+ * aborts its pending device version and logs A's reason; no lease on A, no
+ * buffer on B; the next version arrives whole. */
+static void test_device_staging_error(void **state)
+{
+	uint64_t bytes[2] = { 64u << 10, 4096 };   /* 5 chunks of 16 KiB */
+	char mf_a[160], mf_b[160], *t;
+
+	(void)state;
+	a_chunk = "16K";
+	start_all();
+	stop(&relay_a);
+	snprintf(mf_a, sizeof(mf_a), "%s/relay-a.prom", A.dir);
+	snprintf(mf_b, sizeof(mf_b), "%s/relay-b.prom", B.dir);
+	a_metrics = mf_a;
+	/* the environment of A's relay alone: the daemons are running, and
+	 * this process does not read it again */
+	setenv("FAKECUDA_FAIL_D2H", "3", 1);
+	relay_a = start_a();
+	unsetenv("FAKECUDA_FAIL_D2H");
+	a_metrics = NULL;
+	relay_b = relay_start(log_b, "--socket", B.sock, "--connect", port_s,
+			      "--mirror", "m/", "--key-file", keyfile,
+			      "--device", "cuda:0", "--reconnect-max-ms", "200",
+			      "--metrics-file", mf_b, "--metrics-interval-s", "1",
+			      (char *)NULL);
+	publish_dev("m/fault", 2, bytes, NULL, 71);
+	assert_true(log_has(log_a, "device-to-host copy on GPU 0: unspecified "
+			    "launch failure"));
+	assert_true(log_has(log_a, "staging failed; the peer is told"));
+	assert_true(log_has(log_b, "aborted, nothing published: the origin "
+			    "node-a aborted the transfer: device-to-host copy "
+			    "on GPU 0: unspecified launch failure"));
+	assert_true(log_has(log_a, "could not mirror m/fault"));
+	wait_b_buffers(0);
+	no_partial_on_b("m/fault");
+	assert_int_equal(wait_leases(ca, 0), 0);
+	/* the next version is mirrored normally, on the same connection */
+	publish_dev("m/fault", 2, bytes, NULL, 72);
+	expect_dev("m/fault", 0, 2, bytes, 72);
+	assert_int_equal(wait_leases(ca, 0), 0);
+	/* the metrics say which side failed and why */
+	t = prom_wait(mf_a, "dlshare_relay_versions_served_total", 1);
+	assert_int_equal(prom_value(t, "dlshare_relay_transfers_failed_total"
+				    "{side=\"serve\",reason=\"staging\"}"), 1);
+	assert_int_equal(prom_value(t, "dlshare_relay_transfers_failed_total"
+				    "{side=\"serve\",reason=\"peer-failed\"}"), 0);
+	assert_int_equal(prom_value(t, "dlshare_relay_served_bytes_total"),
+			 (64u << 10) + 4096);
+	free(t);
+	t = prom_wait(mf_b, "dlshare_relay_versions_mirrored_total", 1);
+	assert_int_equal(prom_value(t, "dlshare_relay_transfers_failed_total"
+				    "{side=\"mirror\",reason=\"origin-abort\"}"),
+			 1);
+	assert_int_equal(prom_value(t, "dlshare_relay_transfers_failed_total"
+				    "{side=\"mirror\",reason=\"other\"}"), 0);
+	assert_int_equal(prom_value(t, "dlshare_relay_staging_slots_in_use"
+				    "{side=\"mirror\"}"), 0);
+	free(t);
+	no_disconnects();
+	log_lacks(log_a, "--transfer-timeout-ms");
+	stop_all();
+	a_chunk = "4M";
+}
+
+/* The same fault towards a mirror of relay minor 6, which knows no ABORT:
+ * A sends none, says so, and --transfer-timeout-ms ends the offer as
+ * before (the connection closed, the lease dropped). */
+static void test_device_staging_error_minor6(void **state)
+{
+	uint64_t bytes[1] = { 64u << 10 };
+	const char *const pfx[1] = { "m/" };
+	struct old_mirror m;
+
+	(void)state;
+	a_chunk = "16K";
+	a_timeout = "1000";
+	start_all();
+	stop(&relay_a);
+	assert_int_equal(truncate(log_a, 0), 0);   /* for "listening on" */
+	setenv("FAKECUDA_FAIL_D2H", "2", 1);
+	relay_a = start_a();
+	unsetenv("FAKECUDA_FAIL_D2H");
+	assert_true(log_has(log_a, "listening on"));
+	old_start(&m, 6, pfx, 1);
+	publish_dev("m/fault6", 1, bytes, NULL, 75);
+	assert_true(old_wait(&m, MSG_OFFER_STAGED));
+	assert_true(log_has(log_a, "staging failed; the peer's relay "
+			    "(protocol 1.6) cannot be told"));
+	assert_false(old_wait(&m, MSG_ABORT));   /* A closes it instead */
+	assert_true(log_has(log_a, "held the offer of m/fault6 for more than "
+			    "--transfer-timeout-ms 1000"));
+	assert_int_equal(wait_leases(ca, 0), 0);
+	old_stop(&m);
+	stop_all();
+	a_chunk = "4M";
+	a_timeout = "60000";
+}
+
+/* The UUID of this process's device ordinal dev. */
+static void uuid_of(int dev, unsigned char out[16])
+{
+	struct cudaDeviceProp prop;
+
+	assert_int_equal(cudaGetDeviceProperties(&prop, dev), cudaSuccess);
+	memcpy(out, prop.uuid.bytes, 16);
+}
+
+/* GPUs other than 0, and a CUDA_VISIBLE_DEVICES that differs between the
+ * processes (4 fakecuda devices; this process and the daemons see all):
+ * the producer publishes on device 2; A's relay sees it as cuda:1
+ * (CUDA_VISIBLE_DEVICES=1,2); B's relay mirrors to --device cuda:1 with
+ * CUDA_VISIBLE_DEVICES=2,3, which is device 3 here. The version arrives
+ * bit-exact on device 3 (its UUID, and where its memory is), and neither
+ * relay made a context on its cuda:0. */
+static void test_device_not_zero(void **state)
+{
+	uint64_t bytes[3] = { 8192, 0, 300000 };
+	unsigned char want[16], got[16];
+	struct cudaPointerAttributes pa;
+	dlshare_bundle *b;
+	size_t i;
+	int ndev = 0;
+
+	(void)state;
+	assert_int_equal(cudaGetDeviceCount(&ndev), cudaSuccess);
+	if (ndev < 4)
+		test_skip("fakecuda shows %d devices, not FAKECUDA_DEVICES=4",
+			  ndev);
+	a_chunk = "64K";
+	start_all();
+	stop(&relay_a);
+	/* each relay's cuda:0 is PROHIBITED in its own process (no context
+	 * there): neither may touch a GPU it was not given */
+	setenv("CUDA_VISIBLE_DEVICES", "1,2", 1);
+	setenv("FAKECUDA_COMPUTE_MODE", "default,prohibited,default,default", 1);
+	relay_a = start_a();
+	setenv("CUDA_VISIBLE_DEVICES", "2,3", 1);
+	setenv("FAKECUDA_COMPUTE_MODE", "default,default,prohibited,default", 1);
+	relay_b = relay_start(log_b, "--socket", B.sock, "--connect", port_s,
+			      "--mirror", "m/", "--key-file", keyfile,
+			      "--device", "cuda:1", "--reconnect-max-ms", "200",
+			      (char *)NULL);
+	unsetenv("CUDA_VISIBLE_DEVICES");
+	unsetenv("FAKECUDA_COMPUTE_MODE");
+	publish_dev_on(2, "m/gpu2", 3, bytes, NULL, 81);
+	b = get_on_b("m/gpu2", 0, 3);
+	for (i = 0; i < 3; i++) {
+		const DLTensor *t = dlshare_bundle_tensor(b, i);
+		uint8_t *w = malloc(bytes[i] ? bytes[i] : 1);
+		uint8_t *g = malloc(bytes[i] ? bytes[i] : 1);
+
+		assert_int_equal(t->device.device_type, kDLCUDA);
+		assert_int_equal(t->device.device_id, 3);
+		if (bytes[i]) {
+			assert_int_equal(cudaPointerGetAttributes(&pa, t->data),
+					 cudaSuccess);
+			assert_int_equal(pa.device, 3);
+		}
+		harness_fill(w, bytes[i], 81 + (uint32_t)i);
+		assert_int_equal(cudaMemcpy(g, (const uint8_t *)t->data +
+					    t->byte_offset, bytes[i],
+					    cudaMemcpyDeviceToHost), cudaSuccess);
+		assert_memory_equal(g, w, bytes[i]);
+		free(w);
+		free(g);
+	}
+	dlshare_bundle_free(b);
+	uuid_of(3, want);
+	uuid_of(pa.device, got);
+	assert_memory_equal(got, want, 16);
+	assert_true(log_has(log_a, "device versions of GPU 1 staged"));
+	assert_int_equal(wait_leases(ca, 0), 0);
+	no_disconnects();
+	log_lacks(log_a, "not offered");
+	stop_all();
+	a_chunk = "4M";
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -288,6 +478,9 @@ int main(void)
 		cmocka_unit_test(test_device_ring_limit),
 		cmocka_unit_test(test_device_kill_mid_transfer),
 		cmocka_unit_test(test_device_without_cuda),
+		cmocka_unit_test(test_device_staging_error),
+		cmocka_unit_test(test_device_staging_error_minor6),
+		cmocka_unit_test(test_device_not_zero),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
