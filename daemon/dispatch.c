@@ -520,6 +520,11 @@ static void on_buffer_freed(void *ud, struct rbuffer *b)
 	peer_buffer_freed(b);
 }
 
+static void on_events_freed(void *ud, void *events)
+{
+	seal_events_free(ud, events);
+}
+
 static uint64_t on_now_ms(void *ud)
 {
 	struct daemon *d = ud;
@@ -542,6 +547,7 @@ const struct registry_ops dispatch_registry_ops = {
 	.published = on_published,
 	.retired = on_retired,
 	.buffer_freed = on_buffer_freed,
+	.events_freed = on_events_freed,
 	.now_ms = on_now_ms,
 	.expiry_changed = on_expiry_changed,
 };
