@@ -449,7 +449,10 @@ static void dispatch_frame(struct peer *peer, const struct wire_msg *m,
 		stats_request(peer, f->id, f->stats);
 		break;
 	case DLSHARE__FRAME__BODY_GOODBYE:
+		/* The producer is about to exit: no reply sent from here
+		 * on names its events or its memory. */
 		registry_owner_forget_events(&peer->d->reg, &peer->owner);
+		registry_owner_withdraw_exports(&peer->d->reg, &peer->owner);
 		reply_ok(peer, f->id);
 		break;
 	default:

@@ -1741,6 +1741,24 @@ void registry_owner_forget_events(struct registry *r,
 	}
 }
 
+void registry_owner_withdraw_exports(struct registry *r,
+				     struct registry_owner *o)
+{
+	struct version *v, *tmp;
+
+	DL_FOREACH_SAFE2(o->versions, v, tmp, onext) {
+		if (v->state != VERSION_SEALED || !v->exported)
+			continue;
+		/* As when o's connection closes, but o stays attached: it
+		 * hears Retired once no lease holds the version. */
+		if (v->entry->latest == v)
+			v->entry->latest = NULL;
+		if (v->queued)
+			queue_forget(r, v);
+		version_check(r, v);
+	}
+}
+
 void registry_owner_drop(struct registry *r, struct registry_owner *o)
 {
 	struct lease *l, *ltmp;

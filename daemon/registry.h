@@ -463,6 +463,12 @@ int registry_owner_attach(struct registry *r, struct registry_owner *o,
  * them): o's process may exit, and no reader must be handed its events. */
 void registry_owner_forget_events(struct registry *r,
 				  struct registry_owner *o);
+/* Withdraws the versions o exported (producer memory): no reader is handed
+ * them any more; leases keep theirs, and o hears Retired for each once no
+ * lease holds it. For a producer about to exit (Goodbye), whose memory and
+ * events die with it. */
+void registry_owner_withdraw_exports(struct registry *r,
+				     struct registry_owner *o);
 /* Drops every lease of o, every pending version and every exported version
  * it produced. Versions that lose their last reachability die here. */
 void registry_owner_drop(struct registry *r, struct registry_owner *o);
