@@ -204,6 +204,27 @@ static void handle_release(struct peer *peer, uint64_t id,
 	reply_ok(peer, id);
 }
 
+/* 1.6: takes given back unused; other leases released. */
+static void handle_untake(struct peer *peer, uint64_t id,
+			  const Dlshare__Untake *m)
+{
+	size_t unknown = 0;
+
+	for (size_t i = 0; i < m->n_leases; i++)
+		if (registry_untake(&peer->d->reg, &peer->owner,
+				    m->leases[i]))
+			unknown++;
+	if (unknown) {
+		if (id)
+			conn_send_error(&peer->conn, id, DLSHARE_EINVAL,
+					"untake: %zu unknown lease(s) of %zu",
+					unknown, m->n_leases);
+		return;
+	}
+	if (id)
+		reply_ok(peer, id);
+}
+
 /* Delete with a prefix (1.4): a batch of the names under it that the
  * caller may write; DeleteReply says how many, and whether to ask again. */
 static void handle_delete_prefix(struct peer *peer, uint64_t id,
@@ -447,6 +468,9 @@ static void dispatch_frame(struct peer *peer, const struct wire_msg *m,
 		break;
 	case DLSHARE__FRAME__BODY_STATS:
 		stats_request(peer, f->id, f->stats);
+		break;
+	case DLSHARE__FRAME__BODY_UNTAKE:
+		handle_untake(peer, f->id, f->untake);
 		break;
 	case DLSHARE__FRAME__BODY_GOODBYE:
 		/* The producer is about to exit: no reply sent from here

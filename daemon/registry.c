@@ -1670,6 +1670,29 @@ int registry_release(struct registry *r, struct registry_owner *o,
 	return 0;
 }
 
+int registry_untake(struct registry *r, struct registry_owner *o,
+		    uint64_t id)
+{
+	struct lease *l = NULL;
+	struct version *v;
+	int back;
+
+	HASH_FIND(hh, o->leases, &id, sizeof(id), l);
+	if (!l)
+		return -ENOENT;
+	v = l->version;
+	back = l->take && queue_return(r, l);
+	lease_drop(r, o, l);
+	/* Redelivered: whoever waits to take it may (registry_owner_drop). */
+	if (back && r->ops && r->ops->published) {
+		v->publishing = 1;
+		r->ops->published(r->ud, v->entry, v);
+		v->publishing = 0;
+		version_check(r, v);
+	}
+	return 0;
+}
+
 int registry_delete(struct registry *r, struct registry_owner *o,
 		    const char *name)
 {

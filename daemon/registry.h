@@ -622,6 +622,13 @@ struct version *registry_queue_head(struct registry *r,
  * the head. */
 void registry_queue_take(struct registry *r, struct lease *l);
 
+/* o gives back its lease id unused (1.6 Untake): a take's version goes back
+ * to the head of its queue, unconsumed (as when o goes), and whoever waits
+ * to take it may; any other lease is released. The version may die.
+ * Returns 0 or -ENOENT. */
+int registry_untake(struct registry *r, struct registry_owner *o,
+		    uint64_t id);
+
 /* Undoes registry_queue_take (the answer could not be sent) and drops l. */
 void registry_queue_untake(struct registry *r, struct registry_owner *o,
 			   struct lease *l);

@@ -2613,6 +2613,84 @@ static void seal_event_unopenable_fails(void **state)
 	assert_int_equal(reap(spawn(seal_unopenable_child, NULL)), 0);
 }
 
+/* A take whose reply this process cannot use (here: the taker is in
+ * another IPC namespace, so the daemon's event cannot be opened) fails with
+ * that reason, and does not count as consumed: the version is back at the
+ * head of its queue before the take returns (1.6 Untake), and the next
+ * taker gets it, whole. */
+static int untake_producer(void *arg)
+{
+	dlshare_client *c = child_connect();
+	int64_t shape[1] = { 1024 };
+	dlshare_tensor_spec spec = { .dtype = { kDLFloat, 32, 1 }, .ndim = 1,
+				     .shape = shape };
+	dlshare_create_opts co = { .device = { kDLCUDA, 0 } };
+	dlshare_queue_opts q = { .depth = 2 };
+	dlshare_writer *w;
+	uint8_t h[4096];
+	cudaStream_t s;
+
+	(void)arg;
+	CU(cudaSetDevice(0));
+	CU(cudaStreamCreate(&s));
+	DL_OK(dlshare_create_queued(c, "gpu/untake", &spec, 1, &co, &q, &w));
+	harness_fill(h, sizeof(h), 55);
+	CU(cudaMemcpyAsync(dlshare_writer_tensor(w, 0)->data, h, sizeof(h),
+			   cudaMemcpyHostToDevice, s));
+	DL_OK(dlshare_seal(w, s, NULL));
+	dlshare_disconnect(c);
+	CU(cudaStreamDestroy(s));
+	return 0;
+}
+
+/* In another IPC namespace (arg non-NULL) the take fails, and the
+ * version is back; else it is taken, whole. */
+static int untake_taker(void *arg)
+{
+	dlshare_client *c;
+	dlshare_queue_info qi;
+	dlshare_bundle *b = NULL;
+	uint8_t want[4096], got[4096];
+	cudaStream_t s;
+
+	if (arg)
+		setenv("FAKECUDA_IPC_NAMESPACE", "elsewhere", 1);
+	c = child_connect();
+	CU(cudaSetDevice(0));
+	CU(cudaStreamCreate(&s));
+	DL_OK(dlshare_queue_stat(c, "gpu/untake", &qi));
+	CHECK(qi.queued == 1 && qi.taken == 0);
+	if (arg) {
+		CHECK(dlshare_take(c, "gpu/untake", 0, s, &b) != 0);
+		CHECK(b == NULL);
+		CHECK(strstr(dlshare_last_error(), "CUDA IPC event") != NULL);
+		DL_OK(dlshare_queue_stat(c, "gpu/untake", &qi));
+		CHECK(qi.queued == 1 && qi.taken == 0);
+	} else {
+		DL_OK(dlshare_take(c, "gpu/untake", 0, s, &b));
+		CU(cudaMemcpyAsync(got, dlshare_bundle_tensor(b, 0)->data,
+				   sizeof(got), cudaMemcpyDeviceToHost, s));
+		CU(cudaStreamSynchronize(s));
+		harness_fill(want, sizeof(want), 55);
+		CHECK(memcmp(got, want, sizeof(got)) == 0);
+		dlshare_bundle_free(b);
+		DL_OK(dlshare_delete(c, "gpu/untake"));
+	}
+	dlshare_disconnect(c);
+	CU(cudaStreamDestroy(s));
+	return 0;
+}
+
+static void take_unusable_goes_back(void **state)
+{
+	(void)state;
+	if (!FAKE)
+		test_skip("needs a taker in another IPC namespace");
+	assert_int_equal(reap(spawn(untake_producer, NULL)), 0);
+	assert_int_equal(reap(spawn(untake_taker, "elsewhere")), 0);
+	assert_int_equal(reap(spawn(untake_taker, NULL)), 0);
+}
+
 /* What a create of device memory gets when it cannot be had. */
 static int store_refusals_child(void *arg)
 {
@@ -3772,6 +3850,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(reply_outlives_producer_on_device1,
 						setup_2gpu, teardown),
 		cmocka_unit_test_setup_teardown(seal_event_unopenable_fails,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(take_unusable_goes_back,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(pool_memory_copied,
 						setup, teardown),
