@@ -182,7 +182,9 @@ static void seal_finish(struct seal_job *j, int err)
 		j->gev = NULL;
 	}
 	if (peer && conn_open(&peer->conn)) {
-		if (err && j->why) {
+		/* Not when the version went meanwhile: that is the
+		 * answer then (ENOENT, nothing was published). */
+		if (err && j->why && err != -ENOENT) {
 			peer_answering(peer, METRICS_REQ_SEAL);
 			log_info("conn %llu (pid %d): seal %s: %s",
 				 (unsigned long long)peer->conn.id,
