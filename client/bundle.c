@@ -567,6 +567,37 @@ int dlshare_take(dlshare_client *c, const char *name, int32_t timeout_ms,
 	return get_call(c, &f, &o, out);
 }
 
+/* A take this process cannot use (its event cannot be opened, its reply
+ * makes no bundle) is no consumption: a 1.6 daemon puts the version back at
+ * the head of its queue (Untake) before the take returns its error, which
+ * stays the one dlshare_last_error() says. Elsewhere (an older daemon, a
+ * get) the lease is released. */
+static void lease_give_back(dlshare_client *c, const Dlshare__Frame *req,
+			    uint64_t lease)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Untake u = DLSHARE__UNTAKE__INIT;
+	char why[512];
+	struct reply r;
+	int err;
+
+	if (req->body_case != DLSHARE__FRAME__BODY_TAKE || !c->untakes) {
+		client_release(c, lease);
+		return;
+	}
+	snprintf(why, sizeof(why), "%s", dlshare_last_error());
+	u.n_leases = 1;
+	u.leases = &lease;
+	f.body_case = DLSHARE__FRAME__BODY_UNTAKE;
+	f.untake = &u;
+	err = client_call(c, &f, NULL, 0, NULL, &r);
+	if (!err)
+		reply_free(c, &r);
+	else if (err != DLSHARE_ECONN && err != DLSHARE_ECLOSED)
+		client_release(c, lease);
+	errmsg_set(why);
+}
+
 /* Sends f (a Get or a Take) and makes a bundle of its GetReply. */
 static int get_call(dlshare_client *c, Dlshare__Frame *f,
 		    const dlshare_get_opts *opts, dlshare_bundle **out)
@@ -660,7 +691,7 @@ static int get_call(dlshare_client *c, Dlshare__Frame *f,
 
 fail:
 	/* The daemon gave us a lease: give it back. */
-	client_release(c, gr->lease);
+	lease_give_back(c, f, gr->lease);
 	if (b) {
 		view_free(b->own_view);
 		free(b->own);

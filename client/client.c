@@ -1439,6 +1439,7 @@ static int hello(dlshare_client *c)
 		c->dev_events = r.msg->frame->hello_reply->minor >= 4;
 		c->queues = r.msg->frame->hello_reply->minor >= 4;
 		c->origins = r.msg->frame->hello_reply->minor >= 5;
+		c->untakes = r.msg->frame->hello_reply->minor >= 6;
 	}
 	reply_free(c, &r);
 	return err;
@@ -1450,6 +1451,10 @@ static int hello(dlshare_client *c)
  * waits on nothing (the daemon, seeing only the socket close, may answer a
  * get before it notices). So the library waits for its seal events and then
  * says Goodbye, a round trip after which the daemon hands out none of them.
+ * (A 1.6 daemon hands out events of its own for store versions, and says
+ * Retired for ours at the seal: none is left here then.) Device exports
+ * die with us too: the daemon withdraws them at the Goodbye, so no reply
+ * sent after it names their memory or event.
  * From a deleter on the receiver thread no call can wait: there the
  * daemon forgets the events when it sees the close. */
 static void goodbye(dlshare_client *c)
@@ -1461,11 +1466,16 @@ static void goodbye(dlshare_client *c)
 	int sealed = 0;
 
 	pthread_mutex_lock(&c->lock);
-	for (e = c->exports; e; e = e->next)
+	for (e = c->exports; e; e = e->next) {
 		if (e->n == 0 && e->event) {
 			cuda_event_wait(e->event);
 			sealed = 1;
 		}
+		/* An export of device memory: its memory and event die
+		 * with us; the daemon withdraws it at the Goodbye. */
+		if (e->n && e->event)
+			sealed = 1;
+	}
 	pthread_mutex_unlock(&c->lock);
 	if (!sealed || !c->goodbye ||
 	    (c->rx_started && pthread_equal(pthread_self(), c->rx)))

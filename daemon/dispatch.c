@@ -204,6 +204,27 @@ static void handle_release(struct peer *peer, uint64_t id,
 	reply_ok(peer, id);
 }
 
+/* 1.6: takes given back unused; other leases released. */
+static void handle_untake(struct peer *peer, uint64_t id,
+			  const Dlshare__Untake *m)
+{
+	size_t unknown = 0;
+
+	for (size_t i = 0; i < m->n_leases; i++)
+		if (registry_untake(&peer->d->reg, &peer->owner,
+				    m->leases[i]))
+			unknown++;
+	if (unknown) {
+		if (id)
+			conn_send_error(&peer->conn, id, DLSHARE_EINVAL,
+					"untake: %zu unknown lease(s) of %zu",
+					unknown, m->n_leases);
+		return;
+	}
+	if (id)
+		reply_ok(peer, id);
+}
+
 /* Delete with a prefix (1.4): a batch of the names under it that the
  * caller may write; DeleteReply says how many, and whether to ask again. */
 static void handle_delete_prefix(struct peer *peer, uint64_t id,
@@ -448,8 +469,14 @@ static void dispatch_frame(struct peer *peer, const struct wire_msg *m,
 	case DLSHARE__FRAME__BODY_STATS:
 		stats_request(peer, f->id, f->stats);
 		break;
+	case DLSHARE__FRAME__BODY_UNTAKE:
+		handle_untake(peer, f->id, f->untake);
+		break;
 	case DLSHARE__FRAME__BODY_GOODBYE:
+		/* The producer is about to exit: no reply sent from here
+		 * on names its events or its memory. */
 		registry_owner_forget_events(&peer->d->reg, &peer->owner);
+		registry_owner_withdraw_exports(&peer->d->reg, &peer->owner);
 		reply_ok(peer, f->id);
 		break;
 	default:
@@ -520,6 +547,11 @@ static void on_buffer_freed(void *ud, struct rbuffer *b)
 	peer_buffer_freed(b);
 }
 
+static void on_events_freed(void *ud, void *events)
+{
+	seal_events_free(ud, events);
+}
+
 static uint64_t on_now_ms(void *ud)
 {
 	struct daemon *d = ud;
@@ -542,6 +574,7 @@ const struct registry_ops dispatch_registry_ops = {
 	.published = on_published,
 	.retired = on_retired,
 	.buffer_freed = on_buffer_freed,
+	.events_freed = on_events_freed,
 	.now_ms = on_now_ms,
 	.expiry_changed = on_expiry_changed,
 };

@@ -32,7 +32,18 @@
 	X(cuMemGetAllocationGranularity)                            \
 	X(cuMemCreate)                                              \
 	X(cuMemExportToShareableHandle)                             \
-	X(cuMemRelease)
+	X(cuMemRelease)                                             \
+	X(cuDevicePrimaryCtxRetain)                                 \
+	X(cuCtxGetCurrent)                                          \
+	X(cuCtxSetCurrent)                                          \
+	X(cuStreamCreate)                                           \
+	X(cuStreamDestroy)                                          \
+	X(cuStreamWaitEvent)                                        \
+	X(cuEventCreate)                                            \
+	X(cuEventRecord)                                            \
+	X(cuEventDestroy)                                           \
+	X(cuIpcOpenEventHandle)                                     \
+	X(cuIpcGetEventHandle)
 #define RT_FUNCS(X)                                                 \
 	X(cudaSetDevice)                                            \
 	X(cudaMalloc)                                               \
@@ -50,9 +61,11 @@ static struct {
 	CUdevice dev[GPU_DEVICES_MAX];
 	uint8_t uuid[GPU_DEVICES_MAX][GPU_UUID_LEN];
 	int vmm_fd[GPU_DEVICES_MAX]; /* fd-exportable VMM memory there */
+	CUcontext ctx[GPU_DEVICES_MAX]; /* primary, retained for events */
+	pthread_mutex_t ctx_lock;    /* guards ctx[] */
 	const char *why;             /* why there is no GPU support */
 	const char *rt_why;          /* why there is no legacy-IPC fallback */
-} drv;
+} drv = { .ctx_lock = PTHREAD_MUTEX_INITIALIZER };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_once_t rt_once = PTHREAD_ONCE_INIT;
@@ -240,7 +253,309 @@ void gpu_free_ipc(void *ptr, int ordinal)
 		drv.cudaGetLastError();
 }
 
+/* ---- daemon-owned events ------------------------------------------------
+
+ * What CUDA's reference allows (the runtime's words; the driver calls used
+ * here say the same):
+ * - cudaIpcOpenEventHandle / cudaIpcGetEventHandle: "Performing operations
+ *   on the imported event after the exported event has been freed with
+ *   cudaEventDestroy will result in undefined behavior." So the producer's
+ *   event is opened and used only here, during the Seal, while its exporter
+ *   still holds it (the library keeps it until the daemon says Retired, or
+ *   until it disconnects, and the Seal is not answered yet).
+ * - cudaStreamWaitEvent: "Makes all future work submitted to stream wait for
+ *   all work captured in event ... event may be from a different device
+ *   than stream." And cudaEventRecord: "Other APIs such as
+ *   cudaStreamWaitEvent use the most recently captured state at the time of
+ *   the API call, and are not affected by later calls to cudaEventRecord."
+ *   So once our wait is queued, the producer may record its event again or
+ *   destroy it: the daemon sends Retired for it right after the seal.
+ * - cudaEventDestroy: "An event may be destroyed before it is complete ...
+ *   the call does not block on completion of the event, and any associated
+ *   resources will automatically be released asynchronously at
+ *   completion." So the imported event and our stream (cuStreamDestroy
+ *   says the same of a stream with work left) go at once, and the wait
+ *   stays queued.
+ * - cudaEventRecord: "event and stream must be on the same CUDA context":
+ *   each device's event is made and recorded in that device's primary
+ *   context, on a stream of that context.
+ */
+struct gpu_events {
+	unsigned n;
+	struct {
+		int dev;         /* index into drv.dev */
+		CUevent event;   /* ours, interprocess */
+		uint8_t handle[GPU_IPC_HANDLE_LEN];
+	} e[];
+};
+
+/* Events of versions that went, per device, for the next seals, as the
+ * library pools its own: a reader keeps the events it opened, by handle
+ * (client/cudalib.c), so an event it may still have open is recorded
+ * again (its next wait sees the new record) rather than destroyed, which
+ * could let a new event come with the same handle bytes. Beyond the pool
+ * they are destroyed. Under drv.ctx_lock. */
+#define GPU_EVENT_POOL 64
+static struct {
+	unsigned n;
+	CUevent ev[GPU_EVENT_POOL];
+	uint8_t handle[GPU_EVENT_POOL][GPU_IPC_HANDLE_LEN];
+} pool[GPU_DEVICES_MAX];
+
+static int dev_index(const uint8_t uuid[GPU_UUID_LEN])
+{
+	for (int i = 0; i < drv.ndev; i++)
+		if (memcmp(drv.uuid[i], uuid, GPU_UUID_LEN) == 0)
+			return i;
+	return -1;
+}
+
+/* Device i's primary context, retained on first use and kept: retaining
+ * and releasing it per version would make and tear down a context (a
+ * costly driver call) at every seal of a queue of depth 1. */
+static CUcontext dev_ctx(int i, const char **why)
+{
+	CUcontext c;
+
+	pthread_mutex_lock(&drv.ctx_lock);
+	c = drv.ctx[i];
+	if (!c && drv.cuDevicePrimaryCtxRetain(&c, drv.dev[i]) != CUDA_SUCCESS)
+		c = NULL;
+	drv.ctx[i] = c;
+	pthread_mutex_unlock(&drv.ctx_lock);
+	if (!c)
+		*why = "the daemon cannot make a CUDA context on the version's "
+		       "device (its compute mode may forbid a second process)";
+	return c;
+}
+
+/* Makes device i's event: a stream of its context waits for prod, our
+ * event is recorded after that wait. Context i is current. */
+static int relay_one(int i, CUevent prod, CUevent *out,
+		     uint8_t handle[GPU_IPC_HANDLE_LEN], const char **why)
+{
+	CUstream s = NULL;
+	CUevent ev = NULL;
+	CUipcEventHandle h;
+	int from_pool = 0;
+
+	if (drv.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+		*why = "cannot create a CUDA stream";
+		return -EIO;
+	}
+	if (drv.cuStreamWaitEvent(s, prod, 0) != CUDA_SUCCESS) {
+		*why = "cannot wait for the producer's CUDA event";
+		goto fail;
+	}
+	pthread_mutex_lock(&drv.ctx_lock);
+	if (pool[i].n) {
+		pool[i].n--;
+		ev = pool[i].ev[pool[i].n];
+		memcpy(handle, pool[i].handle[pool[i].n], GPU_IPC_HANDLE_LEN);
+		from_pool = 1;
+	}
+	pthread_mutex_unlock(&drv.ctx_lock);
+	if (!ev && drv.cuEventCreate(&ev, CU_EVENT_INTERPROCESS |
+				     CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+		ev = NULL;
+		*why = "cannot create an interprocess CUDA event (the "
+		       "driver's limit of them, or out of memory)";
+		goto fail;
+	}
+	if (drv.cuEventRecord(ev, s) != CUDA_SUCCESS) {
+		*why = "cannot record the daemon's CUDA event";
+		goto fail;
+	}
+	if (!from_pool) {
+		if (drv.cuIpcGetEventHandle(&h, ev) != CUDA_SUCCESS) {
+			*why = "cannot export the daemon's CUDA event";
+			goto fail;
+		}
+		memcpy(handle, h.reserved, GPU_IPC_HANDLE_LEN);
+	}
+	drv.cuStreamDestroy(s); /* the wait and the record stay queued */
+	*out = ev;
+	return 0;
+fail:
+	if (ev)
+		drv.cuEventDestroy(ev);
+	drv.cuStreamDestroy(s);
+	return -EIO;
+}
+
+struct gpu_events *gpu_events_recycle(struct gpu_events *g)
+{
+	unsigned left = 0;
+
+	if (!g)
+		return NULL;
+	pthread_mutex_lock(&drv.ctx_lock);
+	for (unsigned k = 0; k < g->n; k++) {
+		int i = g->e[k].dev;
+
+		if (pool[i].n < GPU_EVENT_POOL) {
+			pool[i].ev[pool[i].n] = g->e[k].event;
+			memcpy(pool[i].handle[pool[i].n], g->e[k].handle,
+			       GPU_IPC_HANDLE_LEN);
+			pool[i].n++;
+		} else {
+			g->e[left++] = g->e[k];
+		}
+	}
+	pthread_mutex_unlock(&drv.ctx_lock);
+	g->n = left;
+	if (!left) {
+		free(g);
+		return NULL;
+	}
+	return g;
+}
+
+void gpu_events_free(struct gpu_events *g)
+{
+	CUcontext prev = NULL;
+
+	if (!g)
+		return;
+	if (drv.cuCtxGetCurrent(&prev) != CUDA_SUCCESS)
+		prev = NULL;
+	for (unsigned k = 0; k < g->n; k++) {
+		/* Its context was retained when it was made, and is kept. */
+		if (drv.cuCtxSetCurrent(drv.ctx[g->e[k].dev]) == CUDA_SUCCESS)
+			drv.cuEventDestroy(g->e[k].event);
+	}
+	drv.cuCtxSetCurrent(prev);
+	free(g);
+}
+
+int gpu_events_relay(const uint8_t (*uuids)[GPU_UUID_LEN], unsigned ndev,
+		     const uint8_t prod_handle[GPU_IPC_HANDLE_LEN],
+		     uint8_t (*handles)[GPU_IPC_HANDLE_LEN],
+		     struct gpu_events **out, const char **why)
+{
+	struct gpu_events *g;
+	CUcontext prev = NULL, c;
+	CUipcEventHandle ph;
+	CUevent prod = NULL;
+	int idx[GPU_DEVICES_MAX];
+	int err = 0;
+
+	*out = NULL;
+	pthread_once(&once, load);
+	if (!drv.ndev) {
+		*why = drv.why;
+		return -ENOTSUP;
+	}
+	if (!ndev || ndev > GPU_DEVICES_MAX) {
+		*why = "no device, or too many, to make events on";
+		return -EINVAL;
+	}
+	for (unsigned k = 0; k < ndev; k++)
+		if ((idx[k] = dev_index(uuids[k])) < 0) {
+			*why = "no GPU with that UUID on the daemon's machine";
+			return -ENODEV;
+		}
+	for (unsigned k = 0; k < ndev; k++)
+		if (!dev_ctx(idx[k], why))
+			return -ENOTSUP;
+	g = calloc(1, sizeof(*g) + ndev * sizeof(g->e[0]));
+	if (!g) {
+		*why = "out of memory";
+		return -ENOMEM;
+	}
+	if (drv.cuCtxGetCurrent(&prev) != CUDA_SUCCESS)
+		prev = NULL;
+	/* The producer recorded its event on the first device's stream: it
+	 * is opened there (each device's stream may wait on it). */
+	c = drv.ctx[idx[0]];
+	memcpy(ph.reserved, prod_handle, GPU_IPC_HANDLE_LEN);
+	if (drv.cuCtxSetCurrent(c) != CUDA_SUCCESS) {
+		*why = "cannot make the device's CUDA context current";
+		err = -EIO;
+	} else if (drv.cuIpcOpenEventHandle(&prod, ph) != CUDA_SUCCESS) {
+		prod = NULL;
+		*why = "cannot open the producer's CUDA IPC event (not an "
+		       "event handle, or its process destroyed it or is "
+		       "gone, or it is in another IPC namespace)";
+		err = -EINVAL;
+	}
+	for (unsigned k = 0; k < ndev && !err; k++) {
+		if (drv.cuCtxSetCurrent(drv.ctx[idx[k]]) != CUDA_SUCCESS) {
+			*why = "cannot make the device's CUDA context current";
+			err = -EIO;
+			break;
+		}
+		err = relay_one(idx[k], prod, &g->e[k].event, handles[k], why);
+		if (!err) {
+			g->e[k].dev = idx[k];
+			memcpy(g->e[k].handle, handles[k], GPU_IPC_HANDLE_LEN);
+			g->n++;
+		}
+	}
+	if (prod && drv.cuCtxSetCurrent(c) == CUDA_SUCCESS)
+		drv.cuEventDestroy(prod);
+	drv.cuCtxSetCurrent(prev);
+	if (err) {
+		gpu_events_free(g);
+		return err;
+	}
+	*out = g;
+	return 0;
+}
+
 #else /* !DLSHARE_HAVE_CUDA */
+
+int gpu_events_relay(const uint8_t (*uuids)[GPU_UUID_LEN], unsigned ndev,
+		     const uint8_t prod_handle[GPU_IPC_HANDLE_LEN],
+		     uint8_t (*handles)[GPU_IPC_HANDLE_LEN],
+		     struct gpu_events **out, const char **why)
+{
+	(void)uuids;
+	(void)ndev;
+	(void)prod_handle;
+	(void)handles;
+	*out = NULL;
+	*why = "dlshared was built without CUDA";
+	return -ENOTSUP;
+}
+
+struct gpu_events *gpu_events_recycle(struct gpu_events *g)
+{
+	unsigned left = 0;
+
+	if (!g)
+		return NULL;
+	pthread_mutex_lock(&drv.ctx_lock);
+	for (unsigned k = 0; k < g->n; k++) {
+		int i = g->e[k].dev;
+
+		if (pool[i].n < GPU_EVENT_POOL) {
+			pool[i].ev[pool[i].n] = g->e[k].event;
+			memcpy(pool[i].handle[pool[i].n], g->e[k].handle,
+			       GPU_IPC_HANDLE_LEN);
+			pool[i].n++;
+		} else {
+			g->e[left++] = g->e[k];
+		}
+	}
+	pthread_mutex_unlock(&drv.ctx_lock);
+	g->n = left;
+	if (!left) {
+		free(g);
+		return NULL;
+	}
+	return g;
+}
+
+struct gpu_events *gpu_events_recycle(struct gpu_events *g)
+{
+	return g;
+}
+
+void gpu_events_free(struct gpu_events *g)
+{
+	(void)g;
+}
 
 int gpu_alloc(const uint8_t uuid[GPU_UUID_LEN], uint64_t size,
 	      struct gpu_mem *m, const char **why)

@@ -51,4 +51,36 @@ int gpu_alloc(const uint8_t uuid[GPU_UUID_LEN], uint64_t size,
  * thread; blocks. */
 void gpu_free_ipc(void *ptr, int ordinal);
 
+/* Daemon-owned events (store versions sealed with a CUDA event): the
+ * producer's interprocess event dies with its process, but a store
+ * version outlives it. So at seal, on each of ndev devices (uuids), a
+ * stream of the daemon waits for the producer's event (prod_handle) and
+ * an interprocess event of the daemon is recorded after that wait; readers
+ * get its handle (handles[k], for uuids[k]). The producer's event is used
+ * only during this call and may be destroyed or recorded again after it.
+ * Needs the device's primary context (retained on first use, and kept).
+ * The host never waits for the GPU. Returns 0 with *out (freed with
+ * gpu_events_free once no reply can name the events any more), or -ENOTSUP
+ * (no driver or device, or no context possible), -ENODEV (no device with
+ * such a UUID), -EINVAL (the producer's handle cannot be opened), -ENOMEM,
+ * -EIO; *why then says what (a static string). Any thread; blocks on
+ * driver calls: never on the loop. */
+struct gpu_events;
+int gpu_events_relay(const uint8_t (*uuids)[GPU_UUID_LEN], unsigned ndev,
+		     const uint8_t prod_handle[GPU_IPC_HANDLE_LEN],
+		     uint8_t (*handles)[GPU_IPC_HANDLE_LEN],
+		     struct gpu_events **out, const char **why);
+
+/* Keeps g's events for the next gpu_events_relay on their devices (a
+ * bounded pool; a reader may still have one open, by its handle: it is
+ * recorded again, never destroyed while pooled). Returns NULL, or g with
+ * the events the pool had no room for, for gpu_events_free. No driver
+ * call: any thread, the loop included. */
+struct gpu_events *gpu_events_recycle(struct gpu_events *g);
+
+/* Destroys the events (in their devices' contexts; a record not yet
+ * complete finishes on its own). NULL is fine. Any thread; never on the
+ * loop. */
+void gpu_events_free(struct gpu_events *g);
+
 #endif

@@ -554,6 +554,13 @@ static void version_destroy(struct registry *r, struct version *v)
 	r->meta_bytes -= v->meta_bytes;
 	if (retire && r->ops && r->ops->retired)
 		r->ops->retired(r->ud, producer, e->name, number);
+	if (v->own_events) {
+		/* Nothing can name them any more: its leases are gone. */
+		if (r->ops && r->ops->events_freed)
+			r->ops->events_freed(r->ud, v->own_events);
+		else
+			free(v->own_events);
+	}
 	free(v->event_handle);
 	free(v->dev_events);
 	free(v); /* its tensors, buffers, dims and keys with it */
@@ -1409,8 +1416,17 @@ int registry_seal_begin(struct registry *r, struct registry_owner *o,
 int registry_seal_end(struct registry *r, struct version *v, int err,
 		      const uint8_t *event, size_t event_len)
 {
+	return registry_seal_end_owned(r, v, err, event, event_len, NULL, 0,
+				       NULL);
+}
+
+int registry_seal_end_owned(struct registry *r, struct version *v, int err,
+			    const uint8_t *event, size_t event_len,
+			    const uint8_t *dev_events, size_t ndev_events,
+			    void *own)
+{
 	struct registry_owner *o = v->producer;
-	uint8_t *ev = NULL;
+	uint8_t *ev = NULL, *dev = NULL;
 
 	v->sealing = 0;
 	if (v->orphaned) {
@@ -1427,21 +1443,35 @@ int registry_seal_end(struct registry *r, struct version *v, int err,
 		err = -EINVAL;
 	/* Host buffers are usually sealed with no event: it costs memory only
 	 * where there is one. */
+	if (!err && ndev_events > v->nbuffers)
+		err = -EINVAL;
 	if (!err && event_len && !(ev = malloc(event_len)))
 		err = -ENOMEM;
-	if (err)
+	if (!err && ndev_events &&
+	    !(dev = malloc(ndev_events * REGISTRY_DEV_EVENT_LEN)))
+		err = -ENOMEM;
+	if (err) {
+		free(ev);
 		return err;
+	}
 	if (event_len)
 		memcpy(ev, event, event_len);
+	if (ndev_events)
+		memcpy(dev, dev_events, ndev_events * REGISTRY_DEV_EVENT_LEN);
 	free(v->event_handle);
 	v->event_handle = ev;
 	v->event_len = (uint8_t)event_len;
+	free(v->dev_events);
+	v->dev_events = dev;
+	v->ndev_events = (uint8_t)ndev_events;
+	v->own_events = own;
 	version_unpend(v);
 	v->state = VERSION_SEALED;
-	/* A CUDA event lives in the producer's process: the producer stays
-	 * attached, to hear when it may destroy it (Retired), and the
-	 * version forgets the event when the producer goes. */
-	if (!event_len) {
+	/* A producer's CUDA event lives in the producer's process: the
+	 * producer stays attached, to hear when it may destroy it (Retired),
+	 * and the version forgets the event when the producer goes. Events
+	 * of the daemon's own (own) need no producer. */
+	if (!event_len || own) {
 		DL_DELETE2(o->versions, v, oprev, onext);
 		v->producer = NULL;
 	}
@@ -1640,6 +1670,29 @@ int registry_release(struct registry *r, struct registry_owner *o,
 	return 0;
 }
 
+int registry_untake(struct registry *r, struct registry_owner *o,
+		    uint64_t id)
+{
+	struct lease *l = NULL;
+	struct version *v;
+	int back;
+
+	HASH_FIND(hh, o->leases, &id, sizeof(id), l);
+	if (!l)
+		return -ENOENT;
+	v = l->version;
+	back = l->take && queue_return(r, l);
+	lease_drop(r, o, l);
+	/* Redelivered: whoever waits to take it may (registry_owner_drop). */
+	if (back && r->ops && r->ops->published) {
+		v->publishing = 1;
+		r->ops->published(r->ud, v->entry, v);
+		v->publishing = 0;
+		version_check(r, v);
+	}
+	return 0;
+}
+
 int registry_delete(struct registry *r, struct registry_owner *o,
 		    const char *name)
 {
@@ -1708,6 +1761,24 @@ void registry_owner_forget_events(struct registry *r,
 		free(v->event_handle);
 		v->event_handle = NULL;
 		v->event_len = 0;
+	}
+}
+
+void registry_owner_withdraw_exports(struct registry *r,
+				     struct registry_owner *o)
+{
+	struct version *v, *tmp;
+
+	DL_FOREACH_SAFE2(o->versions, v, tmp, onext) {
+		if (v->state != VERSION_SEALED || !v->exported)
+			continue;
+		/* As when o's connection closes, but o stays attached: it
+		 * hears Retired once no lease holds the version. */
+		if (v->entry->latest == v)
+			v->entry->latest = NULL;
+		if (v->queued)
+			queue_forget(r, v);
+		version_check(r, v);
 	}
 }
 

@@ -136,6 +136,11 @@ struct version {
 	uint8_t *dev_events;     /* 1.4: ndev_events entries of
 				  * REGISTRY_DEV_EVENT_LEN bytes; NULL when
 				  * none */
+	void *own_events;        /* 1.6, store mode: the daemon's own CUDA
+				  * events that event_handle or dev_events
+				  * name (daemon/gpu.h), handed to
+				  * ops->events_freed when v goes; else
+				  * NULL */
 	struct lease *lease_list;              /* the leases on it */
 	struct version *prev, *next;           /* entry->versions */
 	struct version *oprev, *onext;         /* producer->versions */
@@ -285,6 +290,10 @@ struct registry_ops {
 	 * be destroyed. */
 	void (*retired)(void *ud, struct registry_owner *producer,
 			const char *name, uint64_t number);
+	/* A version's own_events (registry_seal_end_owned) are no longer
+	 * named by it: the callee destroys them (off the loop). Without ops
+	 * (registry_deinit) they are free()d. */
+	void (*events_freed)(void *ud, void *events);
 	/* A buffer is about to be freed: forget it. */
 	void (*buffer_freed)(void *ud, struct rbuffer *b);
 	/* The clock TTLs are counted on, in ms (monotonic); NULL: always 0. */
@@ -454,6 +463,12 @@ int registry_owner_attach(struct registry *r, struct registry_owner *o,
  * them): o's process may exit, and no reader must be handed its events. */
 void registry_owner_forget_events(struct registry *r,
 				  struct registry_owner *o);
+/* Withdraws the versions o exported (producer memory): no reader is handed
+ * them any more; leases keep theirs, and o hears Retired for each once no
+ * lease holds it. For a producer about to exit (Goodbye), whose memory and
+ * events die with it. */
+void registry_owner_withdraw_exports(struct registry *r,
+				     struct registry_owner *o);
 /* Drops every lease of o, every pending version and every exported version
  * it produced. Versions that lose their last reachability die here. */
 void registry_owner_drop(struct registry *r, struct registry_owner *o);
@@ -558,6 +573,19 @@ int registry_seal_begin(struct registry *r, struct registry_owner *o,
 int registry_seal_end(struct registry *r, struct version *v, int err,
 		      const uint8_t *event, size_t event_len);
 
+/* registry_seal_end, where the events readers get are the daemon's own
+ * (1.6): one event_handle (event, event_len), or ndev_events entries of
+ * REGISTRY_DEV_EVENT_LEN bytes (a device's UUID, then its event's handle)
+ * in dev_events; own (non-NULL) is what holds them, taken over on success
+ * only (then handed to ops->events_freed when v goes). v then names no
+ * producer event: its producer is detached at once, like a version sealed
+ * with no event, and hears no Retired for it. Returns as
+ * registry_seal_end. */
+int registry_seal_end_owned(struct registry *r, struct version *v, int err,
+			    const uint8_t *event, size_t event_len,
+			    const uint8_t *dev_events, size_t ndev_events,
+			    void *own);
+
 /* registry_seal_begin, F_SEAL_WRITE on each host buffer, registry_seal_end:
  * in one call, which blocks while a buffer's pages are pinned. Never on the
  * loop (the daemon uses daemon/seal.c); for tools and tests. Returns as
@@ -593,6 +621,13 @@ struct version *registry_queue_head(struct registry *r,
  * the queue; releasing l consumes it, the end of l's owner puts it back at
  * the head. */
 void registry_queue_take(struct registry *r, struct lease *l);
+
+/* o gives back its lease id unused (1.6 Untake): a take's version goes back
+ * to the head of its queue, unconsumed (as when o goes), and whoever waits
+ * to take it may; any other lease is released. The version may die.
+ * Returns 0 or -ENOENT. */
+int registry_untake(struct registry *r, struct registry_owner *o,
+		    uint64_t id);
 
 /* Undoes registry_queue_take (the answer could not be sent) and drops l. */
 void registry_queue_untake(struct registry *r, struct registry_owner *o,

@@ -10,7 +10,9 @@
 #include <dlshare/dlshare.h>
 
 #include "check.h"
+#include "gpu.h"
 #include "host.h"
+#include "log.h"
 #include "reply.h"
 
 /* The seals of one uid: how many run on the pool, and those waiting for
@@ -42,8 +44,53 @@ struct seal_job {
 					     * this copy) */
 	size_t event_len;
 	uint8_t event[REGISTRY_HANDLE_MAX];
+	/* 1.6: a device version sealed with the producer's event gets
+	 * events of the daemon's own, one per device of its buffers (see
+	 * gpu_events_relay), made by the worker. */
+	unsigned ndev;
+	uint8_t uuids[REGISTRY_BUFFERS_HARD_MAX][GPU_UUID_LEN];
+	uint8_t handles[REGISTRY_BUFFERS_HARD_MAX][GPU_IPC_HANDLE_LEN];
+	struct gpu_events *gev;         /* the worker's, until taken */
+	const char *why;                /* the worker's, with err */
+	char name[CHECK_NAME_MAX + 1];  /* for the Retired */
 	char label[CHECK_NAME_MAX + 32];  /* "NAME vN", for answers */
 };
+
+struct events_free {
+	uv_work_t req;
+	struct gpu_events *g;
+};
+
+static void events_free_work(uv_work_t *req)
+{
+	struct events_free *ef = req->data;
+
+	gpu_events_free(ef->g);
+}
+
+static void events_free_done(uv_work_t *req, int status)
+{
+	(void)status;
+	free(req->data);
+}
+
+void seal_events_free(struct daemon *d, void *g)
+{
+	struct events_free *ef;
+
+	if (!g || !(g = gpu_events_recycle(g)))
+		return;
+	ef = calloc(1, sizeof(*ef));
+	if (ef) {
+		ef->g = g;
+		ef->req.data = ef;
+		if (uv_queue_work(d->loop, &ef->req, events_free_work,
+				  events_free_done) == 0)
+			return;
+		free(ef);
+	}
+	gpu_events_free(g); /* brief driver calls; never waits for the GPU */
+}
 
 /* Frees q once it has nothing running or waiting. */
 static void seal_uid_put(struct daemon *d, struct seal_uid *q)
@@ -61,6 +108,54 @@ static void seal_work(uv_work_t *req)
 
 	for (unsigned i = 0; i < j->nfds && !j->err; i++)
 		j->err = host_seal_write(j->fds[i]);
+	if (!j->err && j->ndev)
+		j->err = gpu_events_relay((const uint8_t (*)[GPU_UUID_LEN])
+					  j->uuids, j->ndev, j->event,
+					  j->handles, &j->gev, &j->why);
+}
+
+/* Loop: ends j's seal with the daemon's events (j->gev) in place of the
+ * producer's; they are the version's from here, or freed. */
+static int seal_end_relayed(struct seal_job *j)
+{
+	struct daemon *d = j->d;
+	uint8_t dev[REGISTRY_BUFFERS_HARD_MAX * REGISTRY_DEV_EVENT_LEN];
+	int err;
+
+	if (j->ndev == 1) {
+		err = registry_seal_end_owned(&d->reg, j->v, 0, j->handles[0],
+					      GPU_IPC_HANDLE_LEN, NULL, 0,
+					      j->gev);
+	} else {
+		for (unsigned k = 0; k < j->ndev; k++) {
+			uint8_t *e = dev + k * REGISTRY_DEV_EVENT_LEN;
+
+			memcpy(e, j->uuids[k], REGISTRY_UUID_LEN);
+			memcpy(e + REGISTRY_UUID_LEN, j->handles[k],
+			       REGISTRY_HANDLE_MAX);
+		}
+		err = registry_seal_end_owned(&d->reg, j->v, 0, NULL, 0, dev,
+					      j->ndev, j->gev);
+	}
+	if (err)
+		seal_events_free(d, j->gev);
+	j->gev = NULL;
+	return err;
+}
+
+/* Tells peer that the event it sealed j's version with is no longer
+ * needed: the daemon's stream waits for it already (a Retired, which a
+ * library registered before it sent the Seal). */
+static void seal_retire_event(struct peer *peer, struct seal_job *j)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Retired r = DLSHARE__RETIRED__INIT;
+
+	r.name = j->name;
+	r.version = j->number;
+	f.body_case = DLSHARE__FRAME__BODY_RETIRED;
+	f.retired = &r;
+	conn_send(&peer->conn, &f, NULL, 0);
 }
 
 /* Loop: ends j's seal with err (the version is published, pending again,
@@ -76,9 +171,31 @@ static void seal_finish(struct seal_job *j, int err)
 		peer->inflight--;
 	}
 	/* May publish, which answers parked gets; may free j->v. */
-	err = registry_seal_end(&d->reg, j->v, err, j->event, j->event_len);
+	if (!err && j->gev)
+		err = seal_end_relayed(j);
+	else
+		err = registry_seal_end(&d->reg, j->v, err,
+					j->ndev ? NULL : j->event,
+					j->ndev ? 0 : j->event_len);
+	if (j->gev) { /* the seal failed before it could take them */
+		seal_events_free(d, j->gev);
+		j->gev = NULL;
+	}
 	if (peer && conn_open(&peer->conn)) {
-		if (err) {
+		/* Not when the version went meanwhile: that is the
+		 * answer then (ENOENT, nothing was published). */
+		if (err && j->why && err != -ENOENT) {
+			peer_answering(peer, METRICS_REQ_SEAL);
+			log_info("conn %llu (pid %d): seal %s: %s",
+				 (unsigned long long)peer->conn.id,
+				 (int)peer->owner.pid, j->label, j->why);
+			conn_send_error(&peer->conn, j->id, reply_code(err),
+					"seal %s: the daemon cannot make the "
+					"CUDA event readers wait on: %s; "
+					"nothing was published", j->label,
+					j->why);
+			peer_answering(peer, METRICS_REQ_OTHER);
+		} else if (err) {
 			peer_answering(peer, METRICS_REQ_SEAL);
 			reply_err(peer, j->id, err, "seal", j->label);
 			peer_answering(peer, METRICS_REQ_OTHER);
@@ -90,6 +207,8 @@ static void seal_finish(struct seal_job *j, int err)
 			f.id = j->id;
 			f.body_case = DLSHARE__FRAME__BODY_SEAL_REPLY;
 			f.seal_reply = &r;
+			if (j->ndev)
+				seal_retire_event(peer, j);
 			conn_send(&peer->conn, &f, NULL, 0);
 		}
 	}
@@ -128,6 +247,33 @@ static void seal_done(uv_work_t *req, int status)
 	conn_reap(&d->conns);
 }
 
+/* The distinct devices of v's CUDA device buffers, into uuids (when not
+ * NULL), in the order of its buffers. Returns how many. */
+static unsigned seal_devices(const struct version *v,
+			     uint8_t (*uuids)[GPU_UUID_LEN])
+{
+	uint8_t seen[REGISTRY_BUFFERS_HARD_MAX][GPU_UUID_LEN];
+	unsigned n = 0;
+
+	for (size_t i = 0; i < v->nbuffers; i++) {
+		const struct rbuffer *b = v->buffers[i];
+		unsigned k;
+
+		if (b->dev_type != kDLCUDA || !b->has_uuid)
+			continue;
+		for (k = 0; k < n; k++)
+			if (memcmp(seen[k], b->cuda->uuid, GPU_UUID_LEN) == 0)
+				break;
+		if (k < n)
+			continue;
+		memcpy(seen[n], b->cuda->uuid, GPU_UUID_LEN);
+		if (uuids)
+			memcpy(uuids[n], b->cuda->uuid, GPU_UUID_LEN);
+		n++;
+	}
+	return n;
+}
+
 void seal_request(struct peer *peer, uint64_t id, const Dlshare__Seal *m)
 {
 	struct daemon *d = peer->d;
@@ -158,6 +304,9 @@ void seal_request(struct peer *peer, uint64_t id, const Dlshare__Seal *m)
 	/* v is sealing from here: every way out ends the seal. */
 	if (event_len > REGISTRY_HANDLE_MAX) {
 		err = -EINVAL;
+	} else if (event_len && seal_devices(v, NULL) &&
+		   event_len != GPU_IPC_HANDLE_LEN) {
+		err = -EINVAL; /* no CUDA IPC event handle */
 	} else {
 		HASH_FIND(hh, d->seal_uids, &peer->owner.uid, sizeof(uid_t), q);
 		if (!q && (q = calloc(1, sizeof(*q)))) {
@@ -182,9 +331,15 @@ void seal_request(struct peer *peer, uint64_t id, const Dlshare__Seal *m)
 	j->id = id;
 	j->number = v->number;
 	j->req.data = j;
+	/* Readers of a device version get events of the daemon's own: the
+	 * producer's dies with its process. One with no device buffer needs
+	 * none (its host buffers were written before the Seal). */
+	if (event_len && (j->ndev = seal_devices(v, j->uuids)) == 0)
+		event_len = 0;
 	j->event_len = event_len;
 	if (event_len)
 		memcpy(j->event, m->event_handle.data, event_len);
+	snprintf(j->name, sizeof(j->name), "%s", v->entry->name);
 	snprintf(j->label, sizeof(j->label), "%s v%" PRIu64, v->entry->name,
 		 v->number);
 	for (size_t i = 0; i < v->nbuffers; i++)

@@ -30,6 +30,10 @@ void seal_request(struct peer *peer, uint64_t id, const Dlshare__Seal *m);
  * it. */
 void seal_peer_closed(struct peer *peer);
 
+/* Pools daemon-owned CUDA events (a struct gpu_events) for the next seals
+ * (gpu_events_recycle), and destroys those beyond the pool off the loop. */
+void seal_events_free(struct daemon *d, void *g);
+
 /* Frees what is left at shutdown (nothing, once the loop ran dry). */
 void seal_deinit(struct daemon *d);
 

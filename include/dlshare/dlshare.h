@@ -253,7 +253,11 @@ DLSHARE_API uint64_t dlshare_writer_version(const dlshare_writer *w);
  * Returns 0 and the version in *version (may be NULL), or DLSHARE_ENOENT
  * (the name was deleted while the version was pending: nothing was
  * published), DLSHARE_EBUSY (a writable mapping or pinned pages (vmsplice,
- * O_DIRECT, RDMA) of the buffer still exist somewhere), DLSHARE_ECONN,
+ * O_DIRECT, RDMA) of the buffer still exist somewhere), DLSHARE_EINVAL or
+ * DLSHARE_ENOTSUP for a device version whose event the daemon (protocol
+ * 1.6) cannot wait on with an event of its own (it cannot open the
+ * producer's event: another IPC namespace; or it cannot have a CUDA context
+ * on the device), DLSHARE_ECONN,
  * DLSHARE_ESTATE (a daemon before protocol 1.3 found the version sealed
  * already), DLSHARE_EFORK (w was inherited: only this process's copy is
  * consumed, the parent's version is untouched). dlshare_last_error() then

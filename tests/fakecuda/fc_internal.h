@@ -94,7 +94,8 @@ struct fc_ipc_wire {
     uint32_t phys_dev;
     uint64_t id;
     uint64_t size;
-    uint8_t zero[32];
+    uint32_t ns;      /* events: the exporter's FAKECUDA_IPC_NAMESPACE tag */
+    uint8_t zero[28];
 };
 _Static_assert(sizeof(struct fc_ipc_wire) == 64, "IPC handle is 64 bytes");
 

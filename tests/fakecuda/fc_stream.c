@@ -992,6 +992,23 @@ FC_API CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
 
 /* ---- IPC events ------------------------------------------------------------------ */
 
+/* The IPC namespace a process is in, as FAKECUDA_IPC_NAMESPACE names it
+ * (unset or empty: the host's): an interprocess event lives in shared
+ * memory, so, as with CUDA, only a process that shares it (the same
+ * /dev/shm: a container without --ipc=host does not) can open its handle.
+ * A tag (FNV-1a of the name) travels in the handle. */
+static uint32_t fc_ipc_ns(void)
+{
+    const char *s = getenv("FAKECUDA_IPC_NAMESPACE");
+    uint32_t h = 2166136261u;
+
+    if (!s || !*s)
+        return 0;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 16777619u;
+    return h ? h : 1;
+}
+
 FC_API cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *handle, cudaEvent_t event)
 {
     cudaError_t e = fc_rt_enter();
@@ -1013,6 +1030,7 @@ FC_API cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *handle, cudaEvent
         .pid = getpid(),
         .fd = ev->fd,
         .id = ev->sh->id,
+        .ns = fc_ipc_ns(),
     };
     memcpy(handle->reserved, &w, sizeof(w));
     fc_event_put(ev);
@@ -1061,6 +1079,9 @@ FC_API cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *event, cudaIpcEventHandle
     /* CUDA refuses IPC handles in the process that made them. */
     if (w.pid == getpid())
         return fc_rt_err(cudaErrorDeviceUninitialized);
+    /* Another IPC namespace: its shared memory is not ours to map. */
+    if (w.ns != fc_ipc_ns())
+        return fc_rt_err(cudaErrorInvalidValue);
     int err;
     struct fc_ev_shared *sh = fc_event_map_peer(&w, &err);
     if (!sh)

@@ -868,6 +868,8 @@ struct two_chans {
 				  * cannot register host memory read-only */
 	int driver_cap;          /* the driver's cap on interprocess events
 				  * is met before the library's */
+	int get;                 /* tg_*: a plain name and a get, not a
+				  * queue name and a take */
 };
 
 /* Runs a producer and a consumer child on a, which gets its channels here,
@@ -2417,14 +2419,16 @@ static void queue_release_at_disconnect(void **state)
 }
 
 /* A take answered before its producer said Goodbye, read by the taker
- * after the producer destroyed its event and exited: the reply names an
- * event that is gone (undefined behaviour on CUDA: the fake traps when the
- * taker has it cached, and fails the open otherwise). This is the window
- * behind queue_waiters_race_on_device's rare TRAP under load, made
- * deterministic by stopping the taker while its reply is in flight. The
- * library does not close it yet (it needs the daemon to know that a
- * handed-out event was used, a protocol change): the test runs only with
- * DLSHARE_TEST_KNOWN_BUGS=1. */
+ * after the producer destroyed its event and exited. The reply must name
+ * no event of the producer's: a store version's readers get an event of
+ * the daemon's own, which its stream recorded after waiting for the
+ * producer's at seal (the fake traps on an imported event its exporter
+ * destroyed, and fails the open of one). This is the window behind
+ * queue_waiters_race_on_device's rare TRAP under load, made deterministic
+ * by stopping the taker while its reply is in flight. Also a get (not a
+ * take), and on device 1 of a node whose device 0 the daemon may not use
+ * (the daemon's stream and event must be made in the version's device's
+ * context). */
 #define TG_NAME "gpu/takegone"
 
 static int tg_producer(void *arg)
@@ -2434,19 +2438,27 @@ static int tg_producer(void *arg)
 	int64_t shape[1] = { 1024 };
 	dlshare_tensor_spec spec = { .dtype = { kDLFloat, 32, 1 }, .ndim = 1,
 				     .shape = shape };
-	dlshare_create_opts co = { .device = { kDLCUDA, 0 } };
+	dlshare_create_opts co = { .device = { kDLCUDA, a->dev } };
 	dlshare_queue_opts q = { .depth = 1 };
 	dlshare_writer *w;
+	cudaStream_t s;
 	uint8_t h[4096];
 
-	CU(cudaSetDevice(0));
+	CU(cudaSetDevice(a->dev));
+	CU(cudaStreamCreate(&s));
 	RECV(a->to_p, 'g');
-	DL_OK(dlshare_create_queued(c, TG_NAME, &spec, 1, &co, &q, &w));
+	if (a->get)
+		DL_OK(dlshare_create(c, a->name, &spec, 1, &co, &w));
+	else
+		DL_OK(dlshare_create_queued(c, a->name, &spec, 1, &co, &q, &w));
 	harness_fill(h, sizeof(h), 77);
-	CU(cudaMemcpy(dlshare_writer_tensor(w, 0)->data, h, sizeof(h),
-		      cudaMemcpyHostToDevice));
-	DL_OK(dlshare_seal(w, NULL, NULL));
+	/* The stream lags: the reader's wait must hold it back. */
+	set_delay_ms(50);
+	CU(cudaMemcpyAsync(dlshare_writer_tensor(w, 0)->data, h, sizeof(h),
+			   cudaMemcpyHostToDevice, s));
+	DL_OK(dlshare_seal(w, s, NULL));
 	dlshare_disconnect(c);     /* waits for the seal, says Goodbye */
+	CU(cudaStreamDestroy(s));  /* and every event of ours is gone */
 	return 0;
 }
 
@@ -2454,14 +2466,20 @@ static int tg_taker(void *arg)
 {
 	struct two_chans *a = arg;
 	dlshare_client *c = child_connect();
+	dlshare_get_opts go = { .select = DLSHARE_LATEST,
+				.timeout_ms = harness_ms(20000) };
 	dlshare_bundle *b;
 	uint8_t got[4096], want[4096];
 	const DLTensor *t;
 
-	CU(cudaSetDevice(0));
+	CU(cudaSetDevice(a->dev));
 	SEND(a->to_parent, 'r');
-	DL_OK(dlshare_take(c, TG_NAME, harness_ms(20000), NULL, &b));
+	if (a->get)
+		DL_OK(dlshare_get(c, a->name, &go, &b));
+	else
+		DL_OK(dlshare_take(c, a->name, harness_ms(20000), NULL, &b));
 	t = dlshare_bundle_tensor(b, 0);
+	CHECK(t->device.device_id == a->dev);
 	CU(cudaMemcpy(got, t->data, sizeof(got), cudaMemcpyDeviceToHost));
 	harness_fill(want, sizeof(want), 77);
 	CHECK(memcmp(got, want, sizeof(got)) == 0);
@@ -2470,27 +2488,207 @@ static int tg_taker(void *arg)
 	return 0;
 }
 
-static void take_reply_outlives_producer(void **state)
+/* Waits until the daemon has n parked gets or takes. */
+static void wait_parked(uint64_t n)
 {
-	struct two_chans a = { .name = TG_NAME };
+	dlshare_client *c = NULL;
+	dlshare_stats st;
+
+	assert_int_equal(dlshare_connect(g_d.sock, &c), 0);
+	for (int i = 0; i < harness_ms(20000) / 5; i++) {
+		assert_int_equal(dlshare_stats_get(c, &st), 0);
+		if (st.parked >= n)
+			break;
+		sleep_ms(5);
+	}
+	assert_true(st.parked >= n);
+	dlshare_disconnect(c);
+}
+
+static void reply_outlives_producer(struct two_chans *a)
+{
 	pid_t p, t;
 
-	(void)state;
-	if (!getenv("DLSHARE_TEST_KNOWN_BUGS"))
-		test_skip("a known window (a take answered before the "
-			  "producer's Goodbye names its event after it is "
-			  "gone): DLSHARE_TEST_KNOWN_BUGS=1 runs it");
-	a.to_p = chan_new();
-	a.to_parent = chan_new();
-	p = spawn(tg_producer, &a);
-	t = spawn(tg_taker, &a);
-	assert_int_equal(chan_recv(a.to_parent, 'r', 10000), 0);
-	sleep_ms(300);             /* its take is parked in the daemon */
+	a->to_p = chan_new();
+	a->to_parent = chan_new();
+	p = spawn(tg_producer, a);
+	t = spawn(tg_taker, a);
+	assert_int_equal(chan_recv(a->to_parent, 'r', 10000), 0);
+	wait_parked(1);            /* its take is parked in the daemon */
 	assert_int_equal(kill(t, SIGSTOP), 0);
-	assert_int_equal(chan_send(a.to_p, 'g'), 0);
+	assert_int_equal(chan_send(a->to_p, 'g'), 0);
 	assert_int_equal(reap(p), 0);  /* sealed, answered the take, gone */
 	assert_int_equal(kill(t, SIGCONT), 0);
 	assert_int_equal(reap(t), 0);
+}
+
+static void take_reply_outlives_producer(void **state)
+{
+	struct two_chans a = { .name = TG_NAME };
+
+	(void)state;
+	reply_outlives_producer(&a);
+}
+
+static void get_reply_outlives_producer(void **state)
+{
+	struct two_chans a = { .name = "gpu/getgone", .get = 1 };
+
+	(void)state;
+	reply_outlives_producer(&a);
+}
+
+/* Two GPUs; the daemon may make no context on device 0 (its compute mode
+ * forbids it, to the daemon alone): a version on device 1 gets the
+ * daemon's event made and recorded in device 1's context. */
+static void reply_outlives_producer_on_device1(void **state)
+{
+	struct two_chans a = { .name = "gpu/takegone1", .dev = 1 };
+
+	(void)state;
+	if (!FAKE)
+		test_skip("needs a device the daemon alone may not use");
+	assert_int_equal(harness_daemon_stop(&g_d), 0);
+	setenv("FAKECUDA_COMPUTE_MODE", "prohibited,default", 1);
+	assert_int_equal(harness_daemon_start(&g_d, NULL), 0);
+	unsetenv("FAKECUDA_COMPUTE_MODE");
+	reply_outlives_producer(&a);
+	a.name = "gpu/getgone1";
+	a.get = 1;
+	reply_outlives_producer(&a);
+}
+
+/* A seal whose event the daemon cannot open (here: the daemon is in
+ * another IPC namespace, as in a container without --ipc=host) fails
+ * with a message that says so; nothing was published or leaked, and the
+ * daemon serves on (a seal without an event still works). */
+static int seal_unopenable_child(void *arg)
+{
+	int64_t shape[1] = { 64 };
+	dlshare_tensor_spec spec = { .dtype = { kDLFloat, 32, 1 }, .ndim = 1,
+				     .shape = shape };
+	dlshare_create_opts co = { .device = { kDLCUDA, 0 } };
+	dlshare_client *c = child_connect();
+	dlshare_get_opts go = { .select = DLSHARE_LATEST };
+	dlshare_writer *w;
+	dlshare_bundle *b;
+	dlshare_stats st;
+	cudaStream_t s;
+
+	(void)arg;
+	CU(cudaStreamCreate(&s));
+	DL_OK(create_matrix(c, "gpu/noevent", &w));
+	put_pattern(dlshare_writer_tensor(w, 0)->data, CA_BYTES, 91, s);
+	CHECK(dlshare_seal(w, s, NULL) != 0);
+	CHECK(strstr(dlshare_last_error(), "producer's CUDA IPC event") !=
+	      NULL);
+	CHECK(strstr(dlshare_last_error(), "gpu/noevent v1") != NULL);
+	DL_ERR(dlshare_get(c, "gpu/noevent", &go, &b), DLSHARE_ENOENT);
+	DL_OK(dlshare_stats_get(c, &st));
+	CHECK(st.versions == 0 && st.buffers == 0 && st.leases == 0);
+	/* The daemon serves on: a host version needs no event. */
+	co.device.device_type = kDLCPU;
+	DL_OK(dlshare_create(c, "gpu/noevent", &spec, 1, &co, &w));
+	memset(dlshare_writer_tensor(w, 0)->data, 7, 64 * 4);
+	DL_OK(dlshare_seal(w, NULL, NULL));
+	DL_OK(dlshare_get(c, "gpu/noevent", &go, &b));
+	dlshare_bundle_free(b);
+	DL_OK(dlshare_delete(c, "gpu/noevent"));
+	DL_OK(dlshare_stats_get(c, &st));
+	CHECK(st.versions == 0 && st.buffers == 0 && st.bytes == 0);
+	dlshare_disconnect(c);
+	CU(cudaStreamDestroy(s));
+	return 0;
+}
+
+static void seal_event_unopenable_fails(void **state)
+{
+	(void)state;
+	if (!FAKE)
+		test_skip("needs a daemon in another IPC namespace");
+	assert_int_equal(harness_daemon_stop(&g_d), 0);
+	setenv("FAKECUDA_IPC_NAMESPACE", "the-daemons", 1);
+	assert_int_equal(harness_daemon_start(&g_d, NULL), 0);
+	unsetenv("FAKECUDA_IPC_NAMESPACE");
+	assert_int_equal(reap(spawn(seal_unopenable_child, NULL)), 0);
+}
+
+/* A take whose reply this process cannot use (here: the taker is in
+ * another IPC namespace, so the daemon's event cannot be opened) fails with
+ * that reason, and does not count as consumed: the version is back at the
+ * head of its queue before the take returns (1.6 Untake), and the next
+ * taker gets it, whole. */
+static int untake_producer(void *arg)
+{
+	dlshare_client *c = child_connect();
+	int64_t shape[1] = { 1024 };
+	dlshare_tensor_spec spec = { .dtype = { kDLFloat, 32, 1 }, .ndim = 1,
+				     .shape = shape };
+	dlshare_create_opts co = { .device = { kDLCUDA, 0 } };
+	dlshare_queue_opts q = { .depth = 2 };
+	dlshare_writer *w;
+	uint8_t h[4096];
+	cudaStream_t s;
+
+	(void)arg;
+	CU(cudaSetDevice(0));
+	CU(cudaStreamCreate(&s));
+	DL_OK(dlshare_create_queued(c, "gpu/untake", &spec, 1, &co, &q, &w));
+	harness_fill(h, sizeof(h), 55);
+	CU(cudaMemcpyAsync(dlshare_writer_tensor(w, 0)->data, h, sizeof(h),
+			   cudaMemcpyHostToDevice, s));
+	DL_OK(dlshare_seal(w, s, NULL));
+	dlshare_disconnect(c);
+	CU(cudaStreamDestroy(s));
+	return 0;
+}
+
+/* In another IPC namespace (arg non-NULL) the take fails, and the
+ * version is back; else it is taken, whole. */
+static int untake_taker(void *arg)
+{
+	dlshare_client *c;
+	dlshare_queue_info qi;
+	dlshare_bundle *b = NULL;
+	uint8_t want[4096], got[4096];
+	cudaStream_t s;
+
+	if (arg)
+		setenv("FAKECUDA_IPC_NAMESPACE", "elsewhere", 1);
+	c = child_connect();
+	CU(cudaSetDevice(0));
+	CU(cudaStreamCreate(&s));
+	DL_OK(dlshare_queue_stat(c, "gpu/untake", &qi));
+	CHECK(qi.queued == 1 && qi.taken == 0);
+	if (arg) {
+		CHECK(dlshare_take(c, "gpu/untake", 0, s, &b) != 0);
+		CHECK(b == NULL);
+		CHECK(strstr(dlshare_last_error(), "CUDA IPC event") != NULL);
+		DL_OK(dlshare_queue_stat(c, "gpu/untake", &qi));
+		CHECK(qi.queued == 1 && qi.taken == 0);
+	} else {
+		DL_OK(dlshare_take(c, "gpu/untake", 0, s, &b));
+		CU(cudaMemcpyAsync(got, dlshare_bundle_tensor(b, 0)->data,
+				   sizeof(got), cudaMemcpyDeviceToHost, s));
+		CU(cudaStreamSynchronize(s));
+		harness_fill(want, sizeof(want), 55);
+		CHECK(memcmp(got, want, sizeof(got)) == 0);
+		dlshare_bundle_free(b);
+		DL_OK(dlshare_delete(c, "gpu/untake"));
+	}
+	dlshare_disconnect(c);
+	CU(cudaStreamDestroy(s));
+	return 0;
+}
+
+static void take_unusable_goes_back(void **state)
+{
+	(void)state;
+	if (!FAKE)
+		test_skip("needs a taker in another IPC namespace");
+	assert_int_equal(reap(spawn(untake_producer, NULL)), 0);
+	assert_int_equal(reap(spawn(untake_taker, "elsewhere")), 0);
+	assert_int_equal(reap(spawn(untake_taker, NULL)), 0);
 }
 
 /* What a create of device memory gets when it cannot be had. */
@@ -3646,6 +3844,14 @@ int main(void)
 		cmocka_unit_test_setup_teardown(queue_release_at_disconnect,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(take_reply_outlives_producer,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(get_reply_outlives_producer,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(reply_outlives_producer_on_device1,
+						setup_2gpu, teardown),
+		cmocka_unit_test_setup_teardown(seal_event_unopenable_fails,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(take_unusable_goes_back,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(pool_memory_copied,
 						setup, teardown),

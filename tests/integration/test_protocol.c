@@ -998,7 +998,8 @@ static void raw_create_seal_event(int sock, const char *name)
 	wire_msg_free(m);
 }
 
-/* A Get of name's newest version on sock: whether it carried an event. */
+/* A Get of name's newest version on sock: whether it carried an event;
+ * -1 when the answer was an Error. */
 static int raw_get_has_event(int sock, const char *name)
 {
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
@@ -1011,16 +1012,23 @@ static int raw_get_has_event(int sock, const char *name)
 	f.body_case = DLSHARE__FRAME__BODY_GET;
 	f.get = &g;
 	assert_int_equal(raw_call(sock, &f, NULL, 0, &m), 0);
+	if (m->frame->body_case == DLSHARE__FRAME__BODY_ERROR) {
+		wire_msg_free(m);
+		return -1;
+	}
 	assert_int_equal(m->frame->body_case, DLSHARE__FRAME__BODY_GET_REPLY);
 	has = m->frame->get_reply->has_event_handle;
 	wire_msg_free(m);
 	return has;
 }
 
-/* The library says Goodbye once its seal events are done, before its
- * process may exit: when the answer comes, no reader is handed the events
- * of that process any more, whether or not the daemon has yet seen the
- * socket close. The connection stays usable, and the version lives on. */
+/* The library says Goodbye before its process may exit: when the answer
+ * comes, no reader is handed the events or the exported memory of that
+ * process any more, whether or not the daemon has yet seen the socket
+ * close. The connection stays usable, and store versions live on. A store
+ * version with no device buffer keeps no event at all (1.6: a device
+ * version's readers get the daemon's own, test_cuda_fake's
+ * take_reply_outlives_producer). */
 static void goodbye_forgets_events(void **state)
 {
 	struct fixture *fx = *state;
@@ -1028,23 +1036,35 @@ static void goodbye_forgets_events(void **state)
 	int prod = raw_connect(fx->d.sock), reader = raw_connect(fx->d.sock);
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Goodbye gb = DLSHARE__GOODBYE__INIT;
+	const int64_t shape[1] = { 16 };
+	struct rtensor t;
 	struct wire_msg *m;
+	int efd;
 
 	assert_true(prod >= 0 && reader >= 0);
 	assert_int_equal(raw_hello(prod), 0);
 	assert_int_equal(raw_hello(reader), 0);
 	raw_create_seal_event(prod, "bye/x");
-	assert_true(raw_get_has_event(reader, "bye/x"));
+	assert_int_equal(raw_get_has_event(reader, "bye/x"), 0);
+	efd = raw_memfd(64, F_SEAL_SHRINK | F_SEAL_GROW);
+	assert_true(efd >= 0);
+	assert_int_equal(raw_version(prod, "bye/e",
+				     rtensor(&t, kDLFloat, 32, 1, shape, NULL,
+					     0), 64, efd), 0);
+	close(efd);
+	assert_int_equal(raw_get_has_event(reader, "bye/e"), 0);
 	f.id = next_id++;
 	f.body_case = DLSHARE__FRAME__BODY_GOODBYE;
 	f.goodbye = &gb;
 	assert_int_equal(raw_call(prod, &f, NULL, 0, &m), 0);
 	assert_int_equal(m->frame->body_case, DLSHARE__FRAME__BODY_OK);
 	wire_msg_free(m);
-	assert_false(raw_get_has_event(reader, "bye/x"));
+	assert_int_equal(raw_get_has_event(reader, "bye/x"), 0);
+	/* The export is withdrawn: its memory dies with the producer. */
+	assert_int_equal(raw_get_has_event(reader, "bye/e"), -1);
 	assert_int_equal(raw_alive(prod), 0);
 	close(prod);
-	assert_false(raw_get_has_event(reader, "bye/x"));
+	assert_int_equal(raw_get_has_event(reader, "bye/x"), 0);
 	close(reader);
 	assert_int_equal(harness_wait_stats(c, 0, 1, NULL), 0);
 	dlshare_disconnect(c);
