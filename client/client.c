@@ -1439,6 +1439,7 @@ static int hello(dlshare_client *c)
 		c->dev_events = r.msg->frame->hello_reply->minor >= 4;
 		c->queues = r.msg->frame->hello_reply->minor >= 4;
 		c->origins = r.msg->frame->hello_reply->minor >= 5;
+		c->watches = r.msg->frame->hello_reply->minor >= 6;
 	}
 	reply_free(c, &r);
 	return err;

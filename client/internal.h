@@ -128,6 +128,7 @@ struct dlshare_client {
 	int dev_events;          /* ...and events per device (1.4) */
 	int queues;              /* ...and queue names (1.4) */
 	int origins;             /* ...and versions' origins (1.5) */
+	int watches;             /* ...and Watch (1.6) */
 	uint64_t calls;          /* calls begun, to tell the receiver thread
 				  * whether callers are around */
 	int closed;              /* dlshare_disconnect() began */

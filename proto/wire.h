@@ -14,10 +14,10 @@
 #include "dlshare.pb-c.h"
 
 #define WIRE_PROTO_MAJOR 1
-#define WIRE_PROTO_MINOR 5 /* 1: Frame.releases; 2: Goodbye; 3: writer ids;
+#define WIRE_PROTO_MINOR 6 /* 1: Frame.releases; 2: Goodbye; 3: writer ids;
 			    * 4: large manifests (manifest.h), name
 			    * lifetimes, events per device, queue names;
-			    * 5: versions' origins (relays) */
+			    * 5: versions' origins (relays); 6: Watch */
 
 /* Largest packet either side sends. AF_UNIX refuses a datagram larger than
  * the socket's send buffer (wmem_default, 208 KiB on stock kernels), so the
