@@ -12,7 +12,8 @@
 #define RELAY_HDR_LEN 12
 #define RELAY_AM_ID 0x44         /* the UCP active message id of every message */
 #define RELAY_PROTO_MAJOR 1
-#define RELAY_PROTO_MINOR 6   /* 6: staged (device) offers, inline versions */
+#define RELAY_PROTO_MINOR 7   /* 6: staged (device) offers, inline versions;
+			       * 7: DELETED */
 #define RELAY_NONCE_LEN 32
 #define RELAY_NODE_MAX 64        /* bytes of a node name */
 #define RELAY_PREFIX_MAX 255     /* bytes of a mirrored prefix */
@@ -31,6 +32,10 @@ enum relay_msg_type {
 			       * version through a ring of pinned slots */
 	MSG_CHUNK = 10,    /* server -> mirror: a slot holds stream bytes */
 	MSG_FREE = 11,     /* mirror -> server: the slot was read */
+	MSG_DELETED = 12,  /* server -> mirror (minor >= 7): sub id, a
+			    * name deleted at the origin */
+	MSG_DELETED_DONE = 13, /* mirror -> server: sub id: one DELETED of
+				* it was handled */
 };
 
 /* DONE status. */

@@ -108,12 +108,13 @@ static const char *a_chunk = "4M";       /* A's --chunk-size (staging) */
 static const char *a_slots = "4";        /* A's --stage-slots */
 static const char *a_peers = "64";       /* A's --max-peers */
 static const char *a_msg = "64M";        /* A's --max-message */
+static const char *a_scan = "50";        /* A's --scan-interval-ms */
 
 static pid_t start_a(void)
 {
 	snprintf(port_s, sizeof(port_s), "127.0.0.1:%d", port);
 	return relay_start(log_a, "--socket", A.sock, "--listen", port_s,
-			   "--key-file", keyfile, "--scan-interval-ms", "50",
+			   "--key-file", keyfile, "--scan-interval-ms", a_scan,
 			   "--node-name", "node-a", "--transfer-timeout-ms",
 			   a_timeout, "--auth-timeout-ms", "1000",
 			   "--chunk-size", a_chunk, "--stage-slots", a_slots,
@@ -947,6 +948,111 @@ static void test_hostile_ucx(void **state)
 	stop_all();
 }
 
+/* ---- Watch (daemon 1.6) and deletions (relay protocol 1.7) ---------------- */
+
+/* A new version of a name that is not the prefix's last changed one is
+ * mirrored through the daemon's Watch: A's scan is set to ten minutes, so
+ * nothing else could find it within the harness's bound. */
+static void test_watch_not_last(void **state)
+{
+	uint64_t bytes[1] = { 4096 };
+	uint64_t v1;
+
+	(void)state;
+	a_scan = "600000";
+	start_all();
+	relay_b = start_b_with(keyfile, "1M", "16");
+	publish("m/first", 1, bytes, NULL, 71);
+	v1 = expect("m/first", 0, 1, bytes, NULL, 71);
+	publish("m/second", 1, bytes, NULL, 72);
+	expect("m/second", 0, 1, bytes, NULL, 72);
+	/* m/second changed last; m/first changes now */
+	publish("m/first", 1, bytes, NULL, 73);
+	expect("m/first", v1, 1, bytes, NULL, 73);
+	log_lacks(log_a, "falls back");
+	stop_all();
+	a_scan = "50";
+}
+
+/* Waits until name is gone on B (or fails after the harness's bound). */
+static void gone_on_b(const char *name)
+{
+	dlshare_name_info info;
+	int i, err = 0;
+
+	for (i = 0; i < harness_ms(30000) / 10; i++) {
+		err = dlshare_stat(cb, name, &info, NULL);
+		if (err == DLSHARE_ENOENT)
+			return;
+		sleep_ms(10);
+	}
+	dump_logs();
+	assert_int_equal(err, DLSHARE_ENOENT);
+}
+
+/* A name deleted on A goes on B too; a name of B whose newest version
+ * was made on B (not A's copy) stays, though A deleted its own. */
+static void test_delete_mirrored(void **state)
+{
+	uint64_t bytes[1] = { 1000 };
+	dlshare_tensor_spec spec = { .dtype = { kDLUInt, 8, 1 }, .ndim = 1 };
+	int64_t shape = 1000;
+	dlshare_name_info info;
+	dlshare_writer *w;
+	uint64_t vb;
+
+	(void)state;
+	spec.shape = &shape;
+	start_all();
+	relay_b = start_b_with(keyfile, "1M", "16");
+	publish("m/del", 1, bytes, NULL, 81);
+	expect("m/del", 0, 1, bytes, NULL, 81);
+	publish("m/mine", 1, bytes, NULL, 82);
+	vb = expect("m/mine", 0, 1, bytes, NULL, 82);
+	/* B's own newest version of m/mine */
+	assert_int_equal(dlshare_create(cb, "m/mine", &spec, 1, NULL, &w), 0);
+	assert_int_equal(dlshare_seal(w, NULL, NULL), 0);
+	assert_int_equal(dlshare_stat(cb, "m/mine", &info, NULL), 0);
+	assert_true(info.latest > vb);
+	assert_string_equal(info.origin_node, "");
+	/* deleted in this order on A: B handles them in order */
+	assert_int_equal(dlshare_delete(ca, "m/mine"), 0);
+	assert_int_equal(dlshare_delete(ca, "m/del"), 0);
+	gone_on_b("m/del");
+	assert_true(log_has(log_b, "mirror m/del: deleted at node node-a"));
+	assert_true(log_has(log_b, "mirror m/mine: deleted at node node-a: "
+			    "kept"));
+	assert_int_equal(dlshare_stat(cb, "m/mine", &info, NULL), 0);
+	assert_string_equal(info.origin_node, "");
+	/* made again on A after the delete: mirrored again from version 1 */
+	publish("m/del", 1, bytes, NULL, 83);
+	expect("m/del", 0, 1, bytes, NULL, 83);
+	stop_all();
+}
+
+/* With a daemon that has no Watch (DLSHARE_RELAY_NO_WATCH makes the
+ * relay act as with a 1.5 daemon), A scans: what is published is still
+ * mirrored, the last changed name and the others. */
+static void test_scan_fallback(void **state)
+{
+	uint64_t bytes[1] = { 3000 };
+	uint64_t v1;
+
+	(void)state;
+	setenv("DLSHARE_RELAY_NO_WATCH", "1", 1);
+	start_all();
+	unsetenv("DLSHARE_RELAY_NO_WATCH");
+	relay_b = start_b_with(keyfile, "1M", "16");
+	publish("m/one", 1, bytes, NULL, 91);
+	assert_true(log_has(log_a, "falls back to a scan"));
+	v1 = expect("m/one", 0, 1, bytes, NULL, 91);
+	publish("m/two", 1, bytes, NULL, 92);
+	expect("m/two", 0, 1, bytes, NULL, 92);
+	publish("m/one", 1, bytes, NULL, 93);
+	expect("m/one", v1, 1, bytes, NULL, 93);
+	stop_all();
+}
+
 #ifndef RELAY_NO_MAIN
 int main(void)
 {
@@ -966,6 +1072,9 @@ int main(void)
 		cmocka_unit_test(test_key_mode),
 		cmocka_unit_test(test_hostile_garbage),
 		cmocka_unit_test(test_hostile_ucx),
+		cmocka_unit_test(test_watch_not_last),
+		cmocka_unit_test(test_delete_mirrored),
+		cmocka_unit_test(test_scan_fallback),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
