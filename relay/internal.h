@@ -101,7 +101,16 @@ struct sub {
 	uint64_t sent_ms;
 	unsigned ndnotes;         /* its DELETEDs queued or unanswered;
 				   * under r->mu */
-	/* thread only */
+	/* With Watch, two threads: the watcher (th) and the hot thread
+	 * (hot_th, a waiting get on the name offered last, which hands its
+	 * next version over one daemon round trip sooner than a watch and a
+	 * get). olock serialises their offers and guards seen, hot and
+	 * last; hcv is the hot thread's own sleep. */
+	pthread_t hot_th;
+	bool hot_started;         /* watcher only */
+	pthread_mutex_t olock;
+	pthread_cond_t hcv;
+	/* thread only (the scan), or under olock (Watch) */
 	struct name_version *seen;
 	char hot[256];
 	char last[256];

@@ -146,6 +146,81 @@ static bool sub_deleted(struct sub *s, const char *name)
 	return !cancelled;
 }
 
+static bool sub_cancelled(struct sub *s)
+{
+	bool c;
+
+	pthread_mutex_lock(&s->r->mu);
+	c = s->cancel;
+	pthread_mutex_unlock(&s->r->mu);
+	return c;
+}
+
+/* Thread of s, olock held: offers b (a lease on name) unless it is not
+ * newer than what was offered of name (the other thread offered it).
+ * Returns false when cancelled. */
+static bool sub_offer_new(struct sub *s, dlshare_bundle *b, const char *name)
+{
+	if (nv_get(s->seen, name) >= dlshare_bundle_version(b)) {
+		dlshare_bundle_free(b);
+		return true;
+	}
+	return sub_offer(s, b, name);
+}
+
+/* The hot thread of s (with Watch): a waiting get on the name offered
+ * last, as the scan's. A weight-sync name that is the only one changing
+ * gets its next version handed over with the lease in one answer; the
+ * watcher finds every other change (and this one too, offered once). */
+static void *hot_thread(void *arg)
+{
+	struct sub *s = arg;
+	struct relay *r = s->r;
+
+	while (!sub_cancelled(s)) {
+		dlshare_get_opts o = { .select = DLSHARE_NEWER_THAN,
+				       .timeout_ms = WATCH_WAIT_MS };
+		dlshare_bundle *b = NULL;
+		char name[256];
+		bool ok;
+		int err;
+
+		pthread_mutex_lock(&s->olock);
+		snprintf(name, sizeof(name), "%s", s->hot);
+		o.version = nv_get(s->seen, name);
+		pthread_mutex_unlock(&s->olock);
+		if (!name[0]) {
+			struct timespec ts;
+
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_nsec += (long)WATCH_WAIT_MS * 1000000;
+			ts.tv_sec += ts.tv_nsec / 1000000000;
+			ts.tv_nsec %= 1000000000;
+			pthread_mutex_lock(&r->mu);
+			if (!s->cancel)
+				pthread_cond_timedwait(&s->hcv, &r->mu, &ts);
+			pthread_mutex_unlock(&r->mu);
+			continue;
+		}
+		err = dlshare_get(r->dl, name, &o, &b);
+		if (err) {
+			/* deleted, not ours, the daemon in trouble: the
+			 * watcher says what is new; wait for another name */
+			pthread_mutex_lock(&s->olock);
+			if (err != DLSHARE_ETIMEDOUT && !strcmp(s->hot, name))
+				s->hot[0] = 0;
+			pthread_mutex_unlock(&s->olock);
+			continue;
+		}
+		pthread_mutex_lock(&s->olock);
+		ok = sub_offer_new(s, b, name);
+		pthread_mutex_unlock(&s->olock);
+		if (!ok)
+			break;
+	}
+	return NULL;
+}
+
 /* Thread of s, with a daemon that speaks 1.6: learns of new versions and
  * deletions under the prefix from Watch, which the daemon answers when
  * any name there changes (not only the last changed one, as the scan's
@@ -155,6 +230,7 @@ static int sub_watch(struct sub *s, dlshare_watch_change *ch)
 {
 	struct relay *r = s->r;
 	uint64_t after = 0;
+	int ret = 0;
 
 	for (;;) {
 		unsigned flags = 0;
@@ -167,11 +243,21 @@ static int sub_watch(struct sub *s, dlshare_watch_change *ch)
 		cancel = s->cancel;
 		pthread_mutex_unlock(&r->mu);
 		if (cancel)
-			return 0;
+			break;
 		err = dlshare_watch(r->dl, s->prefix, after, WATCH_WAIT_MS, ch,
 				    PICK_MAX, &n, &seq, &flags);
-		if (err == DLSHARE_ENOTSUP)
-			return err;
+		if (err == DLSHARE_ENOTSUP) {
+			ret = err;
+			break;
+		}
+		if (!err && !s->hot_started) {
+			if (pthread_create(&s->hot_th, NULL, hot_thread, s))
+				log_warn("serving %s: no hot thread: new "
+					 "versions come by Watch alone",
+					 s->prefix);
+			else
+				s->hot_started = true;
+		}
 		if (err) {
 			struct timespec ts;
 
@@ -195,22 +281,28 @@ static int sub_watch(struct sub *s, dlshare_watch_change *ch)
 			dlshare_get_opts o = { .select = DLSHARE_LATEST };
 			dlshare_name_info info;
 			dlshare_bundle *b = NULL;
+			bool have, ok;
 
 			if (ch[i].deleted) {
 				/* deleted here and made again since: its
 				 * new versions follow, the peer's copy of
 				 * the old ones is replaced */
+				pthread_mutex_lock(&s->olock);
 				nv_set(&s->seen, ch[i].name, 0);
+				pthread_mutex_unlock(&s->olock);
 				if (!dlshare_stat(r->dl, ch[i].name, &info,
 						  NULL))
 					continue;
 				/* the peer deletes its copy only if it came
 				 * from this node (its origin) */
 				if (!sub_deleted(s, ch[i].name))
-					return 0;
+					goto out;
 				continue;
 			}
-			if (nv_get(s->seen, ch[i].name) >= ch[i].version)
+			pthread_mutex_lock(&s->olock);
+			have = nv_get(s->seen, ch[i].name) >= ch[i].version;
+			pthread_mutex_unlock(&s->olock);
+			if (have)
 				continue;
 			err = dlshare_get(r->dl, ch[i].name, &o, &b);
 			if (err) {
@@ -222,11 +314,19 @@ static int sub_watch(struct sub *s, dlshare_watch_change *ch)
 						 dlshare_strerror(err));
 				continue;
 			}
-			if (!sub_offer(s, b, ch[i].name))
-				return 0;
+			pthread_mutex_lock(&s->olock);
+			ok = sub_offer_new(s, b, ch[i].name);
+			pthread_mutex_unlock(&s->olock);
+			if (!ok)
+				goto out;
 		}
 		after = seq;
 	}
+out:
+	if (s->hot_started)
+		pthread_join(s->hot_th, NULL);
+	s->hot_started = false;
+	return ret;
 }
 
 static void *sub_thread(void *arg)
@@ -402,6 +502,8 @@ void serve_reap(struct relay *r)
 		pthread_mutex_unlock(&r->mu);
 		stage_forget(r, s);
 		pthread_cond_destroy(&s->cv);
+		pthread_cond_destroy(&s->hcv);
+		pthread_mutex_destroy(&s->olock);
 		free(s);
 	}
 }
@@ -481,6 +583,7 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 	uint32_t nslots = 0, slot_size = 0;
 	bool inl = false;
 	int ret = -1;
+
 
 	if (!sp || !reg_of) {
 		why = "out of memory";
@@ -831,8 +934,12 @@ void serve_msg(struct relay *r, struct conn *c, uint16_t type,
 		s->prefix[pl] = 0;
 		s->state = SUB_SCAN;
 		pthread_cond_init(&s->cv, NULL);
+		pthread_cond_init(&s->hcv, NULL);
+		pthread_mutex_init(&s->olock, NULL);
 		if (pthread_create(&s->th, NULL, sub_thread, s)) {
 			pthread_cond_destroy(&s->cv);
+			pthread_cond_destroy(&s->hcv);
+			pthread_mutex_destroy(&s->olock);
 			free(s);
 			conn_fail(c, "cannot start a thread");
 			return;
