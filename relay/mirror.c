@@ -296,9 +296,6 @@ void mirror_done(struct relay *r)
 				wbuf_u32(&w, p->sub_id);
 				conn_send(p->c, &w);
 			}
-			/* numbers start again if the origin makes the name
-			 * anew: nothing it offers is "had already" */
-			nv_set(&r->known, p->name, 0);
 			if (p->failed)
 				log_warn("mirror %s: deleted at node %s, but "
 					 "not here: %s", p->name, p->c->node,
@@ -865,6 +862,10 @@ void mirror_msg(struct relay *r, struct conn *c, uint16_t type,
 		p->sub_id = sub;
 		memcpy(p->name, name, nl);
 		p->name[nl] = 0;
+		/* numbers start at 1 again if the origin makes the name
+		 * anew: an offer after this one is not "had already" (the
+		 * worker stats the name after deleting it) */
+		nv_set(&r->known, p->name, 0);
 		p->st = P_DELETING;
 		p->next = c->pulls;
 		c->pulls = p;

@@ -279,22 +279,20 @@ static int sub_watch(struct sub *s, dlshare_watch_change *ch)
 				 "(--watch-deletions)", s->prefix);
 		for (i = 0; i < n; i++) {
 			dlshare_get_opts o = { .select = DLSHARE_LATEST };
-			dlshare_name_info info;
 			dlshare_bundle *b = NULL;
 			bool have, ok;
 
 			if (ch[i].deleted) {
-				/* deleted here and made again since: its
-				 * new versions follow, the peer's copy of
-				 * the old ones is replaced */
+				/* Sent even when the name was made again
+				 * since (its numbers start at 1 again): the
+				 * peer deletes its copy if it came from this
+				 * node and forgets the origin version it had,
+				 * and the new version is offered after it
+				 * (seen forgotten here too), also when the
+				 * hot thread offered it before. */
 				pthread_mutex_lock(&s->olock);
 				nv_set(&s->seen, ch[i].name, 0);
 				pthread_mutex_unlock(&s->olock);
-				if (!dlshare_stat(r->dl, ch[i].name, &info,
-						  NULL))
-					continue;
-				/* the peer deletes its copy only if it came
-				 * from this node (its origin) */
 				if (!sub_deleted(s, ch[i].name))
 					goto out;
 				continue;

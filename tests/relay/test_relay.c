@@ -990,6 +990,39 @@ static void gone_on_b(const char *name)
 	assert_int_equal(err, DLSHARE_ENOENT);
 }
 
+/* Waits until B's newest version of name holds what publish() wrote of
+ * one tensor of bytes from seed. */
+static void newest_on_b(const char *name, uint64_t bytes, uint32_t seed)
+{
+	uint8_t *want = malloc(bytes);
+	int i;
+
+	harness_fill(want, bytes, seed);
+	for (i = 0; i < harness_ms(30000) / 10; i++) {
+		dlshare_bundle *b = NULL;
+		int same = 0;
+
+		if (!dlshare_get(cb, name, NULL, &b)) {
+			const DLTensor *t = dlshare_bundle_tensor(b, 0);
+			uint64_t nb = 0;
+
+			same = t && !dlshare_tensor_nbytes(t, &nb) &&
+			       nb == bytes &&
+			       !memcmp((uint8_t *)t->data + t->byte_offset,
+				       want, bytes);
+			dlshare_bundle_free(b);
+		}
+		if (same) {
+			free(want);
+			return;
+		}
+		sleep_ms(10);
+	}
+	free(want);
+	dump_logs();
+	fail_msg("%s on B never held seed %u", name, seed);
+}
+
 /* A name deleted on A goes on B too; a name of B whose newest version
  * was made on B (not A's copy) stays, though A deleted its own. */
 static void test_delete_mirrored(void **state)
@@ -1027,6 +1060,14 @@ static void test_delete_mirrored(void **state)
 	/* made again on A after the delete: mirrored again from version 1 */
 	publish("m/del", 1, bytes, NULL, 83);
 	expect("m/del", 0, 1, bytes, NULL, 83);
+	/* deleted and made again at once (its numbers start at 1 again,
+	 * below B's): B ends with the new one */
+	publish("m/del", 1, bytes, NULL, 84);
+	publish("m/del", 1, bytes, NULL, 85);
+	newest_on_b("m/del", bytes[0], 85);
+	assert_int_equal(dlshare_delete(ca, "m/del"), 0);
+	publish("m/del", 1, bytes, NULL, 86);
+	newest_on_b("m/del", bytes[0], 86);
 	stop_all();
 }
 
