@@ -108,6 +108,9 @@ struct sub {
 	 * last; hcv is the hot thread's own sleep. */
 	pthread_t hot_th;
 	bool hot_started;         /* watcher only */
+	bool hot_stop;            /* the daemon refused the watch for lack
+				   * of room (ELIMIT): the hot thread ends;
+				   * under olock */
 	pthread_mutex_t olock;
 	pthread_cond_t hcv;
 	/* thread only (the scan), or under olock (Watch) */

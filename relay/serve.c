@@ -188,7 +188,23 @@ static void *hot_thread(void *arg)
 		pthread_mutex_lock(&s->olock);
 		snprintf(name, sizeof(name), "%s", s->hot);
 		o.version = nv_get(s->seen, name);
+		ok = !s->hot_stop;
 		pthread_mutex_unlock(&s->olock);
+		if (!ok)
+			err = DLSHARE_ELIMIT;
+		else if (name[0])
+			err = dlshare_get(r->dl, name, &o, &b);
+		else
+			err = 0;
+		if (err == DLSHARE_ELIMIT) {
+			/* the daemon's --max-inflight for this relay's
+			 * connection: the watch matters more */
+			log_warn("serving %s: no waiting get beside the watch "
+				 "(this relay's requests waiting in the daemon "
+				 "are at its --max-inflight); new versions come "
+				 "by Watch alone", s->prefix);
+			break;
+		}
 		if (!name[0]) {
 			struct timespec ts;
 
@@ -202,7 +218,6 @@ static void *hot_thread(void *arg)
 			pthread_mutex_unlock(&r->mu);
 			continue;
 		}
-		err = dlshare_get(r->dl, name, &o, &b);
 		if (err) {
 			/* deleted, not ours, the daemon in trouble: the
 			 * watcher says what is new; wait for another name */
@@ -257,6 +272,14 @@ static int sub_watch(struct sub *s, dlshare_watch_change *ch)
 					 s->prefix);
 			else
 				s->hot_started = true;
+		}
+		if (err == DLSHARE_ELIMIT && s->hot_started) {
+			/* the daemon's --max-inflight for this relay's
+			 * connection: the hot thread's waiting get gives
+			 * way to the watch */
+			pthread_mutex_lock(&s->olock);
+			s->hot_stop = true;
+			pthread_mutex_unlock(&s->olock);
 		}
 		if (err) {
 			struct timespec ts;

@@ -109,6 +109,7 @@ static const char *a_slots = "4";        /* A's --stage-slots */
 static const char *a_peers = "64";       /* A's --max-peers */
 static const char *a_msg = "64M";        /* A's --max-message */
 static const char *a_scan = "50";        /* A's --scan-interval-ms */
+static const char *const *a_daemon;      /* A's daemon's arguments */
 
 static pid_t start_a(void)
 {
@@ -184,7 +185,7 @@ static void start_all(void)
 	const char *s = getenv("DLSHARE_TEST_TIMEOUT_SCALE");
 
 	small = s && atoi(s) > 1;
-	assert_int_equal(harness_daemon_start(&A, NULL), 0);
+	assert_int_equal(harness_daemon_start(&A, a_daemon), 0);
 	assert_int_equal(harness_daemon_start(&B, NULL), 0);
 	ca = harness_connect(&A);
 	cb = harness_connect(&B);
@@ -990,6 +991,32 @@ static void gone_on_b(const char *name)
 	assert_int_equal(err, DLSHARE_ENOENT);
 }
 
+/* A's daemon lets A's relay park one request (--max-inflight 1): the
+ * watch keeps it, the waiting get beside it gives way (logged), and a
+ * name that is not the last changed one still comes by the watch. */
+static void test_watch_inflight(void **state)
+{
+	static const char *const args[] = { "--max-inflight", "1", NULL };
+	uint64_t bytes[1] = { 2048 };
+	uint64_t v1;
+
+	(void)state;
+	a_scan = "600000";
+	a_daemon = args;
+	start_all();
+	relay_b = start_b_with(keyfile, "1M", "16");
+	publish("m/i1", 1, bytes, NULL, 101);
+	v1 = expect("m/i1", 0, 1, bytes, NULL, 101);
+	publish("m/i2", 1, bytes, NULL, 102);
+	expect("m/i2", 0, 1, bytes, NULL, 102);
+	assert_true(log_has(log_a, "no waiting get beside the watch"));
+	publish("m/i1", 1, bytes, NULL, 103);
+	expect("m/i1", v1, 1, bytes, NULL, 103);
+	stop_all();
+	a_scan = "50";
+	a_daemon = NULL;
+}
+
 /* Waits until B's newest version of name holds what publish() wrote of
  * one tensor of bytes from seed. */
 static void newest_on_b(const char *name, uint64_t bytes, uint32_t seed)
@@ -1116,6 +1143,7 @@ int main(void)
 		cmocka_unit_test(test_watch_not_last),
 		cmocka_unit_test(test_delete_mirrored),
 		cmocka_unit_test(test_scan_fallback),
+		cmocka_unit_test(test_watch_inflight),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
