@@ -961,6 +961,7 @@ static void test_watch_not_last(void **state)
 
 	(void)state;
 	a_scan = "600000";
+	a_daemon = NULL;
 	start_all();
 	relay_b = start_b_with(keyfile, "1M", "16");
 	publish("m/first", 1, bytes, NULL, 71);
@@ -1063,6 +1064,8 @@ static void test_delete_mirrored(void **state)
 
 	(void)state;
 	spec.shape = &shape;
+	a_scan = "50";         /* the defaults, whatever a failed test left */
+	a_daemon = NULL;
 	start_all();
 	relay_b = start_b_with(keyfile, "1M", "16");
 	publish("m/del", 1, bytes, NULL, 81);
@@ -1107,6 +1110,8 @@ static void test_scan_fallback(void **state)
 	uint64_t v1;
 
 	(void)state;
+	a_scan = "50";
+	a_daemon = NULL;
 	setenv("DLSHARE_RELAY_NO_WATCH", "1", 1);
 	start_all();
 	unsetenv("DLSHARE_RELAY_NO_WATCH");
