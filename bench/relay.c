@@ -5,9 +5,10 @@
  * `dlshare-relay --connect A` with one --mirror per figure (bench/rsmall,
  * bench/rbig, bench/rfan1: each followed name is the only one of its
  * prefix, as a weight-sync name is, so the origin's waiting get is on it;
- * a name that is not the last changed one of its prefix is found by the
- * relay's scan, up to --scan-interval-ms later, which these figures would
- * otherwise measure); nodes F1..F4 the same, mirroring bench/fan (the
+ * with a daemon before protocol 1.6, a name that is not the last changed
+ * one of its prefix is found by the relay's scan, up to
+ * --scan-interval-ms later, which these figures would otherwise measure;
+ * a 1.6 daemon's Watch finds it at once); nodes F1..F4 the same, mirroring bench/fan (the
  * fan-out). Everything talks UCX over TCP on lo
  * (UCX_TLS=tcp, UCX_NET_DEVICES=lo unless the environment says otherwise),
  * ucx_perftest too, so relay and floor use the same transport.

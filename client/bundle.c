@@ -1155,6 +1155,61 @@ int dlshare_list_ex(dlshare_client *c, const char *prefix,
 	return err;
 }
 
+int dlshare_watch(dlshare_client *c, const char *prefix, uint64_t after,
+		  int32_t timeout_ms, dlshare_watch_change *changes,
+		  size_t max, size_t *n, uint64_t *seq, unsigned *flags)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Watch w = DLSHARE__WATCH__INIT;
+	Dlshare__WatchReply *wr;
+	struct reply r;
+	int err;
+
+	errmsg_set(NULL);
+
+	if (!c || !changes || !max || !n || !seq || check_prefix(prefix) ||
+	    (timeout_ms < 0 && timeout_ms != DLSHARE_WAIT_FOREVER))
+		return DLSHARE_EINVAL;
+	*n = 0;
+	if (flags)
+		*flags = 0;
+	if (!c->watches) {
+		errmsg_set("watch: the daemon speaks protocol 1.5 or older; "
+			   "Watch needs 1.6");
+		return DLSHARE_ENOTSUP;
+	}
+	w.prefix = (char *)(prefix ? prefix : "");
+	w.after = after;
+	w.has_timeout_ms = timeout_ms != 0;
+	w.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;
+	w.has_max_names = 1;
+	w.max_names = max > UINT32_MAX ? UINT32_MAX : (uint32_t)max;
+	f.body_case = DLSHARE__FRAME__BODY_WATCH;
+	f.watch = &w;
+	if ((err = call_expect(c, &f, DLSHARE__FRAME__BODY_WATCH_REPLY, &r)))
+		return err;
+	wr = r.msg->frame->watch_reply;
+	if (wr->n_changes > max) {
+		reply_free(c, &r);
+		return DLSHARE_EPROTO;
+	}
+	for (size_t i = 0; i < wr->n_changes; i++) {
+		const Dlshare__WatchChange *ch = wr->changes[i];
+
+		memset(&changes[i], 0, sizeof(changes[i]));
+		strncpy(changes[i].name, ch->name, sizeof(changes[i].name) - 1);
+		changes[i].version = ch->version;
+		changes[i].deleted = ch->has_deleted && ch->deleted;
+	}
+	*n = wr->n_changes;
+	*seq = wr->seq;
+	if (flags)
+		*flags = (wr->has_more && wr->more ? DLSHARE_WATCH_MORE : 0) |
+			 (wr->has_lost && wr->lost ? DLSHARE_WATCH_LOST : 0);
+	reply_free(c, &r);
+	return 0;
+}
+
 int dlshare_stats_get(dlshare_client *c, dlshare_stats *out)
 {
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;

@@ -1440,6 +1440,7 @@ static int hello(dlshare_client *c)
 		c->queues = r.msg->frame->hello_reply->minor >= 4;
 		c->origins = r.msg->frame->hello_reply->minor >= 5;
 		c->untakes = r.msg->frame->hello_reply->minor >= 6;
+		c->watches = r.msg->frame->hello_reply->minor >= 6;
 	}
 	reply_free(c, &r);
 	return err;

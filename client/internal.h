@@ -129,6 +129,7 @@ struct dlshare_client {
 	int queues;              /* ...and queue names (1.4) */
 	int origins;             /* ...and versions' origins (1.5) */
 	int untakes;             /* ...and Untake (1.6) */
+	int watches;             /* ...and Watch (1.6) */
 	uint64_t calls;          /* calls begun, to tell the receiver thread
 				  * whether callers are around */
 	int closed;              /* dlshare_disconnect() began */

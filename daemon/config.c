@@ -110,6 +110,16 @@ static const struct opt opts[] = {
 	{ "list-page", 0, OPT_U32, "N", 1, 4096,
 	  SRV(limits.list_page), NULL,
 	  "names per list answer", NULL, NULL },
+	{ "max-watch-names", 0, OPT_U32, "N", 1, 4096,
+	  SRV(limits.max_watch_names), NULL,
+	  "names per watch answer (protocol 1.6)",
+	  "A watch that finds more changed names answers this many, oldest "
+	  "change first, and says there is more.", NULL },
+	{ "watch-deletions", 0, OPT_U32, "N", 1, 1u << 24,
+	  SRV(limits.watch_deletions), NULL,
+	  "deletions remembered for watches (protocol 1.6)",
+	  "A watcher behind the oldest one kept is told it may have missed "
+	  "some, and lists the names again.", NULL },
 	{ "max-tensors", 0, OPT_U32, "N", 1, MANIFEST_TENSORS_HARD_MAX,
 	  SRV(registry.max_tensors), NULL,
 	  "tensors per version",

@@ -29,9 +29,13 @@ struct daemon_limits {
 	uint32_t hello_timeout_ms; /* a peer must say Hello within this */
 	uint32_t max_out_fds;     /* fds queued to one peer, not yet sent */
 	uint32_t uid_seals;       /* seals of one uid on the thread pool */
+	uint32_t max_watch_names; /* names in one WatchReply (1.6) */
+	uint32_t watch_deletions; /* deletions the change log keeps (1.6) */
 };
 
 struct waitq;
+struct wnode;
+struct wpark;
 struct devmem;
 struct seal_uid;
 struct mcheck_uid;
@@ -69,6 +73,14 @@ struct daemon {
 	uint64_t requests;        /* packets handled */
 	struct metrics metrics;   /* counters by type, code, limit, reason */
 	uint64_t started_ms;
+	/* Watches (watch.c, 1.6): the change log, oldest first; changes
+	 * numbered so far; the newest deletion forgotten; deletions in the
+	 * log; parked watches of every peer (also counted in nparked). */
+	struct wnode *wlog;
+	uint64_t wseq;
+	uint64_t wfloor;
+	uint32_t wdeleted;
+	struct wpark *wparks;
 };
 
 /* Prepares d: limits (kept by reference) and the packet size before Hello

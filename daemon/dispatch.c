@@ -20,6 +20,7 @@
 #include "reply.h"
 #include "seal.h"
 #include "stats.h"
+#include "watch.h"
 #include "check.h"
 
 /* ---- requests ----------------------------------------------------------- */
@@ -472,6 +473,9 @@ static void dispatch_frame(struct peer *peer, const struct wire_msg *m,
 	case DLSHARE__FRAME__BODY_UNTAKE:
 		handle_untake(peer, f->id, f->untake);
 		break;
+	case DLSHARE__FRAME__BODY_WATCH:
+		watch_request(peer, f->id, f->watch);
+		break;
 	case DLSHARE__FRAME__BODY_GOODBYE:
 		/* The producer is about to exit: no reply sent from here
 		 * on names its events or its memory. */
@@ -496,6 +500,7 @@ static void dispatch_peer_closed(struct peer *peer)
 	if (cut >= 0)
 		peer->d->metrics.cut[cut]++;
 	get_peer_closed(peer);
+	watch_peer_closed(peer);
 	queue_peer_closed(peer);
 	seal_peer_closed(peer);
 	create_peer_closed(peer);
@@ -512,6 +517,7 @@ void dispatch_deinit(struct daemon *d)
 {
 	seal_deinit(d);
 	get_deinit(d);
+	watch_deinit(d);
 	queue_deinit(d);
 	create_deinit(d);
 	mcheck_deinit(d);
@@ -523,6 +529,12 @@ static void on_published(void *ud, struct entry *e, struct version *v)
 {
 	(void)v;
 	get_published(ud, e);
+	watch_published(ud, e);
+}
+
+static void on_removed(void *ud, struct entry *e)
+{
+	watch_removed(ud, e);
 }
 
 static void on_retired(void *ud, struct registry_owner *producer,
@@ -571,6 +583,7 @@ static void on_queue_room(void *ud, const char *name)
 
 const struct registry_ops dispatch_registry_ops = {
 	.queue_room = on_queue_room,
+	.removed = on_removed,
 	.published = on_published,
 	.retired = on_retired,
 	.buffer_freed = on_buffer_freed,

@@ -19,6 +19,7 @@
 #include "registry.h"
 
 struct park;
+struct wpark;
 struct gpu_job;
 struct seal_job;
 struct mcheck_job;
@@ -40,6 +41,7 @@ struct peer {
 	struct registry_owner owner; /* peer_of_owner() */
 	struct sent_buf *sent;
 	struct park *parked;      /* gets waiting for a version (get.c) */
+	struct wpark *watches;    /* watches waiting for a change (watch.c) */
 	struct gpu_job *jobs;     /* creates making GPU memory (create.c) */
 	struct seal_job *seals;   /* seals waiting or running (seal.c) */
 	struct mcheck_job *mchecks; /* manifests being checked (mcheck.c) */

@@ -502,6 +502,8 @@ static void entry_maybe_free(struct registry *r, struct entry *e)
 	 * are nobody's.) */
 	if (!e->detached && e->last_sealed)
 		tomb_add(r, e);
+	if (!e->detached && r->ops && r->ops->removed)
+		r->ops->removed(r->ud, e);
 	lifetime_forget(r, e);
 	if (e->usage) {
 		e->usage->names--;
@@ -1714,6 +1716,8 @@ void registry_detach(struct registry *r, struct entry *e)
 	HASH_DEL(r->names, e);
 	r->nnames--;
 	e->detached = 1;
+	if (r->ops && r->ops->removed)
+		r->ops->removed(r->ud, e);
 	DL_APPEND2(r->detached, e, dprev, dnext);
 	/* The name is free again, also for the owner's quota, even while
 	 * other uids' leases keep its versions alive. */

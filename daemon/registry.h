@@ -222,6 +222,9 @@ struct entry {
 	uint32_t qtaken;         /* held by take leases */
 	uint64_t qseq;           /* last seal order handed out */
 	struct version *qhead;
+	void *watch;             /* the registry's user's (watch.c: the
+				  * name's node in the change log);
+				  * untouched here */
 	char name[];             /* as long as it is; allocated from
 				  * offsetof(struct entry, name) */
 };
@@ -305,6 +308,10 @@ struct registry_ops {
 	 * or the name was deleted): producers waiting for room may retry.
 	 * The callee must not change the registry from inside the call. */
 	void (*queue_room)(void *ud, const char *name);
+	/* e leaves the name map: deleted, or its last version died (1.6,
+	 * watches). Called once per entry, before it is freed; the callee
+	 * must not change the registry from inside the call. */
+	void (*removed)(void *ud, struct entry *e);
 };
 
 struct registry_limits {

@@ -1,5 +1,6 @@
 /* server — listening socket and the set of connections. */
 #include "server.h"
+#include "watch.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -43,6 +44,8 @@ void server_config_default(struct server_config *cfg)
 	cfg->limits.hello_timeout_ms = SERVER_HELLO_TIMEOUT_DEFAULT;
 	cfg->limits.max_out_fds = SERVER_MAX_OUT_FDS_DEFAULT;
 	cfg->limits.uid_seals = SERVER_UID_SEALS_DEFAULT;
+	cfg->limits.max_watch_names = WATCH_NAMES_DEFAULT;
+	cfg->limits.watch_deletions = WATCH_DELETIONS_DEFAULT;
 	registry_limits_default(&cfg->registry);
 }
 

@@ -18,7 +18,7 @@
 			    * 4: large manifests (manifest.h), name
 			    * lifetimes, events per device, queue names;
 			    * 5: versions' origins (relays); 6: the
-			    * daemon's own events, Untake */
+			    * daemon's own events, Untake, Watch */
 
 /* Largest packet either side sends. AF_UNIX refuses a datagram larger than
  * the socket's send buffer (wmem_default, 208 KiB on stock kernels), so the

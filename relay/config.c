@@ -67,7 +67,8 @@ static const struct opt opts[] = {
 	{ "max-message", 0, OPT_BYTES, "BYTES", 4096, (uint64_t)1 << 32, CFG(max_message),
 	  "bytes of one relay message, e.g. an offer's manifest (default 64M)" },
 	{ "scan-interval-ms", 0, OPT_U32, "MS", 10, 600000, CFG(scan_interval_ms),
-	  "how often a served prefix is listed for new names (default 250)" },
+	  "with a 1.5 daemon: how often a served prefix is listed for new "
+	  "names (default 250)" },
 	{ "auth-timeout-ms", 0, OPT_U32, "MS", 100, 600000, CFG(auth_timeout_ms),
 	  "a peer must authenticate within this (default 5000)" },
 	{ "transfer-timeout-ms", 0, OPT_U32, "MS", 100, 86400000, CFG(transfer_timeout_ms),

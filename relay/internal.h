@@ -25,6 +25,12 @@
 #define COALESCE_GAP 256       /* bytes of padding a get may span */
 #define BACKOFF_MIN_MS 50
 #define STAGE_SLOTS_MAX 32   /* --stage-slots' upper bound; a u32 mask */
+#define WATCH_WAIT_MS 500    /* a serving thread's Watch waits this long
+			      * at most, so that it notices a cancel */
+#define DNOTE_MAX 64         /* DELETEDs of a subscription queued or not
+			      * yet answered (DELETED_DONE): its thread
+			      * waits at this many, a mirror that gets
+			      * more fails the peer */
 
 /* Lines on stderr with sd-daemon priority prefixes. Any thread. */
 void relay_log(int prio, const char *fmt, ...)
@@ -85,6 +91,16 @@ enum sub_state {
 	SUB_EXITED,   /* the thread ended; the loop joins it */
 };
 
+/* A deletion at this node for a peer's subscription (relay protocol 1.7),
+ * from the subscription's thread to the loop: r->dnotes, under r->mu. */
+struct dnote {
+	struct dnote *next;
+	struct sub *s;
+	uint64_t conn_id;
+	uint32_t sub_id;
+	char name[256];
+};
+
 /* One prefix one peer follows on this (serving) node: a thread that finds
  * new versions and leases them, one at a time. */
 struct sub {
@@ -108,7 +124,21 @@ struct sub {
 	ucp_mem_h *memh;
 	uint32_t nmemh;
 	uint64_t sent_ms;
-	/* thread only */
+	unsigned ndnotes;         /* its DELETEDs queued or unanswered;
+				   * under r->mu */
+	/* With Watch, two threads: the watcher (th) and the hot thread
+	 * (hot_th, a waiting get on the name offered last, which hands its
+	 * next version over one daemon round trip sooner than a watch and a
+	 * get). olock serialises their offers and guards seen, hot and
+	 * last; hcv is the hot thread's own sleep. */
+	pthread_t hot_th;
+	bool hot_started;         /* watcher only */
+	bool hot_stop;            /* the daemon refused the watch for lack
+				   * of room (ELIMIT): the hot thread ends;
+				   * under olock */
+	pthread_mutex_t olock;
+	pthread_cond_t hcv;
+	/* thread only (the scan), or under olock (Watch) */
 	struct name_version *seen;
 	char hot[256];
 	char last[256];
@@ -163,6 +193,7 @@ enum pull_state {
 	P_CREATING,  /* dlshare_create on the daemon worker */
 	P_PULLING,   /* gets */
 	P_CLOSING,   /* dlshare_seal or dlshare_writer_abort on the worker */
+	P_DELETING,  /* a DELETED: stat and delete on the daemon worker */
 };
 
 /* One version being pulled into this node's daemon. */
@@ -260,6 +291,7 @@ struct conn {
 	bool flush;               /* close after what was sent went out */
 	ucs_status_t lost;        /* the endpoint failed (UCS_OK: no) */
 	unsigned recvs;           /* rendezvous receives outstanding */
+	unsigned ndeleting;       /* mirror: DELETEDs not yet answered */
 };
 
 struct upstream {
@@ -303,6 +335,7 @@ struct relay {
 	pthread_mutex_t mu;
 	struct sub *ready;        /* under mu */
 	struct sub *chunky;       /* subs with staged chunks to send; under mu */
+	struct dnote *dnotes, **dnotes_tail; /* deletions to send; under mu */
 	/* the daemon worker: creates, seals and aborts of pulls, so that the
 	 * loop never waits for the daemon (a 256 MiB create populates its
 	 * pages) */

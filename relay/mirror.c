@@ -137,6 +137,41 @@ static void pull_inline(struct relay *r, struct pull *p)
 	}
 }
 
+/* Worker, p->busy: a DELETED: deletes this node's copy of p->name when
+ * its newest version came from p's peer node (a name made here, or
+ * mirrored from another node, stays). p->why says what happened. */
+static void pull_delete(struct relay *r, struct pull *p)
+{
+	dlshare_name_info info;
+	int err;
+
+	if (!p->c->node[0]) {
+		snprintf(p->why, sizeof(p->why), "kept: the peer named no node");
+		return;
+	}
+	err = dlshare_stat(r->dl, p->name, &info, NULL);
+	if (err) {
+		snprintf(p->why, sizeof(p->why), "nothing to delete (%s)",
+			 dlshare_strerror(err));
+		return;
+	}
+	if (strcmp(info.origin_node, p->c->node)) {
+		snprintf(p->why, sizeof(p->why), "kept: its newest version "
+			 "is %.40s%.40s, not from this peer",
+			 info.origin_node[0] ? "from node " : "made here",
+			 info.origin_node);
+		return;
+	}
+	err = dlshare_delete(r->dl, p->name);
+	if (err) {
+		p->failed = true;
+		last_error(p->why, sizeof(p->why), "delete", err);
+		return;
+	}
+	snprintf(p->why, sizeof(p->why), "deleted (its origin version %"
+		 PRIu64 " from node %s)", info.origin_version, p->c->node);
+}
+
 /* The daemon worker: runs blocking libdlshare calls of pulls. */
 void *mirror_worker(void *arg)
 {
@@ -158,7 +193,9 @@ void *mirror_worker(void *arg)
 		r->jobs = p->next_job;
 		pthread_mutex_unlock(&r->mu);
 
-		if (p->st == P_CREATING && p->check_origin &&
+		if (p->st == P_DELETING) {
+			pull_delete(r, p);
+		} else if (p->st == P_CREATING && p->check_origin &&
 		    pull_have(r, p)) {
 			p->skipped = true;
 		} else if (p->st == P_CREATING) {
@@ -249,6 +286,26 @@ void mirror_done(struct relay *r)
 	while ((p = list)) {
 		list = p->next_job;
 		p->busy = false;
+		if (p->st == P_DELETING) {
+			pull_unlink(p);
+			p->c->ndeleting--;
+			if (p->c->state == C_READY) {
+				struct wbuf w;
+
+				wbuf_start(&w, MSG_DELETED_DONE);
+				wbuf_u32(&w, p->sub_id);
+				conn_send(p->c, &w);
+			}
+			if (p->failed)
+				log_warn("mirror %s: deleted at node %s, but "
+					 "not here: %s", p->name, p->c->node,
+					 p->why);
+			else
+				log_info("mirror %s: deleted at node %s: %s",
+					 p->name, p->c->node, p->why);
+			pull_free(p);
+			continue;
+		}
 		if (p->skipped) {
 			pull_unlink(p);
 			r->m.skipped++;
@@ -812,6 +869,51 @@ void mirror_msg(struct relay *r, struct conn *c, uint16_t type,
 	}
 	if (type == MSG_REFUSED) {
 		mirror_refused(r, c, rb);
+		return;
+	}
+	if (type == MSG_DELETED) {
+		uint32_t sub = rbuf_u32(rb);
+		uint16_t nl = rbuf_u16(rb);
+		const char *name = rbuf_bytes(rb, nl);
+		struct pull *p;
+
+		if (rb->bad || rbuf_left(rb) || !nl || nl > 255 ||
+		    sub >= (uint32_t)pc->nprefix || memchr(name, 0, nl))
+			goto malformed;
+		if (nl < strlen(pc->prefix[sub]) ||
+		    memcmp(name, pc->prefix[sub], strlen(pc->prefix[sub]))) {
+			conn_error(c, 1, "a deletion outside the prefix");
+			conn_fail(c, "DELETED of a name outside '%s'",
+				  pc->prefix[sub]);
+			return;
+		}
+		/* the server waits for DELETED_DONE at DNOTE_MAX a
+		 * subscription: more is a peer that does not */
+		if (c->ndeleting >= DNOTE_MAX * (unsigned)pc->nprefix) {
+			conn_error(c, 1, "too many deletions unanswered");
+			conn_fail(c, "more than %u DELETED unanswered",
+				  DNOTE_MAX * (unsigned)pc->nprefix);
+			return;
+		}
+		p = calloc(1, sizeof(*p));
+		if (!p) {
+			conn_fail(c, "out of memory");
+			return;
+		}
+		c->ndeleting++;
+		p->c = c;
+		p->sub_id = sub;
+		memcpy(p->name, name, nl);
+		p->name[nl] = 0;
+		/* numbers start at 1 again if the origin makes the name
+		 * anew: an offer after this one is not "had already" (the
+		 * worker stats the name after deleting it) */
+		nv_set(&r->known, p->name, 0);
+		p->st = P_DELETING;
+		p->next = c->pulls;
+		c->pulls = p;
+		/* after the creates and seals posted before it */
+		pull_post(r, p);
 		return;
 	}
 unexpected:

@@ -13,7 +13,7 @@
 #define RELAY_AM_ID 0x44         /* the UCP active message id of every message */
 #define RELAY_PROTO_MAJOR 1
 #define RELAY_PROTO_MINOR 7   /* 6: staged (device) offers, inline versions;
-			       * 7: ABORT, REFUSED */
+			       * 7: DELETED, ABORT, REFUSED */
 #define RELAY_NONCE_LEN 32
 #define RELAY_NODE_MAX 64        /* bytes of a node name */
 #define RELAY_PREFIX_MAX 255     /* bytes of a mirrored prefix */
@@ -36,6 +36,10 @@ enum relay_msg_type {
 			    * will not come (staging failed); reason */
 	MSG_REFUSED = 15,  /* server -> mirror (minor >= 7): a SUBSCRIBE is
 			    * refused, the connection kept; reason */
+	MSG_DELETED = 12,  /* server -> mirror (minor >= 7): sub id, a
+			    * name deleted at the origin */
+	MSG_DELETED_DONE = 13, /* mirror -> server: sub id: one DELETED of
+				* it was handled */
 };
 
 /* DONE status. */

@@ -108,13 +108,272 @@ static bool sub_offer(struct sub *s, dlshare_bundle *b, const char *name_in)
 	return !cancelled;
 }
 
+/* Thread of s: tells the peer that name was deleted here (relay protocol
+ * 1.7; the loop drops it for an older peer). Waits while DNOTE_MAX of s's
+ * are queued. Returns false when cancelled. */
+static bool sub_deleted(struct sub *s, const char *name)
+{
+	struct relay *r = s->r;
+	struct dnote *d = calloc(1, sizeof(*d));
+	uint64_t one = 1;
+	bool cancelled;
+
+	if (!d) {
+		log_err("serving %s: out of memory", s->prefix);
+		return true;
+	}
+	d->s = s;
+	d->conn_id = s->conn_id;
+	d->sub_id = s->sub_id;
+	snprintf(d->name, sizeof(d->name), "%s", name);
+	pthread_mutex_lock(&r->mu);
+	while (s->ndnotes >= DNOTE_MAX && !s->cancel)
+		pthread_cond_wait(&s->cv, &r->mu);
+	cancelled = s->cancel;
+	if (!cancelled) {
+		if (!r->dnotes)
+			r->dnotes_tail = &r->dnotes;
+		*r->dnotes_tail = d;
+		r->dnotes_tail = &d->next;
+		s->ndnotes++;
+		d = NULL;
+	}
+	pthread_mutex_unlock(&r->mu);
+	free(d);
+	if (!cancelled && write(r->evfd, &one, sizeof(one)) < 0) {
+		/* the counter is full: the loop is awake anyway */
+	}
+	return !cancelled;
+}
+
+static bool sub_cancelled(struct sub *s)
+{
+	bool c;
+
+	pthread_mutex_lock(&s->r->mu);
+	c = s->cancel;
+	pthread_mutex_unlock(&s->r->mu);
+	return c;
+}
+
+/* Thread of s, olock held: offers b (a lease on name) unless it is not
+ * newer than what was offered of name (the other thread offered it).
+ * Returns false when cancelled. */
+static bool sub_offer_new(struct sub *s, dlshare_bundle *b, const char *name)
+{
+	if (nv_get(s->seen, name) >= dlshare_bundle_version(b)) {
+		dlshare_bundle_free(b);
+		return true;
+	}
+	return sub_offer(s, b, name);
+}
+
+/* The hot thread of s (with Watch): a waiting get on the name offered
+ * last, as the scan's. A weight-sync name that is the only one changing
+ * gets its next version handed over with the lease in one answer; the
+ * watcher finds every other change (and this one too, offered once). */
+static void *hot_thread(void *arg)
+{
+	struct sub *s = arg;
+	struct relay *r = s->r;
+
+	while (!sub_cancelled(s)) {
+		dlshare_get_opts o = { .select = DLSHARE_NEWER_THAN,
+				       .timeout_ms = WATCH_WAIT_MS };
+		dlshare_bundle *b = NULL;
+		char name[256];
+		bool ok;
+		int err;
+
+		pthread_mutex_lock(&s->olock);
+		snprintf(name, sizeof(name), "%s", s->hot);
+		o.version = nv_get(s->seen, name);
+		ok = !s->hot_stop;
+		pthread_mutex_unlock(&s->olock);
+		if (!ok)
+			err = DLSHARE_ELIMIT;
+		else if (name[0])
+			err = dlshare_get(r->dl, name, &o, &b);
+		else
+			err = 0;
+		if (err == DLSHARE_ELIMIT) {
+			/* the daemon's --max-inflight for this relay's
+			 * connection: the watch matters more */
+			log_warn("serving %s: no waiting get beside the watch "
+				 "(this relay's requests waiting in the daemon "
+				 "are at its --max-inflight); new versions come "
+				 "by Watch alone", s->prefix);
+			break;
+		}
+		if (!name[0]) {
+			struct timespec ts;
+
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_nsec += (long)WATCH_WAIT_MS * 1000000;
+			ts.tv_sec += ts.tv_nsec / 1000000000;
+			ts.tv_nsec %= 1000000000;
+			pthread_mutex_lock(&r->mu);
+			if (!s->cancel)
+				pthread_cond_timedwait(&s->hcv, &r->mu, &ts);
+			pthread_mutex_unlock(&r->mu);
+			continue;
+		}
+		if (err) {
+			/* deleted, not ours, the daemon in trouble: the
+			 * watcher says what is new; wait for another name */
+			pthread_mutex_lock(&s->olock);
+			if (err != DLSHARE_ETIMEDOUT && !strcmp(s->hot, name))
+				s->hot[0] = 0;
+			pthread_mutex_unlock(&s->olock);
+			continue;
+		}
+		pthread_mutex_lock(&s->olock);
+		ok = sub_offer_new(s, b, name);
+		pthread_mutex_unlock(&s->olock);
+		if (!ok)
+			break;
+	}
+	return NULL;
+}
+
+/* Thread of s, with a daemon that speaks 1.6: learns of new versions and
+ * deletions under the prefix from Watch, which the daemon answers when
+ * any name there changes (not only the last changed one, as the scan's
+ * parked get). Returns 0 when cancelled, DLSHARE_ENOTSUP when the daemon
+ * is older (the caller scans instead). */
+static int sub_watch(struct sub *s, dlshare_watch_change *ch)
+{
+	struct relay *r = s->r;
+	uint64_t after = 0;
+	int ret = 0;
+
+	for (;;) {
+		unsigned flags = 0;
+		size_t n = 0, i;
+		uint64_t seq = after;
+		bool cancel;
+		int err;
+
+		pthread_mutex_lock(&r->mu);
+		cancel = s->cancel;
+		pthread_mutex_unlock(&r->mu);
+		if (cancel)
+			break;
+		err = dlshare_watch(r->dl, s->prefix, after, WATCH_WAIT_MS, ch,
+				    PICK_MAX, &n, &seq, &flags);
+		if (err == DLSHARE_ENOTSUP) {
+			ret = err;
+			break;
+		}
+		if (!err && !s->hot_started) {
+			if (pthread_create(&s->hot_th, NULL, hot_thread, s))
+				log_warn("serving %s: no hot thread: new "
+					 "versions come by Watch alone",
+					 s->prefix);
+			else
+				s->hot_started = true;
+		}
+		if (err == DLSHARE_ELIMIT && s->hot_started) {
+			/* the daemon's --max-inflight for this relay's
+			 * connection: the hot thread's waiting get gives
+			 * way to the watch */
+			pthread_mutex_lock(&s->olock);
+			s->hot_stop = true;
+			pthread_mutex_unlock(&s->olock);
+		}
+		if (err) {
+			struct timespec ts;
+
+			log_warn("serving %s: watch: %s", s->prefix,
+				 dlshare_last_error()[0] ? dlshare_last_error() :
+				 dlshare_strerror(err));
+			/* not in a hurry: the daemon is in trouble */
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_sec += 1;
+			pthread_mutex_lock(&r->mu);
+			if (!s->cancel)
+				pthread_cond_timedwait(&s->cv, &r->mu, &ts);
+			pthread_mutex_unlock(&r->mu);
+			continue;
+		}
+		if ((flags & DLSHARE_WATCH_LOST) && after)
+			log_warn("serving %s: deletions this node's daemon no "
+				 "longer remembers were not passed on "
+				 "(--watch-deletions)", s->prefix);
+		for (i = 0; i < n; i++) {
+			dlshare_get_opts o = { .select = DLSHARE_LATEST };
+			dlshare_bundle *b = NULL;
+			bool have, ok;
+
+			if (ch[i].deleted) {
+				/* Sent even when the name was made again
+				 * since (its numbers start at 1 again): the
+				 * peer deletes its copy if it came from this
+				 * node and forgets the origin version it had,
+				 * and the new version is offered after it
+				 * (seen forgotten here too), also when the
+				 * hot thread offered it before. */
+				pthread_mutex_lock(&s->olock);
+				nv_set(&s->seen, ch[i].name, 0);
+				pthread_mutex_unlock(&s->olock);
+				if (!sub_deleted(s, ch[i].name))
+					goto out;
+				continue;
+			}
+			pthread_mutex_lock(&s->olock);
+			have = nv_get(s->seen, ch[i].name) >= ch[i].version;
+			pthread_mutex_unlock(&s->olock);
+			if (have)
+				continue;
+			err = dlshare_get(r->dl, ch[i].name, &o, &b);
+			if (err) {
+				/* deleted since, or not ours to read */
+				if (err != DLSHARE_ENOENT)
+					log_warn("serving %s: get: %s", ch[i].name,
+						 dlshare_last_error()[0] ?
+						 dlshare_last_error() :
+						 dlshare_strerror(err));
+				continue;
+			}
+			pthread_mutex_lock(&s->olock);
+			ok = sub_offer_new(s, b, ch[i].name);
+			pthread_mutex_unlock(&s->olock);
+			if (!ok)
+				goto out;
+		}
+		after = seq;
+	}
+out:
+	if (s->hot_started)
+		pthread_join(s->hot_th, NULL);
+	s->hot_started = false;
+	return ret;
+}
+
 static void *sub_thread(void *arg)
 {
 	struct sub *s = arg;
 	struct relay *r = s->r;
 	uint64_t one = 1;
+	struct pick *k = NULL;
+	dlshare_watch_change *ch = malloc(PICK_MAX * sizeof(*ch));
 
-	struct pick *k = malloc(sizeof(*k));
+	bool scan = false;
+
+	if (!ch)
+		log_err("serving %s: out of memory", s->prefix);
+	else if (getenv("DLSHARE_RELAY_NO_WATCH") ||
+		 sub_watch(s, ch) == DLSHARE_ENOTSUP)
+	{
+		/* a daemon before 1.6 (or a test of it) */
+		log_info("serving %s: this node's daemon has no Watch "
+			 "(protocol 1.6); falls back to a scan every %u ms",
+			 s->prefix, r->cfg->scan_interval_ms);
+		scan = true;
+	}
+	free(ch);
+	if (scan && !(k = malloc(sizeof(*k))))
+		log_err("serving %s: out of memory", s->prefix);
 
 	for (; k;) {
 		dlshare_bundle *b = NULL;
@@ -186,8 +445,6 @@ static void *sub_thread(void *arg)
 		if (b && !sub_offer(s, b, name))
 			break;
 	}
-	if (!k)
-		log_err("serving %s: out of memory", s->prefix);
 	free(k);
 	stage_free(s);
 	nv_clear(&s->seen);
@@ -245,8 +502,29 @@ void serve_reap(struct relay *r)
 		}
 		*pp = s->next;
 		pthread_join(s->th, NULL);
+		/* deletions it queued that were not sent: its peer went */
+		pthread_mutex_lock(&r->mu);
+		{
+			struct dnote **dp = &r->dnotes, *d;
+
+			r->dnotes_tail = NULL;
+			while ((d = *dp)) {
+				if (d->s == s) {
+					*dp = d->next;
+					free(d);
+					continue;
+				}
+				r->dnotes_tail = &d->next;
+				dp = &d->next;
+			}
+			if (!r->dnotes_tail)
+				r->dnotes_tail = &r->dnotes;
+		}
+		pthread_mutex_unlock(&r->mu);
 		stage_forget(r, s);
 		pthread_cond_destroy(&s->cv);
+		pthread_cond_destroy(&s->hcv);
+		pthread_mutex_destroy(&s->olock);
 		free(s);
 	}
 }
@@ -329,6 +607,7 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 
 	s->offer_bytes = 0;
 	s->abort_sent = false;
+
 	if (!sp || !reg_of) {
 		why = "out of memory";
 		goto out;
@@ -524,9 +803,47 @@ out:
 	return ret;
 }
 
+/* Sends the deletions the threads found (DELETED, to a peer of relay
+ * protocol 1.7 or later; an older one keeps its copies), before the
+ * offers: a name deleted and made again is deleted there first. */
+static void dnotes_drain(struct relay *r)
+{
+	struct dnote *list, *d;
+
+	pthread_mutex_lock(&r->mu);
+	list = r->dnotes;
+	r->dnotes = NULL;
+	r->dnotes_tail = &r->dnotes;
+	pthread_mutex_unlock(&r->mu);
+	while ((d = list)) {
+		struct conn *c = conn_by_id(r, d->conn_id);
+
+		list = d->next;
+		if (c && c->state == C_READY && c->peer_minor >= 7) {
+			struct wbuf w;
+			size_t nl = strlen(d->name);
+
+			/* s->ndnotes goes down with the peer's
+			 * DELETED_DONE (or s ends with c) */
+			wbuf_start(&w, MSG_DELETED);
+			wbuf_u32(&w, d->sub_id);
+			wbuf_u16(&w, (uint16_t)nl);
+			wbuf_bytes(&w, d->name, nl);
+			conn_send(c, &w);
+		} else {
+			pthread_mutex_lock(&r->mu);
+			d->s->ndnotes--;
+			pthread_cond_signal(&d->s->cv);
+			pthread_mutex_unlock(&r->mu);
+		}
+		free(d);
+	}
+}
+
 /* Offers what the threads found. */
 void serve_drain(struct relay *r)
 {
+	dnotes_drain(r);
 	stage_drain(r);
 	for (;;) {
 		struct sub *s;
@@ -678,8 +995,12 @@ void serve_msg(struct relay *r, struct conn *c, uint16_t type,
 		s->prefix[pl] = 0;
 		s->state = SUB_SCAN;
 		pthread_cond_init(&s->cv, NULL);
+		pthread_cond_init(&s->hcv, NULL);
+		pthread_mutex_init(&s->olock, NULL);
 		if (pthread_create(&s->th, NULL, sub_thread, s)) {
 			pthread_cond_destroy(&s->cv);
+			pthread_cond_destroy(&s->hcv);
+			pthread_mutex_destroy(&s->olock);
 			free(s);
 			conn_fail(c, "cannot start a thread");
 			return;
@@ -712,6 +1033,29 @@ void serve_msg(struct relay *r, struct conn *c, uint16_t type,
 		}
 		s->offer_id = 0;
 		serve_release(r, s);
+		return;
+	}
+	if (type == MSG_DELETED_DONE) {
+		uint32_t id = rbuf_u32(rb);
+		struct sub *s;
+		bool ok = false;
+
+		if (rb->bad || rbuf_left(rb))
+			goto malformed;
+		for (s = c->subs; s; s = s->next)
+			if (s->sub_id == id)
+				break;
+		if (s) {
+			pthread_mutex_lock(&r->mu);
+			if (s->ndnotes) {
+				s->ndnotes--;
+				pthread_cond_signal(&s->cv);
+				ok = true;
+			}
+			pthread_mutex_unlock(&r->mu);
+		}
+		if (!ok)
+			goto unexpected;
 		return;
 	}
 	if (type == MSG_FREE) {

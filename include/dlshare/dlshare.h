@@ -520,6 +520,39 @@ typedef int (*dlshare_list_fn)(const dlshare_name_info *info, void *arg);
 DLSHARE_API int dlshare_list(dlshare_client *c, const char *prefix,
 			     dlshare_list_fn fn, void *arg);
 
+/* One change a watch reports (protocol 1.6): name got a new newest version
+ * (version), or was deleted (deleted set; version its last one). */
+typedef struct dlshare_watch_change {
+	char name[256];
+	uint64_t version;
+	int deleted;
+} dlshare_watch_change;
+
+/* dlshare_watch() flags. */
+#define DLSHARE_WATCH_MORE 1u  /* stopped at max: call again at once */
+#define DLSHARE_WATCH_LOST 2u  /* changes since after may be missing (a
+				* deletion the daemon no longer remembers,
+				* or after is from an earlier daemon run):
+				* list the prefix again */
+
+/* Waits until some name under prefix (NULL or "": every name) that this
+ * client may read changes after the point after, and says which (protocol
+ * 1.6). A change is a version sealed as a name's newest, or the name
+ * deleted; each name comes once, with its last change, oldest first.
+ * Points are the daemon's change counter: pass 0 the first time (every
+ * name there is), then the *seq of the last answer. timeout_ms: 0 answers
+ * at once, DLSHARE_WAIT_FOREVER waits without end; the daemon parks the
+ * request, nobody polls. Fills changes[0..*n) (at most max, and at most
+ * the daemon's --max-watch-names; *flags says DLSHARE_WATCH_MORE when it
+ * stopped there). Returns 0 (*n 0: the timeout passed), DLSHARE_EINVAL,
+ * DLSHARE_ELIMIT (too many requests waiting on this connection),
+ * DLSHARE_ENOTSUP (a daemon before 1.6), DLSHARE_ECONN. Any thread;
+ * other calls on c go on while it waits. */
+DLSHARE_API int dlshare_watch(dlshare_client *c, const char *prefix,
+			      uint64_t after, int32_t timeout_ms,
+			      dlshare_watch_change *changes, size_t max,
+			      size_t *n, uint64_t *seq, unsigned *flags);
+
 /* What fills a queue name. */
 typedef struct dlshare_queue_info {
 	uint32_t depth;      /* its depth; 0: the name is not a queue */

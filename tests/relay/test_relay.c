@@ -111,12 +111,14 @@ static const char *a_slots = "4";        /* A's --stage-slots */
 static const char *a_peers = "64";       /* A's --max-peers */
 static const char *a_msg = "64M";        /* A's --max-message */
 static const char *a_metrics;            /* A's --metrics-file (1 s) */
+static const char *a_scan = "50";        /* A's --scan-interval-ms */
+static const char *const *a_daemon;      /* A's daemon's arguments */
 
 static pid_t start_a(void)
 {
 	snprintf(port_s, sizeof(port_s), "127.0.0.1:%d", port);
 	return relay_start(log_a, "--socket", A.sock, "--listen", port_s,
-			   "--key-file", keyfile, "--scan-interval-ms", "50",
+			   "--key-file", keyfile, "--scan-interval-ms", a_scan,
 			   "--node-name", "node-a", "--transfer-timeout-ms",
 			   a_timeout, "--auth-timeout-ms", "1000",
 			   "--chunk-size", a_chunk, "--stage-slots", a_slots,
@@ -187,7 +189,7 @@ static void start_all(void)
 	const char *s = getenv("DLSHARE_TEST_TIMEOUT_SCALE");
 
 	small = s && atoi(s) > 1;
-	assert_int_equal(harness_daemon_start(&A, NULL), 0);
+	assert_int_equal(harness_daemon_start(&A, a_daemon), 0);
 	assert_int_equal(harness_daemon_start(&B, NULL), 0);
 	ca = harness_connect(&A);
 	cb = harness_connect(&B);
@@ -1478,6 +1480,183 @@ static void test_max_subscriptions_minor6(void **state)
 	stop_all();
 }
 
+/* ---- Watch (daemon 1.6) and deletions (relay protocol 1.7) ---------------- */
+
+/* A new version of a name that is not the prefix's last changed one is
+ * mirrored through the daemon's Watch: A's scan is set to ten minutes, so
+ * nothing else could find it within the harness's bound. */
+static void test_watch_not_last(void **state)
+{
+	uint64_t bytes[1] = { 4096 };
+	uint64_t v1;
+
+	(void)state;
+	a_scan = "600000";
+	a_daemon = NULL;
+	start_all();
+	relay_b = start_b_with(keyfile, "1M", "16");
+	publish("m/first", 1, bytes, NULL, 71);
+	v1 = expect("m/first", 0, 1, bytes, NULL, 71);
+	publish("m/second", 1, bytes, NULL, 72);
+	expect("m/second", 0, 1, bytes, NULL, 72);
+	/* m/second changed last; m/first changes now */
+	publish("m/first", 1, bytes, NULL, 73);
+	expect("m/first", v1, 1, bytes, NULL, 73);
+	log_lacks(log_a, "falls back");
+	stop_all();
+	a_scan = "50";
+}
+
+/* Waits until name is gone on B (or fails after the harness's bound). */
+static void gone_on_b(const char *name)
+{
+	dlshare_name_info info;
+	int i, err = 0;
+
+	for (i = 0; i < harness_ms(30000) / 10; i++) {
+		err = dlshare_stat(cb, name, &info, NULL);
+		if (err == DLSHARE_ENOENT)
+			return;
+		sleep_ms(10);
+	}
+	dump_logs();
+	assert_int_equal(err, DLSHARE_ENOENT);
+}
+
+/* A's daemon lets A's relay park one request (--max-inflight 1): the
+ * watch keeps it, the waiting get beside it gives way (logged), and a
+ * name that is not the last changed one still comes by the watch. */
+static void test_watch_inflight(void **state)
+{
+	static const char *const args[] = { "--max-inflight", "1", NULL };
+	uint64_t bytes[1] = { 2048 };
+	uint64_t v1;
+
+	(void)state;
+	a_scan = "600000";
+	a_daemon = args;
+	start_all();
+	relay_b = start_b_with(keyfile, "1M", "16");
+	publish("m/i1", 1, bytes, NULL, 101);
+	v1 = expect("m/i1", 0, 1, bytes, NULL, 101);
+	publish("m/i2", 1, bytes, NULL, 102);
+	expect("m/i2", 0, 1, bytes, NULL, 102);
+	assert_true(log_has(log_a, "no waiting get beside the watch"));
+	publish("m/i1", 1, bytes, NULL, 103);
+	expect("m/i1", v1, 1, bytes, NULL, 103);
+	stop_all();
+	a_scan = "50";
+	a_daemon = NULL;
+}
+
+/* Waits until B's newest version of name holds what publish() wrote of
+ * one tensor of bytes from seed. */
+static void newest_on_b(const char *name, uint64_t bytes, uint32_t seed)
+{
+	uint8_t *want = malloc(bytes);
+	int i;
+
+	harness_fill(want, bytes, seed);
+	for (i = 0; i < harness_ms(30000) / 10; i++) {
+		dlshare_bundle *b = NULL;
+		int same = 0;
+
+		if (!dlshare_get(cb, name, NULL, &b)) {
+			const DLTensor *t = dlshare_bundle_tensor(b, 0);
+			uint64_t nb = 0;
+
+			same = t && !dlshare_tensor_nbytes(t, &nb) &&
+			       nb == bytes &&
+			       !memcmp((uint8_t *)t->data + t->byte_offset,
+				       want, bytes);
+			dlshare_bundle_free(b);
+		}
+		if (same) {
+			free(want);
+			return;
+		}
+		sleep_ms(10);
+	}
+	free(want);
+	dump_logs();
+	fail_msg("%s on B never held seed %u", name, seed);
+}
+
+/* A name deleted on A goes on B too; a name of B whose newest version
+ * was made on B (not A's copy) stays, though A deleted its own. */
+static void test_delete_mirrored(void **state)
+{
+	uint64_t bytes[1] = { 1000 };
+	dlshare_tensor_spec spec = { .dtype = { kDLUInt, 8, 1 }, .ndim = 1 };
+	int64_t shape = 1000;
+	dlshare_name_info info;
+	dlshare_writer *w;
+	uint64_t vb;
+
+	(void)state;
+	spec.shape = &shape;
+	a_scan = "50";         /* the defaults, whatever a failed test left */
+	a_daemon = NULL;
+	start_all();
+	relay_b = start_b_with(keyfile, "1M", "16");
+	publish("m/del", 1, bytes, NULL, 81);
+	expect("m/del", 0, 1, bytes, NULL, 81);
+	publish("m/mine", 1, bytes, NULL, 82);
+	vb = expect("m/mine", 0, 1, bytes, NULL, 82);
+	/* B's own newest version of m/mine */
+	assert_int_equal(dlshare_create(cb, "m/mine", &spec, 1, NULL, &w), 0);
+	assert_int_equal(dlshare_seal(w, NULL, NULL), 0);
+	assert_int_equal(dlshare_stat(cb, "m/mine", &info, NULL), 0);
+	assert_true(info.latest > vb);
+	assert_string_equal(info.origin_node, "");
+	/* deleted in this order on A: B handles them in order */
+	assert_int_equal(dlshare_delete(ca, "m/mine"), 0);
+	assert_int_equal(dlshare_delete(ca, "m/del"), 0);
+	gone_on_b("m/del");
+	assert_true(log_has(log_b, "mirror m/del: deleted at node node-a"));
+	assert_true(log_has(log_b, "mirror m/mine: deleted at node node-a: "
+			    "kept"));
+	assert_int_equal(dlshare_stat(cb, "m/mine", &info, NULL), 0);
+	assert_string_equal(info.origin_node, "");
+	/* made again on A after the delete: mirrored again from version 1 */
+	publish("m/del", 1, bytes, NULL, 83);
+	expect("m/del", 0, 1, bytes, NULL, 83);
+	/* deleted and made again at once (its numbers start at 1 again,
+	 * below B's): B ends with the new one */
+	publish("m/del", 1, bytes, NULL, 84);
+	publish("m/del", 1, bytes, NULL, 85);
+	newest_on_b("m/del", bytes[0], 85);
+	assert_int_equal(dlshare_delete(ca, "m/del"), 0);
+	publish("m/del", 1, bytes, NULL, 86);
+	newest_on_b("m/del", bytes[0], 86);
+	stop_all();
+}
+
+/* With a daemon that has no Watch (DLSHARE_RELAY_NO_WATCH makes the
+ * relay act as with a 1.5 daemon), A scans: what is published is still
+ * mirrored, the last changed name and the others. */
+static void test_scan_fallback(void **state)
+{
+	uint64_t bytes[1] = { 3000 };
+	uint64_t v1;
+
+	(void)state;
+	a_scan = "50";
+	a_daemon = NULL;
+	setenv("DLSHARE_RELAY_NO_WATCH", "1", 1);
+	start_all();
+	unsetenv("DLSHARE_RELAY_NO_WATCH");
+	relay_b = start_b_with(keyfile, "1M", "16");
+	publish("m/one", 1, bytes, NULL, 91);
+	assert_true(log_has(log_a, "falls back to a scan"));
+	v1 = expect("m/one", 0, 1, bytes, NULL, 91);
+	publish("m/two", 1, bytes, NULL, 92);
+	expect("m/two", 0, 1, bytes, NULL, 92);
+	publish("m/one", 1, bytes, NULL, 93);
+	expect("m/one", v1, 1, bytes, NULL, 93);
+	stop_all();
+}
+
 #ifndef RELAY_NO_MAIN
 int main(void)
 {
@@ -1501,6 +1680,10 @@ int main(void)
 		cmocka_unit_test(test_max_subscriptions_minor6),
 		cmocka_unit_test(test_metrics),
 		cmocka_unit_test(test_metrics_promtool),
+		cmocka_unit_test(test_watch_not_last),
+		cmocka_unit_test(test_delete_mirrored),
+		cmocka_unit_test(test_scan_fallback),
+		cmocka_unit_test(test_watch_inflight),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
