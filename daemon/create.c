@@ -112,8 +112,9 @@ static void create_refuse_unbacked(struct peer *peer, uint64_t id,
 	uint64_t limit, usage;
 	char where[256];
 
-	/* The limit named, where it can be read: a rare path, a few small
-	 * reads of procfs and cgroupfs. */
+	/* The limit named, where it can be read: memcg_limit reads the
+	 * group found at start (three small files), and walks cgroupfs
+	 * again only when that answer is stale (memcg.h). */
 	if (memcg_limit(&limit, &usage, where, sizeof(where)) == 0) {
 		conn_send_error(&peer->conn, id, DLSHARE_ENOMEM,
 				"create %s: the daemon could not allocate the "
