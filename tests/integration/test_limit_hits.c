@@ -5,8 +5,8 @@
  * that one limit small, crosses it, and reads the whole family back.
  *
  * Not crossed here: uid-gpu-bytes and uid-leased-gpu-bytes (GPU memory),
- * max-out-fds and uid-fds (a peer that stops reading: test_limits,
- * test_conn), max-packet (test_limits' framing cases cut the peer off).
+ * max-out-fds and uid-fds (peers that stop reading: test_security's
+ * deaf_peer_fds counts their rows).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -24,48 +24,15 @@
 static const int64_t small[1] = { 256 };    /* 1 KiB of float32 */
 static const int64_t large[1] = { 4096 };   /* 16 KiB */
 
-#define HITS_MAX 64
-
-struct hits {
-	char label[HITS_MAX][48];
-	uint64_t value[HITS_MAX];
-	size_t n;
-};
-
-/* Every dlshare_limit_hits_total sample of the daemon's metrics. */
-static void read_hits(dlshare_client *c, struct hits *h)
-{
-	static const char fam[] = "dlshare_limit_hits_total{limit=\"";
-	char *text = NULL, *p;
-	size_t len;
-
-	assert_int_equal(dlshare_metrics(c, &text, &len), 0);
-	h->n = 0;
-	for (p = text; (p = strstr(p, fam)); ) {
-		char *end;
-
-		p += sizeof(fam) - 1;
-		end = strchr(p, '"');
-		assert_non_null(end);
-		assert_true(h->n < HITS_MAX);
-		assert_true((size_t)(end - p) < sizeof(h->label[0]));
-		memcpy(h->label[h->n], p, (size_t)(end - p));
-		h->label[h->n][end - p] = '\0';
-		assert_int_equal(strncmp(end, "\"} ", 3), 0);
-		h->value[h->n++] = strtoull(end + 3, &p, 10);
-	}
-	free(text);
-	/* Every row is always there (a counter, 0 until hit). */
-	assert_true(h->n >= 20);
-}
-
 /* Fails unless label was hit exactly once and every other limit never. */
 static void assert_hit_once(dlshare_client *c, const char *label)
 {
-	struct hits h;
+	struct util_hits h;
 	int found = 0;
 
-	read_hits(c, &h);
+	util_limit_hits(c, &h);
+	/* Every row is always there (a counter, 0 until hit). */
+	assert_true(h.n >= 20);
 	for (size_t i = 0; i < h.n; i++) {
 		uint64_t want = !strcmp(h.label[i], label);
 
