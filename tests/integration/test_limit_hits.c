@@ -6,7 +6,8 @@
  *
  * Not crossed here: uid-gpu-bytes and uid-leased-gpu-bytes (GPU memory),
  * max-out-fds and uid-fds (peers that stop reading: test_security's
- * deaf_peer_fds counts their rows).
+ * deaf_peer_fds counts their rows), max-buffers (a refusal counted as
+ * max-tensors, as it always was: the library makes one buffer).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -16,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -152,6 +154,40 @@ static void uid_manifest_bytes(void **state)
 	assert_int_equal(dlshare_create(c, "h/m", t, N, NULL, &w),
 			 DLSHARE_ELIMIT);
 	assert_hit_once(c, "uid-manifest-bytes");
+	dlshare_disconnect(c);
+}
+
+/* A Create that fits a packet, but whose reply (REPLY_OVERHEAD more)
+ * would not: refused at max-packet, from a raw client (the library sends
+ * nothing past the daemon's max-packet). */
+SETUP(setup_max_packet, "--max-packet", "4096")
+static void max_packet(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = connect_fx(state);
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Create m = DLSHARE__CREATE__INIT;
+	struct wire_msg *r = NULL;
+	char origin[3500];
+	int fd;
+
+	memset(origin, 'x', sizeof(origin) - 1);
+	origin[sizeof(origin) - 1] = '\0';
+	m.name = "h/p";
+	m.origin_node = origin;
+	f.id = 7;
+	f.body_case = DLSHARE__FRAME__BODY_CREATE;
+	f.create = &m;
+	assert_true(dlshare__frame__get_packed_size(&f) < 4096);
+	fd = raw_connect(fx->d.sock);
+	assert_true(fd >= 0);
+	assert_int_equal(raw_hello(fd), 0);
+	assert_int_equal(raw_call(fd, &f, NULL, 0, &r), 0);
+	assert_int_equal(r->frame->body_case, DLSHARE__FRAME__BODY_ERROR);
+	assert_int_equal(r->frame->error->code, DLSHARE_E2BIG);
+	wire_msg_free(r);
+	close(fd);
+	assert_hit_once(c, "max-packet");
 	dlshare_disconnect(c);
 }
 
@@ -361,6 +397,7 @@ int main(void)
 		T(max_bytes),
 		T(uid_host_bytes),
 		T(uid_manifest_bytes),
+		T(max_packet),
 		T(max_pending),
 		T(uid_pending),
 		T(max_open_fds),
