@@ -1,12 +1,13 @@
 /* memcg — the memory cgroup limit this process is under (v1 or v2), for
  * the message of a create the daemon could not back. memcg_init finds the
- * hierarchies' mounts (/proc/self/mountinfo) and the group whose limit is
- * the tightest once, at start; a refusal then reads /proc/self/cgroup and
- * that group's two small files, and walks the hierarchy again only when
- * the process moved to another group or the walk is older than
- * MEMCG_CACHE_MS: a peer that keeps making creates fail cannot make the
- * loop parse mountinfo or walk cgroupfs each time. Plain file reads; one
- * thread (the loop's) after memcg_init.
+ * hierarchies' mounts (/proc/self/mountinfo, once) and the group whose
+ * limit is the tightest, at start; a refusal then reads /proc/self/cgroup
+ * and that group's two small files (or nothing more when no limit was
+ * found), and walks the hierarchy again only when the process moved to
+ * another group or the answer is older than MEMCG_CACHE_MS: a peer that
+ * keeps making creates fail cannot make the loop parse mountinfo or walk
+ * cgroupfs each time. Plain file reads; one thread (the loop's) after
+ * memcg_init.
  */
 #ifndef DLSHARE_MEMCG_H
 #define DLSHARE_MEMCG_H

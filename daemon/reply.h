@@ -31,7 +31,7 @@ void reply_err_why(struct peer *peer, uint64_t id, int err,
 		   const struct refusal *why, const char *what,
 		   const char *name);
 
-/* reply_err_why for a refusal at limit that gives no reason of its own. */
+/* reply_err_why for a refusal at a limit that gives no reason of its own. */
 void reply_limit(struct peer *peer, uint64_t id, int err,
 		 enum metrics_limit limit, const char *what, const char *name);
 
