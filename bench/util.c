@@ -167,8 +167,8 @@ pid_t util_spawn(const char *const *argv, const struct util_spawn_io *io)
 		}
 		return pid;
 	}
-	/* The child: only what async-signal-safe calls may do, but for
-	 * setenv (the benchmarks fork from one thread). */
+	/* The child. setenv is not async-signal-safe, but the benchmarks
+	 * fork from one thread (bench/util.h: single-threaded callers). */
 	if (io->quiet)
 		child_redirect(-1, "/dev/null", O_RDONLY, 0);
 	if (io->log)
