@@ -109,9 +109,8 @@ static void pin(pid_t daemon, int cpu)
 static int floor_run(char *out, size_t cap, ...)
 {
 	const char *argv[24];
-	int argc = 0, p[2];
+	int argc = 0;
 	va_list ap;
-	pid_t pid;
 
 	argv[argc++] = floor_bin;
 	va_start(ap, cap);
@@ -119,24 +118,7 @@ static int floor_run(char *out, size_t cap, ...)
 		argc++;
 	va_end(ap);
 	argv[argc] = NULL;
-	if (pipe2(p, O_CLOEXEC) < 0)
-		return -1;
-	pid = util_fork();
-	if (pid < 0) {
-		close(p[0]);
-		close(p[1]);
-		return -1;
-	}
-	if (pid == 0) {
-		dup2(p[1], 1);
-		execv(floor_bin, (char *const *)argv);
-		_exit(127);
-	}
-	close(p[1]);
-	if (util_read_all(p[0], out, cap) < 0)
-		out[0] = '\0';
-	close(p[0]);
-	if (child_wait(pid) != 0) {
+	if (util_run_capture(argv, NULL, out, cap) != 0) {
 		fprintf(stderr, "bench: dlshare-floor %s failed\n", argv[1]);
 		return -1;
 	}
@@ -1117,9 +1099,9 @@ static int run_python(const char *python, const char *const *argv,
 		      char *out, size_t cap)
 {
 	char script[PATH_MAX];
+	const char *const env[] = { "PYTHONPATH", pub_pythonpath, NULL };
 	const char *args[16];
-	int p[2], st, n = 0;
-	pid_t pid;
+	int st, n = 0;
 
 	if (access(python, X_OK) != 0)
 		return 77;
@@ -1129,26 +1111,7 @@ static int run_python(const char *python, const char *const *argv,
 	for (int i = 1; argv[i] && n < 15; i++)
 		args[n++] = argv[i];
 	args[n] = NULL;
-	if (pipe2(p, O_CLOEXEC) < 0)
-		return -1;
-	pid = util_fork();
-	if (pid < 0) {
-		close(p[0]);
-		close(p[1]);
-		return -1;
-	}
-	if (pid == 0) {
-		dup2(p[1], 1);
-		if (pub_pythonpath)
-			setenv("PYTHONPATH", pub_pythonpath, 1);
-		execv(python, (char *const *)args);
-		_exit(127);
-	}
-	close(p[1]);
-	if (util_read_all(p[0], out, cap) < 0)
-		out[0] = '\0';
-	close(p[0]);
-	st = child_wait(pid);
+	st = util_run_capture(args, env, out, cap);
 	return st == 0 ? 0 : st == 77 ? 77 : -1;
 }
 

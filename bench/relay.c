@@ -149,27 +149,16 @@ static int free_port(void)
  * pid or -1. */
 static pid_t spawn(const char *const *argv, const char *log)
 {
-	pid_t pid = util_fork();
+	const char *const env[] = {
+		"UCX_TLS", getenv("UCX_TLS") ? NULL : "tcp",
+		"UCX_NET_DEVICES", getenv("UCX_NET_DEVICES") ? NULL : "lo",
+		NULL
+	};
+	const struct util_spawn_io io = {
+		.log = log, .log_stdout = 1, .quiet = 1, .env = env,
+	};
 
-	if (pid != 0)
-		return pid;
-	int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-
-	if (fd >= 0) {
-		dup2(fd, 1);
-		dup2(fd, 2);
-		close(fd);
-	}
-	fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-	if (fd >= 0) {
-		dup2(fd, 0);
-		close(fd);
-	}
-	closefrom(3);
-	setenv("UCX_TLS", "tcp", 0);
-	setenv("UCX_NET_DEVICES", "lo", 0);
-	execv(argv[0], (char *const *)argv);
-	_exit(127);
+	return util_spawn(argv, &io);
 }
 
 /* 1 when a TCP socket listens on port (any address, IPv4 or IPv6), from

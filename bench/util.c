@@ -129,6 +129,89 @@ pid_t util_fork(void)
 	return child_fork();
 }
 
+/* In the child: fd onto target (0-2), or the file path opened with flags
+ * when fd < 0. */
+static void child_redirect(int fd, const char *path, int flags, int target)
+{
+	int f = fd >= 0 ? fd : open(path, flags | O_CLOEXEC, 0600);
+
+	if (f < 0)
+		return;
+	dup2(f, target);
+	if (fd < 0)
+		close(f);
+}
+
+pid_t util_spawn(const char *const *argv, const struct util_spawn_io *io)
+{
+	static const struct util_spawn_io none = { 0 };
+	int p[2] = { -1, -1 };
+	pid_t pid;
+
+	if (!io)
+		io = &none;
+	if (io->out && pipe2(p, O_CLOEXEC) < 0)
+		return -1;
+	pid = util_fork();
+	if (pid < 0) {
+		if (io->out) {
+			close(p[0]);
+			close(p[1]);
+		}
+		return -1;
+	}
+	if (pid > 0) {
+		if (io->out) {
+			close(p[1]);
+			*io->out = p[0];
+		}
+		return pid;
+	}
+	/* The child. setenv is not async-signal-safe, but the benchmarks
+	 * fork from one thread (bench/util.h: single-threaded callers). */
+	if (io->quiet)
+		child_redirect(-1, "/dev/null", O_RDONLY, 0);
+	if (io->log)
+		child_redirect(-1, io->log, O_WRONLY | O_CREAT | O_TRUNC, 2);
+	if (io->out)
+		child_redirect(p[1], NULL, 0, 1);
+	else if (io->log && io->log_stdout)
+		dup2(2, 1);
+	else if (io->quiet)
+		child_redirect(-1, "/dev/null", O_WRONLY, 1);
+	if (io->quiet)
+		closefrom(3);
+	for (const char *const *e = io->env; e && e[0]; e += 2)
+		if (e[1])
+			setenv(e[0], e[1], 1);
+	execv(argv[0], (char *const *)argv);
+	_exit(127);
+}
+
+int util_run_capture(const char *const *argv, const char *const *env,
+		     char *out, size_t cap)
+{
+	struct util_spawn_io io = { .env = env };
+	char drop[4096];
+	int fd;
+	pid_t pid;
+
+	io.out = &fd;
+	if (cap)
+		out[0] = '\0';
+	pid = util_spawn(argv, &io);
+	if (pid < 0)
+		return -1;
+	if (util_read_all(fd, out, cap) < 0 && cap)
+		out[0] = '\0';
+	/* Past cap: read on to the end, so that the child never blocks on
+	 * a full pipe while we wait for it. */
+	while (util_read_all(fd, drop, sizeof(drop)) > 0)
+		;
+	close(fd);
+	return child_wait(pid);
+}
+
 uint64_t util_raise_nofile(uint64_t want)
 {
 	struct rlimit rl;
@@ -237,8 +320,7 @@ static struct daemon_proc *live[DAEMONS_MAX];
 
 int daemon_setup(const char *bin)
 {
-	int p[2];
-	pid_t pid;
+	const char *const argv[] = { bin, "--help", NULL };
 	char *buf;
 
 	daemon_bin = bin;
@@ -246,24 +328,11 @@ int daemon_setup(const char *bin)
 		fprintf(stderr, "bench: %s: %s\n", bin, strerror(errno));
 		return -1;
 	}
-	if (pipe2(p, O_CLOEXEC) < 0)
-		return -1;
-	pid = util_fork();
-	if (pid < 0)
-		return -1;
-	if (pid == 0) {
-		dup2(p[1], 1);
-		execl(bin, bin, "--help", (char *)NULL);
-		_exit(127);
-	}
-	close(p[1]);
 	buf = malloc(64 * 1024);
-	if (!buf || util_read_all(p[0], buf, 64 * 1024) < 0) {
+	if (buf && util_run_capture(argv, NULL, buf, 64 * 1024) < 0) {
 		free(buf);
 		buf = NULL;
 	}
-	close(p[0]);
-	child_wait(pid);
 	daemon_help = buf;
 	return buf ? 0 : -1;
 }
@@ -350,6 +419,8 @@ static void dir_remove(struct daemon_proc *d)
 
 int daemon_start(struct daemon_proc *d, const char *const *extra)
 {
+	/* Only 0-2 for the daemon; its fd count is ours to read. */
+	struct util_spawn_io io = { .log = d->log, .quiet = 1 };
 	const char *argv[64];
 	int argc = 0;
 
@@ -378,30 +449,10 @@ int daemon_start(struct daemon_proc *d, const char *const *extra)
 		argv[argc++] = extra[i + 1];
 	}
 	argv[argc] = NULL;
-
-	d->pid = util_fork();
+	d->pid = util_spawn(argv, &io);
 	if (d->pid < 0) {
 		dir_remove(d);
 		return -1;
-	}
-	if (d->pid == 0) {
-		int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-			      0600);
-
-		if (fd >= 0) {
-			dup2(fd, 2);
-			close(fd);
-		}
-		fd = open("/dev/null", O_RDWR | O_CLOEXEC);
-		if (fd >= 0) {
-			dup2(fd, 0);
-			dup2(fd, 1);
-			close(fd);
-		}
-		/* Only 0-2 for the daemon; its fd count is ours to read. */
-		closefrom(3);
-		execv(argv[0], (char *const *)argv);
-		_exit(127);
 	}
 	live_add(d);
 	for (int waited = 0; waited < 20000; waited += 5) {

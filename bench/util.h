@@ -41,6 +41,30 @@ double samples_max(const struct samples *s);
  * dies), after flushing stdio. Returns as fork(). Wait with child_wait(). */
 pid_t util_fork(void);
 
+/* How util_spawn sets up a child's standard fds and environment. With
+ * all zero the child inherits ours. */
+struct util_spawn_io {
+	int *out;               /* stdout into a pipe; its read end here */
+	const char *log;        /* stderr into this file (made, truncated) */
+	int log_stdout;         /* and stdout into log too */
+	int quiet;              /* stdin and any stdout not redirected from
+				 * and to /dev/null, and no fd above 2 */
+	const char *const *env; /* NAME, VALUE, ..., NULL: set in the child
+				 * (a NULL VALUE leaves NAME as it is) */
+};
+
+/* Starts the program argv[0] (a path) with argv as util_fork's child,
+ * set up as io says (may be NULL). Returns its pid, or -1 with nothing
+ * left open. Wait with child_wait(). */
+pid_t util_spawn(const char *const *argv, const struct util_spawn_io *io);
+
+/* Runs argv (with env as in struct util_spawn_io, may be NULL) to its end
+ * and keeps its stdout in out (cap bytes with the NUL; the rest is read
+ * and dropped; "" if it cannot be read). Returns its exit status
+ * (child_wait), or -1 when it cannot be started. */
+int util_run_capture(const char *const *argv, const char *const *env,
+		     char *out, size_t cap);
+
 /* Raises RLIMIT_NOFILE (soft and, when allowed, hard) to at least want.
  * Returns the soft limit in effect afterwards. */
 uint64_t util_raise_nofile(uint64_t want);

@@ -57,7 +57,7 @@ static void outpkt_free(struct conn *c, struct outpkt *p)
 	free(p);
 }
 
-int conn_may_queue_fds(struct conn *c, unsigned nfds, const char **why)
+int conn_may_queue_fds(struct conn *c, unsigned nfds, struct refusal *why)
 {
 	const struct conn_ops *ops = c->set->ops;
 
@@ -66,7 +66,8 @@ int conn_may_queue_fds(struct conn *c, unsigned nfds, const char **why)
 	/* fds wait in the queue only while the peer does not read; each is
 	 * an open file of the daemon's. */
 	if (c->out_fds + nfds > c->set->limits->max_out_fds) {
-		*why = "fds queued to one connection";
+		*why = (struct refusal){ "fds queued to one connection",
+					 METRICS_LIMIT_MAX_OUT_FDS };
 		return -EDQUOT;
 	}
 	return ops->may_queue_fds ? ops->may_queue_fds(c, nfds, why) : 0;
@@ -188,7 +189,7 @@ int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
 	      unsigned nfds)
 {
 	const struct conn_limits *lim = c->set->limits;
-	const char *why;
+	struct refusal why;
 	struct outpkt *p;
 	uint8_t *data;
 	size_t len;

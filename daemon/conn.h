@@ -21,6 +21,7 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "metrics.h"
 #include "wire.h"
 
 struct conn;
@@ -49,7 +50,7 @@ struct conn_ops {
 	/* Whether nfds more fds may be queued to c as far as limits beyond
 	 * c's own go (quotas shared with other conns): 0, or -EDQUOT with
 	 * *why naming the limit (a static string). May be NULL. */
-	int (*may_queue_fds)(struct conn *c, unsigned nfds, const char **why);
+	int (*may_queue_fds)(struct conn *c, unsigned nfds, struct refusal *why);
 	/* delta fds entered (> 0) or left (< 0) c's queue: charge or refund
 	 * them where may_queue_fds counts them. May be NULL. */
 	void (*queued_fds)(struct conn *c, int delta);
@@ -145,7 +146,7 @@ int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
 /* Whether nfds more fds may be queued to c: 0, or -EDQUOT with *why
  * naming the limit (per connection, or ops->may_queue_fds's; a static
  * string). */
-int conn_may_queue_fds(struct conn *c, unsigned nfds, const char **why);
+int conn_may_queue_fds(struct conn *c, unsigned nfds, struct refusal *why);
 
 /* Sends an Error frame answering request id. Returns as conn_send. */
 int conn_send_error(struct conn *c, uint64_t id, int dlshare_code,

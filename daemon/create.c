@@ -112,8 +112,9 @@ static void create_refuse_unbacked(struct peer *peer, uint64_t id,
 	uint64_t limit, usage;
 	char where[256];
 
-	/* The limit named, where it can be read: a rare path, a few small
-	 * reads of procfs and cgroupfs. */
+	/* The limit named, where it can be read: memcg_limit reads the
+	 * group found at start (three small files), and walks cgroupfs
+	 * again only when that answer is stale (memcg.h). */
 	if (memcg_limit(&limit, &usage, where, sizeof(where)) == 0) {
 		conn_send_error(&peer->conn, id, DLSHARE_ENOMEM,
 				"create %s: the daemon could not allocate the "
@@ -199,7 +200,7 @@ static void create_finish(struct peer *peer, uint64_t id,
 	Dlshare__CreateReply r = DLSHARE__CREATE_REPLY__INIT;
 	int attach[REGISTRY_BUFFERS_HARD_MAX];
 	struct encode_version w;
-	const char *why = NULL;
+	struct refusal why = { 0 };
 	struct version *v;
 	struct lease *l;
 	int err, ipc = 0;
@@ -220,7 +221,7 @@ static void create_finish(struct peer *peer, uint64_t id,
 		return;
 	}
 	if (err) {
-		reply_err_why(peer, id, err, why, "create", m->name);
+		reply_err_why(peer, id, err, &why, "create", m->name);
 		return;
 	}
 	for (size_t i = 0; j && i < v->nbuffers; i++) {
@@ -251,7 +252,7 @@ static void create_finish(struct peer *peer, uint64_t id,
 	if (err) {
 		registry_abort(&d->reg, &peer->owner, m->name, v->number,
 			       v->writer);
-		reply_err_why(peer, id, err, why, "create", m->name);
+		reply_err_why(peer, id, err, &why, "create", m->name);
 		return;
 	}
 	r.version = v->number;
@@ -428,7 +429,7 @@ static void create_gpu(struct peer *peer, uint64_t id, const Dlshare__Create *m,
 		.origin_node = m->origin_node,
 		.origin_version = m->has_origin_version ? m->origin_version : 0,
 	};
-	const char *why = NULL;
+	struct refusal why = { 0 };
 	struct gpu_job *j;
 	uint8_t *packed;
 	size_t len;
@@ -455,7 +456,7 @@ static void create_gpu(struct peer *peer, uint64_t id, const Dlshare__Create *m,
 		return;
 	}
 	if (err) {
-		reply_err_why(peer, id, err, why, "create", m->name);
+		reply_err_why(peer, id, err, &why, "create", m->name);
 		return;
 	}
 	if (peer->inflight >= d->limits->max_inflight) {
@@ -545,7 +546,8 @@ void create_resume(struct peer *peer, uint64_t id, const Dlshare__Create *m,
 		   uint64_t deadline)
 {
 	if (m->n_buffers > REGISTRY_BUFFERS_HARD_MAX) {
-		reply_err(peer, id, -E2BIG, "create", m->name);
+		reply_limit(peer, id, -E2BIG, METRICS_LIMIT_MAX_TENSORS, "create",
+			    m->name);
 		return;
 	}
 	if (reply_refuse_same_keys(peer, id, "create", m->name, m->tensors,
@@ -558,7 +560,8 @@ void create_request(struct peer *peer, const Dlshare__Frame *f,
 		    const Dlshare__Create *m)
 {
 	if (!reply_fits(peer, f)) {
-		reply_err(peer, f->id, -EMSGSIZE, "create", m->name);
+		reply_limit(peer, f->id, -EMSGSIZE, METRICS_LIMIT_MAX_PACKET,
+			    "create", m->name);
 		return;
 	}
 	create_resume(peer, f->id, m, create_wait_deadline(peer->d, m));

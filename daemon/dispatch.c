@@ -119,14 +119,15 @@ static void handle_publish(struct peer *peer, const Dlshare__Frame *f,
 	Dlshare__Frame out = DLSHARE__FRAME__INIT;
 	Dlshare__PublishReply r = DLSHARE__PUBLISH_REPLY__INIT;
 	int bfds[REGISTRY_BUFFERS_HARD_MAX];
-	const char *why = NULL;
+	struct refusal why = { 0 };
 	struct version *v;
 	unsigned k = 0;
 	int err;
 
 	if (m->n_buffers > REGISTRY_BUFFERS_HARD_MAX) {
 		wire_close_fds(fds, nfds);
-		reply_err(peer, f->id, -E2BIG, "publish", m->name);
+		reply_limit(peer, f->id, -E2BIG, METRICS_LIMIT_MAX_TENSORS,
+			    "publish", m->name);
 		return;
 	}
 	if (reply_refuse_same_keys(peer, f->id, "publish", m->name, m->tensors,
@@ -154,9 +155,13 @@ static void handle_publish(struct peer *peer, const Dlshare__Frame *f,
 			fds[k++] = -1;
 		}
 	spec.fds = bfds;
-	err = reply_fits(peer, f) ?
-	      registry_add(&peer->d->reg, &peer->owner, &spec, 1, &v, &why) :
-	      -EMSGSIZE;
+	if (reply_fits(peer, f))
+		err = registry_add(&peer->d->reg, &peer->owner, &spec, 1, &v,
+				   &why);
+	else {
+		why.limit = METRICS_LIMIT_MAX_PACKET;
+		err = -EMSGSIZE;
+	}
 	for (size_t i = 0; i < m->n_buffers; i++)
 		if (bfds[i] >= 0)
 			close(bfds[i]); /* not taken: failure */
@@ -167,7 +172,7 @@ static void handle_publish(struct peer *peer, const Dlshare__Frame *f,
 		return;
 	}
 	if (err) {
-		reply_err_why(peer, f->id, err, why, "publish", m->name);
+		reply_err_why(peer, f->id, err, &why, "publish", m->name);
 		return;
 	}
 	r.version = v->number;
@@ -342,12 +347,12 @@ static void handle_stat(struct peer *peer, uint64_t id, const Dlshare__Stat *m)
 	f.body_case = DLSHARE__FRAME__BODY_STAT_REPLY;
 	f.stat_reply = &r;
 	if (have_w && w.nfds) {
-		const char *why = NULL;
+		struct refusal why = { 0 };
 		int err = conn_may_queue_fds(&peer->conn, w.nfds, &why);
 
 		if (err) {
 			encode_version_deinit(&w);
-			reply_err_why(peer, id, err, why, "stat", m->name);
+			reply_err_why(peer, id, err, &why, "stat", m->name);
 			return;
 		}
 		f.id = id;
@@ -622,7 +627,8 @@ static void on_error_sent(struct conn *c, int code)
 	peer->limit_hit = 0;
 }
 
-static int on_may_queue_fds(struct conn *c, unsigned nfds, const char **why)
+static int on_may_queue_fds(struct conn *c, unsigned nfds,
+			   struct refusal *why)
 {
 	return peer_may_queue_fds(peer_of_conn(c), nfds, why);
 }

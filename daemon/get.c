@@ -51,7 +51,7 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v,
 	Dlshare__DeviceEvent dev[REGISTRY_BUFFERS_HARD_MAX];
 	Dlshare__DeviceEvent *devp[REGISTRY_BUFFERS_HARD_MAX];
 	struct encode_version w;
-	const char *why = NULL;
+	struct refusal why = { 0 };
 	struct lease *l;
 	int err;
 
@@ -103,7 +103,7 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v,
 	if (!err)
 		err = registry_lease(&d->reg, &peer->owner, v, &l, &why);
 	if (err) {
-		reply_err_why(peer, id, err, why, what, v->entry->name);
+		reply_err_why(peer, id, err, &why, what, v->entry->name);
 		return;
 	}
 	if (take)

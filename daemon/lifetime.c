@@ -112,7 +112,7 @@ static int heap_set(struct registry *r, struct entry *e)
 
 int lifetime_check(const struct registry *r, const struct registry_owner *o,
 		   const struct entry *e, const struct registry_spec *s,
-		   const char **why)
+		   struct refusal *why)
 {
 	const char *reason;
 
@@ -138,11 +138,11 @@ int lifetime_check(const struct registry *r, const struct registry_owner *o,
 	return 0;
 refuse:
 	if (why)
-		*why = reason;
+		*why = (struct refusal){ reason, METRICS_LIMIT_MAX_TTL };
 	return -ERANGE;
 refuse_perm:
 	if (why)
-		*why = reason;
+		*why = (struct refusal){ reason, METRICS_LIMIT_OTHER };
 	return -EPERM;
 }
 

@@ -23,6 +23,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "memcg.h"
 #include "server.h"
 
 /* STATUS= is refreshed this often (or at each watchdog ping when sooner). */
@@ -222,6 +223,9 @@ int main(int argc, char **argv)
 		 cfg.file ? cfg.file : "none");
 
 	raise_nofile();
+	/* Where a refused create's message finds the memory limit: looked
+	 * up once here, not by every refusal (memcg.h). */
+	memcg_init();
 	loop = uv_default_loop();
 	err = server_init(&srv, loop, &cfg.server);
 	if (!err)

@@ -224,7 +224,8 @@ static int precheck(struct peer *peer, const Dlshare__Frame *f,
 		return -1;
 	}
 	if (nbuffers > REGISTRY_BUFFERS_HARD_MAX) {
-		reply_err(peer, id, -E2BIG, what, name);
+		reply_limit(peer, id, -E2BIG, METRICS_LIMIT_MAX_TENSORS, what,
+			    name);
 		return -1;
 	}
 	if (n == 0 || mb->size < sizeof(struct manifest_header) ||
@@ -237,9 +238,12 @@ static int precheck(struct peer *peer, const Dlshare__Frame *f,
 	}
 	if (mb->size > l->uid_manifest_bytes ||
 	    (u && u->meta_bytes > l->uid_manifest_bytes - mb->size)) {
-		reply_err_why(peer, id, -EDQUOT,
-			      "manifest bytes per uid (--uid-manifest-bytes)",
-			      what, name);
+		const struct refusal r = {
+			"manifest bytes per uid (--uid-manifest-bytes)",
+			METRICS_LIMIT_UID_MANIFEST_BYTES
+		};
+
+		reply_err_why(peer, id, -EDQUOT, &r, what, name);
 		return -1;
 	}
 	if (host_check_fd(fd, mb->size, &why)) {

@@ -1,7 +1,6 @@
 /* metrics — the daemon's counter tables and the names of their rows. */
 #include "metrics.h"
 
-#include <errno.h>
 #include <string.h>
 
 #include "dlshare.pb-c.h"
@@ -20,6 +19,8 @@ const uint8_t metrics_req_of_body[64] = {
 	[DLSHARE__FRAME__BODY_STAT] = METRICS_REQ_STAT,
 	[DLSHARE__FRAME__BODY_STATS] = METRICS_REQ_STATS,
 	[DLSHARE__FRAME__BODY_GOODBYE] = METRICS_REQ_GOODBYE,
+	[DLSHARE__FRAME__BODY_WATCH] = METRICS_REQ_WATCH,
+	[DLSHARE__FRAME__BODY_UNTAKE] = METRICS_REQ_UNTAKE,
 };
 
 static const char *const req_names[METRICS_REQ_N] = {
@@ -37,6 +38,8 @@ static const char *const req_names[METRICS_REQ_N] = {
 	[METRICS_REQ_STAT] = "stat",
 	[METRICS_REQ_STATS] = "stats",
 	[METRICS_REQ_GOODBYE] = "goodbye",
+	[METRICS_REQ_WATCH] = "watch",
+	[METRICS_REQ_UNTAKE] = "untake",
 };
 
 /* By -code: include/dlshare/dlshare.h's DLSHARE_E* without the prefix. */
@@ -85,58 +88,6 @@ static const char *const cut_names[METRICS_CUT_N] = {
 	[METRICS_CUT_IO_ERROR] = "io-error",
 	[METRICS_CUT_DAEMON_ERROR] = "daemon-error",
 };
-
-/* The reasons refusals give (registry.c's refuse(), peer.c, conn.c,
- * lifetime.c, mcheck.c), by their start: a reason may go on with the
- * option's name. A reason not here counts as "other"; the metrics test
- * crosses the common ones. */
-static const struct {
-	const char *why;
-	enum metrics_limit limit;
-} limit_whys[] = {
-	{ "connections per uid", METRICS_LIMIT_UID_CONNECTIONS },
-	{ "queue depth (max-queue-depth)", METRICS_LIMIT_MAX_QUEUE_DEPTH },
-	{ "daemon-owned bytes of the daemon", METRICS_LIMIT_MAX_BYTES },
-	{ "pending versions per connection", METRICS_LIMIT_MAX_PENDING },
-	{ "open fds of the daemon", METRICS_LIMIT_MAX_OPEN_FDS },
-	{ "pending versions per uid", METRICS_LIMIT_UID_PENDING },
-	{ "open fds per uid", METRICS_LIMIT_UID_OPEN_FDS },
-	{ "names per uid", METRICS_LIMIT_UID_NAMES },
-	{ "daemon-owned host bytes per uid", METRICS_LIMIT_UID_HOST_BYTES },
-	{ "daemon-owned GPU bytes per uid", METRICS_LIMIT_UID_GPU_BYTES },
-	{ "manifest bytes per uid", METRICS_LIMIT_UID_MANIFEST_BYTES },
-	{ "leased manifest bytes per uid", METRICS_LIMIT_UID_MANIFEST_BYTES },
-	{ "leased host bytes per uid", METRICS_LIMIT_UID_LEASED_BYTES },
-	{ "leased GPU bytes per uid", METRICS_LIMIT_UID_LEASED_GPU_BYTES },
-	{ "leases per connection", METRICS_LIMIT_MAX_LEASES },
-	{ "leases per uid", METRICS_LIMIT_UID_LEASES },
-	{ "fds queued to one connection", METRICS_LIMIT_MAX_OUT_FDS },
-	{ "fds queued per uid", METRICS_LIMIT_UID_FDS },
-	{ "max-ttl", METRICS_LIMIT_MAX_TTL },
-	{ "the queue is full", METRICS_LIMIT_QUEUE_FULL },
-};
-
-enum metrics_limit metrics_limit_of(int err, const char *why)
-{
-	if (why) {
-		for (size_t i = 0; i < sizeof(limit_whys) / sizeof(*limit_whys);
-		     i++)
-			if (!strncmp(why, limit_whys[i].why,
-				     strlen(limit_whys[i].why)))
-				return limit_whys[i].limit;
-		return METRICS_LIMIT_OTHER;
-	}
-	switch (err) {
-	case -E2BIG:
-		return METRICS_LIMIT_MAX_TENSORS;
-	case -EFBIG:
-		return METRICS_LIMIT_MAX_BUFFER_BYTES;
-	case -EMSGSIZE:
-		return METRICS_LIMIT_MAX_PACKET;
-	default:
-		return METRICS_LIMIT_OTHER;
-	}
-}
 
 /* conn_fail's reasons (conn.c, dispatch.c, peer.c, server.c). */
 static const struct {

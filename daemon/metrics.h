@@ -31,6 +31,8 @@ enum metrics_req {
 	METRICS_REQ_STAT,
 	METRICS_REQ_STATS,
 	METRICS_REQ_GOODBYE,
+	METRICS_REQ_WATCH,
+	METRICS_REQ_UNTAKE,
 	METRICS_REQ_N
 };
 
@@ -39,7 +41,10 @@ enum metrics_req {
 #define METRICS_CODES 19
 
 /* The limits a refusal names, by the option that sets them (the label
- * value). METRICS_LIMIT_OTHER: an ELIMIT no one named. */
+ * value). Each place that refuses at a limit says which one (struct
+ * refusal, peer_limit_hit), so a new limit is a row here, a name below
+ * and its refusals passing it. METRICS_LIMIT_OTHER: an ELIMIT no one
+ * named, or a refusal at no limit (a bad fd, a queue of another mode). */
 enum metrics_limit {
 	METRICS_LIMIT_OTHER = 0,
 	METRICS_LIMIT_MAX_CONNECTIONS,
@@ -84,6 +89,15 @@ enum metrics_cut {
 	METRICS_CUT_N
 };
 
+/* A refusal, as the code that refused says it: the reason its Error
+ * gives (a static string, or NULL) and the limit it hit. The registry,
+ * conn and peer fill one through their `why` argument; reply_err_why
+ * sends it and counts the limit. */
+struct refusal {
+	const char *why;
+	enum metrics_limit limit;
+};
+
 struct metrics {
 	uint64_t requests[METRICS_REQ_N];
 	uint64_t errors[METRICS_REQ_N][METRICS_CODES];
@@ -107,10 +121,6 @@ static inline void metrics_error(struct metrics *m, enum metrics_req req,
 
 	m->errors[req < METRICS_REQ_N ? req : 0][col]++;
 }
-
-/* The limit a refusal's reason (registry_add's *why and the like, or the
- * errno alone when why is NULL) names; METRICS_LIMIT_OTHER when none. */
-enum metrics_limit metrics_limit_of(int err, const char *why);
 
 /* The reason a conn failed for (struct conn: why), as a cut; -1 when it is
  * none (the peer hung up, or why is NULL). */

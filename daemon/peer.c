@@ -11,7 +11,7 @@ int peer_new(struct daemon *d, int fd)
 {
 	struct peer *peer = calloc(1, sizeof(*peer));
 	struct conn *c = &peer->conn;
-	const char *why = NULL;
+	struct refusal why = { 0 };
 	int err;
 
 	if (!peer) {
@@ -29,7 +29,7 @@ int peer_new(struct daemon *d, int fd)
 	err = registry_owner_attach(&d->reg, &peer->owner, &why);
 	if (err == -EDQUOT) {
 		log_warn("uid %u: %s reached (%u); refused a connection",
-			 (unsigned)c->uid, why, d->reg.limits.uid_connections);
+			 (unsigned)c->uid, why.why, d->reg.limits.uid_connections);
 		free(peer);
 		return err; /* the caller refuses fd */
 	}
@@ -97,12 +97,14 @@ void peer_buffer_freed(struct rbuffer *b)
 	}
 }
 
-int peer_may_queue_fds(struct peer *peer, unsigned nfds, const char **why)
+int peer_may_queue_fds(struct peer *peer, unsigned nfds,
+		       struct refusal *why)
 {
 	struct uid_usage *u = peer->owner.usage;
 
 	if (u && u->fds_queued + nfds > peer->d->reg.limits.uid_fds) {
-		*why = "fds queued per uid";
+		*why = (struct refusal){ "fds queued per uid",
+					 METRICS_LIMIT_UID_FDS };
 		return -EDQUOT;
 	}
 	return 0;

@@ -95,7 +95,8 @@ int peer_sent_add(struct peer *peer, struct rbuffer *rb);
 void peer_buffer_freed(struct rbuffer *b);
 
 /* The per-uid part of conn_may_queue_fds (conn_ops.may_queue_fds). */
-int peer_may_queue_fds(struct peer *peer, unsigned nfds, const char **why);
+int peer_may_queue_fds(struct peer *peer, unsigned nfds,
+		       struct refusal *why);
 
 /* Charges delta queued fds to peer's uid and the daemon (conn_ops.queued_fds). */
 void peer_queued_fds(struct peer *peer, int delta);

@@ -91,12 +91,15 @@ static int fits(uint64_t used, uint64_t bytes, uint64_t cap)
 	return bytes <= cap && used <= cap - bytes;
 }
 
-/* A refusal: err, with the limit or the reason it names in *why (a static
- * string; why may be NULL). */
-static int refuse(const char **why, const char *reason, int err)
+/* A refusal: err, with the limit it hit and the reason it gives in *why
+ * (a static string; why may be NULL). */
+static int refuse(struct refusal *why, enum metrics_limit limit,
+		  const char *reason, int err)
 {
-	if (why)
-		*why = reason;
+	if (why) {
+		why->why = reason;
+		why->limit = limit;
+	}
 	return err;
 }
 
@@ -112,7 +115,7 @@ static void usage_put(struct registry *r, struct uid_usage *u)
 }
 
 int registry_owner_attach(struct registry *r, struct registry_owner *o,
-			  const char **why)
+			  struct refusal *why)
 {
 	struct uid_usage *u = NULL;
 
@@ -126,7 +129,7 @@ int registry_owner_attach(struct registry *r, struct registry_owner *o,
 	}
 	if (u->owners >= r->limits.uid_connections) {
 		usage_put(r, u);
-		return refuse(why, "connections per uid", -EDQUOT);
+		return refuse(why, METRICS_LIMIT_UID_CONNECTIONS, "connections per uid", -EDQUOT);
 	}
 	u->owners++;
 	o->usage = u;
@@ -271,28 +274,28 @@ static int queue_return(struct registry *r, struct lease *l)
  * and the name must have room. Returns 0, -EMEDIUMTYPE, -EDQUOT (a depth
  * over max_queue_depth) or -EAGAIN (full); *why says which. */
 static int queue_check(struct registry *r, const struct entry *e,
-		       const struct registry_spec *s, const char **why)
+		       const struct registry_spec *s, struct refusal *why)
 {
 	if (!e) {
 		if (s->queue && s->queue_depth > r->limits.max_queue_depth)
-			return refuse(why, "queue depth (max-queue-depth)",
-				      -EDQUOT);
+			return refuse(why, METRICS_LIMIT_MAX_QUEUE_DEPTH,
+				      "queue depth (max-queue-depth)", -EDQUOT);
 		return 0;
 	}
 	if (!e->queue_depth && s->queue)
-		return refuse(why, "the name is not a queue, and this asks "
+		return refuse(why, METRICS_LIMIT_OTHER, "the name is not a queue, and this asks "
 			      "for one (a name's mode is chosen when it is "
 			      "created)", -EMEDIUMTYPE);
 	if (e->queue_depth && !s->queue)
-		return refuse(why, "the name is a queue, and this asks for "
+		return refuse(why, METRICS_LIMIT_OTHER, "the name is a queue, and this asks for "
 			      "an ordinary name (pass its queue depth, or 0 "
 			      "for any)", -EMEDIUMTYPE);
 	if (e->queue_depth && s->queue_depth &&
 	    s->queue_depth != e->queue_depth)
-		return refuse(why, "the queue has another depth than this "
+		return refuse(why, METRICS_LIMIT_OTHER, "the queue has another depth than this "
 			      "asks for", -EMEDIUMTYPE);
 	if (e->queue_depth && e->qheld >= e->queue_depth)
-		return refuse(why, "the queue is full", -EAGAIN);
+		return refuse(why, METRICS_LIMIT_QUEUE_FULL, "the queue is full", -EAGAIN);
 	return 0;
 }
 
@@ -767,7 +770,7 @@ static int check_dev_events(const struct registry_spec *s)
 
 static int spec_check(struct registry *r, const struct registry_spec *s,
 		      int exported, uint64_t *sizes, uint64_t *owned,
-		      uint64_t *gpu, const char **why)
+		      uint64_t *gpu, struct refusal *why)
 {
 	const struct registry_limits *l = &r->limits;
 	uint64_t total = 0, gtotal = 0;
@@ -779,13 +782,13 @@ static int spec_check(struct registry *r, const struct registry_spec *s,
 	if (s->mode & ~CHECK_MODE_MASK)
 		return -EINVAL;
 	if ((bad = check_origin_why(s->origin_node, s->origin_version)))
-		return refuse(why, bad, -EINVAL);
+		return refuse(why, METRICS_LIMIT_OTHER, bad, -EINVAL);
 	size_t ntensors = s->manifest ? s->manifest->ntensors : s->ntensors;
 
 	if (ntensors == 0 || s->nbuffers == 0 || (s->manifest && s->ntensors))
 		return -EINVAL;
 	if (ntensors > l->max_tensors || s->nbuffers > l->max_buffers)
-		return -E2BIG;
+		return refuse(why, METRICS_LIMIT_MAX_TENSORS, NULL, -E2BIG);
 	if (s->event_len > REGISTRY_HANDLE_MAX)
 		return -EINVAL;
 	if ((err = check_dev_events(s)))
@@ -796,7 +799,8 @@ static int spec_check(struct registry *r, const struct registry_spec *s,
 		if (!b->device)
 			return -EINVAL;
 		if (b->size > l->max_buffer_bytes)
-			return -EFBIG;
+			return refuse(why, METRICS_LIMIT_MAX_BUFFER_BYTES,
+				      NULL, -EFBIG);
 		switch (b->kind) {
 		case DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST:
 			if (b->device->type != 1 && b->device->type != 3)
@@ -809,7 +813,7 @@ static int spec_check(struct registry *r, const struct registry_spec *s,
 				return -EINVAL;
 			} else if ((err = host_check_fd(s->fds[i], b->size,
 							&bad))) {
-				return refuse(why, bad, err);
+				return refuse(why, METRICS_LIMIT_OTHER, bad, err);
 			}
 			break;
 		case DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM:
@@ -850,7 +854,7 @@ static int spec_check(struct registry *r, const struct registry_spec *s,
 		if ((err = check_tensor(s->tensors[i], sizes, s->nbuffers)))
 			return err;
 	if (total > l->max_bytes || r->owned_bytes > l->max_bytes - total)
-		return refuse(why, "daemon-owned bytes of the daemon", -ENOSPC);
+		return refuse(why, METRICS_LIMIT_MAX_BYTES, "daemon-owned bytes of the daemon", -ENOSPC);
 	*owned = total;
 	*gpu = gtotal;
 	return 0;
@@ -871,7 +875,7 @@ static uint32_t spec_fds(const struct registry_spec *s)
 static int quota_check(struct registry *r, struct registry_owner *o,
 		       int fresh_name, int exported, uint64_t bytes,
 		       uint64_t gpu, uint32_t nfds, uint64_t meta,
-		       const char **why)
+		       struct refusal *why)
 {
 	const struct registry_limits *l = &r->limits;
 	struct uid_usage *u = o->usage;
@@ -879,23 +883,23 @@ static int quota_check(struct registry *r, struct registry_owner *o,
 	/* Each pending version holds its memfds: a flood of them would take
 	 * every fd of the daemon. */
 	if (!exported && o->npending >= l->max_pending)
-		return refuse(why, "pending versions per connection", -EDQUOT);
+		return refuse(why, METRICS_LIMIT_MAX_PENDING, "pending versions per connection", -EDQUOT);
 	if (l->max_open_fds && r->nfds + r->fds_queued + nfds > l->max_open_fds)
-		return refuse(why, "open fds of the daemon", -ENOSPC);
+		return refuse(why, METRICS_LIMIT_MAX_OPEN_FDS, "open fds of the daemon", -ENOSPC);
 	if (!u)
 		return 0;
 	if (!exported && u->pending >= l->uid_pending)
-		return refuse(why, "pending versions per uid", -EDQUOT);
+		return refuse(why, METRICS_LIMIT_UID_PENDING, "pending versions per uid", -EDQUOT);
 	if (l->uid_open_fds && u->fds + u->fds_queued + nfds > l->uid_open_fds)
-		return refuse(why, "open fds per uid", -EDQUOT);
+		return refuse(why, METRICS_LIMIT_UID_OPEN_FDS, "open fds per uid", -EDQUOT);
 	if (fresh_name && u->names >= l->uid_names)
-		return refuse(why, "names per uid", -EDQUOT);
+		return refuse(why, METRICS_LIMIT_UID_NAMES, "names per uid", -EDQUOT);
 	if (!fits(u->host_bytes, bytes, host_cap(l)))
-		return refuse(why, "daemon-owned host bytes per uid", -EDQUOT);
+		return refuse(why, METRICS_LIMIT_UID_HOST_BYTES, "daemon-owned host bytes per uid", -EDQUOT);
 	if (!fits(u->gpu_bytes, gpu, gpu_cap(l)))
-		return refuse(why, "daemon-owned GPU bytes per uid", -EDQUOT);
+		return refuse(why, METRICS_LIMIT_UID_GPU_BYTES, "daemon-owned GPU bytes per uid", -EDQUOT);
 	if (!fits(u->meta_bytes, meta, l->uid_manifest_bytes))
-		return refuse(why, "manifest bytes per uid "
+		return refuse(why, METRICS_LIMIT_UID_MANIFEST_BYTES, "manifest bytes per uid "
 			      "(--uid-manifest-bytes)", -EDQUOT);
 	return 0;
 }
@@ -1029,7 +1033,7 @@ static void buffers_untake(struct version *v, size_t n, int exported,
 static int version_buffers(struct registry *r, struct version *v,
 			   const struct registry_spec *s, int exported,
 			   struct rbuffer *bufs, struct rbuffer_cuda *cuda,
-			   const char **why)
+			   struct refusal *why)
 {
 	for (size_t i = 0; i < s->nbuffers; i++) {
 		const Dlshare__Buffer *in = s->buffers[i];
@@ -1067,7 +1071,8 @@ static int version_buffers(struct registry *r, struct version *v,
 			if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST &&
 			    host_seal_future_write(s->fds[i])) {
 				buffers_untake(v, i, exported, s->made);
-				return refuse(why, "the daemon could not add "
+				return refuse(why, METRICS_LIMIT_OTHER,
+					      "the daemon could not add "
 					      "F_SEAL_FUTURE_WRITE to it",
 					      -EBADF);
 			}
@@ -1147,7 +1152,7 @@ static uint64_t spec_meta_bytes(const struct registry_spec *s)
 /* registry_precheck, giving the live entry of the name (or NULL). */
 static int add_check(struct registry *r, struct registry_owner *o,
 		     const struct registry_spec *s, int exported,
-		     struct entry **entry, const char **why)
+		     struct entry **entry, struct refusal *why)
 {
 	uint64_t sizes[REGISTRY_BUFFERS_HARD_MAX];
 	uint64_t owned, gpu;
@@ -1155,7 +1160,7 @@ static int add_check(struct registry *r, struct registry_owner *o,
 	int err;
 
 	if (s->nbuffers > REGISTRY_BUFFERS_HARD_MAX)
-		return -E2BIG;
+		return refuse(why, METRICS_LIMIT_MAX_TENSORS, NULL, -E2BIG);
 	if ((err = spec_check(r, s, exported, sizes, &owned, &gpu, why)))
 		return err;
 	*entry = e = registry_entry(r, s->name);
@@ -1175,7 +1180,7 @@ static int add_check(struct registry *r, struct registry_owner *o,
 
 int registry_precheck(struct registry *r, struct registry_owner *o,
 		      const struct registry_spec *s, int exported,
-		      const char **why)
+		      struct refusal *why)
 {
 	struct entry *e;
 
@@ -1184,7 +1189,7 @@ int registry_precheck(struct registry *r, struct registry_owner *o,
 
 int registry_add(struct registry *r, struct registry_owner *o,
 		 const struct registry_spec *s, int exported,
-		 struct version **out, const char **why)
+		 struct version **out, struct refusal *why)
 {
 	struct rbuffer *bufs;
 	struct rbuffer_cuda *cuda;
@@ -1551,28 +1556,28 @@ struct version *registry_find(struct registry *r, struct registry_owner *o,
 /* Whether u may be charged v through a lease. Returns 0 or -EDQUOT (*why
  * names the limit). */
 static int lease_quota(struct registry *r, const struct uid_usage *u,
-		       const struct version *v, const char **why)
+		       const struct version *v, struct refusal *why)
 {
 	const struct registry_limits *l = &r->limits;
 
 	if (!fits(u->leased_host_bytes, v->owned_host, leased_host_cap(l)))
-		return refuse(why, "leased host bytes per uid", -EDQUOT);
+		return refuse(why, METRICS_LIMIT_UID_LEASED_BYTES, "leased host bytes per uid", -EDQUOT);
 	if (!fits(u->leased_gpu_bytes, v->owned_gpu, leased_gpu_cap(l)))
-		return refuse(why, "leased GPU bytes per uid", -EDQUOT);
+		return refuse(why, METRICS_LIMIT_UID_LEASED_GPU_BYTES, "leased GPU bytes per uid", -EDQUOT);
 	/* A manifest kept alive only by leases is the leaseholders' (a
 	 * 10^5-tensor one is 10 MB): what the uid leases counts against the
 	 * same limit as what it produces, apart from it. */
 	if (!fits(u->leased_meta_bytes, v->meta_bytes, l->uid_manifest_bytes))
-		return refuse(why, "leased manifest bytes per uid "
+		return refuse(why, METRICS_LIMIT_UID_MANIFEST_BYTES, "leased manifest bytes per uid "
 			      "(--uid-manifest-bytes)", -EDQUOT);
 	if (l->uid_open_fds &&
 	    u->fds + u->fds_queued + v->nfds > l->uid_open_fds)
-		return refuse(why, "open fds per uid", -EDQUOT);
+		return refuse(why, METRICS_LIMIT_UID_OPEN_FDS, "open fds per uid", -EDQUOT);
 	return 0;
 }
 
 int registry_lease(struct registry *r, struct registry_owner *o,
-		   struct version *v, struct lease **out, const char **why)
+		   struct version *v, struct lease **out, struct refusal *why)
 {
 	struct uid_usage *u = o->usage;
 	struct vcharge *vc = NULL, *fresh = NULL;
@@ -1580,9 +1585,9 @@ int registry_lease(struct registry *r, struct registry_owner *o,
 	int err;
 
 	if (o->nleases >= r->limits.max_leases)
-		return refuse(why, "leases per connection", -EDQUOT);
+		return refuse(why, METRICS_LIMIT_MAX_LEASES, "leases per connection", -EDQUOT);
 	if (u && u->leases >= r->limits.uid_leases)
-		return refuse(why, "leases per uid", -EDQUOT);
+		return refuse(why, METRICS_LIMIT_UID_LEASES, "leases per uid", -EDQUOT);
 	/* The uid pays for v once, at its first lease on it: that is when the
 	 * limit is checked. A version has leases of a few uids, not many. */
 	if (u) {

@@ -19,6 +19,7 @@
 
 #include "check.h"
 #include "dlshare.pb-c.h"
+#include "metrics.h"
 
 #define REGISTRY_HANDLE_MAX 64u /* bytes of a CUDA IPC mem/event handle */
 /* Protocol 1.4, a version spanning devices: one event per device, stored
@@ -464,7 +465,7 @@ void registry_owner_init(struct registry_owner *o, uid_t uid, gid_t gid,
  * has uid_connections owners already; *why names the limit) or -ENOMEM.
  * Undone by registry_owner_drop. */
 int registry_owner_attach(struct registry *r, struct registry_owner *o,
-			  const char **why);
+			  struct refusal *why);
 /* Forgets the CUDA events of the store versions o sealed and detaches o
  * from them (they live on without a producer, and o hears no Retired for
  * them): o's process may exit, and no reader must be handed its events. */
@@ -527,7 +528,7 @@ struct registry_spec {
  * registry_add. */
 int registry_precheck(struct registry *r, struct registry_owner *o,
 		      const struct registry_spec *s, int exported,
-		      const char **why);
+		      struct refusal *why);
 
 /* Adds a version of spec->name owned by o: pending (store mode: host
  * buffers are made here, cuda-vmm ones come as fds made by the GPU backend)
@@ -546,7 +547,7 @@ int registry_precheck(struct registry *r, struct registry_owner *o,
  * caller that reads it sets it to NULL first. */
 int registry_add(struct registry *r, struct registry_owner *o,
 		 const struct registry_spec *spec, int exported,
-		 struct version **out, const char **why);
+		 struct version **out, struct refusal *why);
 
 /* Finds the pending version o created that a Seal or Abort names: by
  * writer, the id registry_add gave it (name and number must match too), or,
@@ -651,7 +652,7 @@ struct version *registry_find(struct registry *r, struct registry_owner *o,
  * its uid uid_leases, or the leased bytes or open fds of its uid would
  * pass their limit; *why names it, why may be NULL), -ENOMEM. */
 int registry_lease(struct registry *r, struct registry_owner *o,
-		   struct version *v, struct lease **out, const char **why);
+		   struct version *v, struct lease **out, struct refusal *why);
 
 /* The fd to hand a reader of b: for a sealed host buffer a read-only
  * reopen (made once, see host_reopen_ro), else b->fd (-1 when none). */
@@ -680,7 +681,7 @@ void registry_detach(struct registry *r, struct entry *e);
  * which rule, a static string). */
 int lifetime_check(const struct registry *r, const struct registry_owner *o,
 		   const struct entry *e, const struct registry_spec *s,
-		   const char **why);
+		   struct refusal *why);
 /* Applies s's lifetime to e after o added a version to it (fresh: e is new).
  * Cannot fail. */
 void lifetime_apply(struct registry *r, struct registry_owner *o,

@@ -118,19 +118,21 @@ void reply_ok(struct peer *peer, uint64_t id)
 	reply_send(peer, id, &f);
 }
 
-void reply_err_why(struct peer *peer, uint64_t id, int err, const char *why,
-		   const char *what, const char *name)
+void reply_err_why(struct peer *peer, uint64_t id, int err,
+		   const struct refusal *refusal, const char *what,
+		   const char *name)
 {
+	const char *why = refusal ? refusal->why : NULL;
 	struct entry *e;
 
 	/* Id 0 wants no reply (Release); an Error with id 0 would read as
 	 * the notice the daemon sends before it hangs up. */
 	if (id == 0)
 		return;
-	/* Metrics: the limit this refusal hit (counted as it is sent). */
-	if (err == -EDQUOT || err == -ENOSPC || err == -ERANGE ||
-	    err == -E2BIG || err == -EFBIG || err == -EMSGSIZE)
-		peer_limit_hit(peer, metrics_limit_of(err, why));
+	/* Metrics: the limit this refusal hit (counted as it is sent; an
+	 * ELIMIT that names none counts as "other"). */
+	if (refusal && refusal->limit)
+		peer_limit_hit(peer, refusal->limit);
 	if (err != -ENOENT && err != -ETIMEDOUT)
 		log_info("conn %llu (pid %d): %s %s: %s",
 			 (unsigned long long)peer->conn.id,
@@ -192,6 +194,14 @@ void reply_err_why(struct peer *peer, uint64_t id, int err, const char *why,
 		conn_send_error(&peer->conn, id, reply_code(err),
 				"%s%s%s: %s", what, name ? " " : "",
 				name ? name : "", errno_text(err));
+}
+
+void reply_limit(struct peer *peer, uint64_t id, int err,
+		 enum metrics_limit limit, const char *what, const char *name)
+{
+	const struct refusal r = { NULL, limit };
+
+	reply_err_why(peer, id, err, &r, what, name);
 }
 
 void reply_err(struct peer *peer, uint64_t id, int err, const char *what,

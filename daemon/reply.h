@@ -22,13 +22,18 @@ int reply_send(struct peer *peer, uint64_t id, Dlshare__Frame *f);
 void reply_ok(struct peer *peer, uint64_t id);
 
 /* Answers request id with an Error for err: "WHAT NAME: reason" (what and
- * name may be NULL; nothing for id 0). why is the reason a refusal gave
- * (registry_add, registry_lease, conn_may_queue_fds: a static string, or
- * NULL): for a quota it names the limit, with the peer's uid; for a
- * refused fd what is wrong with it. For -EPERM the message names the
- * name's owner and mode. */
-void reply_err_why(struct peer *peer, uint64_t id, int err, const char *why,
-		   const char *what, const char *name);
+ * name may be NULL; nothing for id 0). why is the refusal (registry_add,
+ * registry_lease, conn_may_queue_fds; or NULL): for a quota its reason
+ * names the limit, with the peer's uid; for a refused fd what is wrong
+ * with it. For -EPERM the message names the name's owner and mode. A
+ * refusal at a limit counts in the metrics as why->limit says. */
+void reply_err_why(struct peer *peer, uint64_t id, int err,
+		   const struct refusal *why, const char *what,
+		   const char *name);
+
+/* reply_err_why for a refusal at a limit that gives no reason of its own. */
+void reply_limit(struct peer *peer, uint64_t id, int err,
+		 enum metrics_limit limit, const char *what, const char *name);
 
 /* reply_err_why with no reason. */
 void reply_err(struct peer *peer, uint64_t id, int err, const char *what,

@@ -2691,6 +2691,32 @@ static void take_unusable_goes_back(void **state)
 	assert_int_equal(reap(spawn(untake_taker, NULL)), 0);
 }
 
+/* Fails unless dlshare_limit_hits_total has 1 in the row label and 0 in
+ * every other. */
+static void limit_hit_once(dlshare_client *c, const char *label)
+{
+	static const char fam[] = "dlshare_limit_hits_total{limit=\"";
+	char *text = NULL;
+	const char *p;
+	size_t len, n = 0;
+	int seen = 0;
+
+	DL_OK(dlshare_metrics(c, &text, &len));
+	for (p = text; (p = strstr(p, fam)); n++) {
+		const char *end = strchr(p += sizeof(fam) - 1, '"');
+		int mine = end && (size_t)(end - p) == strlen(label) &&
+			   !strncmp(p, label, strlen(label));
+
+		CHECK(end && !strncmp(end, "\"} ", 3));
+		seen |= mine;
+		if (strtoull(end + 3, NULL, 10) != (unsigned long long)mine)
+			FAIL("limit hits: %.*s", (int)(strchr(end, '\n') - p),
+			     p);
+	}
+	free(text);
+	CHECK(seen && n >= 20);
+}
+
 /* What a create of device memory gets when it cannot be had. */
 static int store_refusals_child(void *arg)
 {
@@ -2709,6 +2735,8 @@ static int store_refusals_child(void *arg)
 	       DLSHARE_ELIMIT);
 	CHECK(strstr(dlshare_last_error(), "GPU bytes per uid") != NULL);
 	CHECK(w == NULL);
+	/* Counted under its limit, and under no other. */
+	limit_hit_once(c, "uid-gpu-bytes");
 	/* A device this process does not have. */
 	co.device.device_id = 7;
 	DL_ERR(dlshare_create(c, "gpu/big", &spec, 1, &co, &w),

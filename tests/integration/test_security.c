@@ -1963,7 +1963,8 @@ static int setup_deaf_fds(void **state)
  * at most --max-out-fds per connection and --uid-fds per uid; later gets
  * fail with ELIMIT (without an fd) naming the limit, and the peers are not
  * cut off for it. Two connections of one uid: 4 + 4 would pass the
- * per-connection limit but not the uid's 6. */
+ * per-connection limit but not the uid's 6. dlshare_limit_hits_total
+ * counts each under its limit. */
 static void deaf_peer_fds(void **state)
 {
 	struct fixture *fx = *state;
@@ -2034,6 +2035,13 @@ static void deaf_peer_fds(void **state)
 	assert_true(per_conn + per_uid > 0);
 	assert_true(per_uid > 0);
 	assert_int_equal(with_fd + per_conn + per_uid, DEAF_NAMES);
+	/* Each refusal counted in the metrics under its own limit. */
+	struct util_hits h;
+
+	util_limit_hits(c, &h);
+	assert_int_equal(util_hits_of(&h, "max-out-fds"), per_conn);
+	assert_int_equal(util_hits_of(&h, "uid-fds"), per_uid);
+	assert_int_equal(util_hits_sum(&h), per_conn + per_uid);
 	/* Not cut off: they still get answers. */
 	for (int k = 0; k < 2; k++) {
 		Dlshare__Frame f = DLSHARE__FRAME__INIT;

@@ -554,6 +554,53 @@ dlshare_stats util_stats(dlshare_client *c)
 	return s;
 }
 
+void util_limit_hits(dlshare_client *c, struct util_hits *h)
+{
+	static const char fam[] = "dlshare_limit_hits_total{limit=\"";
+	char *text = NULL, *p;
+	size_t len;
+	int err = dlshare_metrics(c, &text, &len);
+
+	if (err)
+		fail_msg("metrics: %s", dlshare_strerror(err));
+	h->n = 0;
+	for (p = text; (p = strstr(p, fam)); ) {
+		char *end;
+
+		p += sizeof(fam) - 1;
+		end = strchr(p, '"');
+		if (!end || h->n == UTIL_HITS_MAX ||
+		    (size_t)(end - p) >= sizeof(h->label[0]) ||
+		    strncmp(end, "\"} ", 3) != 0) {
+			free(text);
+			fail_msg("a dlshare_limit_hits_total sample that does "
+				 "not parse");
+		}
+		memcpy(h->label[h->n], p, (size_t)(end - p));
+		h->label[h->n][end - p] = '\0';
+		h->value[h->n++] = strtoull(end + 3, &p, 10);
+	}
+	free(text);
+}
+
+uint64_t util_hits_of(const struct util_hits *h, const char *label)
+{
+	for (size_t i = 0; i < h->n; i++)
+		if (!strcmp(h->label[i], label))
+			return h->value[i];
+	fail_msg("no dlshare_limit_hits_total row for %s", label);
+	return 0;
+}
+
+uint64_t util_hits_sum(const struct util_hits *h)
+{
+	uint64_t sum = 0;
+
+	for (size_t i = 0; i < h->n; i++)
+		sum += h->value[i];
+	return sum;
+}
+
 int64_t util_now_ms(void)
 {
 	struct timespec ts;

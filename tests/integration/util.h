@@ -193,6 +193,20 @@ void util_assert_want(dlshare_client *c, const struct util_want *w);
 /* Stats or fail the test. */
 dlshare_stats util_stats(dlshare_client *c);
 
+/* dlshare_limit_hits_total, every row, from the daemon's metrics. */
+#define UTIL_HITS_MAX 64
+struct util_hits {
+	char label[UTIL_HITS_MAX][48];
+	uint64_t value[UTIL_HITS_MAX];
+	size_t n;
+};
+/* Reads them into *h, or fails the test. */
+void util_limit_hits(dlshare_client *c, struct util_hits *h);
+/* The value of the row label, or fails the test when there is none. */
+uint64_t util_hits_of(const struct util_hits *h, const char *label);
+/* The sum of every row. */
+uint64_t util_hits_sum(const struct util_hits *h);
+
 /* Monotonic milliseconds. */
 int64_t util_now_ms(void);
 void util_sleep_ms(int ms);

@@ -92,12 +92,14 @@ static void on_frame(struct conn *c, const struct wire_msg *m, int *fds,
 	wire_close_fds(fds, nfds);
 }
 
-static int on_may_queue_fds(struct conn *c, unsigned nfds, const char **why)
+static int on_may_queue_fds(struct conn *c, unsigned nfds,
+			   struct refusal *why)
 {
 	struct tconn *t = tconn_of(c);
 
 	if (t->conn.out_fds + nfds > (unsigned)cur->quota) {
-		*why = "the test's quota";
+		*why = (struct refusal){ "the test's quota",
+					 METRICS_LIMIT_UID_FDS };
 		return -EDQUOT;
 	}
 	return 0;
@@ -515,7 +517,7 @@ static void test_fds_queued(void **state)
 {
 	struct fix *fx = *state;
 	struct tconn *t = open_conn(fx);
-	const char *why = NULL;
+	struct refusal why = { 0 };
 	int fds[T_MAX_OUT_FDS], sndbuf = 4096;
 	int code, eof;
 	uint64_t id;
@@ -533,14 +535,16 @@ static void test_fds_queued(void **state)
 	/* The user's quota first... */
 	fx->quota = 4;
 	assert_int_equal(conn_may_queue_fds(&t->conn, 2, &why), -EDQUOT);
-	assert_string_equal(why, "the test's quota");
+	assert_string_equal(why.why, "the test's quota");
+	assert_int_equal(why.limit, METRICS_LIMIT_UID_FDS);
 	assert_int_equal(conn_may_queue_fds(&t->conn, 1, &why), 0);
 	/* ...and the conn's own limit. */
 	fx->quota = 1000;
-	why = NULL;
+	why = (struct refusal){ 0 };
 	assert_int_equal(conn_may_queue_fds(&t->conn, T_MAX_OUT_FDS - 2, &why),
 			 -EDQUOT);
-	assert_string_equal(why, "fds queued to one connection");
+	assert_string_equal(why.why, "fds queued to one connection");
+	assert_int_equal(why.limit, METRICS_LIMIT_MAX_OUT_FDS);
 	assert_int_equal(conn_may_queue_fds(&t->conn, 0, &why), 0);
 
 	/* Past them, conn_send itself cuts the peer off (a backstop). */

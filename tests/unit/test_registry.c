@@ -186,7 +186,7 @@ struct fix {
 	struct registry_owner cons;   /* uid 1000 gid 1000 */
 	struct registry_owner other;  /* uid 2000 gid 2000 */
 	struct registry_owner mate;   /* uid 3000 gid 1000 */
-	const char *why;              /* the reason of the last refusal */
+	struct refusal why;           /* the last refusal */
 	int fd_base;
 	int done;                     /* the test deinited the registry */
 };
@@ -980,11 +980,11 @@ static void refuse_export(struct fix *f, int fd, uint64_t claim)
 	spec(&ts, "r", 0, 1, 1, claim);
 	ts.fds[0] = fd;
 	/* A peer's fd that is no good is -EBADF, with the reason in why. */
-	f->why = NULL;
+	f->why = (struct refusal){ 0 };
 	assert_int_equal(registry_add(&f->r, &f->prod, &ts.s, 1, &v, &f->why),
 			 fd < 0 ? -EINVAL : -EBADF);
 	if (fd >= 0)
-		assert_non_null(f->why);
+		assert_non_null(f->why.why);
 	/* Neither taken nor closed. */
 	assert_int_equal(ts.fds[0], fd);
 	assert_ptr_equal(v, &sentinel);
@@ -1033,7 +1033,7 @@ static void test_export_fd_refused(void **state)
 	wo = open(path, O_WRONLY | O_CLOEXEC);
 	assert_true(ro >= 0 && wo >= 0);
 	refuse_export(f, ro, PAGE);
-	assert_true(strstr(f->why, "read-write") != NULL);
+	assert_true(strstr(f->why.why, "read-write") != NULL);
 	refuse_export(f, wo, PAGE);
 	assert_int_equal(fcntl(ok, F_GET_SEALS), F_SEAL_SHRINK | F_SEAL_GROW);
 	close(ro);
@@ -1703,7 +1703,7 @@ static int create(struct fix *f, struct registry_owner *o, const char *name,
 	struct tspec ts;
 
 	*v = NULL;
-	f->why = NULL;
+	f->why = (struct refusal){ 0 };
 	return registry_add(&f->r, o, spec(&ts, name, 0, 1, 1, PAGE), 0, v,
 			    &f->why);
 }
@@ -1801,10 +1801,12 @@ static void test_limit_pending_fds(void **state)
 		assert_int_equal(create(f, &f->prod, name, &v), 0);
 	}
 	assert_int_equal(create(f, &f->prod, "p9", &v), -EDQUOT);
-	assert_string_equal(f->why, "pending versions per connection");
+	assert_string_equal(f->why.why, "pending versions per connection");
+	assert_int_equal(f->why.limit, METRICS_LIMIT_MAX_PENDING);
 	assert_int_equal(create(f, &f->cons, "q0", &v), 0);
 	assert_int_equal(create(f, &f->cons, "q1", &v), -EDQUOT);
-	assert_string_equal(f->why, "pending versions per uid");
+	assert_string_equal(f->why.why, "pending versions per uid");
+	assert_int_equal(f->why.limit, METRICS_LIMIT_UID_PENDING);
 	/* Another uid is not touched; exports are not pending. */
 	assert_int_equal(create(f, &f->other, "o0", &v), 0);
 	export(f, &f->prod, "x", 0);
@@ -1819,7 +1821,8 @@ static void test_limit_pending_fds(void **state)
 	f->r.limits.max_pending = 100;
 	f->r.limits.uid_open_fds = 13;
 	assert_int_equal(create(f, &f->prod, "p9", &v), -EDQUOT);
-	assert_string_equal(f->why, "open fds per uid");
+	assert_string_equal(f->why.why, "open fds per uid");
+	assert_int_equal(f->why.limit, METRICS_LIMIT_UID_OPEN_FDS);
 	/* fds queued in replies count too. */
 	f->r.limits.uid_open_fds = 14;
 	up->fds_queued = 1;
@@ -1838,13 +1841,15 @@ static void test_limit_pending_fds(void **state)
 		assert_int_equal(registry_lease(&f->r, &f->other, p0, &l,
 						&f->why),
 				 -EDQUOT);
-		assert_string_equal(f->why, "open fds per uid");
+		assert_string_equal(f->why.why, "open fds per uid");
+		assert_int_equal(f->why.limit, METRICS_LIMIT_UID_OPEN_FDS);
 	}
 	/* The daemon's budget, over every uid. */
 	f->r.limits.uid_open_fds = 0;
 	f->r.limits.max_open_fds = (uint32_t)f->r.nfds + 1;
 	assert_int_equal(create(f, &f->other, "o1", &v), -ENOSPC);
-	assert_string_equal(f->why, "open fds of the daemon");
+	assert_string_equal(f->why.why, "open fds of the daemon");
+	assert_int_equal(f->why.limit, METRICS_LIMIT_MAX_OPEN_FDS);
 	f->r.limits.max_open_fds = 0;
 }
 
@@ -1867,7 +1872,8 @@ static void test_limit_leased_bytes(void **state)
 	assert_int_equal(registry_lease(&f->r, &f->other, v1, &l, NULL), 0);
 	assert_int_equal(registry_lease(&f->r, &f->other, v2, &l, &f->why),
 			 -EDQUOT);
-	assert_string_equal(f->why, "leased host bytes per uid");
+	assert_string_equal(f->why.why, "leased host bytes per uid");
+	assert_int_equal(f->why.limit, METRICS_LIMIT_UID_LEASED_BYTES);
 	/* The producer's own quota is another one. */
 	assert_int_equal(registry_lease(&f->r, &f->prod, v2, &l, NULL), 0);
 
@@ -1887,7 +1893,8 @@ static void test_limit_leased_bytes(void **state)
 	f->r.limits.uid_leased_gpu_bytes = PAGE - 1;
 	assert_int_equal(registry_lease(&f->r, &f->other, g, &l, &f->why),
 			 -EDQUOT);
-	assert_string_equal(f->why, "leased GPU bytes per uid");
+	assert_string_equal(f->why.why, "leased GPU bytes per uid");
+	assert_int_equal(f->why.limit, METRICS_LIMIT_UID_LEASED_GPU_BYTES);
 	f->r.limits.uid_leased_gpu_bytes = PAGE;
 	assert_int_equal(registry_lease(&f->r, &f->other, g, &l, NULL), 0);
 	assert_int_equal(f->other.usage->leased_gpu_bytes, PAGE);
@@ -2014,7 +2021,7 @@ static int publish_life(struct fix *f, struct registry_owner *o,
 
 	s->owned = owned;
 	s->ttl_ms = ttl_ms;
-	f->why = NULL;
+	f->why = (struct refusal){ 0 };
 	/* Many names here: what the recorder keeps does not matter. */
 	f->rec.npublished = f->rec.nfreed = f->rec.nretired = 0;
 	if ((err = registry_add(&f->r, o, s, 0, &v, &f->why)))
@@ -2071,7 +2078,8 @@ static void test_ttl_heap(void **state)
 	/* Past max_ttl_ms: refused, naming it. */
 	assert_int_equal(publish_life(f, &f->prod, "ttl/long", 0,
 				      f->r.limits.max_ttl_ms + 1), -ERANGE);
-	assert_non_null(strstr(f->why, "max-ttl"));
+	assert_non_null(strstr(f->why.why, "max-ttl"));
+	assert_int_equal(f->why.limit, METRICS_LIMIT_MAX_TTL);
 	fake_now = 0;
 }
 
@@ -2092,7 +2100,7 @@ static void test_owned(void **state)
 	assert_int_equal(f->prod.nowned, 2);
 	/* Another connection of the same uid: only by taking it over. */
 	assert_int_equal(publish_life(f, &p2, "o/a", 0, 0), -EPERM);
-	assert_non_null(f->why);
+	assert_non_null(f->why.why);
 	assert_int_equal(publish_life(f, &p2, "o/a", 1, 0), 0);
 	assert_int_equal(f->prod.nowned, 1);
 	/* Another uid may not take it over. */
