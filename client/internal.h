@@ -156,6 +156,7 @@ struct dlshare_client {
 	 * list of its clients whose fds a child closes. */
 	pid_t pid;
 	unsigned long fork_gen;
+	unsigned long fork_token;
 	int fork_listed;
 	struct dlshare_client *fork_prev, *fork_next;
 };
