@@ -252,7 +252,7 @@ static int tset_fill(struct tset *s, Dlshare__Tensor *const *wire, size_t n,
 		dims = s->store;
 		keys = (char *)(dims + ndims);
 	}
-	s->ts = client_zalloc(n, sizeof(*s->ts));
+	s->ts = util_zalloc(n, sizeof(*s->ts));
 	if (!s->ts)
 		return DLSHARE_ENOMEM;
 	s->n = n;
@@ -347,7 +347,7 @@ static void view_free(struct view *v)
 static int view_build(Dlshare__Tensor *const *wire, size_t n, int mfd,
 		      struct ibuf **pins, size_t npins, struct view **out)
 {
-	struct view *v = client_zalloc(1, sizeof(*v));
+	struct view *v = util_zalloc(1, sizeof(*v));
 	int err;
 
 	*out = NULL;
@@ -586,8 +586,8 @@ static int get_call(dlshare_client *c, Dlshare__Frame *f,
 		return DLSHARE_EPROTO;
 	}
 	gr = r.msg->frame->get_reply;
-	b = client_zalloc(1, sizeof(*b));
-	lr = client_zalloc(1, sizeof(*lr) + r.npins * sizeof(lr->pins[0]));
+	b = util_zalloc(1, sizeof(*b));
+	lr = util_zalloc(1, sizeof(*lr) + r.npins * sizeof(lr->pins[0]));
 	if (!b || !lr) {
 		err = DLSHARE_ENOMEM;
 		goto fail;
@@ -789,7 +789,7 @@ static struct managed *managed_new(dlshare_bundle *b, size_t i, DLTensor *t)
 
 	if (!b || i >= b->n)
 		return NULL;
-	m = client_zalloc(1, sizeof(*m));
+	m = util_zalloc(1, sizeof(*m));
 	if (!m)
 		return NULL;
 	*t = b->ts[i].t;

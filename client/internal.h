@@ -20,8 +20,6 @@
 #include <semaphore.h>
 #include <stdatomic.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/types.h>
 
 #include <uthash.h>
@@ -30,27 +28,7 @@
 
 #include "check.h"
 #include "wire.h"
-
-/* Zeroed memory for the objects every get makes and frees (the pending
- * call, the bundle, its lease reference, view, tensor set and DLPack
- * tensor): calloc() in glibc (before 2.41) never takes a block from the
- * thread's cache (tcache) but goes to the arena every time, and the cache
- * then overflows into the arena's bins on free; malloc() + memset() is
- * served from the cache. Returns NULL on overflow or when out of memory. */
-static inline void *client_zalloc(size_t n, size_t size)
-{
-	void *p;
-
-	if (size && n > SIZE_MAX / size)
-		return NULL;
-	p = malloc(n * size);
-	/* Hides where p came from: gcc would fold malloc + memset back
-	 * into calloc. */
-	__asm__("" : "+r"(p));
-	if (p)
-		memset(p, 0, n * size);
-	return p;
-}
+#include "zalloc.h"
 
 /* Most buffers one version may have, whatever a daemon says. */
 #define CLIENT_PINS_MAX 64
