@@ -22,13 +22,19 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+/* uthash zeroes a new table with memset right after malloc, which gcc
+ * would make a calloc (zalloc.h: no thread cache); the table of pending
+ * calls is made and freed on every call of a one-call client. */
+#ifndef uthash_bzero
+#define uthash_bzero(a, n) util_bzero((a), (n))
+#endif
+#include "zalloc.h"
 #include <uthash.h>
 
 #include <dlshare/dlshare.h>
 
 #include "check.h"
 #include "wire.h"
-#include "zalloc.h"
 
 /* Most buffers one version may have, whatever a daemon says. */
 #define CLIENT_PINS_MAX 64
