@@ -512,6 +512,16 @@ static int section_handoff(const struct plan *pl)
 			    "export: handoff %s / 4 KiB", big);
 	struct fig *ekey = report_decl("export_handoff_1GiB_over_4KiB", "x",
 		"export: handoff 1 GiB / 4 KiB");
+	/* The same 4 KiB export handoff after the producer wrote as much
+	 * other memory as the large version holds: the large side's caches
+	 * and TLBs are cold from its writes, the 4 KiB side's above are hot
+	 * from the previous handoff. This ratio is what grows with size in
+	 * the handoff itself (BENCHMARKS.md, "Issue 16, session 6"). */
+	struct fig *ec = report_decl("export_handoff_4KiB_evicted_us", "us",
+		"export: 4 KiB after the producer wrote %s elsewhere", big);
+	struct fig *ecr = report_decl("export_handoff_big_over_4KiB_evicted",
+		"x", "export: handoff %s / 4 KiB, both after writing %s",
+		big, big);
 	report_goal(key, REPORT_GOAL_LE, 1.2);
 	report_goal(ekey, REPORT_GOAL_LE, 1.2);
 	if (!is_gib) {
@@ -541,7 +551,7 @@ static int section_handoff(const struct plan *pl)
 		goto out;
 	for (int r = 0; r < pl->reps; r++) {
 		double s_fl = NAN, b_fl = NAN, s_dl = NAN, b_dl = NAN;
-		double s_ex = NAN, b_ex = NAN, b_hp = NAN;
+		double s_ex = NAN, b_ex = NAN, b_hp = NAN, c_ex = NAN;
 
 		progress("handoff: repeat %d/%d (%s)", r + 1, pl->reps, big);
 		for (int side = 0; side < 2; side++) {
@@ -573,25 +583,28 @@ static int section_handoff(const struct plan *pl)
 			} else {
 				double one, three[3];
 
-				if (fig_handoff(&d, 4096, pl->small_iters, 0, v))
+				if (fig_handoff(&d, 4096, pl->small_iters, 0, 0, v))
 					goto out;
 				s_dl = median_of(v, pl->small_iters, 1e3);
-				if (fig_handoff(&d, pl->big, 1, 0, &one))
+				if (fig_handoff(&d, pl->big, 1, 0, 0, &one))
 					goto out;
 				b_dl = one / 1e6;
-				if (fig_handoff(&d, 4096, pl->small_iters, 1, v))
+				if (fig_handoff(&d, 4096, pl->small_iters, 1, 0, v))
 					goto out;
 				s_ex = median_of(v, pl->small_iters, 1e3);
 				/* Export mode is cheap at any size: the median of
 				 * three, like the 4 KiB side's median, not one
 				 * cold sample against a warm median. */
-				if (fig_handoff(&d, pl->big, 3, 1, three))
+				if (fig_handoff(&d, pl->big, 3, 1, 0, three))
 					goto out;
 				b_ex = median_of(three, 3, 1e6);
+				if (fig_handoff(&d, 4096, 3, 1, pl->big, three))
+					goto out;
+				c_ex = median_of(three, 3, 1e3);
 				/* The pool was checked to hold the buffer; the
 				 * floor's pages are back by now. */
 				if (huge2 &&
-				    fig_handoff(&dh, pl->big, 1, 0, &one) == 0)
+				    fig_handoff(&dh, pl->big, 1, 0, 0, &one) == 0)
 					b_hp = one / 1e6;
 			}
 		}
@@ -607,6 +620,8 @@ static int section_handoff(const struct plan *pl)
 		report_add(es, s_ex);
 		report_add(eb, b_ex);
 		report_add(is_gib ? ekey : er, b_ex * 1e3 / s_ex);
+		report_add(ec, c_ex);
+		report_add(ecr, b_ex * 1e3 / c_ex);
 		if (!isnan(b_hp)) {
 			report_add(hb, b_hp);
 			report_add(hr, b_hp * 1e3 / s_dl);
@@ -1017,10 +1032,19 @@ static int section_storm(const struct plan *pl)
 		"floor: epoll server on CPU, kill to last hang-up");
 	struct fig *fsh = report_decl("floor_storm_shaped_ms", "ms",
 		"floor: the same, clients shaped like dlshare's (--shaped)");
+	/* The key is taken over the shaped floor: most of the window is the
+	 * kernel tearing down the killed processes, and a client that holds
+	 * leases has what the shaped one has (the library's receiver thread,
+	 * the buffer mapped), so only the shaped floor does the same
+	 * teardown. The bare floor's ratio (the key's meaning until
+	 * 2026-12-03, session 6) stays beside it; BENCHMARKS.md, "Issue 16,
+	 * session 6". */
 	struct fig *fr = report_decl("kill_storm_over_floor", "x",
-		"kill storm reclaim / floor");
-	struct fig *frs = report_decl("kill_storm_over_shaped_floor", "x",
 		"kill storm reclaim / shaped floor");
+	struct fig *frb = report_decl("kill_storm_over_bare_floor", "x",
+		"kill storm reclaim / bare floor");
+	struct fig *fcr = report_decl("kill_storm_cpu_over_floor", "x",
+		"kill storm: daemon's loop CPU / floor server's");
 	report_goal(fr, REPORT_GOAL_LE, 1.2);
 
 	if ((uint64_t)pl->storm_n * 3 + 4096 > nofile_limit) {
@@ -1069,8 +1093,9 @@ static int section_storm(const struct plan *pl)
 		report_add(fdc, dcpu);
 		report_add(ffc, fcpu);
 		report_add(fsh, sms);
-		report_add(fr, lms / fms);
-		report_add(frs, lms / sms);
+		report_add(fr, lms / sms);
+		report_add(frb, lms / fms);
+		report_add(fcr, dcpu / fcpu);
 	}
 	rc = 0;
 out:

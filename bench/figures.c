@@ -415,6 +415,7 @@ struct handoff_arg {
 	uint64_t bytes;
 	long iters;
 	int exported;
+	uint64_t evict;
 };
 
 /* The consumer: waits for each next version; reports when it holds it. */
@@ -497,6 +498,7 @@ static int handoff_child(void *arg, double *out, int max)
 	struct handoff_arg *a = arg;
 	dlshare_publish_opts po = { .flags = DLSHARE_PUBLISH_NO_COPY };
 	dlshare_client *c;
+	char *scratch = NULL;
 	int p[2], n = 0;
 	pid_t pid;
 
@@ -510,6 +512,15 @@ static int handoff_child(void *arg, double *out, int max)
 		handoff_consumer(a, p[1]);
 	}
 	close(p[1]);
+	/* Private memory the producer writes besides the version (evict):
+	 * only its effect on the caches matters. None of it is the
+	 * consumer's: made after the fork. */
+	if (a->evict) {
+		scratch = mmap(NULL, a->evict, PROT_READ | PROT_WRITE,
+			       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (scratch == MAP_FAILED)
+			scratch = NULL;
+	}
 	c = connect_or_die(a->d);
 	for (long i = 0; i < a->iters && n < max; i++) {
 		dlshare_writer *w = NULL;
@@ -521,6 +532,8 @@ static int handoff_child(void *arg, double *out, int max)
 			fail("handoff: make the version", err);
 			break;
 		}
+		if (scratch)
+			memset(scratch, (int)i + 1, a->evict);
 		if (wait_parked(c)) {
 			if (t)
 				t->deleter(t);
@@ -546,17 +559,19 @@ static int handoff_child(void *arg, double *out, int max)
 	dlshare_delete(c, a->name);
 	dlshare_disconnect(c);
 	close(p[0]);
-	if (child_wait(pid) != 0 || n != a->iters)
+	if (scratch)
+		munmap(scratch, a->evict);
+	if (child_wait(pid) != 0 || n != a->iters || (a->evict && !scratch))
 		return -1;
 	return n;
 }
 
 int fig_handoff(const struct daemon_proc *d, uint64_t bytes, long iters,
-		int exported, double *out)
+		int exported, uint64_t evict, double *out)
 {
 	static unsigned calls;
 	struct handoff_arg a = { .d = d, .bytes = bytes, .iters = iters,
-				 .exported = exported };
+				 .exported = exported, .evict = evict };
 
 	/* A name of its own, so no earlier version answers the first get. */
 	snprintf(a.name, sizeof(a.name), "bench/handoff/%u", ++calls);

@@ -52,9 +52,13 @@ int fig_throughput(const struct daemon_proc *d, const char *name, int n,
  * it. The time from the call to dlshare_seal() to the consumer's get
  * returning, iters times; each in ns into out (iters entries). With
  * exported, the producer writes a dlshare_host_alloc() tensor instead and
- * the clock starts at dlshare_publish() (export mode, no copy). */
+ * the clock starts at dlshare_publish() (export mode, no copy). With evict
+ * > 0, the producer also writes evict bytes of other memory of its own
+ * before each handoff, as a large version's writes do: the caches and TLBs
+ * of the machine are then as cold for the handoff of bytes as for one of
+ * evict bytes (see BENCHMARKS.md, "Issue 16, session 6"). */
 int fig_handoff(const struct daemon_proc *d, uint64_t bytes, long iters,
-		int exported, double *out);
+		int exported, uint64_t evict, double *out);
 
 /* dlshare_publish with DLSHARE_PUBLISH_COPY of a float32 tensor of bytes
  * bytes from written private memory, iters times (one name, each version

@@ -49,10 +49,13 @@ struct view {
 				  * for a handful of tensors (a scan) */
 	size_t index_mask;       /* slots - 1, a power of two minus one */
 	int cuda_ordinal;        /* a device of the version, -1 for none */
-	size_t nbufs;            /* the buffers it was built with: */
-	const void *bases[CLIENT_PINS_MAX];
-	uint64_t sizes[CLIENT_PINS_MAX];
-	uint8_t cuda_host[CLIENT_PINS_MAX];
+	size_t nbufs;            /* the buffers it was built with, nbufs of
+				  * each, in the same block after the view
+				  * (a view of one buffer then fits the
+				  * thread's malloc cache) */
+	uint64_t *sizes;
+	const void **bases;
+	uint8_t *cuda_host;
 };
 
 struct dlshare_bundle {
@@ -252,7 +255,7 @@ static int tset_fill(struct tset *s, Dlshare__Tensor *const *wire, size_t n,
 		dims = s->store;
 		keys = (char *)(dims + ndims);
 	}
-	s->ts = calloc(n, sizeof(*s->ts));
+	s->ts = util_zalloc(n, sizeof(*s->ts));
 	if (!s->ts)
 		return DLSHARE_ENOMEM;
 	s->n = n;
@@ -347,12 +350,23 @@ static void view_free(struct view *v)
 static int view_build(Dlshare__Tensor *const *wire, size_t n, int mfd,
 		      struct ibuf **pins, size_t npins, struct view **out)
 {
-	struct view *v = calloc(1, sizeof(*v));
+	struct view *v;
 	int err;
 
 	*out = NULL;
+	if (npins > CLIENT_PINS_MAX)
+		return DLSHARE_EPROTO;
+	/* sizeof(*v) keeps the arrays after it 8-byte aligned. */
+	v = malloc(sizeof(*v) + npins * (sizeof(*v->sizes) +
+					 sizeof(*v->bases) +
+					 sizeof(*v->cuda_host)));
 	if (!v)
 		return DLSHARE_ENOMEM;
+	/* Only the view is zeroed: its arrays are written whole below. */
+	util_bzero(v, sizeof(*v));
+	v->sizes = (uint64_t *)(v + 1);
+	v->bases = (const void **)(v->sizes + npins);
+	v->cuda_host = (uint8_t *)(v->bases + npins);
 	v->nbufs = npins;
 	for (size_t i = 0; i < npins; i++) {
 		v->bases[i] = pins[i]->base;
@@ -617,8 +631,8 @@ static int get_call(dlshare_client *c, Dlshare__Frame *f,
 		return DLSHARE_EPROTO;
 	}
 	gr = r.msg->frame->get_reply;
-	b = calloc(1, sizeof(*b));
-	lr = calloc(1, sizeof(*lr) + r.npins * sizeof(lr->pins[0]));
+	b = util_zalloc(1, sizeof(*b));
+	lr = util_zalloc(1, sizeof(*lr) + r.npins * sizeof(lr->pins[0]));
 	if (!b || !lr) {
 		err = DLSHARE_ENOMEM;
 		goto fail;
@@ -820,7 +834,7 @@ static struct managed *managed_new(dlshare_bundle *b, size_t i, DLTensor *t)
 
 	if (!b || i >= b->n)
 		return NULL;
-	m = calloc(1, sizeof(*m));
+	m = util_zalloc(1, sizeof(*m));
 	if (!m)
 		return NULL;
 	*t = b->ts[i].t;

@@ -1152,7 +1152,7 @@ struct call {
 static int call_begin(struct call *k, struct export *export)
 {
 	dlshare_client *c = k->c;
-	struct pending *p = calloc(1, sizeof(*p));
+	struct pending *p = util_zalloc(1, sizeof(*p));
 	int err;
 
 	if (!p)

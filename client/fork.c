@@ -27,6 +27,18 @@ static dlshare_client *clients;
 /* Bumped in every child: a client connected under another generation was
  * inherited. */
 static atomic_ulong generation;
+/* A page the kernel hands a child zeroed, whatever made the child (fork,
+ * _Fork, a raw clone without CLONE_VM: MADV_WIPEONFORK, Linux 4.14). Its
+ * first word is this process's token, made when it connects its first
+ * client; a client connected under another token was inherited. This is
+ * the check the pid made, without a system call per check (glibc caches
+ * no pid). NULL where the kernel has no MADV_WIPEONFORK: the pid is asked
+ * then. */
+static atomic_ulong *wipe;
+/* The last token made: ordinary memory, so a child inherits it and its
+ * own token is larger than any its ancestors made (a grandchild that got
+ * its grandparent's pid back still has a token of its own). */
+static unsigned long last_token;
 
 static void on_prepare(void)
 {
@@ -55,9 +67,20 @@ static void on_child(void)
 
 static void fork_once(void)
 {
+	void *p = mmap(NULL, (size_t)sysconf(_SC_PAGESIZE),
+		       PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+		       -1, 0);
+
+	if (p != MAP_FAILED &&
+	    madvise(p, (size_t)sysconf(_SC_PAGESIZE), MADV_WIPEONFORK) < 0) {
+		munmap(p, (size_t)sysconf(_SC_PAGESIZE));
+		p = MAP_FAILED;
+	}
+	if (p != MAP_FAILED)
+		wipe = p;
 	/* Without handlers (no memory for them) a child still knows an
-	 * inherited client by its pid; only its fds stay open until it
-	 * disconnects the client or exits. */
+	 * inherited client by its token (or pid); only its fds stay open
+	 * until it disconnects the client or exits. */
 	pthread_atfork(on_prepare, on_parent, on_child);
 }
 
@@ -76,6 +99,12 @@ void fork_add(dlshare_client *c)
 {
 	c->pid = getpid();
 	c->fork_gen = atomic_load(&generation);
+	/* Under the lock: one token per process. */
+	if (wipe) {
+		if (!atomic_load(wipe))
+			atomic_store(wipe, ++last_token);
+		c->fork_token = atomic_load(wipe);
+	}
 	DL_APPEND2(clients, c, fork_prev, fork_next);
 	c->fork_listed = 1;
 }
@@ -102,10 +131,18 @@ int client_forked(const dlshare_client *c)
 {
 	/* The generation alone misses a fork without handlers (_Fork, a raw
 	 * clone); the pid alone misses a grandchild that got its
-	 * grandparent's pid back. */
-	return c->fork_gen != atomic_load_explicit(&generation,
-						   memory_order_relaxed) ||
-	       c->pid != getpid();
+	 * grandparent's pid back, the token does not. A process that shares
+	 * our memory (a raw clone with CLONE_VM) shares the token too: it
+	 * uses the client as a thread would, through the same memory and
+	 * locks, which is why the wiped page is the test and not the pid.
+	 * wipe was set before any client was connected (fork_hold). */
+	if (c->fork_gen != atomic_load_explicit(&generation,
+						memory_order_relaxed))
+		return 1;
+	if (wipe)
+		return c->fork_token != atomic_load_explicit(wipe,
+							      memory_order_relaxed);
+	return c->pid != getpid();
 }
 
 int fork_refuse(void)

@@ -22,6 +22,13 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+/* uthash zeroes a new table with memset right after malloc, which gcc
+ * would make a calloc (zalloc.h: no thread cache); the table of pending
+ * calls is made and freed on every call of a one-call client. */
+#ifndef uthash_bzero
+#define uthash_bzero(a, n) util_bzero((a), (n))
+#endif
+#include "zalloc.h"
 #include <uthash.h>
 
 #include <dlshare/dlshare.h>
@@ -158,6 +165,7 @@ struct dlshare_client {
 	 * list of its clients whose fds a child closes. */
 	pid_t pid;
 	unsigned long fork_gen;
+	unsigned long fork_token;
 	int fork_listed;
 	struct dlshare_client *fork_prev, *fork_next;
 };

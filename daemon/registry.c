@@ -1597,12 +1597,12 @@ int registry_lease(struct registry *r, struct registry_owner *o,
 		if (!vc) {
 			if ((err = lease_quota(r, u, v, why)))
 				return err;
-			vc = fresh = calloc(1, sizeof(*fresh));
+			vc = fresh = util_zalloc(1, sizeof(*fresh));
 			if (!fresh)
 				return -ENOMEM;
 		}
 	}
-	l = calloc(1, sizeof(*l));
+	l = util_zalloc(1, sizeof(*l));
 	if (!l) {
 		free(fresh);
 		return -ENOMEM;

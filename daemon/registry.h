@@ -14,6 +14,14 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+/* uthash zeroes its tables with memset right after malloc, which gcc
+ * would make a calloc (zalloc.h: no thread cache); a lease's table is made
+ * and freed on every get+release of a one-lease peer. Where uthash.h came
+ * first, its own definition stays. */
+#ifndef uthash_bzero
+#define uthash_bzero(a, n) util_bzero((a), (n))
+#endif
+#include "zalloc.h"
 #include <uthash.h>
 #include <utlist.h>
 

@@ -314,6 +314,11 @@ static int rd_varint(struct rd *r, unsigned max, uint64_t *v)
 {
 	uint64_t x = 0;
 
+	/* Most keys and values of the hot frames fit one byte. */
+	if (r->p < r->end && !(*r->p & 0x80) && max) {
+		*v = *r->p++;
+		return 0;
+	}
 	for (unsigned i = 0; i < max && r->p < r->end; i++) {
 		uint8_t b = *r->p++;
 

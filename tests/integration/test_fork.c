@@ -6,16 +6,22 @@
  * thread was parked in a get at the fork, and that get still completes. A
  * fork while a writer's store buffer is mapped (by create, or by a copying
  * publish on another thread) does not hand the child that writable mapping,
- * so the parent's seal succeeds. */
+ * so the parent's seal succeeds. A child made without the fork handlers
+ * (_Fork, as a raw clone) is refused too, and so is its own child on the
+ * client it connected. */
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -376,6 +382,94 @@ static void fork_during_copying_publish(void **state)
 	dlshare_disconnect(c);
 }
 
+/* ---- a child made without the fork handlers -------------------------------- */
+
+/* _Fork (glibc 2.34) runs no pthread_atfork handlers, as a raw clone does
+ * not: the library knows the child only by what the kernel gives it (its
+ * page wiped on fork, or its pid), not by its child handler. */
+#if defined(__GLIBC__) && defined(__GLIBC_PREREQ)
+#if __GLIBC_PREREQ(2, 34)
+#define HAVE_UNHANDLED_FORK 1
+#endif
+#endif
+
+#ifdef HAVE_UNHANDLED_FORK
+static pid_t spawn_unhandled(const struct daemon_proc *d, util_child_fn fn,
+			     void *arg)
+{
+	pid_t pid;
+
+	fflush(NULL);
+	pid = _Fork();
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		alarm(120); /* a hung child must not hang the suite */
+		_exit(fn(d, arg));
+	}
+	return pid;
+}
+
+/* The grandchild: the client its parent connected is not its own. */
+static int grandchild_unhandled(const struct daemon_proc *d, void *arg)
+{
+	dlshare_client *c = arg;
+	dlshare_bundle *b;
+	dlshare_stats st;
+
+	(void)d;
+	CHILD_EFORK(dlshare_stats_get(c, &st));
+	CHILD_EFORK(dlshare_get(c, "fork/u", NULL, &b));
+	return 0;
+}
+
+static int child_unhandled(const struct daemon_proc *d, void *arg)
+{
+	dlshare_client *c = arg, *own;
+	dlshare_bundle *b;
+	dlshare_stats st;
+	int status = -1;
+	pid_t pid;
+
+	/* Its fds were not closed (no handler ran), and it must not use
+	 * them: refused before the socket. */
+	CHILD_EFORK(dlshare_stats_get(c, &st));
+	CHILD_EFORK(dlshare_get(c, "fork/u", NULL, &b));
+	own = util_child_connect(d);
+	CHILD_OK(util_get_check(own, "fork/u", NULL, DT_F32, 1, shape, 3,
+				NULL));
+	pid = spawn_unhandled(d, grandchild_unhandled, own);
+	CHILD_CHECK(pid > 0);
+	CHILD_CHECK(waitpid(pid, &status, 0) == pid);
+	CHILD_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	/* The grandchild's exit left our connection alone. */
+	CHILD_OK(util_get_check(own, "fork/u", NULL, DT_F32, 1, shape, 3,
+				NULL));
+	dlshare_disconnect(own);
+	return 0;
+}
+#endif
+
+static void child_without_handlers_refused(void **state)
+{
+#ifndef HAVE_UNHANDLED_FORK
+	(void)state;
+	skip();
+#else
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	uint64_t v;
+	pid_t pid;
+
+	assert_int_equal(util_store(c, "fork/u", DT_F32, 1, shape, 3, &v), 0);
+	pid = spawn_unhandled(&fx->d, child_unhandled, c);
+	assert_true(pid > 0);
+	assert_int_equal(wait_within(pid, 10000), 0);
+	assert_int_equal(util_get_check(c, "fork/u", NULL, DT_F32, 1, shape, 3,
+					NULL), 0);
+	dlshare_disconnect(c);
+#endif
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -388,6 +482,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(fork_while_writer_mapped, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(fork_during_copying_publish,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(child_without_handlers_refused,
 						setup, teardown),
 	};
 
