@@ -521,34 +521,6 @@ int gpu_events_relay(const uint8_t (*uuids)[GPU_UUID_LEN], unsigned ndev,
 
 struct gpu_events *gpu_events_recycle(struct gpu_events *g)
 {
-	unsigned left = 0;
-
-	if (!g)
-		return NULL;
-	pthread_mutex_lock(&drv.ctx_lock);
-	for (unsigned k = 0; k < g->n; k++) {
-		int i = g->e[k].dev;
-
-		if (pool[i].n < GPU_EVENT_POOL) {
-			pool[i].ev[pool[i].n] = g->e[k].event;
-			memcpy(pool[i].handle[pool[i].n], g->e[k].handle,
-			       GPU_IPC_HANDLE_LEN);
-			pool[i].n++;
-		} else {
-			g->e[left++] = g->e[k];
-		}
-	}
-	pthread_mutex_unlock(&drv.ctx_lock);
-	g->n = left;
-	if (!left) {
-		free(g);
-		return NULL;
-	}
-	return g;
-}
-
-struct gpu_events *gpu_events_recycle(struct gpu_events *g)
-{
 	return g;
 }
 
