@@ -743,7 +743,6 @@ void mirror_refused(struct relay *r, struct conn *c, struct rbuf *rb)
 	uint16_t n = rbuf_u16(rb);
 	const char *t = rbuf_bytes(rb, n);
 	char why[160];
-	size_t i;
 
 	if (rb->bad || rbuf_left(rb) || n > 512 ||
 	    id >= (uint32_t)pc->nprefix) {
@@ -751,11 +750,7 @@ void mirror_refused(struct relay *r, struct conn *c, struct rbuf *rb)
 		conn_fail(c, "a malformed refusal");
 		return;
 	}
-	if (n > sizeof(why) - 1)
-		n = sizeof(why) - 1;
-	for (i = 0; i < n; i++)
-		why[i] = t[i] >= 0x20 && t[i] < 0x7f ? t[i] : '?';
-	why[n] = 0;
+	msg_printable(why, sizeof(why), t, n);
 	log_err("mirror '%s' from %s: refused by the peer: %s; the other "
 		"prefixes are followed", pc->prefix[id],
 		c->node[0] ? c->node : c->peer, why);

@@ -125,6 +125,17 @@ const void *rbuf_bytes(struct rbuf *r, size_t n)
 	return p;
 }
 
+void msg_printable(char *dst, size_t cap, const char *t, size_t n)
+{
+	size_t i;
+
+	if (n > cap - 1)
+		n = cap - 1;
+	for (i = 0; i < n; i++)
+		dst[i] = t[i] >= 0x20 && t[i] < 0x7f ? t[i] : '?';
+	dst[n] = 0;
+}
+
 size_t rbuf_left(const struct rbuf *r)
 {
 	return r->bad ? 0 : r->len - r->off;

@@ -83,5 +83,8 @@ uint64_t rbuf_u64(struct rbuf *r);
 /* A pointer to the next n bytes (NULL and r->bad when fewer remain). */
 const void *rbuf_bytes(struct rbuf *r, size_t n);
 size_t rbuf_left(const struct rbuf *r);
+/* A peer's words (n bytes at t) for our log: at most cap - 1 of them, each
+ * byte outside printable ASCII as '?', NUL-terminated in dst. */
+void msg_printable(char *dst, size_t cap, const char *t, size_t n);
 
 #endif

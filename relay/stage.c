@@ -460,7 +460,6 @@ void stage_aborted(struct relay *r, struct conn *c, struct rbuf *rb)
 	const char *t = rbuf_bytes(rb, n);
 	char why[160];
 	struct pull *p;
-	size_t i;
 
 	(void)r;
 	if (rb->bad || rbuf_left(rb) || n > 512) {
@@ -469,11 +468,7 @@ void stage_aborted(struct relay *r, struct conn *c, struct rbuf *rb)
 		return;
 	}
 	/* the origin's words, printable only, for our log */
-	if (n > sizeof(why) - 1)
-		n = sizeof(why) - 1;
-	for (i = 0; i < n; i++)
-		why[i] = t[i] >= 0x20 && t[i] < 0x7f ? t[i] : '?';
-	why[n] = 0;
+	msg_printable(why, sizeof(why), t, n);
 	for (p = c->pulls; p; p = p->next)
 		if (p->offer_id == offer_id)
 			break;

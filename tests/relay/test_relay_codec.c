@@ -81,6 +81,23 @@ static void test_hmac(void **state)
 	assert_string_equal(h, "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
 }
 
+/* A peer's words for our log: control bytes and non-ASCII become '?', and
+ * no more than the buffer holds is written. */
+static void test_printable(void **state)
+{
+	static const char in[] = "ok\n\x1b[2J\xff end";
+	char out[8];
+
+	(void)state;
+	memset(out, 'x', sizeof(out));
+	msg_printable(out, sizeof(out), in, sizeof(in) - 1);
+	assert_string_equal(out, "ok??[2J");
+	msg_printable(out, sizeof(out), in, 2);
+	assert_string_equal(out, "ok");
+	msg_printable(out, 1, in, sizeof(in) - 1);
+	assert_string_equal(out, "");
+}
+
 static void test_codec(void **state)
 {
 	struct wbuf w;
@@ -258,6 +275,7 @@ int main(void)
 		cmocka_unit_test(test_sha256),
 		cmocka_unit_test(test_hmac),
 		cmocka_unit_test(test_codec),
+		cmocka_unit_test(test_printable),
 		cmocka_unit_test(test_key_file),
 		cmocka_unit_test(test_addr),
 		cmocka_unit_test(test_config),
