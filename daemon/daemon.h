@@ -75,11 +75,13 @@ struct daemon {
 	uint64_t started_ms;
 	/* Watches (watch.c, 1.6): the change log, oldest first; changes
 	 * numbered so far; the newest deletion forgotten; deletions in the
-	 * log; parked watches of every peer (also counted in nparked). */
+	 * log, and the oldest of them; parked watches of every peer (also
+	 * counted in nparked). */
 	struct wnode *wlog;
 	uint64_t wseq;
 	uint64_t wfloor;
 	uint32_t wdeleted;
+	struct wnode *wdel_oldest;
 	struct wpark *wparks;
 };
 

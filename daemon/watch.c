@@ -283,20 +283,24 @@ static void watch_wake(struct daemon *d, const struct wnode *n)
 	}
 }
 
-/* Forgets the oldest deletions past --watch-deletions. */
+/* Forgets the oldest deletions past --watch-deletions. d->wdel_oldest
+ * is the oldest deletion: a deletion's node never moves, so the next
+ * oldest is the next deletion after it in the log. The live names walked
+ * over to find it are older than every deletion left; one is walked over
+ * again only after its next change moved it to the end, so a trim costs
+ * O(1) amortised over the changes, not O(names). */
 static void log_trim(struct daemon *d)
 {
-	struct wnode *n, *tmp;
+	while (d->wdeleted > d->limits->watch_deletions && d->wdel_oldest) {
+		struct wnode *n = d->wdel_oldest, *next = n->next;
 
-	DL_FOREACH_SAFE(d->wlog, n, tmp) {
-		if (d->wdeleted <= d->limits->watch_deletions)
-			break;
-		if (n->e)
-			continue;
+		while (next && next->e)
+			next = next->next;
 		/* a watcher from before it can no longer be told */
 		d->wfloor = n->seq;
 		DL_DELETE(d->wlog, n);
 		d->wdeleted--;
+		d->wdel_oldest = next;
 		free(n);
 	}
 }
@@ -342,6 +346,8 @@ void watch_removed(struct daemon *d, struct entry *e)
 	n->version = e->last_sealed;
 	DL_APPEND(d->wlog, n);
 	d->wdeleted++;
+	if (!d->wdel_oldest)
+		d->wdel_oldest = n;
 	if (d->wparks)
 		watch_wake(d, n);
 	log_trim(d);
@@ -363,4 +369,5 @@ void watch_deinit(struct daemon *d)
 			n->e->watch = NULL;
 		free(n);
 	}
+	d->wdel_oldest = NULL;
 }

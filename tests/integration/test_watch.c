@@ -297,6 +297,60 @@ static void deletions_lost(void **state)
 	dlshare_disconnect(c);
 }
 
+/* --watch-deletions 2 with live names between the deletions in the log
+ * (the daemon finds the next oldest deletion past them): the newest two
+ * deletions are kept, in order, whatever lies between; the live names are
+ * all reported; a live name changed again moves past them. */
+static void deletions_among_live(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	static const char *const live[] = { "mix/live/x", "mix/live/y",
+					    "mix/live/z" };
+	char name[32];
+	dlshare_watch_change ch[8];
+	uint64_t seq, seq0;
+	unsigned flags;
+	size_t n;
+
+	for (int i = 0; i < 5; i++) {
+		snprintf(name, sizeof(name), "mix/del/%d", i);
+		assert_int_equal(store(c, name, (uint32_t)i + 1), 0);
+	}
+	seq0 = point_now(c, "mix/");
+	for (int i = 0; i < 5; i++) {
+		if (i < 3)
+			assert_int_equal(store(c, live[i], 10), 0);
+		snprintf(name, sizeof(name), "mix/del/%d", i);
+		assert_int_equal(dlshare_delete(c, name), 0);
+		if (i == 3)   /* x changes again: now the newest live name */
+			assert_int_equal(store(c, live[0], 11), 0);
+	}
+	assert_int_equal(dlshare_watch(c, "mix/del/", seq0, 0, ch, 8, &n,
+				       &seq, &flags), 0);
+	assert_int_equal(n, 2);
+	assert_true(flags & DLSHARE_WATCH_LOST);
+	assert_string_equal(ch[0].name, "mix/del/3");
+	assert_string_equal(ch[1].name, "mix/del/4");
+	assert_true(ch[0].deleted && ch[1].deleted);
+	assert_int_equal(dlshare_watch(c, "mix/live/", 0, 0, ch, 8, &n, &seq,
+				       &flags), 0);
+	assert_int_equal(n, 3);
+	assert_string_equal(ch[0].name, "mix/live/y");
+	assert_string_equal(ch[1].name, "mix/live/z");
+	assert_string_equal(ch[2].name, "mix/live/x");
+	assert_false(ch[0].deleted || ch[1].deleted || ch[2].deleted);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(dlshare_delete(c, live[i]), 0);
+	/* five deletions more: still the newest two */
+	assert_int_equal(dlshare_watch(c, "mix/", 0, 0, ch, 8, &n, &seq,
+				       &flags), 0);
+	assert_int_equal(n, 2);
+	assert_string_equal(ch[0].name, "mix/live/y");
+	assert_string_equal(ch[1].name, "mix/live/z");
+	dlshare_disconnect(c);
+}
+
 /* ---- many watchers ------------------------------------------------------------ */
 
 /* A child: watches "m/" from the point in arg, wants m/go. */
@@ -435,6 +489,8 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(names_limit, setup_small,
 						util_teardown),
 		cmocka_unit_test_setup_teardown(deletions_lost, setup_small,
+						util_teardown),
+		cmocka_unit_test_setup_teardown(deletions_among_live, setup_small,
 						util_teardown),
 		cmocka_unit_test_setup_teardown(many_watchers, setup,
 						util_teardown),
