@@ -241,6 +241,14 @@ static void accepted_tensor_sound(const Dlshare__Tensor *t,
 		    (unsigned long long)t->offset, t->n_shape);
 }
 
+static int is_empty(const Dlshare__Tensor *t)
+{
+	for (size_t k = 0; k < t->n_shape; k++)
+		if (t->shape[k] == 0)
+			return 1;
+	return 0;
+}
+
 static void compact_checks(const Dlshare__Tensor *t)
 {
 	uint64_t elem, out;
@@ -254,6 +262,13 @@ static void compact_checks(const Dlshare__Tensor *t)
 		return;
 	if (check_compact_bytes(t->shape, t->n_shape, elem, &out) != 0)
 		return;
+	/* An empty tensor has no bytes whatever its other dimensions
+	 * multiply to (docs/protocol.md): they need not fit. */
+	if (is_empty(t)) {
+		FUZZ_ASSERT(out == 0, "compact: empty tensor of %llu bytes",
+			    (unsigned long long)out);
+		return;
+	}
 	exact = elem;
 	for (size_t k = 0; k < t->n_shape; k++) {
 		FUZZ_ASSERT(t->shape[k] >= 0, "compact: negative dim");
@@ -263,14 +278,6 @@ static void compact_checks(const Dlshare__Tensor *t)
 	}
 	FUZZ_ASSERT(exact == (i128)out && out <= INT64_MAX,
 		    "compact bytes %llu", (unsigned long long)out);
-}
-
-static int is_empty(const Dlshare__Tensor *t)
-{
-	for (size_t k = 0; k < t->n_shape; k++)
-		if (t->shape[k] == 0)
-			return 1;
-	return 0;
 }
 
 /* The tensors of one version against its buffers, as registry_add (on a
