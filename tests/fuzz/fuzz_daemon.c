@@ -49,6 +49,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <syslog.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -67,7 +68,12 @@
 #define FZ_SNDBUF (16 * 1024)
 #define FZ_SEND_TRIES 64
 #define FZ_PUMP_ROUNDS 256
-#define FZ_CLOSE_ROUNDS 4096
+/* How long the thread pool's jobs (a seal, a GPU create) may take to end
+ * after their peers hung up. Not a count of rounds: on a loaded machine a
+ * pool thread may wait that long for a CPU (a 4096-round bound, ~0.4 s,
+ * broke the invariant under a load of 12). Under libFuzzer's 10 s
+ * timeout, so a job that never ends is still reported. */
+#define FZ_DRAIN_MS 5000
 #define FZ_SLEEPS_MAX 1 /* each costs 1.1 ms, enough for a 1 ms park */
 
 #define FZ_MAPS_MAX 8
@@ -524,6 +530,37 @@ static void check_uids(struct registry *r)
 	}
 }
 
+static uint64_t fz_now_ms(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
+}
+
+/* Runs the loop until busy() says nothing is left, or FZ_DRAIN_MS went. */
+static void drain(struct session *z, int (*busy)(struct session *))
+{
+	uint64_t end = fz_now_ms() + FZ_DRAIN_MS;
+
+	for (int i = 0; busy(z) && (i < 64 || fz_now_ms() < end); i++) {
+		uv_run(&loop, UV_RUN_NOWAIT);
+		if (i >= 64 && busy(z))
+			usleep(100);
+	}
+}
+
+static int closing(struct session *z)
+{
+	return z->s.d.conns.n || z->s.d.seal_uids;
+}
+
+static int loop_busy(struct session *z)
+{
+	(void)z;
+	return uv_loop_alive(&loop);
+}
+
 /* After every peer left: only sealed store versions may remain. */
 static void check_peers_gone(struct session *z)
 {
@@ -594,11 +631,7 @@ static void server_teardown(struct session *z)
 	server_shutdown(&z->s);
 	/* A GPU create's job may still be on the thread pool: give it time
 	 * (a few ms at most; the fuzzer's daemon has no GPU). */
-	for (int i = 0; i < FZ_CLOSE_ROUNDS && uv_loop_alive(&loop); i++) {
-		uv_run(&loop, UV_RUN_NOWAIT);
-		if (i >= 64 && uv_loop_alive(&loop))
-			usleep(100);
-	}
+	drain(z, loop_busy);
 	server_deinit(&z->s);
 	FUZZ_ASSERT(!r->names && !r->detached && r->nnames == 0 &&
 		    r->nversions == 0 && r->nleases == 0 && r->nbuffers == 0 &&
@@ -681,12 +714,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	for (int i = 0; i < NPEERS; i++)
 		peer_hangup(&z, i);
 	/* A seal on the thread pool ends after its conn: wait for it too. */
-	for (int i = 0;
-	     i < FZ_CLOSE_ROUNDS && (z.s.d.conns.n || z.s.d.seal_uids); i++) {
-		uv_run(&loop, UV_RUN_NOWAIT);
-		if (i >= 64 && z.s.d.seal_uids)
-			usleep(100);
-	}
+	drain(&z, closing);
 	check_peers_gone(&z);
 	server_teardown(&z);
 	FUZZ_ASSERT(fd_count() == fds0, "fds: %d before, %d after", fds0,
