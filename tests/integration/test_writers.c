@@ -6,7 +6,8 @@
  * names its version by the writer id of its CreateReply (protocol 1.3),
  * and lands on nothing else: a stale writer's Seal fails with ENOENT and
  * leaves the new writer's version alone; 8 threads publishing through one
- * client while another client deletes the name every 2 ms never make a
+ * client while another client deletes the name every 2 ms (less often
+ * while no publish gets through: a slow daemon) never make a
  * reader see data its producer did not write, and each failed publish
  * says why (its Seal found its version deleted), not what the library's
  * clean-up heard. On the wire, a writer id of another connection, or one
@@ -254,13 +255,34 @@ static void *deleter(void *arg)
 		race_note(r, &r->bad_other, "deleter connect: %d", err);
 		return NULL;
 	}
-	while (util_now_ms() < r->end_ms) {
+	/* Every 2 ms while publishes get through between deletes. A daemon
+	 * slow enough (valgrind on a slower CPU) that no publish completes
+	 * within 2 ms would make every publish lose the race and prove
+	 * nothing: the pause then doubles after each delete that no publish
+	 * preceded, up to 256 ms, and falls back to 2 ms after a success.
+	 * The race runs its time, and on until one publish and one delete
+	 * happened (at most 20 s, scaled, more). */
+	int64_t hard_end = r->end_ms + harness_ms(20000);
+	long seen = 0;
+	int pause_ms = 2;
+
+	while (util_now_ms() < r->end_ms ||
+	       ((atomic_load(&r->published) == 0 ||
+		 atomic_load(&r->deletes) == 0) &&
+		util_now_ms() < hard_end)) {
+		long now_published = atomic_load(&r->published);
+
 		err = dlshare_delete(c, "race/x");
 		if (!err)
 			atomic_fetch_add(&r->deletes, 1);
 		else if (err != DLSHARE_ENOENT)
 			race_note(r, &r->bad_other, "delete: %d", err);
-		util_sleep_ms(2);
+		if (now_published != seen)
+			pause_ms = 2;
+		else if (pause_ms < 256)
+			pause_ms *= 2;
+		seen = now_published;
+		util_sleep_ms(pause_ms);
 	}
 	atomic_store(&r->stop, 1);
 	dlshare_disconnect(c);
