@@ -126,6 +126,8 @@ static void client_free(dlshare_client *c)
 	fork_del(c);
 	fork_close_fds(c);
 	fork_unhold();
+	/* No call is left (each holds a reference on c): the anchor only. */
+	HASH_CLEAR(hh, c->pending);
 	if ((p = atomic_exchange(&c->spare, NULL))) {
 		pthread_cond_destroy(&p->cond);
 		free(p);
@@ -466,6 +468,13 @@ static void pending_unref(dlshare_client *c, struct pending *p)
 	free(p);
 }
 
+/* Under c->lock: the call that has waited longest for its reply (the
+ * first after the anchor), or NULL. */
+static struct pending *oldest_call(dlshare_client *c)
+{
+	return c->pending_anchor.hh.next;
+}
+
 /* Under c->lock: p is done; wake its owner. A pending completes once, so
  * it is on one list at most. */
 static void wakeq_done(struct wakeq *wq, struct pending *p)
@@ -507,7 +516,7 @@ static void wakeq_run(dlshare_client *c, struct wakeq *wq)
  * callers the receiver thread takes it once they have gone quiet. */
 static void handoff(dlshare_client *c, struct wakeq *wq)
 {
-	struct pending *p = c->pending;
+	struct pending *p = oldest_call(c);
 
 	if (c->reading || c->dead || !p || wq->lead)
 		return;
@@ -524,6 +533,8 @@ static void fail_all(dlshare_client *c, int err, struct wakeq *wq)
 
 	c->dead = 1;
 	HASH_ITER(hh, c->pending, p, tmp) {
+		if (p == &c->pending_anchor)
+			continue;
 		HASH_DEL(c->pending, p);
 		p->done = 1;
 		p->err = err;
@@ -1058,7 +1069,7 @@ static void *rx_main(void *arg)
 		c->reading = 0;
 		c->rx_reading = 0;
 	}
-	if (!c->dead || c->pending) {
+	if (!c->dead || oldest_call(c)) {
 		size_t nrel = c->nrel;
 		int was_dead = c->dead;
 
@@ -1617,6 +1628,10 @@ static int client_new(const char *path, int32_t timeout, dlshare_client **out)
 	atomic_init(&c->refs, 1);
 	atomic_init(&c->spare, NULL);
 	c->next_id = 1;
+	/* Never removed before client_free (see c->pending). */
+	c->pending_anchor.id = 0;
+	HASH_ADD(hh, c->pending, id, sizeof(c->pending_anchor.id),
+		 &c->pending_anchor);
 	/* Until the daemon says otherwise it may send the largest packet a
 	 * socket buffer allows. */
 	c->max_packet = 256 * 1024;

@@ -23,8 +23,7 @@
 #include <sys/types.h>
 
 /* uthash zeroes a new table with memset right after malloc, which gcc
- * would make a calloc (zalloc.h: no thread cache); the table of pending
- * calls is made and freed on every call of a one-call client. */
+ * would make a calloc (zalloc.h: no thread cache). */
 #ifndef uthash_bzero
 #define uthash_bzero(a, n) util_bzero((a), (n))
 #endif
@@ -152,7 +151,15 @@ struct dlshare_client {
 				  * must be answered, 0 for none */
 	int32_t timeout_ms;      /* ...counted from connect() */
 	uint64_t next_id;
+	/* Calls awaiting their replies, by id, in the order they were
+	 * made, after pending_anchor: the anchor (id 0, which no reply
+	 * carries) is the table's first entry for the client's life, so
+	 * uthash keeps its table (a malloc of 64 bytes and one of 512,
+	 * zeroed, and their frees) instead of making it for every call of
+	 * a one-call-at-a-time client. oldest_call() (client.c) is the oldest
+	 * call. */
 	struct pending *pending;
+	struct pending pending_anchor;
 	struct ibuf *bufs;
 	struct mcache *mcaches;  /* manifests kept by id (1.5) */
 	struct export *exports;
