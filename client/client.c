@@ -107,8 +107,8 @@ static void ibuf_unmap(struct ibuf *b)
 static void client_free(dlshare_client *c)
 {
 	struct ibuf *b, *tmp;
-
 	struct mcache *mc, *mtmp;
+	struct pending *p;
 
 	HASH_ITER(hh, c->bufs, b, tmp) {
 		HASH_DEL(c->bufs, b);
@@ -126,6 +126,12 @@ static void client_free(dlshare_client *c)
 	fork_del(c);
 	fork_close_fds(c);
 	fork_unhold();
+	/* No call is left (each holds a reference on c): the anchor only. */
+	HASH_CLEAR(hh, c->pending);
+	if ((p = atomic_exchange(&c->spare, NULL))) {
+		pthread_cond_destroy(&p->cond);
+		free(p);
+	}
 	free(c->rel);
 	free(c->rbuf);
 	pthread_mutex_destroy(&c->lock);
@@ -447,12 +453,26 @@ struct wakeq {
 				  * the connection failed) */
 };
 
-static void pending_unref(struct pending *p)
+/* The last reference makes p c's spare for the next call, if c has
+ * none; else p is freed. c is alive (whoever holds p's reference holds
+ * one on c). */
+static void pending_unref(dlshare_client *c, struct pending *p)
 {
-	if (atomic_fetch_sub(&p->refs, 1) == 1) {
-		pthread_cond_destroy(&p->cond);
-		free(p);
-	}
+	struct pending *none = NULL;
+
+	if (atomic_fetch_sub(&p->refs, 1) != 1)
+		return;
+	if (atomic_compare_exchange_strong(&c->spare, &none, p))
+		return;
+	pthread_cond_destroy(&p->cond);
+	free(p);
+}
+
+/* Under c->lock: the call that has waited longest for its reply (the
+ * first after the anchor), or NULL. */
+static struct pending *oldest_call(dlshare_client *c)
+{
+	return c->pending_anchor.hh.next;
 }
 
 /* Under c->lock: p is done; wake its owner. A pending completes once, so
@@ -476,13 +496,13 @@ static void wakeq_run(dlshare_client *c, struct wakeq *wq)
 		struct pending *next = p->wnext;
 
 		pthread_cond_signal(&p->cond);
-		pending_unref(p);
+		pending_unref(c, p);
 		p = next;
 	}
 	wq->done = NULL;
 	if (wq->lead) {
 		pthread_cond_signal(&wq->lead->cond);
-		pending_unref(wq->lead);
+		pending_unref(c, wq->lead);
 		wq->lead = NULL;
 	}
 	if (wq->kick_rx && write(c->wake_fd, &one, sizeof(one)) < 0) {
@@ -496,7 +516,7 @@ static void wakeq_run(dlshare_client *c, struct wakeq *wq)
  * callers the receiver thread takes it once they have gone quiet. */
 static void handoff(dlshare_client *c, struct wakeq *wq)
 {
-	struct pending *p = c->pending;
+	struct pending *p = oldest_call(c);
 
 	if (c->reading || c->dead || !p || wq->lead)
 		return;
@@ -513,6 +533,8 @@ static void fail_all(dlshare_client *c, int err, struct wakeq *wq)
 
 	c->dead = 1;
 	HASH_ITER(hh, c->pending, p, tmp) {
+		if (p == &c->pending_anchor)
+			continue;
 		HASH_DEL(c->pending, p);
 		p->done = 1;
 		p->err = err;
@@ -1047,7 +1069,7 @@ static void *rx_main(void *arg)
 		c->reading = 0;
 		c->rx_reading = 0;
 	}
-	if (!c->dead || c->pending) {
+	if (!c->dead || oldest_call(c)) {
 		size_t nrel = c->nrel;
 		int was_dead = c->dead;
 
@@ -1152,13 +1174,25 @@ struct call {
 static int call_begin(struct call *k, struct export *export)
 {
 	dlshare_client *c = k->c;
-	struct pending *p = util_zalloc(1, sizeof(*p));
+	struct pending *p = atomic_exchange(&c->spare, NULL);
 	int err;
 
-	if (!p)
-		return DLSHARE_ENOMEM;
+	if (p) {
+		/* A finished call's: what a call reads is set again (hh
+		 * is HASH_ADD's, the arrays are read up to their counts). */
+		p->wnext = NULL;
+		p->done = 0;
+		p->err = 0;
+		p->msg = NULL;
+		p->nfds = 0;
+		p->npins = 0;
+		p->mc = NULL;
+	} else {
+		if (!(p = util_zalloc(1, sizeof(*p))))
+			return DLSHARE_ENOMEM;
+		pthread_cond_init(&p->cond, NULL);
+	}
 	atomic_init(&p->refs, 1);
-	pthread_cond_init(&p->cond, NULL);
 	k->p = p;
 	k->wq.self = p;
 	pthread_mutex_lock(&c->lock);
@@ -1166,7 +1200,7 @@ static int call_begin(struct call *k, struct export *export)
 		err = c->closed ? DLSHARE_ECLOSED : DLSHARE_ECONN;
 		errmsg_set(c->fatal_msg);
 		pthread_mutex_unlock(&c->lock);
-		pending_unref(p);
+		pending_unref(c, p);
 		return err;
 	}
 	p->id = k->req->id = c->next_id++;
@@ -1277,7 +1311,7 @@ static int call_result(struct call *k, struct reply *out)
 	out->mc = p->mc;
 	p->mc = NULL;
 	err = p->err;
-	pending_unref(p);
+	pending_unref(k->c, p);
 	if (!err && out->msg && out->msg->frame->body_case ==
 				  DLSHARE__FRAME__BODY_ERROR) {
 		Dlshare__Error *e = out->msg->frame->error;
@@ -1592,7 +1626,12 @@ static int client_new(const char *path, int32_t timeout, dlshare_client **out)
 	if (!c)
 		return DLSHARE_ENOMEM;
 	atomic_init(&c->refs, 1);
+	atomic_init(&c->spare, NULL);
 	c->next_id = 1;
+	/* Never removed before client_free (see c->pending). */
+	c->pending_anchor.id = 0;
+	HASH_ADD(hh, c->pending, id, sizeof(c->pending_anchor.id),
+		 &c->pending_anchor);
 	/* Until the daemon says otherwise it may send the largest packet a
 	 * socket buffer allows. */
 	c->max_packet = 256 * 1024;

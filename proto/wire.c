@@ -537,13 +537,34 @@ static int fast_buffer(struct wire_msg *m, struct rd r, Dlshare__Buffer **out)
 	return 0;
 }
 
+/* Room for one more pointer after the n of the array a, which has room
+ * for *cap, in the arena: the room doubles as the array fills (from 1:
+ * a GetReply mostly has one tensor and one buffer), so the array is
+ * filled as its message is read, in one walk. Returns the array (moved
+ * when it grew), or NULL (the budget is spent). */
+static void *fast_room(struct wire_msg *m, void *a, size_t n, size_t *cap)
+{
+	size_t room = *cap ? *cap * 2 : 1;
+	void *b;
+
+	if (n < *cap)
+		return a;
+	if (!(b = capped_alloc(m, room * sizeof(void *))))
+		return NULL;
+	if (n)
+		memcpy(b, a, n * sizeof(void *));
+	capped_free(m, a);
+	*cap = room;
+	return b;
+}
+
 static int fast_get_reply_body(struct wire_msg *m, struct rd r,
 			       Dlshare__GetReply **out)
 {
 	static const Dlshare__GetReply init = DLSHARE__GET_REPLY__INIT;
 	Dlshare__GetReply *g = FAST_ALLOC(m, Dlshare__GetReply);
-	struct rd c = r, sub;
-	size_t nt = 0, nb = 0;
+	struct rd sub;
+	size_t tcap = 0, bcap = 0;
 	unsigned seen = 0, wt = 0;
 	uint32_t num = 0;
 	uint64_t v = 0;
@@ -551,27 +572,25 @@ static int fast_get_reply_body(struct wire_msg *m, struct rd r,
 	if (!g)
 		return 1;
 	*g = init;
-	/* Counts first: the arrays are allocated once. */
-	while (c.p < c.end) {
-		if (rd_field(&c, &num, &wt, &v, &sub))
-			return 1;
-		if (num == 4)
-			nt++;
-		else if (num == 5)
-			nb++;
-	}
-	if ((nt && !(g->tensors = capped_alloc(m, nt * sizeof(void *)))) ||
-	    (nb && !(g->buffers = capped_alloc(m, nb * sizeof(void *)))))
-		return 1;
 	while (r.p < r.end) {
-		rd_field(&r, &num, &wt, &v, &sub);
-		if (num == 4 || num == 5) {
-			if (wt != PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED)
+		if (rd_field(&r, &num, &wt, &v, &sub))
+			return 1;
+		if (num == 4) {
+			if (wt != PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED ||
+			    !(g->tensors = fast_room(m, g->tensors,
+						     g->n_tensors, &tcap)) ||
+			    fast_tensor(m, sub, &g->tensors[g->n_tensors]))
 				return 1;
-			if (num == 4 ? fast_tensor(m, sub,
-						   &g->tensors[g->n_tensors++]) :
-			    fast_buffer(m, sub, &g->buffers[g->n_buffers++]))
+			g->n_tensors++;
+			continue;
+		}
+		if (num == 5) {
+			if (wt != PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED ||
+			    !(g->buffers = fast_room(m, g->buffers,
+						     g->n_buffers, &bcap)) ||
+			    fast_buffer(m, sub, &g->buffers[g->n_buffers]))
 				return 1;
+			g->n_buffers++;
 			continue;
 		}
 		if (num > 3 || (seen & (1u << num)) ||
