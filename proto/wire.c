@@ -332,9 +332,12 @@ static int rd_varint(struct rd *r, unsigned max, uint64_t *v)
 }
 
 /* A field's key; *len for a length-delimited one, with its bytes in sub.
- * Returns 0, or 1 (not for us). */
-static int rd_field(struct rd *r, uint32_t *num, unsigned *wt, uint64_t *v,
-		    struct rd *sub)
+ * Returns 0, or 1 (not for us). Inlined into each reader (~1 KiB of
+ * code): a call per field, 20 per GetReply, with its outputs through
+ * memory, was a sixth of the library's instructions per get. */
+static inline __attribute__((always_inline)) int
+rd_field(struct rd *r, uint32_t *num, unsigned *wt, uint64_t *v,
+	 struct rd *sub)
 {
 	uint64_t key;
 
