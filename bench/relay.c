@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -221,12 +222,16 @@ static void log_tail(const char *what, const char *path)
  * bandwidth average and overall (MB/s), message rate average and overall.
  * Returns 0 or -1 (said on stderr with the client's output). */
 static int perftest(const char *test, uint64_t size, long iters, long warmup,
-		    double v[8])
+		    const char *wait, double v[8])
 {
 	char port[16], sz[32], it[32], wu[32], slog[96], clog[96];
-	const char *srv[] = { perftest_bin, "-p", port, NULL };
+	/* wait: NULL, UCX's default (poll: spin on worker progress), or
+	 * "sleep" (wait for the worker's wakeup, as the relay's loop does) */
+	const char *srv[] = { perftest_bin, "-p", port, wait ? "-E" : NULL,
+			      wait, NULL };
 	const char *cli[] = { perftest_bin, "-p", port, "127.0.0.1", "-t",
-			      test, "-s", sz, "-n", it, "-w", wu, NULL };
+			      test, "-s", sz, "-n", it, "-w", wu,
+			      wait ? "-E" : NULL, wait, NULL };
 	pid_t s, c;
 	int st, rc = -1;
 	char *out = NULL, *fin;
@@ -536,9 +541,43 @@ static int propagate(dlshare_client *a, struct follow *f, uint64_t bytes,
 
 struct figs {
 	struct fig *floor_big, *big, *big_ratio;
+	struct fig *floor_fresh, *big_ratio_fresh;
 	struct fig *floor_rtt, *small, *small_ratio;
+	struct fig *floor_rtt_sleep, *small_ratio_sleep;
 	struct fig *fan1, *fan, *fan_ratio;
 };
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+/* What a new version of bytes costs B before any byte arrives, done here
+ * as B's daemon and library do it (daemon/host.c, client/copy.c): a
+ * memfd, its pages allocated (fallocate), mapped and faulted in
+ * (MADV_POPULATE_WRITE, which also clears them). ucx_perftest's floor
+ * gets into a buffer it warmed up; a mirrored version cannot. Returns ms,
+ * or NAN. */
+static double fresh_ms(uint64_t bytes)
+{
+	uint64_t t0 = util_now_ns();
+	int fd = memfd_create("dlbench-fresh", MFD_CLOEXEC);
+	void *p = MAP_FAILED;
+	double ms = NAN;
+
+	if (fd < 0)
+		return NAN;
+	if (ftruncate(fd, (off_t)bytes) == 0 &&
+	    fallocate(fd, 0, 0, (off_t)bytes) == 0)
+		p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+			 0);
+	if (p != MAP_FAILED) {
+		if (madvise(p, bytes, MADV_POPULATE_WRITE) == 0)
+			ms = (double)(util_now_ns() - t0) / 1e6;
+		munmap(p, bytes);
+	}
+	close(fd);
+	return ms;
+}
 
 static void null_all(struct fig **f, const char *why)
 {
@@ -639,12 +678,22 @@ int relay_section(int quick, int reps, const char *daemon_bin)
 	f.big_ratio = report_decl("relay_1GiB_over_ucx_perftest", "x",
 		"relay / ucp_get floor, %s%s", lbig,
 		quick ? " (--quick: not 1 GiB)" : "");
+	f.floor_fresh = report_decl("floor_fresh_1GiB_ms", "ms",
+		"floor: a new %s version's memory (fallocate+populate)",
+		lbig);
+	f.big_ratio_fresh = report_decl(
+		"relay_1GiB_over_ucx_perftest_and_fresh", "x",
+		"relay / (ucp_get floor + new memory), %s", lbig);
 	f.floor_rtt = report_decl("floor_ucx_rtt_us", "us",
 		"floor: UCX round trip, 2 x ucp_am_lat one-way, 4 KiB");
+	f.floor_rtt_sleep = report_decl("floor_ucx_rtt_sleep_us", "us",
+		"floor: the same, -E sleep (woken, as the relay's loop)");
 	f.small = report_decl("relay_4KiB_propagation_us", "us",
 		"relay: 4 KiB sealed on A to gettable on B");
 	f.small_ratio = report_decl("relay_4KiB_over_ucx_rtt", "x",
 		"relay 4 KiB propagation / UCX round trip");
+	f.small_ratio_sleep = report_decl("relay_4KiB_over_ucx_rtt_sleep",
+		"x", "relay 4 KiB propagation / woken UCX round trip");
 	f.fan1 = report_decl("relay_fanout1_ms", "ms",
 		"relay: %s to 1 mirror", fanname);
 	f.fan = report_decl("relay_fanout4_ms", "ms",
@@ -654,10 +703,12 @@ int relay_section(int quick, int reps, const char *daemon_bin)
 	report_goal(f.big_ratio, REPORT_GOAL_LE, 1.25);
 	report_goal(f.small_ratio, REPORT_GOAL_LE, 3.0);
 
-	struct fig *relay_figs[] = { f.big, f.big_ratio, f.small,
-		f.small_ratio, f.fan1, f.fan, f.fan_ratio, NULL };
-	struct fig *all_figs[] = { f.floor_big, f.floor_rtt, f.big,
-		f.big_ratio, f.small, f.small_ratio, f.fan1, f.fan,
+	struct fig *relay_figs[] = { f.big, f.big_ratio, f.big_ratio_fresh,
+		f.small, f.small_ratio, f.small_ratio_sleep, f.fan1, f.fan,
+		f.fan_ratio, NULL };
+	struct fig *all_figs[] = { f.floor_big, f.floor_fresh, f.floor_rtt,
+		f.floor_rtt_sleep, f.big, f.big_ratio, f.big_ratio_fresh,
+		f.small, f.small_ratio, f.small_ratio_sleep, f.fan1, f.fan,
 		f.fan_ratio, NULL };
 
 	have_perftest = find_perftest() == 0;
@@ -737,15 +788,22 @@ int relay_section(int quick, int reps, const char *daemon_bin)
 			if ((side == 0) == (r % 2 == 0)) {
 				/* One get of the large size, after one
 				 * warm-up get (registration, connection). */
-				if (perftest("ucp_get", big, 1, 1, v))
+				if (perftest("ucp_get", big, 1, 1, NULL, v))
 					goto out;
 				fl = v[3] / 1e3;
 				report_add(f.floor_big, fl);
 				if (perftest("ucp_am_lat", SMALL_BYTES,
-					     rtt_iters, rtt_iters / 10, v))
+					     rtt_iters, rtt_iters / 10, NULL,
+					     v))
 					goto out;
 				rtt = 2 * v[1];
 				report_add(f.floor_rtt, rtt);
+				if (perftest("ucp_am_lat", SMALL_BYTES,
+					     rtt_iters, rtt_iters / 10,
+					     "sleep", v))
+					goto out;
+				report_add(f.floor_rtt_sleep, 2 * v[1]);
+				report_add(f.floor_fresh, fresh_ms(big));
 				continue;
 			}
 			if (!have_relay || failed_relay)
@@ -786,6 +844,17 @@ int relay_section(int quick, int reps, const char *daemon_bin)
 				report_add(f.small_ratio,
 					   f.small->reps.v[n - 1] /
 					   f.floor_rtt->reps.v[n - 1]);
+			if (n && f.floor_rtt_sleep->reps.n == n)
+				report_add(f.small_ratio_sleep,
+					   f.small->reps.v[n - 1] /
+					   f.floor_rtt_sleep->reps.v[n - 1]);
+			n = f.big->reps.n;
+			if (n && f.floor_big->reps.n == n &&
+			    f.floor_fresh->reps.n == n)
+				report_add(f.big_ratio_fresh,
+					   f.big->reps.v[n - 1] /
+					   (f.floor_big->reps.v[n - 1] +
+					    f.floor_fresh->reps.v[n - 1]));
 		}
 	}
 	rc = failed_relay ? -1 : 0;
@@ -797,13 +866,18 @@ fail_relay:
 	null_all(relay_figs, "not measured: the relays failed (see the "
 		 "messages of the run)");
 	for (int r = 0; have_perftest && r < reps; r++) {
-		if (perftest("ucp_get", big, 1, 1, v))
+		if (perftest("ucp_get", big, 1, 1, NULL, v))
 			break;
 		report_add(f.floor_big, v[3] / 1e3);
 		if (perftest("ucp_am_lat", SMALL_BYTES, rtt_iters,
-			     rtt_iters / 10, v))
+			     rtt_iters / 10, NULL, v))
 			break;
 		report_add(f.floor_rtt, 2 * v[1]);
+		if (perftest("ucp_am_lat", SMALL_BYTES, rtt_iters,
+			     rtt_iters / 10, "sleep", v))
+			break;
+		report_add(f.floor_rtt_sleep, 2 * v[1]);
+		report_add(f.floor_fresh, fresh_ms(big));
 	}
 out:
 	samples_free(&sm);
