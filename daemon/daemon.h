@@ -34,7 +34,6 @@ struct daemon_limits {
 };
 
 struct waitq;
-struct wnode;
 struct wpark;
 struct devmem;
 struct seal_uid;
@@ -77,11 +76,11 @@ struct daemon {
 	 * numbered so far; the newest deletion forgotten; deletions in the
 	 * log, and the oldest of them; parked watches of every peer (also
 	 * counted in nparked). */
-	struct wnode *wlog;
+	struct registry_link *wlog;
 	uint64_t wseq;
 	uint64_t wfloor;
 	uint32_t wdeleted;
-	struct wnode *wdel_oldest;
+	struct registry_link *wdel_oldest;
 	struct wpark *wparks;
 };
 

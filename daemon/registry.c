@@ -55,6 +55,25 @@ void registry_limits_default(struct registry_limits *l)
 }
 
 /* The per-uid byte caps in effect, 0 resolved. */
+
+/* A pending store version, found by its writer id (registry_pending). */
+struct writer_rec {
+	uint64_t id;
+	struct version *v;
+	UT_hash_handle hh;
+};
+
+/* v leaves the pending state (sealed, or gone): its writer id finds
+ * nothing from now on. */
+static void writer_forget(struct registry *r, struct version *v)
+{
+	if (!v->wrec)
+		return;
+	HASH_DEL(r->writers, v->wrec);
+	free(v->wrec);
+	v->wrec = NULL;
+}
+
 static uint64_t host_cap(const struct registry_limits *l)
 {
 	return l->uid_host_bytes ? l->uid_host_bytes : l->max_bytes;
@@ -536,8 +555,7 @@ static void version_destroy(struct registry *r, struct version *v)
 	version_uncharge(r, v);
 	if (producer)
 		DL_DELETE2(producer->versions, v, oprev, onext);
-	if (v->writer)
-		HASH_DELETE(wh, r->writers, v);
+	writer_forget(r, v);
 	DL_DELETE(e->versions, v);
 	e->nversions--;
 	r->nversions--;
@@ -1279,8 +1297,13 @@ int registry_add(struct registry *r, struct registry_owner *o,
 	/* Version numbers restart after a Delete: a pending version is
 	 * named by an id that never does. */
 	if (!exported) {
+		v->wrec = malloc(sizeof(*v->wrec));
+		if (!v->wrec)
+			goto fail_version;
 		v->writer = r->next_writer_id++;
-		HASH_ADD(wh, r->writers, writer, sizeof(v->writer), v);
+		v->wrec->id = v->writer;
+		v->wrec->v = v;
+		HASH_ADD(hh, r->writers, id, sizeof(v->wrec->id), v->wrec);
 	}
 	DL_APPEND(e->versions, v);
 	DL_APPEND2(o->versions, v, oprev, onext);
@@ -1366,7 +1389,10 @@ struct version *registry_pending(struct registry *r, struct registry_owner *o,
 	if (writer) {
 		/* Another connection's writer id finds nothing: the same
 		 * answer as one never handed out. */
-		HASH_FIND(wh, r->writers, &writer, sizeof(writer), v);
+		struct writer_rec *w;
+
+		HASH_FIND(hh, r->writers, &writer, sizeof(writer), w);
+		v = w ? w->v : NULL;
 		if (!v || v->state != VERSION_PENDING || v->withdrawn ||
 		    v->producer != o || v->number != number ||
 		    strcmp(v->entry->name, name) != 0)
@@ -1473,6 +1499,7 @@ int registry_seal_end_owned(struct registry *r, struct version *v, int err,
 	v->ndev_events = (uint8_t)ndev_events;
 	v->own_events = own;
 	version_unpend(v);
+	writer_forget(r, v);
 	v->state = VERSION_SEALED;
 	/* A producer's CUDA event lives in the producer's process: the
 	 * producer stays attached, to hear when it may destroy it (Retired),

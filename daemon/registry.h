@@ -124,13 +124,16 @@ struct vcharge {
  * sealable again, not abortable, and it cannot die. A producer that goes,
  * or a delete of its name, only marks it orphaned; it dies when the seal
  * ends (registry_seal_end). */
+struct writer_rec;
+
 struct version {
 	struct entry *entry;
 	uint64_t number;
 	uint64_t writer;         /* store mode: the identity of the pending
 				  * version (registry_pending), daemon-wide,
 				  * never reused; 0 for an export */
-	UT_hash_handle wh;       /* registry->writers, when writer is set */
+	struct writer_rec *wrec; /* registry->writers' record of it, while
+				  * pending with a writer id; else NULL */
 	struct registry_owner *producer; /* pending, exported, or sealed with
 					  * its CUDA event; else NULL */
 	struct uid_usage *usage; /* its producer's uid while charged (it is
@@ -197,6 +200,14 @@ struct version {
 	struct rtensor tensors[];
 };
 
+/* A link of a list the registry's user keeps of entries (and of records
+ * of its own, told apart by mark): see entry.wl. */
+struct registry_link {
+	struct registry_link *prev, *next;
+	uint64_t seq : 63;
+	uint64_t mark : 1;
+};
+
 struct entry {
 	uint64_t last_number;    /* highest version number handed out */
 	uint64_t last_sealed;    /* highest version number made visible */
@@ -204,7 +215,17 @@ struct entry {
 	struct version *versions;
 	struct uid_usage *usage; /* charged for this name */
 	UT_hash_handle hh;       /* registry->names */
-	struct entry *dprev, *dnext; /* registry->detached */
+	union {
+		/* registry->detached, once deleted */
+		struct {
+			struct entry *dprev, *dnext;
+		};
+		/* while in the name map: its place in the registry's user's
+		 * change log (watch.c), untouched here; prev is NULL while
+		 * it is in none. The user takes it out (ops->removed) before
+		 * the entry is detached. */
+		struct registry_link wl;
+	};
 	uint32_t nversions;
 	uint32_t leases;
 	uint32_t owner_uid, owner_gid;
@@ -231,9 +252,6 @@ struct entry {
 	uint32_t qtaken;         /* held by take leases */
 	uint64_t qseq;           /* last seal order handed out */
 	struct version *qhead;
-	void *watch;             /* the registry's user's (watch.c: the
-				  * name's node in the change log);
-				  * untouched here */
 	char name[];             /* as long as it is; allocated from
 				  * offsetof(struct entry, name) */
 };
@@ -433,7 +451,10 @@ struct registry {
 	uint32_t ntombs;
 	struct entry *names;
 	struct entry *detached;   /* deleted names whose versions live on */
-	struct version *writers;  /* store versions by writer id */
+	struct writer_rec *writers; /* pending store versions by writer id
+				     * (a record each, only while pending:
+				     * a sealed version carries no hash
+				     * handle) */
 	uint64_t next_writer_id;
 	uint64_t next_buffer_id;
 	uint64_t next_lease_id;

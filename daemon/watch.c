@@ -4,6 +4,7 @@
 #include "watch.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,19 +14,42 @@
 #include "check.h"
 #include "reply.h"
 
-/* One name's last change, on d->wlog (oldest first). A live name's node
- * is e->watch and moves to the end at each change; a deletion's node
- * keeps what deciding who may read it needs, the name's owner and mode,
+/* The change log, d->wlog (oldest first), links a live name's last change
+ * and the deletions still remembered. A live name's link is in its entry
+ * (e->wl: no allocation of its own, its name and newest version are the
+ * entry's) and moves to the end at each change; a deletion is a record of
+ * its own (mark set), which keeps what deciding who may read it needs,
  * since the entry is gone. */
-struct wnode {
-	struct wnode *prev, *next;
-	uint64_t seq;
+struct wdel {
+	struct registry_link l;   /* mark: 1 */
 	uint64_t version;         /* the newest sealed version then */
-	struct entry *e;          /* NULL: a deletion */
-	uint32_t uid, gid;        /* a deletion: the name's owner */
-	uint16_t mode;            /* a deletion: the name's mode */
+	uint32_t uid, gid;        /* the name's owner */
+	uint16_t mode;            /* the name's mode */
 	char name[];
 };
+
+static struct entry *link_entry(struct registry_link *l)
+{
+	return l->mark ? NULL :
+	       (struct entry *)((char *)l - offsetof(struct entry, wl));
+}
+
+static struct wdel *link_del(struct registry_link *l)
+{
+	return l->mark ? (struct wdel *)l : NULL;
+}
+
+static const char *link_name(struct registry_link *l)
+{
+	return l->mark ? link_del(l)->name : link_entry(l)->name;
+}
+
+/* A live name's link moves at each seal of a newest version, which sets
+ * last_sealed: the entry's is the version of its last change. */
+static uint64_t link_version(struct registry_link *l)
+{
+	return l->mark ? link_del(l)->version : link_entry(l)->last_sealed;
+}
 
 /* A Watch waiting for a change. */
 struct wpark {
@@ -56,11 +80,13 @@ static int may_read(const struct registry_owner *o, uint32_t uid,
 	return (bits & 4) == 4;
 }
 
-static int node_visible(const struct wnode *n, const struct registry_owner *o)
+static int node_visible(struct registry_link *n, const struct registry_owner *o)
 {
-	if (n->e)
-		return registry_may(n->e, o, 4);
-	return may_read(o, n->uid, n->gid, n->mode);
+	struct wdel *w = link_del(n);
+
+	if (!w)
+		return registry_may(link_entry(n), o, 4);
+	return may_read(o, w->uid, w->gid, w->mode);
 }
 
 static int has_prefix(const char *name, const char *prefix)
@@ -71,9 +97,9 @@ static int has_prefix(const char *name, const char *prefix)
 /* The first node changed after seq after, or NULL. Walks back from the
  * newest change: what it costs is the changes since after, which a
  * watcher that keeps up keeps small. */
-static struct wnode *log_after(struct daemon *d, uint64_t after)
+static struct registry_link *log_after(struct daemon *d, uint64_t after)
 {
-	struct wnode *n, *first = NULL;
+	struct registry_link *n, *first = NULL;
 
 	if (!d->wlog)
 		return NULL;
@@ -98,7 +124,7 @@ static size_t watch_collect(struct peer *peer, const char *prefix,
 	size_t room = d->limits->max_packet > 1024 ?
 		      d->limits->max_packet - 1024 : d->limits->max_packet / 2;
 	size_t n = 0, bytes = 0;
-	struct wnode *w;
+	struct registry_link *w;
 
 	r->seq = d->wseq;
 	r->has_lost = 1;
@@ -108,10 +134,12 @@ static size_t watch_collect(struct peer *peer, const char *prefix,
 	for (w = log_after(d, after); w; w = w->next) {
 		size_t len;
 
-		if (!has_prefix(w->name, prefix) ||
+		const char *name = link_name(w);
+
+		if (!has_prefix(name, prefix) ||
 		    !node_visible(w, &peer->owner))
 			continue;
-		len = strlen(w->name) + 24;
+		len = strlen(name) + 24;
 		if (n == max || bytes + len > room) {
 			/* everything before w was looked at */
 			r->seq = w->prev->seq;
@@ -121,9 +149,9 @@ static size_t watch_collect(struct peer *peer, const char *prefix,
 		}
 		bytes += len;
 		dlshare__watch_change__init(&cs[n]);
-		cs[n].name = w->name;
-		cs[n].version = w->version;
-		if (!w->e) {
+		cs[n].name = (char *)name;
+		cs[n].version = link_version(w);
+		if (w->mark) {
 			cs[n].has_deleted = 1;
 			cs[n].deleted = 1;
 		}
@@ -258,14 +286,14 @@ void watch_request(struct peer *peer, uint64_t id, const Dlshare__Watch *m)
 }
 
 /* Wakes the parked watches that n's change concerns. */
-static void watch_wake(struct daemon *d, const struct wnode *n)
+static void watch_wake(struct daemon *d, struct registry_link *n)
 {
 	struct wpark *p, *tmp;
 	char name[CHECK_NAME_MAX + 1];
 
 	/* n may go while answering (no: answering changes no registry
 	 * state), but keep the name for safety of the prefix checks */
-	memcpy(name, n->name, strlen(n->name) + 1);
+	memcpy(name, link_name(n), strlen(link_name(n)) + 1);
 	DL_FOREACH_SAFE(d->wparks, p, tmp) {
 		struct peer *peer = p->peer;
 		char prefix[CHECK_NAME_MAX + 1];
@@ -292,39 +320,29 @@ static void watch_wake(struct daemon *d, const struct wnode *n)
 static void log_trim(struct daemon *d)
 {
 	while (d->wdeleted > d->limits->watch_deletions && d->wdel_oldest) {
-		struct wnode *n = d->wdel_oldest, *next = n->next;
+		struct registry_link *n = d->wdel_oldest, *next = n->next;
 
-		while (next && next->e)
+		while (next && !next->mark)
 			next = next->next;
 		/* a watcher from before it can no longer be told */
 		d->wfloor = n->seq;
 		DL_DELETE(d->wlog, n);
 		d->wdeleted--;
 		d->wdel_oldest = next;
-		free(n);
+		free(link_del(n));
 	}
 }
 
 void watch_published(struct daemon *d, struct entry *e)
 {
-	struct wnode *n = e->watch;
+	struct registry_link *n = &e->wl;
 
 	if (e->detached)
 		return;   /* a version put back in a deleted queue name */
-	if (!n) {
-		size_t len = strlen(e->name);
-
-		n = calloc(1, sizeof(*n) + len + 1);
-		if (!n)
-			return;   /* unwatched; a later change tries again */
-		memcpy(n->name, e->name, len + 1);
-		n->e = e;
-		e->watch = n;
-	} else {
+	if (n->prev)
 		DL_DELETE(d->wlog, n);
-	}
 	n->seq = ++d->wseq;
-	n->version = e->last_sealed;
+	n->mark = 0;
 	DL_APPEND(d->wlog, n);
 	if (d->wparks)
 		watch_wake(d, n);
@@ -332,24 +350,33 @@ void watch_published(struct daemon *d, struct entry *e)
 
 void watch_removed(struct daemon *d, struct entry *e)
 {
-	struct wnode *n = e->watch;
+	size_t len = strlen(e->name);
+	struct wdel *w;
 
-	if (!n)
+	if (!e->wl.prev)
 		return;   /* never sealed a version: nobody saw it */
-	e->watch = NULL;
-	DL_DELETE(d->wlog, n);
-	n->e = NULL;
-	n->uid = e->owner_uid;
-	n->gid = e->owner_gid;
-	n->mode = e->mode;
-	n->seq = ++d->wseq;
-	n->version = e->last_sealed;
-	DL_APPEND(d->wlog, n);
+	DL_DELETE(d->wlog, &e->wl);
+	e->wl.prev = e->wl.next = NULL;
+	w = calloc(1, sizeof(*w) + len + 1);
+	if (!w) {
+		/* The deletion cannot be told: every watcher from before it
+		 * is told it lost changes (WatchReply.lost), and looks. */
+		d->wfloor = ++d->wseq;
+		return;
+	}
+	memcpy(w->name, e->name, len + 1);
+	w->uid = e->owner_uid;
+	w->gid = e->owner_gid;
+	w->mode = e->mode;
+	w->version = e->last_sealed;
+	w->l.seq = ++d->wseq;
+	w->l.mark = 1;
+	DL_APPEND(d->wlog, &w->l);
 	d->wdeleted++;
 	if (!d->wdel_oldest)
-		d->wdel_oldest = n;
+		d->wdel_oldest = &w->l;
 	if (d->wparks)
-		watch_wake(d, n);
+		watch_wake(d, &w->l);
 	log_trim(d);
 }
 
@@ -361,13 +388,14 @@ void watch_peer_closed(struct peer *peer)
 
 void watch_deinit(struct daemon *d)
 {
-	struct wnode *n, *tmp;
+	struct registry_link *n, *tmp;
 
 	DL_FOREACH_SAFE(d->wlog, n, tmp) {
 		DL_DELETE(d->wlog, n);
-		if (n->e)
-			n->e->watch = NULL;
-		free(n);
+		if (n->mark)
+			free(link_del(n));
+		else
+			n->prev = n->next = NULL;
 	}
 	d->wdel_oldest = NULL;
 }

@@ -5,8 +5,8 @@
  * change, plus the newest --watch-deletions deletions. A Watch walks the
  * log from its point on (never every name); one that finds nothing may
  * park, and a change wakes only the parked watches whose prefix holds the
- * name and whose peer may read it. The log's nodes are this module's; an
- * entry points at its node (entry->watch). Loop thread only.
+ * name and whose peer may read it. A live name's node is its entry's link
+ * (entry->wl); a deletion's is this module's. Loop thread only.
  */
 #ifndef DLSHARE_WATCH_H
 #define DLSHARE_WATCH_H
