@@ -144,28 +144,42 @@ static char *num(char *buf, size_t cap, double v)
 
 /* ---- latency: round trips, get, first get ------------------------------------ */
 
-static int floor_rt(const char *type, int with_fd, size_t req, size_t rep,
+/* How floor_rt's server runs. */
+enum {
+	RT_FD = 1,    /* one fd with each reply */
+	RT_APART = 2, /* the server on CPU 1 (see pin_apart) */
+	RT_EPOLL = 4, /* the server waits in epoll_wait, as an event loop */
+};
+
+static int floor_rt(const char *type, int how, size_t req, size_t rep,
 		    long iters, double *p50, double *p99)
 {
 	char out[512], a[32], b[32], c[32];
-	int err;
+	const char *argv[16];
+	int n = 0;
 
 	num(a, sizeof(a), (double)req);
 	num(b, sizeof(b), (double)rep);
 	num(c, sizeof(c), (double)iters);
-	if (with_fd < 0) /* the server on CPU 1 (see pin_apart) */
-		err = floor_run(out, sizeof(out), "rt", "--type", type,
-				"--req", a, "--rep", b, "--iters", c,
-				"--server-cpu", "1", (const char *)NULL);
-	else if (with_fd)
-		err = floor_run(out, sizeof(out), "rt", "--type", type, "--fd",
-				"--req", a, "--rep", b, "--iters", c,
-				(const char *)NULL);
-	else
-		err = floor_run(out, sizeof(out), "rt", "--type", type,
-				"--req", a, "--rep", b, "--iters", c,
-				(const char *)NULL);
-	if (err)
+	argv[n++] = "--req";
+	argv[n++] = a;
+	argv[n++] = "--rep";
+	argv[n++] = b;
+	argv[n++] = "--iters";
+	argv[n++] = c;
+	if (how & RT_FD)
+		argv[n++] = "--fd";
+	if (how & RT_APART) {
+		argv[n++] = "--server-cpu";
+		argv[n++] = "1";
+	}
+	if (how & RT_EPOLL)
+		argv[n++] = "--epoll";
+	while (n < 10)
+		argv[n++] = NULL;
+	if (floor_run(out, sizeof(out), "rt", "--type", type, argv[0], argv[1],
+		      argv[2], argv[3], argv[4], argv[5], argv[6], argv[7],
+		      argv[8], argv[9], (const char *)NULL))
 		return -1;
 	*p50 = kv(out, "p50_ns") / 1e3;
 	*p99 = kv(out, "p99_ns") / 1e3;
@@ -183,28 +197,45 @@ static const char *const huge_opts[] = {
 	NULL,
 };
 
-/* The floor round trip (floor_mode as floor_rt's with_fd: -1 puts its
- * server on CPU 1) and dlshare's get+release, as placed now, in the order
- * of repeat r; p50s in us. Returns 0 or -1. */
+/* What one placement measures, p50s in us. */
+struct placed {
+	double floor;      /* the SEQPACKET round trip */
+	double get;        /* dlshare's get+release */
+	double floor_loop; /* the round trip to an epoll server (one CPU) */
+	double wire;       /* get+release at the wire level (one CPU) */
+};
+
+/* The floor round trip (how as floor_rt's) and dlshare's get+release, as
+ * placed now, in the order of repeat r; with all, the epoll floor and the
+ * wire-level get too. Returns 0 or -1. */
 static int placed_pair(struct daemon_proc *d, const struct plan *pl,
-		       const struct fig_packets *pk, int r, int floor_mode,
-		       double *floor50, double *get50)
+		       const struct fig_packets *pk, int r, int how, int all,
+		       struct placed *out)
 {
 	double p99;
 
 	for (int side = 0; side < 2; side++) {
 		int err;
 
-		if ((side == 0) == (r % 2 == 0))
-			err = floor_rt("seqpacket", floor_mode, pk->get,
-				       pk->reply, pl->rt_iters, floor50, &p99);
-		else
+		if ((side == 0) == (r % 2 == 0)) {
+			err = floor_rt("seqpacket", how, pk->get, pk->reply,
+				       pl->rt_iters, &out->floor, &p99);
+			if (!err && all)
+				err = floor_rt("seqpacket", how | RT_EPOLL,
+					       pk->get, pk->reply, pl->rt_iters,
+					       &out->floor_loop, &p99);
+		} else {
 			err = fig_get_latency(d, FIG_NAME, pl->rt_iters,
-					      get50, &p99);
+					      &out->get, &p99);
+			if (!err && all)
+				err = fig_raw_get(d, FIG_NAME, 0, pl->rt_iters,
+						  &out->wire);
+		}
 		if (err)
 			return -1;
 	}
-	*get50 /= 1e3;
+	out->get /= 1e3;
+	out->wire /= 1e3;
 	return 0;
 }
 
@@ -244,6 +275,14 @@ static int section_latency(const struct plan *pl, const struct fig_packets *pk)
 		"get+release, all on one CPU, p50");
 	struct fig *p_r = report_decl("get_p50_over_floor_one_cpu", "x",
 		"get p50 / floor p50, all on one CPU");
+	struct fig *p_efl = report_decl("floor_rt_epoll_p50_1cpu_us", "us",
+		"floor: round trip to an epoll-waiting server, one CPU, p50");
+	struct fig *p_er = report_decl("get_p50_over_epoll_floor_one_cpu", "x",
+		"get p50 / epoll-server floor p50, all on one CPU");
+	struct fig *p_w = report_decl("wire_get_p50_1cpu_us", "us",
+		"Get+Release at the wire level, all on one CPU, p50");
+	struct fig *p_wr = report_decl("wire_get_p50_over_epoll_floor_one_cpu",
+		"x", "wire-level get p50 / epoll-server floor p50, one CPU");
 	struct fig *a_fl = report_decl("floor_rt_seqpacket_p50_apart_us", "us",
 		"floor: SEQPACKET round trip, client CPU 0, server CPU 1, p50");
 	struct fig *a_dl = report_decl("get_p50_apart_us", "us",
@@ -266,6 +305,7 @@ static int section_latency(const struct plan *pl, const struct fig_packets *pk)
 	for (int r = 0; r < pl->reps; r++) {
 		double a50, a99, b50, b99, c50, c99, e50, e99, x50, x99, y50, y99;
 		double z50;
+		struct placed one;
 		int err;
 
 		progress("latency: repeat %d/%d", r + 1, pl->reps);
@@ -276,9 +316,10 @@ static int section_latency(const struct plan *pl, const struct fig_packets *pk)
 					     pl->rt_iters, &a50, &a99) ||
 				    floor_rt("stream", 0, pk->get, pk->reply,
 					     pl->rt_iters, &b50, &b99) ||
-				    floor_rt("seqpacket", 1, pk->get, pk->reply_fd,
-					     pl->first_iters * 4, &c50, &c99) ||
-				    floor_rt("stream", 1, pk->get, pk->reply_fd,
+				    floor_rt("seqpacket", RT_FD, pk->get,
+					     pk->reply_fd, pl->first_iters * 4,
+					     &c50, &c99) ||
+				    floor_rt("stream", RT_FD, pk->get, pk->reply_fd,
 					     pl->first_iters * 4, &e50, &e99))
 					goto out;
 			} else {
@@ -316,26 +357,30 @@ static int section_latency(const struct plan *pl, const struct fig_packets *pk)
 		 * cost tens of microseconds and come and go with the
 		 * scheduler's placement), only the work itself. */
 		pin(d.pid, 0);
-		err = placed_pair(&d, pl, pk, r, 0, &a50, &x50);
+		err = placed_pair(&d, pl, pk, r, 0, 1, &one);
 		pin(d.pid, -1);
 		if (err)
 			goto out;
-		report_add(p_fl, a50);
-		report_add(p_dl, x50);
-		report_add(p_r, x50 / a50);
+		report_add(p_fl, one.floor);
+		report_add(p_dl, one.get);
+		report_add(p_r, one.get / one.floor);
+		report_add(p_efl, one.floor_loop);
+		report_add(p_er, one.get / one.floor_loop);
+		report_add(p_w, one.wire);
+		report_add(p_wr, one.wire / one.floor_loop);
 
 		/* Apart, but always in the same places: unpinned, whether a
 		 * pair shares a CPU changes from run to run, and with it the
 		 * wakeup cost (the key figure compares like with like). */
 		if (pin_apart(d.pid))
 			continue;
-		err = placed_pair(&d, pl, pk, r, -1, &a50, &x50);
+		err = placed_pair(&d, pl, pk, r, RT_APART, 0, &one);
 		pin(d.pid, -1);
 		if (err)
 			goto out;
-		report_add(a_fl, a50);
-		report_add(a_dl, x50);
-		report_add(a_r, x50 / a50);
+		report_add(a_fl, one.floor);
+		report_add(a_dl, one.get);
+		report_add(a_r, one.get / one.floor);
 	}
 	rc = 0;
 out:

@@ -4,12 +4,15 @@
  * the same machine:
  *
  *   dlshare-floor rt --type seqpacket|stream [--fd] --req B --rep B --iters N
- *                    [--server-cpu C]
+ *                    [--server-cpu C] [--epoll]
  *       a bare round trip over a Unix socket pair: a client sends B bytes,
  *       a server process answers with B bytes (and one fd attached, with
  *       --fd, which the client closes, as a client that maps it would);
  *       prints the p50, p99 and mean in ns. --server-cpu pins the server
  *       to CPU C (the client keeps the affinity it was started with).
+ *       --epoll: the server's socket is non-blocking and it waits in
+ *       epoll_wait before each request, as an event loop does, instead of
+ *       blocking in recvmsg: the kernel's cost of serving from a loop.
  *   dlshare-floor server --clients N --req B --rep B --ms T
  *       a bare single-threaded epoll server (non-blocking, level-triggered,
  *       at most 32 packets per peer and wakeup) answering N client
@@ -147,8 +150,34 @@ static int recv_packet(int sock, char *buf, size_t len, int *got_fd)
 
 /* ---- rt ------------------------------------------------------------------ */
 
+/* The rt server, --epoll: waits for each request in epoll_wait on a
+ * non-blocking socket, then reads and answers it. Exits at EOF. */
+static _Noreturn void rt_serve_epoll(int sock, char *rbuf, size_t req,
+				     const char *sbuf, size_t rep, int memfd)
+{
+	struct epoll_event ev = { .events = EPOLLIN };
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+
+	if (ep < 0 || fcntl(sock, F_SETFL, O_NONBLOCK) < 0 ||
+	    epoll_ctl(ep, EPOLL_CTL_ADD, sock, &ev) < 0)
+		_exit(1);
+	for (;;) {
+		int fd, r, n = epoll_wait(ep, &ev, 1, -1);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n != 1)
+			_exit(1);
+		r = recv_packet(sock, rbuf, req, &fd);
+		if (r)
+			_exit(r == 1 ? 0 : 1);
+		if (send_packet(sock, sbuf, rep, memfd) < 0)
+			_exit(1);
+	}
+}
+
 static int floor_rt(int type, int with_fd, size_t req, size_t rep, long iters,
-		    int server_cpu)
+		    int server_cpu, int use_epoll)
 {
 	char rbuf[FLOOR_PACKET_MAX], sbuf[FLOOR_PACKET_MAX];
 	struct samples s = { 0 };
@@ -178,6 +207,8 @@ static int floor_rt(int type, int with_fd, size_t req, size_t rep, long iters,
 			if (sched_setaffinity(0, sizeof(one), &one) < 0)
 				_exit(1);
 		}
+		if (use_epoll)
+			rt_serve_epoll(sv[1], rbuf, req, sbuf, rep, memfd);
 		for (;;) {
 			int fd, r = recv_packet(sv[1], rbuf, req, &fd);
 
@@ -620,7 +651,7 @@ static int floor_fill(uint64_t bytes, long iters)
 static void usage(void)
 {
 	fprintf(stderr,
-		"usage: dlshare-floor rt --type seqpacket|stream [--fd] --req B --rep B --iters N [--server-cpu C]\n"
+		"usage: dlshare-floor rt --type seqpacket|stream [--fd] --req B --rep B --iters N [--server-cpu C] [--epoll]\n"
 		"       dlshare-floor server --clients N --req B --rep B --ms T\n"
 		"       dlshare-floor storm --clients N [--shaped]\n"
 		"       dlshare-floor handoff --bytes B --iters N [--huge 2M|1G]\n"
@@ -642,10 +673,11 @@ int main(int argc, char **argv)
 		{ "huge", required_argument, NULL, 'H' },
 		{ "server-cpu", required_argument, NULL, 's' },
 		{ "shaped", no_argument, NULL, 'S' },
+		{ "epoll", no_argument, NULL, 'e' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int type = SOCK_SEQPACKET, with_fd = 0, clients = 1, huge = 0, o;
-	int server_cpu = -1, shaped = 0;
+	int server_cpu = -1, shaped = 0, use_epoll = 0;
 	long req = 64, rep = 64, iters = 10000, ms = 1000;
 	unsigned long long bytes = 4096;
 	const char *cmd;
@@ -691,6 +723,9 @@ int main(int argc, char **argv)
 		case 'S':
 			shaped = 1;
 			break;
+		case 'e':
+			use_epoll = 1;
+			break;
 		case 'H':
 			if (strcmp(optarg, "2M") == 0)
 				huge = 21;
@@ -710,7 +745,7 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 	if (strcmp(cmd, "rt") == 0)
 		return floor_rt(type, with_fd, (size_t)req, (size_t)rep, iters,
-				server_cpu);
+				server_cpu, use_epoll);
 	if (strcmp(cmd, "server") == 0)
 		return floor_server(clients, (size_t)req, (size_t)rep, ms);
 	if (strcmp(cmd, "storm") == 0)
