@@ -111,6 +111,7 @@ static const char *a_slots = "4";        /* A's --stage-slots */
 static const char *a_peers = "64";       /* A's --max-peers */
 static const char *a_msg = "64M";        /* A's --max-message */
 static const char *a_metrics;            /* A's --metrics-file (1 s) */
+static const char *a_gpu_path = "auto";  /* A's --gpu-path */
 static const char *a_scan = "50";        /* A's --scan-interval-ms */
 static const char *const *a_daemon;      /* A's daemon's arguments */
 
@@ -123,6 +124,7 @@ static pid_t start_a(void)
 			   a_timeout, "--auth-timeout-ms", "1000",
 			   "--chunk-size", a_chunk, "--stage-slots", a_slots,
 			   "--max-peers", a_peers, "--max-message", a_msg,
+			   "--gpu-path", a_gpu_path,
 			   a_metrics ? "--metrics-interval-s" : NULL, "1",
 			   "--metrics-file", a_metrics, (char *)NULL);
 }
