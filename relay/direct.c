@@ -91,7 +91,7 @@ int direct_caps_recv(struct relay *r, struct conn *c, struct rbuf *rb)
 }
 
 ucs_status_t direct_map(struct relay *r, void *addr, uint64_t len,
-			unsigned prot, ucp_mem_h *out)
+			unsigned prot, ucs_memory_type_t type, ucp_mem_h *out)
 {
 	ucp_mem_map_params_t mp = { 0 };
 
@@ -102,7 +102,7 @@ ucs_status_t direct_map(struct relay *r, void *addr, uint64_t len,
 	mp.address = addr;
 	mp.length = len;
 	mp.prot = prot;
-	mp.memory_type = r->dev_mem_type;
+	mp.memory_type = type;
 	return ucp_mem_map(r->ctx, &mp, out);
 }
 
@@ -129,7 +129,7 @@ int direct_pull_map(struct relay *r, struct pull *p)
 		return 0;
 	st = direct_map(r, (void *)(uintptr_t)lo, hi - lo,
 			UCP_MEM_MAP_PROT_LOCAL_READ |
-			UCP_MEM_MAP_PROT_LOCAL_WRITE, &p->wmemh);
+			UCP_MEM_MAP_PROT_LOCAL_WRITE, r->dev_mem_type, &p->wmemh);
 	if (st != UCS_OK) {
 		p->wmemh = NULL;
 		snprintf(p->why, sizeof(p->why), "register: the writer's device "

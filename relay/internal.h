@@ -421,10 +421,11 @@ uint32_t direct_caps(const struct relay *r);
 void direct_caps_send(struct relay *r, struct conn *c);
 /* A CAPS from c. Returns 0, or -1 (a second one: a protocol error). */
 int direct_caps_recv(struct relay *r, struct conn *c, struct rbuf *rb);
-/* Registers len bytes of device memory at addr, for gets (prot: UCP's
- * LOCAL/REMOTE READ/WRITE bits). Returns UCS_OK or the UCX error. */
+/* Registers len bytes at addr, memory of the given type (host, or
+ * r->dev_mem_type for device memory), for gets (prot: UCP's LOCAL/REMOTE
+ * READ/WRITE bits). Returns UCS_OK or the UCX error. */
 ucs_status_t direct_map(struct relay *r, void *addr, uint64_t len,
-			unsigned prot, ucp_mem_h *out);
+			unsigned prot, ucs_memory_type_t type, ucp_mem_h *out);
 /* Mirroring side, loop: p's writer is of device memory: registers its
  * buffer, into which the gets go. Returns 0 or -1 (p->why set). */
 int direct_pull_map(struct relay *r, struct pull *p);

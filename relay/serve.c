@@ -718,7 +718,6 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 		wbuf_u32(&w, slot_size);
 	}
 	for (i = 0; i < nreg; i++) {
-		ucp_mem_map_params_t mp = { 0 };
 		unsigned prot = UCP_MEM_MAP_PROT_LOCAL_READ |
 				UCP_MEM_MAP_PROT_REMOTE_READ;
 		void *rk = NULL;
@@ -732,18 +731,9 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 		/* read-only both here (the lease's mapping is) and for the
 		 * peer: its rkey allows gets, never puts (a staging ring is
 		 * written by CUDA, not through UCX) */
-		if (s->direct_offer) {
-			st = direct_map(r, (void *)(uintptr_t)reg_addr[i],
-					reg_len[i], prot, &s->memh[i]);
-		} else {
-			mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
-					UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-					UCP_MEM_MAP_PARAM_FIELD_PROT;
-			mp.prot = prot;
-			mp.address = (void *)(uintptr_t)reg_addr[i];
-			mp.length = reg_len[i];
-			st = ucp_mem_map(r->ctx, &mp, &s->memh[i]);
-		}
+		st = direct_map(r, (void *)(uintptr_t)reg_addr[i], reg_len[i],
+				prot, s->direct_offer ? r->dev_mem_type :
+				UCS_MEMORY_TYPE_HOST, &s->memh[i]);
 		if (st != UCS_OK) {
 			why = ucs_status_string(st);
 			free(w.p);

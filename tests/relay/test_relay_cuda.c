@@ -168,18 +168,31 @@ static void test_device_to_device(void **state)
 	free(bytes);
 }
 
-/* --device takes cpu or cuda:N only. */
+/* --device takes cpu or cuda:N only, --gpu-path auto, direct or stage
+ * (usage errors); --gpu-path direct on a UCX that is not CUDA-aware is a
+ * startup error that says so. */
 static void test_device_option(void **state)
 {
+	const char *const bad[3][3] = {
+		{ "--device", "gpu0", "--device 'gpu0': not cpu or cuda:N" },
+		{ "--gpu-path", "gpudirect", "--gpu-path 'gpudirect': not auto, "
+		  "direct or stage" },
+		{ "--gpu-path", "direct", "--gpu-path direct: this UCX" },
+	};
 	pid_t pid;
+	int i;
 
 	(void)state;
 	start_all();
-	pid = relay_start(log_b, "--socket", B.sock, "--connect", port_s,
-			  "--mirror", "m/", "--key-file", keyfile,
-			  "--device", "gpu0", (char *)NULL);
-	assert_int_equal(harness_wait(pid), 2);   /* a usage error */
-	assert_true(log_has(log_b, "--device 'gpu0': not cpu or cuda:N"));
+	for (i = 0; i < 3; i++) {
+		pid = relay_start(log_b, "--socket", B.sock, "--connect", port_s,
+				  "--mirror", "m/", "--key-file", keyfile,
+				  bad[i][0], bad[i][1], (char *)NULL);
+		/* 2: a usage error; 1: could not start */
+		assert_int_equal(harness_wait(pid), i < 2 ? 2 : 1);
+		assert_true(log_has(log_b, bad[i][2]));
+	}
+	assert_true(log_has(log_b, "cannot register CUDA memory"));
 	stop_all();
 }
 
@@ -740,29 +753,6 @@ static void test_direct_deleted_during_pull(void **state)
 	stop_all();
 }
 
-/* --gpu-path: direct on a UCX that is not CUDA-aware is a startup error
- * that says so; a word other than auto, direct or stage a usage error. */
-static void test_gpu_path_option(void **state)
-{
-	pid_t pid;
-
-	(void)state;
-	start_all();
-	pid = relay_start(log_b, "--socket", B.sock, "--connect", port_s,
-			  "--mirror", "m/", "--key-file", keyfile,
-			  "--gpu-path", "direct", (char *)NULL);
-	assert_int_equal(harness_wait(pid), 1);
-	assert_true(log_has(log_b, "--gpu-path direct: this UCX"));
-	assert_true(log_has(log_b, "cannot register CUDA memory"));
-	pid = relay_start(log_b, "--socket", B.sock, "--connect", port_s,
-			  "--mirror", "m/", "--key-file", keyfile,
-			  "--gpu-path", "gpudirect", (char *)NULL);
-	assert_int_equal(harness_wait(pid), 2);
-	assert_true(log_has(log_b, "--gpu-path 'gpudirect': not auto, direct "
-			    "or stage"));
-	stop_all();
-}
-
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -780,7 +770,6 @@ int main(void)
 		cmocka_unit_test(test_direct_fallback),
 		cmocka_unit_test(test_direct_kill_mid_transfer),
 		cmocka_unit_test(test_direct_deleted_during_pull),
-		cmocka_unit_test(test_gpu_path_option),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
