@@ -533,6 +533,18 @@ static void prom_paths(char *mf_a, char *mf_b, size_t n)
 	snprintf(mf_b, n, "%s/relay-b.prom", B.dir);
 }
 
+/* Both daemons, and both relays capable, B's with --device dev,
+ * --chunk-size chunk and --max-inflight inflight; their metrics files
+ * into mf_a and mf_b (160 bytes). */
+static void start_direct(char *mf_a, char *mf_b, const char *dev,
+			 const char *chunk, const char *inflight)
+{
+	start_all();
+	prom_paths(mf_a, mf_b, 160);
+	restart_a(true, mf_a);
+	relay_b = start_b_direct(true, mf_b, dev, chunk, inflight);
+}
+
 /* dlshare_relay_device_versions_total{side,path} in text. */
 static double devv(const char *text, const char *side, const char *path)
 {
@@ -580,10 +592,7 @@ static void test_direct_device_to_device(void **state)
 					   (small ? 8192 : 65536));
 		total += bytes[i];
 	}
-	start_all();
-	prom_paths(mf_a, mf_b, sizeof(mf_a));
-	restart_a(true, mf_a);
-	relay_b = start_b_direct(true, mf_b, "cuda:0", "64K", "4");
+	start_direct(mf_a, mf_b, "cuda:0", "64K", "4");
 	publish_dev("m/direct", n, bytes, NULL, 91);
 	v = expect_dev("m/direct", 0, n, bytes, 91);
 	publish_dev("m/direct", n, bytes, NULL, 92);
@@ -614,10 +623,7 @@ static void test_direct_to_host(void **state)
 	char mf_a[160], mf_b[160];
 
 	(void)state;
-	start_all();
-	prom_paths(mf_a, mf_b, sizeof(mf_a));
-	restart_a(true, mf_a);
-	relay_b = start_b_direct(true, mf_b, "cpu", "16K", "2");
+	start_direct(mf_a, mf_b, "cpu", "16K", "2");
 	publish_dev("m/dhost", 3, bytes, NULL, 93);
 	expect("m/dhost", 0, 3, bytes, NULL, 93);
 	{
@@ -698,10 +704,7 @@ static void test_direct_kill_mid_transfer(void **state)
 	char mf_a[160], mf_b[160], *t;
 
 	(void)state;
-	start_all();
-	prom_paths(mf_a, mf_b, sizeof(mf_a));
-	restart_a(true, mf_a);
-	relay_b = start_b_direct(true, mf_b, "cuda:0", "4K", "1");
+	start_direct(mf_a, mf_b, "cuda:0", "4K", "1");
 	publish_dev("m/dslow", 2, bytes, NULL, 97);
 	kill_mid_pull(&relay_b, "m/dslow");
 	wait_b_buffers(0);
@@ -736,10 +739,7 @@ static void test_direct_deleted_during_pull(void **state)
 	char mf_a[160], mf_b[160];
 
 	(void)state;
-	start_all();
-	prom_paths(mf_a, mf_b, sizeof(mf_a));
-	restart_a(true, mf_a);
-	relay_b = start_b_direct(true, mf_b, "cuda:0", "4K", "1");
+	start_direct(mf_a, mf_b, "cuda:0", "4K", "1");
 	publish_dev("m/dgone", 1, bytes, NULL, 98);
 	wait_b_buffers(1);
 	wait_transfer();
