@@ -57,6 +57,10 @@ static const struct opt opts[] = {
 	{ "device", 0, OPT_STR, "cpu|cuda:N", 1, 16, CFG(device_str),
 	  "where mirrored device versions are created (default cpu: as host "
 	  "versions)" },
+	{ "gpu-path", 0, OPT_STR, "auto|direct|stage", 1, 16, CFG(gpu_path_str),
+	  "device versions: straight between GPUs where both relays' UCX is "
+	  "CUDA-aware, else staged (auto, the default); direct: fail to start "
+	  "without a CUDA-aware UCX; stage: always staged" },
 	{ "stage-slots", 0, OPT_U32, "N", 2, 32, CFG(stage_slots),
 	  "pinned host chunks (of --chunk-size) staging one device version "
 	  "being served (default 4)" },
@@ -443,6 +447,17 @@ int config_parse(struct relay_config *c, int argc, char **argv, FILE *out,
 			return -1;
 		}
 		c->device = (int)d;
+	}
+	if (!c->gpu_path_str || !strcmp(c->gpu_path_str, "auto")) {
+		c->gpu_path = GPU_PATH_AUTO;
+	} else if (!strcmp(c->gpu_path_str, "direct")) {
+		c->gpu_path = GPU_PATH_DIRECT;
+	} else if (!strcmp(c->gpu_path_str, "stage")) {
+		c->gpu_path = GPU_PATH_STAGE;
+	} else {
+		fprintf(err, "dlshare-relay: --gpu-path '%s': not auto, direct "
+			"or stage\n", c->gpu_path_str);
+		return -1;
 	}
 	if (!c->key_file) {
 		fputs("dlshare-relay: --key-file is required\n", err);

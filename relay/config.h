@@ -9,6 +9,13 @@
 #define RELAY_MAX_CONNECT 16     /* --connect peers */
 #define RELAY_MAX_MIRROR 16      /* --mirror prefixes per --connect */
 
+/* How device versions travel (--gpu-path). */
+enum {
+	GPU_PATH_AUTO,    /* direct where both relays can, else staged */
+	GPU_PATH_DIRECT,  /* as auto, but this UCX must be CUDA-aware */
+	GPU_PATH_STAGE,   /* always staged through pinned host memory */
+};
+
 struct relay_peer_cfg {
 	char *addr;                      /* ADDR:PORT as given */
 	char *prefix[RELAY_MAX_MIRROR];
@@ -24,6 +31,9 @@ struct relay_config {
 	char *device_str;        /* --device: "cpu" (NULL) or "cuda:N" */
 	int device;              /* mirrored device versions: -1 host, else
 				  * this GPU ordinal */
+	char *gpu_path_str;      /* --gpu-path: "auto" (NULL), "direct",
+				  * "stage" */
+	int gpu_path;            /* GPU_PATH_* */
 	uint64_t chunk_size;     /* bytes per ucp_get_nbx */
 	uint64_t inline_max;     /* a version's bytes an offer may carry */
 	uint32_t max_inflight;   /* outstanding gets, all pulls together */

@@ -65,6 +65,8 @@ struct relay_metrics {
 	uint64_t serve_failed[RS_N];
 	uint64_t not_offered_threads;   /* serving threads' refusals; atomic */
 	uint64_t auth_failures;
+	uint64_t device_versions[2][2]; /* [side: 0 serve, 1 mirror]
+					 * [path: 0 stage, 1 direct] */
 	uint64_t next_ms;               /* the next write */
 	bool warned;
 };
@@ -154,6 +156,11 @@ struct sub {
 	unsigned stg_nq;          /* under r->mu */
 	bool stg_queued;          /* on r->chunky; under r->mu */
 	struct sub *next_chunky;  /* under r->mu */
+	/* a device version got straight from device memory (direct.c) */
+	bool direct;              /* set at SUBSCRIBE: both relays said
+				   * CAPS_DEVICE_GET; immutable */
+	bool direct_offer;        /* the offer is of device memory; set by
+				   * the thread before SUB_READY */
 	uint32_t stg_out;         /* slots sent to the peer, not yet freed;
 				   * loop only */
 	bool stg_failed;          /* staging failed: the loop tells the peer
@@ -245,6 +252,10 @@ struct pull {
 	/* --device cuda:N: gets land in this pinned ring (the slots'
 	 * layout), then are copied host→device on mstream (stage.c) */
 	void *mring, *mstream;
+	/* an OFFER_DEVICE (direct.c): gets from the peer's device memory,
+	 * into the writer's device memory (wmemh, registered) or host */
+	bool direct;
+	ucp_mem_h wmemh;
 	unsigned copies;          /* host functions queued (loop) */
 	unsigned copies_done;     /* ... and run (atomic) */
 	char aborted[160];        /* the origin's ABORT (minor 7) of a busy
@@ -292,6 +303,9 @@ struct conn {
 	ucs_status_t lost;        /* the endpoint failed (UCS_OK: no) */
 	unsigned recvs;           /* rendezvous receives outstanding */
 	unsigned ndeleting;       /* mirror: DELETEDs not yet answered */
+	uint32_t peer_caps;       /* the peer's CAPS (0: none, or minor < 8) */
+	bool caps_got;            /* its CAPS came (at most one) */
+	uint32_t caps_sent;       /* what our CAPS said */
 };
 
 struct upstream {
@@ -332,6 +346,10 @@ struct relay {
 	uint64_t authlog_start;
 	uint32_t authlog_n, authlog_dropped;
 	bool stop;
+	/* direct.c: whether this relay says CAPS_DEVICE_GET, and the UCX
+	 * memory type it registers device memory as */
+	bool gpu_direct;
+	ucs_memory_type_t dev_mem_type;
 	pthread_mutex_t mu;
 	struct sub *ready;        /* under mu */
 	struct sub *chunky;       /* subs with staged chunks to send; under mu */
@@ -390,6 +408,30 @@ void *mirror_worker(void *arg);
 void mirror_msg(struct relay *r, struct conn *c, uint16_t type,
 		struct rbuf *rb, struct inmsg **msg);
 
+/* direct.c: device versions straight between device memories */
+
+/* After ucx_init: whether this relay can register device memory (its UCX
+ * context's memory types hold CUDA, or the test hook), and what
+ * --gpu-path makes of it. Returns 0, or -1 after logging why --gpu-path
+ * direct cannot be had. */
+int direct_init(struct relay *r);
+/* The CAPS flags this relay says to a peer. */
+uint32_t direct_caps(const struct relay *r);
+/* Sends our CAPS to c (a peer of minor >= 8). */
+void direct_caps_send(struct relay *r, struct conn *c);
+/* A CAPS from c. Returns 0, or -1 (a second one: a protocol error). */
+int direct_caps_recv(struct relay *r, struct conn *c, struct rbuf *rb);
+/* Registers len bytes at addr, memory of the given type (host, or
+ * r->dev_mem_type for device memory), for gets (prot: UCP's LOCAL/REMOTE
+ * READ/WRITE bits). Returns UCS_OK or the UCX error. */
+ucs_status_t direct_map(struct relay *r, void *addr, uint64_t len,
+			unsigned prot, ucs_memory_type_t type, ucp_mem_h *out);
+/* Mirroring side, loop: p's writer is of device memory: registers its
+ * buffer, into which the gets go. Returns 0 or -1 (p->why set). */
+int direct_pull_map(struct relay *r, struct pull *p);
+/* Mirroring side, loop: p's registration goes (before its seal). */
+void direct_pull_unmap(struct relay *r, struct pull *p);
+
 /* metrics.c: --metrics-file */
 
 /* Writes the file when --metrics-interval-s passed since the last write,
@@ -400,9 +442,12 @@ enum relay_fail metrics_reason_of(const char *why);
 
 /* stage.c: device versions through pinned host memory */
 
-/* Thread of s: b holds device tensors. Loads CUDA, allocates s's ring (once
- * per subscription), orders its stream after the producer's work. Returns
- * 0 (s->staged set), or -1 after logging why b cannot be offered. */
+/* Thread of s: b holds device tensors. Loads CUDA, makes s's stream and,
+ * unless s->direct, its ring (once per subscription), and orders the
+ * stream after the producer's work: a staged offer's copies wait for it,
+ * a direct one's gets after the host waited for it here. Returns 0
+ * (s->staged or s->direct_offer set), or -1 after logging why b cannot be
+ * offered. */
 int stage_prepare(struct sub *s, dlshare_bundle *b);
 /* Thread of s, r->mu held: copies chunks of b into free slots and queues
  * them for the loop until the loop released s. */
@@ -433,7 +478,8 @@ void stage_pump(struct relay *r, struct pull *p);
 /* Mirroring side, loop: nothing of p is outstanding (gets, copies). */
 bool stage_idle(struct pull *p);
 /* Mirroring side, daemon worker: after the create of a pull into a GPU,
- * its pinned ring and stream. Returns 0 or -1 (p->why set). */
+ * its stream (the seal's) and, for a staged pull, its pinned ring.
+ * Returns 0 or -1 (p->why set). */
 int stage_mirror_setup(struct relay *r, struct pull *p);
 /* Mirroring side, daemon worker: waits for p's copies, frees the ring. */
 void stage_mirror_teardown(struct pull *p);

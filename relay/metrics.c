@@ -52,6 +52,7 @@ enum relay_fail metrics_reason_of(const char *why)
 		{ "the writer has", RF_DAEMON },
 		{ "get:", RF_TRANSFER },
 		{ "rkey:", RF_TRANSFER },
+		{ "register:", RF_TRANSFER },
 		{ "host-to-device copy:", RF_CUDA },
 		{ "staging on GPU", RF_CUDA },
 		{ "the peer's staging ring", RF_CUDA },
@@ -195,6 +196,17 @@ static int render(struct relay *r, struct out *o)
 	       "Failed authentications, either way (logged or not).");
 	put(o, "dlshare_relay_auth_failures_total %" PRIu64 "\n",
 	    m->auth_failures);
+	family(o, "dlshare_relay_device_versions_total", "counter",
+	       "Device versions moved, by side and by path: direct (device "
+	       "memory registered with UCX) or stage (pinned host chunks).");
+	for (i = 0; i < 4; i++)
+		put(o, "dlshare_relay_device_versions_total{side=\"%s\","
+		    "path=\"%s\"} %" PRIu64 "\n", i / 2 ? "mirror" : "serve",
+		    i % 2 ? "direct" : "stage", m->device_versions[i / 2][i % 2]);
+	family(o, "dlshare_relay_gpu_direct_capable", "gauge",
+	       "1 when this relay says it gets and serves device memory "
+	       "directly (a CUDA-aware UCX, --gpu-path not stage), else 0.");
+	put(o, "dlshare_relay_gpu_direct_capable %d\n", r->gpu_direct ? 1 : 0);
 	family(o, "dlshare_relay_staging_slots_in_use", "gauge",
 	       "Pinned staging slots holding a device version's bytes.");
 	put(o, "dlshare_relay_staging_slots_in_use{side=\"serve\"} %" PRIu64

@@ -62,6 +62,9 @@ static void pull_post(struct relay *r, struct pull *p)
 /* p has no get outstanding: seal it, or abort it, on the worker. */
 void mirror_close(struct relay *r, struct pull *p)
 {
+	/* no get writes into the writer any more: its registration goes
+	 * before the seal drops the mapping */
+	direct_pull_unmap(r, p);
 	p->st = P_CLOSING;
 	pull_post(r, p);
 }
@@ -202,7 +205,7 @@ void *mirror_worker(void *arg)
 			dlshare_create_opts co = { 0 };
 
 			co.device.device_type = kDLCPU;
-			if (p->staged && r->cfg->device >= 0) {
+			if ((p->staged || p->direct) && r->cfg->device >= 0) {
 				/* --device cuda:N: a device version there */
 				co.device.device_type = kDLCUDA;
 				co.device.device_id = r->cfg->device;
@@ -339,6 +342,8 @@ void mirror_done(struct relay *r)
 		} else {
 			r->m.mirrored++;
 			r->m.pulled_bytes += p->bytes;
+			if (p->staged || p->direct)
+				r->m.device_versions[1][p->direct]++;
 			nv_set(&r->known, p->name, p->origin_version);
 			log_info("mirror %s: origin version %" PRIu64 " from %s is "
 				 "local version %" PRIu64 " (%" PRIu64 " bytes%s)",
@@ -383,6 +388,13 @@ static void pull_pump(struct relay *r, struct pull *p)
 				  UCP_OP_ATTR_FIELD_USER_DATA;
 		rp.cb.send = get_cb;
 		rp.user_data = p;
+		if (p->wmemh) {
+			/* into the writer's device buffer (direct.c) */
+			rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH |
+					   UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+			rp.memh = p->wmemh;
+			rp.memory_type = r->dev_mem_type;
+		}
 		sp = ucp_get_nbx(p->c->ep, j->dst + p->cur_off, len,
 				 j->src + p->cur_off, p->regions[j->region].rkey,
 				 &rp);
@@ -436,7 +448,6 @@ static void pull_start(struct relay *r, struct pull *p)
 {
 	uint32_t i;
 
-	(void)r;
 	p->st = P_PULLING;
 	if (dlshare_writer_count(p->w) != p->ntensors) {
 		snprintf(p->why, sizeof(p->why), "the writer has %zu tensors, "
@@ -463,6 +474,8 @@ static void pull_start(struct relay *r, struct pull *p)
 		p->bytes = p->stream_len;
 		return;
 	}
+	if (!p->failed && direct_pull_map(r, p))
+		p->failed = true;
 	/* Jobs: one per tensor, merged with the one before when both sides
 	 * continue it across the same padding (the library lays bundles out
 	 * alike on both nodes, so a state dict becomes a few large gets). */
@@ -500,8 +513,9 @@ static void pull_start(struct relay *r, struct pull *p)
 
 /* Takes an OFFER (msg, owned) from c. Returns 0, or -1 after failing c. */
 static int offer_take(struct relay *r, struct conn *c, void *msg,
-		      struct rbuf *rb, bool staged)
+		      struct rbuf *rb, uint16_t type)
 {
+	bool staged = type == MSG_OFFER_STAGED;
 	const struct relay_peer_cfg *pc = &r->cfg->peers[c->upstream];
 	struct pull *p = calloc(1, sizeof(*p));
 	dlshare_tensor_spec *spec = NULL;
@@ -537,6 +551,12 @@ static int offer_take(struct relay *r, struct conn *c, void *msg,
 	}
 	if (rb->bad || !nl || nl > 255) {
 		bad = "a malformed offer";
+		goto proto;
+	}
+	p->direct = type == MSG_OFFER_DEVICE;
+	if (p->direct && !(c->caps_sent & CAPS_DEVICE_GET)) {
+		bad = "an offer of device memory, and this relay said it "
+		      "cannot get device memory";
 		goto proto;
 	}
 	if (staged && (p->nregions != 1 || !p->nslots ||
@@ -590,6 +610,10 @@ static int offer_take(struct relay *r, struct conn *c, void *msg,
 		g->addr = rbuf_u64(rb);
 		g->len = rbuf_u64(rb);
 		g->rkey_len = rbuf_u32(rb);
+		if (!rb->bad && !g->rkey_len && p->direct) {
+			bad = "an inline region in an offer of device memory";
+			goto proto;
+		}
 		if (!rb->bad && !g->rkey_len) {
 			/* inline (1.6): the region's bytes follow */
 			if (g->len > rbuf_left(rb)) {
@@ -785,7 +809,7 @@ void mirror_msg(struct relay *r, struct conn *c, uint16_t type,
 		if (type != MSG_PROOF_S)
 			goto unexpected;
 		major = rbuf_u16(rb);
-		(void)rbuf_u16(rb);
+		c->peer_minor = rbuf_u16(rb);
 		nonce = rbuf_bytes(rb, RELAY_NONCE_LEN);
 		theirs = rbuf_bytes(rb, SHA256_LEN);
 		if (rb->bad || rbuf_left(rb))
@@ -830,6 +854,10 @@ void mirror_msg(struct relay *r, struct conn *c, uint16_t type,
 		r->up[c->upstream].backoff_ms = BACKOFF_MIN_MS;
 		r->up[c->upstream].warned = false;
 		log_info("connected to %s (node %s)", c->peer, c->node);
+		/* before the SUBSCRIBEs: the server decides with it how the
+		 * subscriptions' device versions travel */
+		if (c->peer_minor >= 8)
+			direct_caps_send(r, c);
 		for (i = 0; i < pc->nprefix; i++) {
 			size_t pl = strlen(pc->prefix[i]);
 
@@ -847,11 +875,17 @@ void mirror_msg(struct relay *r, struct conn *c, uint16_t type,
 	case C_DEAD:
 		return;
 	}
-	if (type == MSG_OFFER || type == MSG_OFFER_STAGED) {
+	if (type == MSG_OFFER || type == MSG_OFFER_STAGED ||
+	    type == MSG_OFFER_DEVICE) {
 		struct inmsg *m = *msg;
 
 		*msg = NULL;
-		offer_take(r, c, m, rb, type == MSG_OFFER_STAGED);
+		offer_take(r, c, m, rb, type);
+		return;
+	}
+	if (type == MSG_CAPS) {
+		if (direct_caps_recv(r, c, rb))
+			goto malformed;
 		return;
 	}
 	if (type == MSG_CHUNK) {

@@ -12,8 +12,9 @@
 #define RELAY_HDR_LEN 12
 #define RELAY_AM_ID 0x44         /* the UCP active message id of every message */
 #define RELAY_PROTO_MAJOR 1
-#define RELAY_PROTO_MINOR 7   /* 6: staged (device) offers, inline versions;
-			       * 7: DELETED, ABORT, REFUSED */
+#define RELAY_PROTO_MINOR 8   /* 6: staged (device) offers, inline versions;
+			       * 7: DELETED, ABORT, REFUSED;
+			       * 8: CAPS, OFFER_DEVICE */
 #define RELAY_NONCE_LEN 32
 #define RELAY_NODE_MAX 64        /* bytes of a node name */
 #define RELAY_PREFIX_MAX 255     /* bytes of a mirrored prefix */
@@ -40,6 +41,17 @@ enum relay_msg_type {
 			    * name deleted at the origin */
 	MSG_DELETED_DONE = 13, /* mirror -> server: sub id: one DELETED of
 				* it was handled */
+	MSG_CAPS = 16,     /* either way (minor >= 8), once, right after
+			    * WELCOME: u32 flags (CAPS_*) */
+	MSG_OFFER_DEVICE = 17, /* server -> mirror (minor >= 8, both said
+				* CAPS_DEVICE_GET): as OFFER, its rkeys of
+				* device memory */
+};
+
+/* CAPS flags; bits a relay does not know are ignored. */
+enum {
+	CAPS_DEVICE_GET = 1u << 0, /* registers device (CUDA) memory with UCX
+				    * and gets from and into it */
 };
 
 /* DONE status. */

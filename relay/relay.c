@@ -827,7 +827,7 @@ int relay_run(const struct relay_config *cfg)
 		goto out;
 	}
 	r->worker_started = true;
-	if (ucx_init(r))
+	if (ucx_init(r) || direct_init(r))
 		goto out;
 	if (cfg->listen && listen_start(r))
 		goto out;

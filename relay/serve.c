@@ -73,6 +73,7 @@ static bool sub_offer(struct sub *s, dlshare_bundle *b, const char *name_in)
 	snprintf(s->hot, sizeof(s->hot), "%s", name);
 	snprintf(s->last, sizeof(s->last), "%s", name);
 	s->staged = false;
+	s->direct_offer = false;
 	if (dlshare_bundle_count(b) && dlshare_bundle_tensor(b, 0) &&
 	    dlshare_bundle_tensor(b, 0)->device.device_type == kDLCUDA &&
 	    stage_prepare(s, b)) {
@@ -472,6 +473,7 @@ void serve_release(struct relay *r, struct sub *s)
 	s->stg_out = 0;
 	pthread_mutex_lock(&r->mu);
 	s->staged = false;
+	s->direct_offer = false;
 	if (s->state == SUB_READY) {
 		for (pp = &r->ready; *pp; pp = &(*pp)->next_ready)
 			if (*pp == s) {
@@ -633,8 +635,10 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 			stream_len += nb;
 			continue;
 		}
+		/* device tensors only by OFFER_DEVICE (stage_prepare
+		 * checked them all) */
 		if (t->device.device_type != kDLCPU &&
-		    t->device.device_type != kDLCUDAHost) {
+		    t->device.device_type != kDLCUDAHost && !s->direct_offer) {
 			why = "a device tensor (the relay moves host tensors)";
 			goto out;
 		}
@@ -670,14 +674,17 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 		reg_addr[0] = (uint64_t)(uintptr_t)ring;
 		nreg = 1;
 	}
-	/* Tensors whose bytes touch the same or the next page belong to one
-	 * mapping: one registration covers them, with no hole. */
+	/* Host tensors whose bytes touch the same or the next page belong to
+	 * one mapping: one registration covers them, with no hole. Device
+	 * tensors only when they overlap: two allocations of a GPU may lie
+	 * side by side, and one registration cannot span both. */
 	for (i = 0; i < nspan; i++) {
 		uint64_t end = sp[i].addr + sp[i].len;
 
 		if (nreg) {
 			uint64_t cur_end = reg_addr[nreg - 1] + reg_len[nreg - 1];
-			uint64_t page_end = (cur_end + 4095) & ~(uint64_t)4095;
+			uint64_t page_end = s->direct_offer ? cur_end - 1 :
+					    (cur_end + 4095) & ~(uint64_t)4095;
 
 			if (sp[i].addr <= page_end) {
 				if (end > cur_end)
@@ -692,10 +699,12 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 		nreg++;
 	}
 
-	/* a staged (device) version is copied through the ring, never
-	 * inline: offer_inline reads host memory */
-	inl = !s->staged && offer_inline(r, c, reg_len, nreg);
-	wbuf_start(&w, s->staged ? MSG_OFFER_STAGED : MSG_OFFER);
+	/* a device version is copied through the ring or got from device
+	 * memory, never inline: offer_inline reads host memory */
+	inl = !s->staged && !s->direct_offer &&
+	      offer_inline(r, c, reg_len, nreg);
+	wbuf_start(&w, s->staged ? MSG_OFFER_STAGED :
+		   s->direct_offer ? MSG_OFFER_DEVICE : MSG_OFFER);
 	wbuf_u32(&w, s->sub_id);
 	s->offer_id = ++r->next_offer;
 	wbuf_u64(&w, s->offer_id);
@@ -709,7 +718,8 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 		wbuf_u32(&w, slot_size);
 	}
 	for (i = 0; i < nreg; i++) {
-		ucp_mem_map_params_t mp = { 0 };
+		unsigned prot = UCP_MEM_MAP_PROT_LOCAL_READ |
+				UCP_MEM_MAP_PROT_REMOTE_READ;
 		void *rk = NULL;
 		size_t rklen = 0;
 		ucs_status_t st;
@@ -721,14 +731,9 @@ static int offer_send(struct relay *r, struct conn *c, struct sub *s)
 		/* read-only both here (the lease's mapping is) and for the
 		 * peer: its rkey allows gets, never puts (a staging ring is
 		 * written by CUDA, not through UCX) */
-		mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
-				UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-				UCP_MEM_MAP_PARAM_FIELD_PROT;
-		mp.prot = UCP_MEM_MAP_PROT_LOCAL_READ |
-			  UCP_MEM_MAP_PROT_REMOTE_READ;
-		mp.address = (void *)(uintptr_t)reg_addr[i];
-		mp.length = reg_len[i];
-		st = ucp_mem_map(r->ctx, &mp, &s->memh[i]);
+		st = direct_map(r, (void *)(uintptr_t)reg_addr[i], reg_len[i],
+				prot, s->direct_offer ? r->dev_mem_type :
+				UCS_MEMORY_TYPE_HOST, &s->memh[i]);
 		if (st != UCS_OK) {
 			why = ucs_status_string(st);
 			free(w.p);
@@ -958,12 +963,18 @@ void serve_msg(struct relay *r, struct conn *c, uint16_t type,
 		wbuf_start(&w, MSG_WELCOME);
 		wbuf_u8(&w, (uint8_t)nl);
 		wbuf_bytes(&w, r->node, nl);
-		conn_send(c, &w);
+		if (!conn_send(c, &w) && c->peer_minor >= 8)
+			direct_caps_send(r, c);
 		return;
 	}
 	case C_READY:
 		break;
 	case C_DEAD:
+		return;
+	}
+	if (type == MSG_CAPS) {
+		if (direct_caps_recv(r, c, rb))
+			goto malformed;
 		return;
 	}
 	if (type == MSG_SUBSCRIBE) {
@@ -994,6 +1005,8 @@ void serve_msg(struct relay *r, struct conn *c, uint16_t type,
 		memcpy(s->prefix, pfx, pl);
 		s->prefix[pl] = 0;
 		s->state = SUB_SCAN;
+		/* a mirror of minor >= 8 sent its CAPS before any SUBSCRIBE */
+		s->direct = (direct_caps(r) & c->peer_caps & CAPS_DEVICE_GET) != 0;
 		pthread_cond_init(&s->cv, NULL);
 		pthread_cond_init(&s->hcv, NULL);
 		pthread_mutex_init(&s->olock, NULL);
@@ -1030,6 +1043,8 @@ void serve_msg(struct relay *r, struct conn *c, uint16_t type,
 		if (status == DONE_OK) {
 			r->m.served++;
 			r->m.served_bytes += s->offer_bytes;
+			if (s->staged || s->direct_offer)
+				r->m.device_versions[0][s->direct_offer]++;
 		}
 		s->offer_id = 0;
 		serve_release(r, s);

@@ -162,7 +162,9 @@ int stage_prepare(struct sub *s, dlshare_bundle *b)
 		e = rt.set_device(device);
 		if (!e)
 			e = rt.stream_create(&g->stream, CUDA_STREAM_NON_BLOCKING);
-		if (!e)
+		/* a direct subscription's peer gets the device memory
+		 * itself (direct.c): no ring */
+		if (!e && !s->direct)
 			e = rt.malloc_host(&g->ring,
 					   (size_t)g->nslots * g->slot_size);
 		if (e) {
@@ -171,21 +173,33 @@ int stage_prepare(struct sub *s, dlshare_bundle *b)
 			stage_free(s);
 			goto refuse;
 		}
-		log_info("serving '%s': device versions of GPU %d staged "
-			 "through %u pinned chunks of %u bytes", s->prefix,
-			 device, g->nslots, g->slot_size);
+		if (s->direct)
+			log_info("serving '%s': device versions of GPU %d go "
+				 "direct, their memory registered with UCX",
+				 s->prefix, device);
+		else
+			log_info("serving '%s': device versions of GPU %d staged "
+				 "through %u pinned chunks of %u bytes", s->prefix,
+				 device, g->nslots, g->slot_size);
 	}
-	/* the copies wait for the producer's writes (its event) */
+	/* the copies wait for the producer's writes (its event); the peer's
+	 * gets of a direct offer cannot, so this thread waits before it
+	 * hands the lease to the loop */
 	e = dlshare_bundle_wait(b, g->stream);
-	if (e) {
+	if (!e && s->direct && (e = rt.stream_sync(g->stream)))
+		why = cuda_str(e);
+	else if (e)
 		why = dlshare_strerror(e);
+	if (e)
 		goto refuse;
-	}
 	g->cur_t = 0;
 	g->cur_toff = 0;
 	g->pos = 0;
 	g->len = len;
-	s->staged = true;
+	if (s->direct)
+		s->direct_offer = true;
+	else
+		s->staged = true;
 	return 0;
 refuse:
 	__atomic_add_fetch(&r->m.not_offered_threads, 1, __ATOMIC_RELAXED);
@@ -636,6 +650,8 @@ int stage_mirror_setup(struct relay *r, struct pull *p)
 	uint64_t limit = (uint64_t)r->cfg->stage_slots * r->cfg->chunk_size;
 	int e;
 
+	/* a direct pull (nslots 0) needs the seal's stream alone: the gets
+	 * write the device buffer themselves */
 	/* the peer names the ring's size: pinned memory here is bounded by
 	 * this relay's own staging settings, not by the peer's */
 	if (ring > limit) {
@@ -653,7 +669,7 @@ int stage_mirror_setup(struct relay *r, struct pull *p)
 	e = rt.set_device(r->cfg->device);
 	if (!e)
 		e = rt.stream_create(&p->mstream, CUDA_STREAM_NON_BLOCKING);
-	if (!e)
+	if (!e && !p->direct)
 		e = rt.malloc_host(&p->mring, (size_t)p->nslots * p->slot_size);
 	if (e) {
 		p->mring = NULL;

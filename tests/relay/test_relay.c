@@ -111,6 +111,7 @@ static const char *a_slots = "4";        /* A's --stage-slots */
 static const char *a_peers = "64";       /* A's --max-peers */
 static const char *a_msg = "64M";        /* A's --max-message */
 static const char *a_metrics;            /* A's --metrics-file (1 s) */
+static const char *a_gpu_path = "auto";  /* A's --gpu-path */
 static const char *a_scan = "50";        /* A's --scan-interval-ms */
 static const char *const *a_daemon;      /* A's daemon's arguments */
 
@@ -123,6 +124,7 @@ static pid_t start_a(void)
 			   a_timeout, "--auth-timeout-ms", "1000",
 			   "--chunk-size", a_chunk, "--stage-slots", a_slots,
 			   "--max-peers", a_peers, "--max-message", a_msg,
+			   "--gpu-path", a_gpu_path,
 			   a_metrics ? "--metrics-interval-s" : NULL, "1",
 			   "--metrics-file", a_metrics, (char *)NULL);
 }
@@ -1480,6 +1482,37 @@ static void test_max_subscriptions_minor6(void **state)
 	stop_all();
 }
 
+/* CAPS (relay minor 8): A sends its CAPS after WELCOME to a mirror of
+ * minor 8, none to one of minor 7 (it offers a version there without);
+ * a mirror's second CAPS is a protocol error that closes it. */
+static void test_caps(void **state)
+{
+	const char *const pfx[1] = { "m/" };
+	uint64_t bytes[1] = { 100 };
+	struct old_mirror m;
+	struct wbuf w;
+	int i;
+
+	(void)state;
+	start_all();
+	publish("m/caps", 1, bytes, NULL, 95);
+	old_start(&m, 7, pfx, 1);
+	assert_true(old_wait(&m, MSG_OFFER));
+	assert_false(old_got(&m, MSG_CAPS));
+	old_stop(&m);
+	old_start(&m, 8, pfx, 0);
+	assert_true(old_wait(&m, MSG_CAPS));
+	for (i = 0; i < 2; i++) {
+		wbuf_start(&w, MSG_CAPS);
+		wbuf_u32(&w, 0);
+		old_send(&m, &w);
+	}
+	assert_false(old_wait(&m, 0xffff));   /* closed */
+	assert_true(log_has(log_a, "malformed message of type 16"));
+	old_stop(&m);
+	stop_all();
+}
+
 /* ---- Watch (daemon 1.6) and deletions (relay protocol 1.7) ---------------- */
 
 /* A new version of a name that is not the prefix's last changed one is
@@ -1678,6 +1711,7 @@ int main(void)
 		cmocka_unit_test(test_hostile_ucx),
 		cmocka_unit_test(test_max_subscriptions),
 		cmocka_unit_test(test_max_subscriptions_minor6),
+		cmocka_unit_test(test_caps),
 		cmocka_unit_test(test_metrics),
 		cmocka_unit_test(test_metrics_promtool),
 		cmocka_unit_test(test_watch_not_last),

@@ -11,6 +11,7 @@
 #include "test_relay.c"
 
 #include <inttypes.h>
+#include <stdbool.h>
 
 #include <cuda_runtime_api.h>
 
@@ -167,18 +168,31 @@ static void test_device_to_device(void **state)
 	free(bytes);
 }
 
-/* --device takes cpu or cuda:N only. */
+/* --device takes cpu or cuda:N only, --gpu-path auto, direct or stage
+ * (usage errors); --gpu-path direct on a UCX that is not CUDA-aware is a
+ * startup error that says so. */
 static void test_device_option(void **state)
 {
+	const char *const bad[3][3] = {
+		{ "--device", "gpu0", "--device 'gpu0': not cpu or cuda:N" },
+		{ "--gpu-path", "gpudirect", "--gpu-path 'gpudirect': not auto, "
+		  "direct or stage" },
+		{ "--gpu-path", "direct", "--gpu-path direct: this UCX" },
+	};
 	pid_t pid;
+	int i;
 
 	(void)state;
 	start_all();
-	pid = relay_start(log_b, "--socket", B.sock, "--connect", port_s,
-			  "--mirror", "m/", "--key-file", keyfile,
-			  "--device", "gpu0", (char *)NULL);
-	assert_int_equal(harness_wait(pid), 2);   /* a usage error */
-	assert_true(log_has(log_b, "--device 'gpu0': not cpu or cuda:N"));
+	for (i = 0; i < 3; i++) {
+		pid = relay_start(log_b, "--socket", B.sock, "--connect", port_s,
+				  "--mirror", "m/", "--key-file", keyfile,
+				  bad[i][0], bad[i][1], (char *)NULL);
+		/* 2: a usage error; 1: could not start */
+		assert_int_equal(harness_wait(pid), i < 2 ? 2 : 1);
+		assert_true(log_has(log_b, bad[i][2]));
+	}
+	assert_true(log_has(log_b, "cannot register CUDA memory"));
 	stop_all();
 }
 
@@ -469,6 +483,276 @@ static void test_device_not_zero(void **state)
 	a_chunk = "4M";
 }
 
+/* ---- the direct path (relay minor 8, relay/direct.c) --------------------
+ *
+ * Debian's UCX is not CUDA-aware: DLSHARE_RELAY_DEVICE_MEMORY_IS_HOST=1 in
+ * a relay's environment makes it call itself capable and register
+ * fakecuda's device memory (host memory of its process) as host memory,
+ * so that what travels and when is the direct path's. */
+
+#define DIRECT_HOOK "DLSHARE_RELAY_DEVICE_MEMORY_IS_HOST"
+
+/* Starts A's relay (stopping the one start_all made) with the hook set or
+ * not, and --metrics-file mf. */
+static void restart_a(bool capable, const char *mf)
+{
+	stop(&relay_a);
+	assert_int_equal(truncate(log_a, 0), 0);   /* for "listening on" */
+	a_metrics = mf;
+	if (capable)
+		setenv(DIRECT_HOOK, "1", 1);
+	relay_a = start_a();
+	unsetenv(DIRECT_HOOK);
+	a_metrics = NULL;
+	assert_true(log_has(log_a, "listening on"));
+}
+
+/* B's relay, capable or not, with --metrics-file mf, --device dev,
+ * --chunk-size chunk and --max-inflight inflight. */
+static pid_t start_b_direct(bool capable, const char *mf, const char *dev,
+			    const char *chunk, const char *inflight)
+{
+	pid_t pid;
+
+	if (capable)
+		setenv(DIRECT_HOOK, "1", 1);
+	pid = relay_start(log_b, "--socket", B.sock, "--connect", port_s,
+			  "--mirror", "m/", "--key-file", keyfile,
+			  "--device", dev, "--chunk-size", chunk,
+			  "--max-inflight", inflight, "--reconnect-max-ms", "200",
+			  "--metrics-file", mf, "--metrics-interval-s", "1",
+			  (char *)NULL);
+	unsetenv(DIRECT_HOOK);
+	return pid;
+}
+
+/* The metrics files of A's and B's relays. */
+static void prom_paths(char *mf_a, char *mf_b, size_t n)
+{
+	snprintf(mf_a, n, "%s/relay-a.prom", A.dir);
+	snprintf(mf_b, n, "%s/relay-b.prom", B.dir);
+}
+
+/* Both daemons, and both relays capable, B's with --device dev,
+ * --chunk-size chunk and --max-inflight inflight; their metrics files
+ * into mf_a and mf_b (160 bytes). */
+static void start_direct(char *mf_a, char *mf_b, const char *dev,
+			 const char *chunk, const char *inflight)
+{
+	start_all();
+	prom_paths(mf_a, mf_b, 160);
+	restart_a(true, mf_a);
+	relay_b = start_b_direct(true, mf_b, dev, chunk, inflight);
+}
+
+/* dlshare_relay_device_versions_total{side,path} in text. */
+static double devv(const char *text, const char *side, const char *path)
+{
+	char series[160];
+
+	snprintf(series, sizeof(series), "dlshare_relay_device_versions_total"
+		 "{side=\"%s\",path=\"%s\"}", side, path);
+	return prom_value(text, series);
+}
+
+/* Waits until A's and B's relays counted want device versions of path on
+ * their side, and none of the other path. */
+static void expect_paths(const char *mf_a, const char *mf_b, const char *path,
+			 double want)
+{
+	const char *other = strcmp(path, "direct") ? "direct" : "stage";
+	char series[160], *t;
+
+	snprintf(series, sizeof(series), "dlshare_relay_device_versions_total"
+		 "{side=\"serve\",path=\"%s\"}", path);
+	t = prom_wait(mf_a, series, want);
+	assert_int_equal(devv(t, "serve", other), 0);
+	free(t);
+	snprintf(series, sizeof(series), "dlshare_relay_device_versions_total"
+		 "{side=\"mirror\",path=\"%s\"}", path);
+	t = prom_wait(mf_b, series, want);
+	assert_int_equal(devv(t, "mirror", other), 0);
+	free(t);
+}
+
+/* A device state dict from GPU to GPU, both relays capable: A offers its
+ * device memory (OFFER_DEVICE, no ring), B gets it in 64 KiB chunks
+ * straight into a device version on its GPU and seals; bit-exact, twice,
+ * and both relays' metrics say direct. */
+static void test_direct_device_to_device(void **state)
+{
+	size_t n = 120, i;
+	uint64_t *bytes = calloc(n, sizeof(*bytes)), total = 0;
+	char mf_a[160], mf_b[160], *t;
+	uint64_t v;
+
+	(void)state;
+	for (i = 0; i < n; i++) {
+		bytes[i] = i == 5 ? 0 : 4 * (1 + (i * 7919) %
+					   (small ? 8192 : 65536));
+		total += bytes[i];
+	}
+	start_direct(mf_a, mf_b, "cuda:0", "64K", "4");
+	publish_dev("m/direct", n, bytes, NULL, 91);
+	v = expect_dev("m/direct", 0, n, bytes, 91);
+	publish_dev("m/direct", n, bytes, NULL, 92);
+	expect_dev("m/direct", v, n, bytes, 92);
+	expect_paths(mf_a, mf_b, "direct", 2);
+	t = prom_wait(mf_b, "dlshare_relay_gpu_direct_capable", 1);
+	assert_int_equal(prom_value(t, "dlshare_relay_pulled_bytes_total"),
+			 2 * total);
+	free(t);
+	t = prom_wait(mf_a, "dlshare_relay_gpu_direct_capable", 1);
+	assert_int_equal(prom_value(t, "dlshare_relay_staging_slots_in_use"
+				    "{side=\"serve\"}"), 0);
+	free(t);
+	assert_true(log_has(log_a, "device versions of GPU 0 go direct"));
+	assert_true(log_has(log_b, "device versions go direct"));
+	log_lacks(log_a, "pinned chunks");
+	assert_int_equal(wait_leases(ca, 0), 0);
+	no_disconnects();
+	stop_all();
+	free(bytes);
+}
+
+/* Direct from A's device memory into a host version on B (--device cpu):
+ * the mirror's choice, as with staging. */
+static void test_direct_to_host(void **state)
+{
+	uint64_t bytes[3] = { 300000, 0, 4096 };
+	char mf_a[160], mf_b[160];
+
+	(void)state;
+	start_direct(mf_a, mf_b, "cpu", "16K", "2");
+	publish_dev("m/dhost", 3, bytes, NULL, 93);
+	expect("m/dhost", 0, 3, bytes, NULL, 93);
+	{
+		dlshare_bundle *b = NULL;
+
+		assert_int_equal(dlshare_get(cb, "m/dhost", NULL, &b), 0);
+		assert_int_equal(dlshare_bundle_tensor(b, 0)->device.device_type,
+				 kDLCPU);
+		dlshare_bundle_free(b);
+	}
+	expect_paths(mf_a, mf_b, "direct", 1);
+	assert_int_equal(wait_leases(ca, 0), 0);
+	no_disconnects();
+	stop_all();
+}
+
+/* One relay capable, the other not, either way round, and a capable one
+ * told --gpu-path stage: every device version is staged (CAPS says so),
+ * bit-exact; the capable side logs why. */
+static void test_direct_fallback(void **state)
+{
+	uint64_t bytes[2] = { 200000, 4096 };
+	char mf_a[160], mf_b[160], *t;
+	int round;
+
+	(void)state;
+	a_chunk = "64K";
+	for (round = 0; round < 3; round++) {
+		char name[32];
+
+		start_all();
+		prom_paths(mf_a, mf_b, sizeof(mf_a));
+		a_gpu_path = round == 2 ? "stage" : "auto";
+		restart_a(round != 1, mf_a);
+		a_gpu_path = "auto";
+		relay_b = start_b_direct(round != 0, mf_b, "cuda:0", "64K", "4");
+		snprintf(name, sizeof(name), "m/fallback%d", round);
+		publish_dev(name, 2, bytes, NULL, 94 + (uint32_t)round);
+		expect_dev(name, 0, 2, bytes, 94 + (uint32_t)round);
+		expect_paths(mf_a, mf_b, "stage", 1);
+		t = prom_wait(mf_a, "dlshare_relay_gpu_direct_capable",
+			      round == 0);
+		free(t);
+		t = prom_wait(mf_b, "dlshare_relay_gpu_direct_capable",
+			      round != 0);
+		free(t);
+		assert_true(log_has(round == 0 ? log_a : log_b, "its relay "
+				    "cannot get device memory"));
+		assert_true(log_has(log_a, "pinned chunks"));
+		assert_int_equal(wait_leases(ca, 0), 0);
+		no_disconnects();
+		stop_all();
+	}
+	a_chunk = "4M";
+}
+
+/* Stops (SIGSTOP) the relay *pid while B pulls name: B holds its pending
+ * version (one buffer), A its lease, and nothing of name is sealed on B,
+ * so the transfer really is in the middle (a pull that was over before
+ * the stop fails here, loudly); then kills it. */
+static void kill_mid_pull(pid_t *pid, const char *name)
+{
+	wait_b_buffers(1);
+	wait_transfer();
+	kill(*pid, SIGSTOP);
+	assert_int_equal(leases_of(ca), 1);
+	no_partial_on_b(name);
+	crash(pid);
+}
+
+/* Relays killed mid-transfer on the direct path (4 KiB gets, one at a
+ * time, into a device version on B): first the mirroring one, then the
+ * serving one. Nothing partial on B (its pending device buffer goes), no
+ * lease on A; both back, the version arrives whole. */
+static void test_direct_kill_mid_transfer(void **state)
+{
+	uint64_t bytes[2] = { small ? 4u << 20 : 32u << 20, 4096 };
+	char mf_a[160], mf_b[160], *t;
+
+	(void)state;
+	start_direct(mf_a, mf_b, "cuda:0", "4K", "1");
+	publish_dev("m/dslow", 2, bytes, NULL, 97);
+	kill_mid_pull(&relay_b, "m/dslow");
+	wait_b_buffers(0);
+	no_partial_on_b("m/dslow");
+	assert_int_equal(wait_leases(ca, 0), 0);
+	assert_int_equal(leases_of(cb), 0);
+
+	relay_b = start_b_direct(true, mf_b, "cuda:0", "4K", "1");
+	kill_mid_pull(&relay_a, "m/dslow");
+	assert_true(log_has(log_b, "aborted, nothing published"));
+	wait_b_buffers(0);
+	no_partial_on_b("m/dslow");
+	assert_int_equal(wait_leases(ca, 0), 0);
+
+	/* both back: the version comes whole, directly */
+	restart_a(true, mf_a);
+	expect_dev("m/dslow", 0, 2, bytes, 97);
+	t = prom_wait(mf_b, "dlshare_relay_device_versions_total"
+		      "{side=\"mirror\",path=\"direct\"}", 1);
+	free(t);
+	assert_int_equal(wait_leases(ca, 0), 0);
+	stop_all();
+}
+
+/* The origin deletes the name while B gets its device version directly:
+ * the lease keeps A's device memory valid and unchanged, so the pull
+ * completes bit-exact (nothing torn), the deletion is mirrored after it,
+ * and no lease or pending buffer is left on either side. */
+static void test_direct_deleted_during_pull(void **state)
+{
+	uint64_t bytes[1] = { small ? 4u << 20 : 32u << 20 };
+	char mf_a[160], mf_b[160];
+
+	(void)state;
+	start_direct(mf_a, mf_b, "cuda:0", "4K", "1");
+	publish_dev("m/dgone", 1, bytes, NULL, 98);
+	wait_b_buffers(1);
+	wait_transfer();
+	assert_int_equal(dlshare_delete(ca, "m/dgone"), 0);
+	expect_dev("m/dgone", 0, 1, bytes, 98);
+	gone_on_b("m/dgone");
+	wait_b_buffers(0);
+	assert_int_equal(wait_leases(ca, 0), 0);
+	assert_int_equal(leases_of(cb), 0);
+	no_disconnects();
+	stop_all();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -481,6 +765,11 @@ int main(void)
 		cmocka_unit_test(test_device_staging_error),
 		cmocka_unit_test(test_device_staging_error_minor6),
 		cmocka_unit_test(test_device_not_zero),
+		cmocka_unit_test(test_direct_device_to_device),
+		cmocka_unit_test(test_direct_to_host),
+		cmocka_unit_test(test_direct_fallback),
+		cmocka_unit_test(test_direct_kill_mid_transfer),
+		cmocka_unit_test(test_direct_deleted_during_pull),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
