@@ -207,6 +207,22 @@ static void tset_free(struct tset *s)
 	memset(s, 0, sizeof(*s));
 }
 
+/* Sets what bt takes from a (checked) tensor description besides its key
+ * and dims: before tensor_resolve, byte_offset holds the offset and
+ * device.device_id the buffer index. */
+static void btensor_set(struct btensor *bt, const Dlshare__Tensor *wt)
+{
+	bt->offset = wt->offset;
+	bt->buf = wt->buffer;
+	bt->t.byte_offset = wt->offset;
+	bt->t.device.device_type = kDLCPU;
+	bt->t.device.device_id = (int32_t)wt->buffer;
+	bt->t.ndim = (int32_t)wt->n_shape;
+	bt->t.dtype.code = (uint8_t)wt->dtype->code;
+	bt->t.dtype.bits = (uint8_t)wt->dtype->bits;
+	bt->t.dtype.lanes = (uint16_t)wt->dtype->lanes;
+}
+
 /* Fills s with the n tensors of a reply: inline ones (wire, n of them), or
  * those of the manifest memfd mfd (wire NULL). sizes[] are the sizes of the
  * version's nbuffers buffers: the daemon checked every tensor against its
@@ -291,46 +307,45 @@ static int tset_fill(struct tset *s, Dlshare__Tensor *const *wire, size_t n,
 			bt->t.shape = wt->shape;
 			bt->t.strides = wt->n_strides ? wt->strides : NULL;
 		}
-		bt->offset = wt->offset;
-		bt->buf = wt->buffer;
-		bt->t.byte_offset = wt->offset;
-		bt->t.device.device_type = kDLCPU;
-		bt->t.device.device_id = (int32_t)wt->buffer;
-		bt->t.ndim = (int32_t)wt->n_shape;
-		bt->t.dtype.code = (uint8_t)wt->dtype->code;
-		bt->t.dtype.bits = (uint8_t)wt->dtype->bits;
-		bt->t.dtype.lanes = (uint16_t)wt->dtype->lanes;
+		btensor_set(bt, wt);
 	}
 	return 0;
 }
 
-/* Points ts[0..n) at their data in pins[] (each tensor's buf and offset),
- * on the device of its buffer. Returns a CUDA ordinal of them, or -1. */
+/* Points bt at its data in pins[] (its buf and offset), on the device of
+ * its buffer. Returns its CUDA ordinal, or -1 for host memory. */
+static int tensor_resolve(struct btensor *bt, struct ibuf **pins)
+{
+	struct ibuf *pb = pins[bt->buf];
+
+	/* An empty buffer has no mapping, but consumers want a pointer:
+	 * libtorch's at::fromDLPack never calls the deleter of a tensor
+	 * whose data is NULL, which leaks its lease. */
+	bt->t.data = pb->base ? (char *)pb->base + bt->offset :
+		     (void *)&empty_data;
+	bt->t.byte_offset = 0;
+	if (pb->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC ||
+	    pb->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM) {
+		/* Our own ordinal for the producer's device UUID. */
+		bt->t.device.device_type = kDLCUDA;
+		bt->t.device.device_id = pb->ordinal;
+		return pb->ordinal;
+	}
+	bt->t.device.device_type = pb->cuda_host ? kDLCUDAHost : kDLCPU;
+	bt->t.device.device_id = 0;
+	return -1;
+}
+
+/* tensor_resolve for ts[0..n). Returns a CUDA ordinal of them, or -1. */
 static int tensors_resolve(struct btensor *ts, size_t n, struct ibuf **pins)
 {
 	int ordinal = -1;
 
 	for (size_t i = 0; i < n; i++) {
-		struct btensor *bt = &ts[i];
-		struct ibuf *pb = pins[bt->buf];
+		int o = tensor_resolve(&ts[i], pins);
 
-		/* An empty buffer has no mapping, but consumers want a
-		 * pointer: libtorch's at::fromDLPack never calls the deleter
-		 * of a tensor whose data is NULL, which leaks its lease. */
-		bt->t.data = pb->base ? (char *)pb->base + bt->offset :
-			     (void *)&empty_data;
-		bt->t.byte_offset = 0;
-		if (pb->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC ||
-		    pb->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_VMM) {
-			/* Our own ordinal for the producer's device UUID. */
-			bt->t.device.device_type = kDLCUDA;
-			bt->t.device.device_id = pb->ordinal;
-			ordinal = pb->ordinal;
-		} else {
-			bt->t.device.device_type = pb->cuda_host ?
-						   kDLCUDAHost : kDLCPU;
-			bt->t.device.device_id = 0;
-		}
+		if (o >= 0)
+			ordinal = o;
 	}
 	return ordinal;
 }
@@ -532,27 +547,43 @@ static int get_opts_wire(const dlshare_get_opts *o, Dlshare__Get *g)
 static int get_call(dlshare_client *c, Dlshare__Frame *f,
 		    const dlshare_get_opts *opts, dlshare_bundle **out);
 
+/* Checks a get's arguments and fills its request f (whose body is g).
+ * Returns 0 or DLSHARE_EINVAL. */
+static int get_request(dlshare_client *c, const char *name,
+		       const dlshare_get_opts *opts, Dlshare__Frame *f,
+		       Dlshare__Get *g)
+{
+	static const dlshare_get_opts dflt = { .select = DLSHARE_LATEST };
+	int err;
+
+	errmsg_set(NULL);
+	if (!c || client_bad_name(name))
+		return DLSHARE_EINVAL;
+	g->name = (char *)name;
+	if ((err = get_opts_wire(opts ? opts : &dflt, g)))
+		return err;
+	/* 1.5: manifests are kept by id (a daemon before it ignores this). */
+	g->has_manifest_cache = 1;
+	g->manifest_cache = 1;
+	f->body_case = DLSHARE__FRAME__BODY_GET;
+	f->get = g;
+	return 0;
+}
+
 int dlshare_get(dlshare_client *c, const char *name,
 		const dlshare_get_opts *opts, dlshare_bundle **out)
 {
-	static const dlshare_get_opts dflt = { .select = DLSHARE_LATEST };
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Get g = DLSHARE__GET__INIT;
 	int err;
 
-	errmsg_set(NULL);
-
-	if (!c || !out || client_bad_name(name))
+	if (!out) {
+		errmsg_set(NULL);
 		return DLSHARE_EINVAL;
+	}
 	*out = NULL;
-	g.name = (char *)name;
-	if ((err = get_opts_wire(opts ? opts : &dflt, &g)))
+	if ((err = get_request(c, name, opts, &f, &g)))
 		return err;
-	/* 1.5: manifests are kept by id (a daemon before it ignores this). */
-	g.has_manifest_cache = 1;
-	g.manifest_cache = 1;
-	f.body_case = DLSHARE__FRAME__BODY_GET;
-	f.get = &g;
 	return get_call(c, &f, opts, out);
 }
 
@@ -612,94 +643,112 @@ static void lease_give_back(dlshare_client *c, const Dlshare__Frame *req,
 	errmsg_set(why);
 }
 
-/* Sends f (a Get or a Take) and makes a bundle of its GetReply. */
-static int get_call(dlshare_client *c, Dlshare__Frame *f,
-		    const dlshare_get_opts *opts, dlshare_bundle **out)
+/* Makes the waits a GetReply asks for on the consumer's stream, for
+ * tensors on CUDA device ordinal (none for host tensors: the host does not
+ * wait). A version spanning devices (1.4) has an event per device: each is
+ * waited for on its device (or on the one explicit stream), and the chains
+ * form one group. Returns 0 with what the waits made added to *chain. */
+static int get_wait_events(const Dlshare__GetReply *gr, int ordinal,
+			   void *stream, void **chain)
 {
-	static const dlshare_get_opts dflt = { .select = DLSHARE_LATEST };
-	struct dlshare_bundle *b;
-	struct lease_ref *lr;
-	Dlshare__GetReply *gr;
-	struct reply r;
 	int err;
 
-	err = client_call(c, f, NULL, 0, NULL, &r);
-	if (err)
-		return err;
-	if (r.msg->frame->body_case != DLSHARE__FRAME__BODY_GET_REPLY) {
-		reply_free(c, &r);
-		return DLSHARE_EPROTO;
-	}
-	gr = r.msg->frame->get_reply;
-	b = util_zalloc(1, sizeof(*b));
-	lr = util_zalloc(1, sizeof(*lr) + r.npins * sizeof(lr->pins[0]));
-	if (!b || !lr) {
-		err = DLSHARE_ENOMEM;
-		goto fail;
-	}
-	b->cuda_ordinal = -1;
-	b->mc = r.mc; /* the reply's reference becomes the bundle's */
-	r.mc = NULL;
-	if ((err = bundle_fill(b, gr, r.nfds ? r.fds[0] : -1, b->mc, r.pins,
-			       r.npins)))
-		goto fail;
-	/* The consumer's stream waits for the producer's writes; the host
-	 * does not. A version spanning devices (1.4) has an event per
-	 * device: each is waited for on its device (or on the one explicit
-	 * stream), and the chains form one group. */
-	for (size_t i = 0; b->cuda_ordinal >= 0 &&
-	     i < gr->n_device_events; i++) {
+	for (size_t i = 0; ordinal >= 0 && i < gr->n_device_events; i++) {
 		const Dlshare__DeviceEvent *de = gr->device_events[i];
 		void *ch = NULL;
 		int ord;
 
 		if (de->uuid.len != CUDA_UUID_BYTES ||
-		    de->handle.len != CUDA_IPC_HANDLE_BYTES) {
-			err = DLSHARE_EPROTO;
-			goto fail;
-		}
-		if ((ord = cuda_ordinal(de->uuid.data)) < 0) {
-			err = ord;
-			goto fail;
-		}
-		err = cuda_wait_event(de->handle.data, ord,
-				      (opts ? opts : &dflt)->stream, &ch);
-		if (err)
-			goto fail;
-		b->chain = cuda_chain_add(b->chain, ch);
+		    de->handle.len != CUDA_IPC_HANDLE_BYTES)
+			return DLSHARE_EPROTO;
+		if ((ord = cuda_ordinal(de->uuid.data)) < 0)
+			return ord;
+		if ((err = cuda_wait_event(de->handle.data, ord, stream, &ch)))
+			return err;
+		*chain = cuda_chain_add(*chain, ch);
 	}
-	if (b->cuda_ordinal >= 0 && gr->has_event_handle) {
-		if (gr->event_handle.len != CUDA_IPC_HANDLE_BYTES) {
-			err = DLSHARE_EPROTO;
-			goto fail;
-		}
+	if (ordinal >= 0 && gr->has_event_handle) {
+		if (gr->event_handle.len != CUDA_IPC_HANDLE_BYTES)
+			return DLSHARE_EPROTO;
 		/* Also for DLSHARE_STREAM_NONE (on a stream of the
 		 * library's): the chain is what a later dlshare_bundle_wait
 		 * waits for, once the producer may be gone. */
-		err = cuda_wait_event(gr->event_handle.data, b->cuda_ordinal,
-				      (opts ? opts : &dflt)->stream, &b->chain);
-		if (err)
-			goto fail;
+		return cuda_wait_event(gr->event_handle.data, ordinal, stream,
+				       chain);
 	}
-	/* The lease and the pins change hands from the reply to lr. */
+	return 0;
+}
+
+/* The lease of gr and the pins of r change hands to lr (room for
+ * r->npins pins), whose tensors are on CUDA device ordinal (or -1). */
+static void lease_ref_take(struct lease_ref *lr, dlshare_client *c,
+			   const Dlshare__GetReply *gr, struct reply *r,
+			   void *stream, int ordinal)
+{
 	atomic_init(&lr->refs, 1);
 	lr->c = c;
 	lr->lease = gr->lease;
-	lr->stream = (opts ? opts : &dflt)->stream;
+	lr->stream = stream;
 	lr->thread = pthread_self();
-	lr->ordinal = b->cuda_ordinal;
-	lr->npins = r.npins;
-	memcpy(lr->pins, r.pins, r.npins * sizeof(r.pins[0]));
+	lr->ordinal = ordinal;
+	lr->event = NULL;
+	lr->next = NULL;
+	lr->npins = r->npins;
+	memcpy(lr->pins, r->pins, r->npins * sizeof(r->pins[0]));
 	/* kDLCUDAHost pages may be read by the consumer's kernels: their
 	 * release is ordered after its stream too, on the stream's device. */
 	for (size_t i = 0; i < lr->npins && lr->ordinal < 0; i++)
 		if (lr->pins[i]->cuda_host)
 			lr->ordinal = cuda_stream_ordinal(lr->stream);
-	r.npins = 0;
+	r->npins = 0;
 	client_ref(c);
+}
+
+/* Sends f (a Get or a Take) and waits for its GetReply. Returns 0 with
+ * *r (reply_free it) and *gr, or a DLSHARE_E* code. */
+static int get_send(dlshare_client *c, Dlshare__Frame *f, struct reply *r,
+		    Dlshare__GetReply **gr)
+{
+	int err = client_call(c, f, NULL, 0, NULL, r);
+
+	if (err)
+		return err;
+	if (r->msg->frame->body_case != DLSHARE__FRAME__BODY_GET_REPLY) {
+		reply_free(c, r);
+		return DLSHARE_EPROTO;
+	}
+	*gr = r->msg->frame->get_reply;
+	return 0;
+}
+
+/* Makes a bundle of the GetReply gr (in r) that answered f. r is freed
+ * either way; on an error the lease goes back. */
+static int get_bundle(dlshare_client *c, const Dlshare__Frame *f,
+		      struct reply *r, Dlshare__GetReply *gr, void *stream,
+		      dlshare_bundle **out)
+{
+	struct dlshare_bundle *b;
+	struct lease_ref *lr;
+	int err;
+
+	b = util_zalloc(1, sizeof(*b));
+	lr = malloc(sizeof(*lr) + r->npins * sizeof(lr->pins[0]));
+	if (!b || !lr) {
+		err = DLSHARE_ENOMEM;
+		goto fail;
+	}
+	b->cuda_ordinal = -1;
+	b->mc = r->mc; /* the reply's reference becomes the bundle's */
+	r->mc = NULL;
+	if ((err = bundle_fill(b, gr, r->nfds ? r->fds[0] : -1, b->mc,
+			       r->pins, r->npins)))
+		goto fail;
+	if ((err = get_wait_events(gr, b->cuda_ordinal, stream, &b->chain)))
+		goto fail;
+	lease_ref_take(lr, c, gr, r, stream, b->cuda_ordinal);
 	b->lr = lr;
 	b->version = gr->version;
-	reply_free(c, &r);
+	reply_free(c, r);
 	*out = b;
 	return 0;
 
@@ -714,8 +763,22 @@ fail:
 	}
 	free(b);
 	free(lr);
-	reply_free(c, &r);
+	reply_free(c, r);
 	return err;
+}
+
+/* Sends f (a Get or a Take) and makes a bundle of its GetReply. */
+static int get_call(dlshare_client *c, Dlshare__Frame *f,
+		    const dlshare_get_opts *opts, dlshare_bundle **out)
+{
+	Dlshare__GetReply *gr;
+	struct reply r;
+	int err;
+
+	if ((err = get_send(c, f, &r, &gr)))
+		return err;
+	return get_bundle(c, f, &r, gr,
+			  opts ? opts->stream : NULL, out);
 }
 
 uint64_t dlshare_bundle_version(const dlshare_bundle *b)
@@ -877,16 +940,26 @@ static int bundle_export(dlshare_bundle *b, size_t i, DLManagedTensor **out)
 	return 0;
 }
 
+static int bundle_export_versioned(dlshare_bundle *b, size_t i,
+				   DLManagedTensorVersioned **out);
+
 int dlshare_bundle_export_versioned(dlshare_bundle *b, size_t i,
 				    DLManagedTensorVersioned **out)
 {
-	struct managed *m;
-	DLTensor t;
-
 	if (!out || !b || i >= b->n)
 		return DLSHARE_EINVAL;
 	if (client_forked(b->lr->c))
 		return fork_refuse();
+	return bundle_export_versioned(b, i, out);
+}
+
+/* dlshare_bundle_export_versioned of a bundle this process got. */
+static int bundle_export_versioned(dlshare_bundle *b, size_t i,
+				   DLManagedTensorVersioned **out)
+{
+	struct managed *m;
+	DLTensor t;
+
 	if (!(m = managed_new(b, i, &t)))
 		return DLSHARE_ENOMEM;
 	m->m.versioned.version.major = DLPACK_MAJOR_VERSION;
@@ -899,37 +972,150 @@ int dlshare_bundle_export_versioned(dlshare_bundle *b, size_t i,
 	return 0;
 }
 
-int dlshare_get_tensor(dlshare_client *c, const char *name,
-		       const dlshare_get_opts *opts, DLManagedTensor **out)
+/* Deleters of a managed tensor that shares its block with its lease
+ * (get_one): the lease's last reference frees both. */
+static void managed_one_delete(DLManagedTensor *self)
 {
+	struct managed *m = self->manager_ctx;
+
+	lease_ref_unref(m->lr);
+}
+
+static void managed_one_delete_versioned(DLManagedTensorVersioned *self)
+{
+	struct managed *m = self->manager_ctx;
+
+	lease_ref_unref(m->lr);
+}
+
+/* Whether get_one can answer a reply: one tensor, inline, over as many
+ * buffers as the reply pinned. Anything else goes through a bundle. */
+static int get_one_fits(const Dlshare__GetReply *gr, const struct reply *r)
+{
+	return gr->n_tensors == 1 && !gr->manifest && !r->mc &&
+	       gr->n_buffers == r->npins && r->npins <= CLIENT_PINS_MAX;
+}
+
+/* dlshare_get_tensor(_versioned)'s answer to a reply of one tensor (see
+ * get_one_fits): the managed tensor and its lease in one block, the lease
+ * first (lease_ref_unref frees it, and so the block, once released), not
+ * a bundle, a view and their tensor set made and freed around it. r is
+ * freed either way; on an error the lease goes back. */
+static int get_one(dlshare_client *c, const Dlshare__Frame *f,
+		   struct reply *r, Dlshare__GetReply *gr, void *stream,
+		   int versioned, void **out)
+{
+	const Dlshare__Tensor *wt = gr->tensors[0];
+	uint64_t sizes[CLIENT_PINS_MAX];
+	size_t off = sizeof(struct lease_ref) +
+		     r->npins * sizeof(struct ibuf *);
+	struct lease_ref *lr;
+	struct managed *m;
+	struct btensor bt;
+	void *chain = NULL;
+	int ordinal, err = DLSHARE_EPROTO;
+
+	off = (off + _Alignof(max_align_t) - 1) &
+	      ~(_Alignof(max_align_t) - 1);
+	for (size_t i = 0; i < r->npins; i++)
+		sizes[i] = r->pins[i]->size;
+	/* The daemon checked it against its buffers; so do we, since a
+	 * wrong answer would make the consumer read out of bounds. */
+	if (check_tensor(wt, sizes, r->npins))
+		goto fail;
+	if (!(lr = malloc(off + sizeof(*m)))) {
+		err = DLSHARE_ENOMEM;
+		goto fail;
+	}
+	m = (struct managed *)((char *)lr + off);
+	btensor_set(&bt, wt);
+	ordinal = tensor_resolve(&bt, r->pins);
+	if ((err = get_wait_events(gr, ordinal, stream, &chain))) {
+		cuda_event_drop(chain);
+		free(lr);
+		goto fail;
+	}
+	/* The wait is queued on the consumer's stream: the chain is only
+	 * a bundle's, for later waits. */
+	cuda_event_drop(chain);
+	if (wt->n_shape)
+		memcpy(m->shape, wt->shape, wt->n_shape * sizeof(int64_t));
+	if (wt->n_strides)
+		memcpy(m->strides, wt->strides,
+		       wt->n_strides * sizeof(int64_t));
+	bt.t.shape = m->shape;
+	bt.t.strides = wt->n_strides ? m->strides : NULL;
+	lease_ref_take(lr, c, gr, r, stream, ordinal);
+	m->lr = lr;
+	if (versioned) {
+		DLManagedTensorVersioned *v = &m->m.versioned;
+
+		v->version.major = DLPACK_MAJOR_VERSION;
+		v->version.minor = DLPACK_MINOR_VERSION;
+		v->flags = DLPACK_FLAG_BITMASK_READ_ONLY;
+		v->dl_tensor = bt.t;
+		v->manager_ctx = m;
+		v->deleter = managed_one_delete_versioned;
+		*out = v;
+	} else {
+		m->m.plain.dl_tensor = bt.t;
+		m->m.plain.manager_ctx = m;
+		m->m.plain.deleter = managed_one_delete;
+		*out = &m->m.plain;
+	}
+	reply_free(c, r);
+	return 0;
+
+fail:
+	lease_give_back(c, f, gr->lease);
+	reply_free(c, r);
+	return err;
+}
+
+/* dlshare_get_tensor(_versioned): the first tensor of the version. */
+static int get_tensor(dlshare_client *c, const char *name,
+		      const dlshare_get_opts *opts, int versioned, void **out)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Get g = DLSHARE__GET__INIT;
+	void *stream = opts ? opts->stream : NULL;
+	Dlshare__GetReply *gr;
 	dlshare_bundle *b;
+	struct reply r;
 	int err;
 
-	if (!out)
+	if (!out) {
+		errmsg_set(NULL);
 		return DLSHARE_EINVAL;
-	if ((err = dlshare_get(c, name, opts, &b)))
+	}
+	if ((err = get_request(c, name, opts, &f, &g)) ||
+	    (err = get_send(c, &f, &r, &gr)))
+		return err;
+	if (get_one_fits(gr, &r))
+		return get_one(c, &f, &r, gr, stream, versioned, out);
+	if ((err = get_bundle(c, &f, &r, gr, stream, &b)))
 		return err;
 	/* b is this process's, just got: no second and third getpid (the
 	 * fork check) per get. */
-	err = b->n ? bundle_export(b, 0, out) : DLSHARE_EINVAL;
+	err = !b->n ? DLSHARE_EINVAL :
+	      versioned ? bundle_export_versioned(b, 0,
+						  (DLManagedTensorVersioned **)out) :
+	      bundle_export(b, 0, (DLManagedTensor **)out);
 	bundle_free(b, 0);
 	return err;
+}
+
+int dlshare_get_tensor(dlshare_client *c, const char *name,
+		       const dlshare_get_opts *opts, DLManagedTensor **out)
+{
+	return get_tensor(c, name, opts, 0, (void **)out);
 }
 
 int dlshare_get_tensor_versioned(dlshare_client *c, const char *name,
 				 const dlshare_get_opts *opts,
 				 DLManagedTensorVersioned **out)
 {
-	dlshare_bundle *b;
-	int err;
-
-	if (!out)
-		return DLSHARE_EINVAL;
-	if ((err = dlshare_get(c, name, opts, &b)))
-		return err;
-	err = dlshare_bundle_export_versioned(b, 0, out);
-	dlshare_bundle_free(b);
-	return err;
+	return get_tensor(c, name, opts, 1, (void **)out);
 }
 
 /* ---- stat, list, stats, delete ------------------------------------------ */

@@ -268,7 +268,7 @@ static void negative_strides_copied(void **state)
 	int64_t cshape[2] = { 4, 3 }, cstrides[2] = { 6, 2 };
 	dlshare_publish_opts nocopy = { .flags = DLSHARE_PUBLISH_NO_COPY };
 	int32_t a[4][6], want[4][6];
-	DLManagedTensor *m, *v;
+	DLManagedTensor *m, *v, *g;
 	dlshare_name_info info;
 	const DLTensor *t;
 	dlshare_bundle *b;
@@ -308,6 +308,18 @@ static void negative_strides_copied(void **state)
 	assert_int_equal(t->byte_offset, 0);
 	assert_int_equal(((const int32_t *)t->data)[0], a[0][1]);
 	dlshare_bundle_free(b);
+	/* The same through dlshare_get_tensor, which makes no bundle for a
+	 * version of one tensor: its strides come over too. */
+	assert_int_equal(dlshare_get_tensor(c, "x/cols", NULL, &g), 0);
+	assert_non_null(g->dl_tensor.strides);
+	assert_int_equal(g->dl_tensor.ndim, 2);
+	assert_int_equal(g->dl_tensor.strides[0], 6);
+	assert_int_equal(g->dl_tensor.strides[1], 2);
+	assert_int_equal(g->dl_tensor.shape[0], cshape[0]);
+	assert_int_equal(g->dl_tensor.shape[1], cshape[1]);
+	assert_int_equal(g->dl_tensor.byte_offset, 0);
+	assert_int_equal(((const int32_t *)g->dl_tensor.data)[0], a[0][1]);
+	g->deleter(g);
 	dlshare_disconnect(c); /* gives the shared view back */
 	assert_int_equal(deleted, 2);
 	m->deleter(m);

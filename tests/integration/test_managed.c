@@ -162,12 +162,52 @@ static void tensor_outlives_client_here(void **state)
 	dlshare_disconnect(p);
 }
 
+/* ---- the shorthands on a version of several tensors ------------------------ */
+
+/* dlshare_get_tensor takes a version's first tensor, also from a bundle
+ * (which it reads through a bundle of its own; one tensor it reads
+ * without one): the same tensor, the same lease accounting. */
+static void get_tensor_of_a_bundle(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	dlshare_client *p = harness_connect(&fx->d);
+	static const int64_t two[1] = { 3 }, three[2] = { 2, 2 };
+	const dlshare_tensor_spec specs[3] = {
+		{ "first", DT_F32, 3, shape },
+		{ "second", DT_I32, 1, two },
+		{ "third", DT_F32, 2, three },
+	};
+	DLManagedTensorVersioned *gv;
+	DLManagedTensor *g;
+	dlshare_writer *w;
+	DLTensor *t;
+
+	assert_int_equal(dlshare_create(p, "m/b", specs, 3, NULL, &w), 0);
+	t = dlshare_writer_tensor(w, 0);
+	harness_fill(t->data, util_nbytes(DT_F32, 3, shape), 3);
+	assert_int_equal(dlshare_seal(w, NULL, NULL), 0);
+
+	assert_int_equal(dlshare_get_tensor(c, "m/b", NULL, &g), 0);
+	assert_int_equal(dlshare_get_tensor_versioned(c, "m/b", NULL, &gv), 0);
+	assert_int_equal(harness_wait_stats(p, 2, -1, NULL), 0);
+	assert_int_equal(util_check(&g->dl_tensor, DT_F32, 3, shape, 3), 0);
+	assert_int_equal(util_check(&gv->dl_tensor, DT_F32, 3, shape, 3), 0);
+	assert_true(gv->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
+	g->deleter(g);
+	gv->deleter(gv);
+	assert_int_equal(harness_wait_stats(p, 0, -1, NULL), 0);
+	dlshare_disconnect(c);
+	dlshare_disconnect(p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(deleters_release_leases, setup, teardown),
 		cmocka_unit_test_setup_teardown(tensor_outlives_client, setup, teardown),
 		cmocka_unit_test_setup_teardown(tensor_outlives_client_here, setup, teardown),
+		cmocka_unit_test_setup_teardown(get_tensor_of_a_bundle, setup, teardown),
 	};
 
 	return cmocka_run_group_tests_name("managed", tests, NULL, NULL);
