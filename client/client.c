@@ -132,6 +132,7 @@ static void client_free(dlshare_client *c)
 		pthread_cond_destroy(&p->cond);
 		free(p);
 	}
+	wire_block_free(atomic_exchange(&c->spare_msg, NULL));
 	free(c->rel);
 	free(c->rbuf);
 	pthread_mutex_destroy(&c->lock);
@@ -694,6 +695,16 @@ static int deliver(dlshare_client *c, struct wire_msg *m, int *fds,
 	return 1;
 }
 
+/* Frees a decoded packet, keeping its block for the next decode when c
+ * keeps none yet (any thread). */
+static void msg_done(dlshare_client *c, struct wire_msg *m)
+{
+	struct wire_msg *none = NULL, *b = wire_msg_keep(m);
+
+	if (b && !atomic_compare_exchange_strong(&c->spare_msg, &none, b))
+		wire_block_free(b);
+}
+
 /* The reader, without c->lock: receives and decodes one packet into
  * c->rbuf, waiting for one at most CLIENT_LEAD_CHECK_MS unless flags has
  * MSG_DONTWAIT. Returns 0 with *m and its fds, 1 when none came, or a
@@ -714,7 +725,8 @@ static int conn_read(dlshare_client *c, struct wire_msg **m, int *fds,
 	if (r || (len == 0 && *nfds == 0))
 		return r == -EMSGSIZE || r == -EPROTO ? DLSHARE_EPROTO :
 		       DLSHARE_ECONN;
-	if (wire_decode(c->rbuf, len, m) || (*m)->frame->nfds != *nfds) {
+	if (wire_decode_in(atomic_exchange(&c->spare_msg, NULL), c->rbuf, len,
+			   0, m) || (*m)->frame->nfds != *nfds) {
 		if (*m)
 			wire_msg_free(*m);
 		*m = NULL;
@@ -1106,7 +1118,7 @@ void reply_free(dlshare_client *c, struct reply *r)
 	if (r->mc)
 		mcache_unref(r->mc);
 	r->mc = NULL;
-	wire_msg_free(r->msg);
+	msg_done(c, r->msg);
 	r->msg = NULL;
 }
 
@@ -1638,6 +1650,7 @@ static int client_new(const char *path, int32_t timeout, dlshare_client **out)
 		return DLSHARE_ENOMEM;
 	atomic_init(&c->refs, 1);
 	atomic_init(&c->spare, NULL);
+	atomic_init(&c->spare_msg, NULL);
 	c->next_id = 1;
 	/* Never removed before client_free (see c->pending). */
 	c->pending_anchor.id = 0;

@@ -127,6 +127,9 @@ struct dlshare_client {
 	 * the next call: no malloc, zeroing and free of its ~900 bytes per
 	 * call. Taken and put back with atomic exchanges, any thread. */
 	_Atomic(struct pending *) spare;
+	/* The block of the last reply freed, for the next packet's decode
+	 * (wire_decode_in): no malloc and free per packet. The same way. */
+	_Atomic(struct wire_msg *) spare_msg;
 
 	pthread_mutex_t lock;
 	int reading;             /* a thread holds the reader role */

@@ -37,6 +37,8 @@ void conn_set_deinit(struct conn_set *set)
 {
 	free(set->rbuf);
 	set->rbuf = NULL;
+	wire_block_free(set->spare);
+	set->spare = NULL;
 }
 
 /* fds entered (delta > 0) or left c's queue: counted here and, through
@@ -373,7 +375,10 @@ static void conn_read(struct conn *c)
 			conn_fail(c, "peer hung up");
 			return;
 		}
-		if (wire_decode(set->rbuf, len, &m)) {
+		/* The block is m's now (a nested read finds none). */
+		err = wire_decode_in(set->spare, set->rbuf, len, 0, &m);
+		set->spare = NULL;
+		if (err) {
 			wire_close_fds(fds, nfds);
 			conn_protocol_error(c, "malformed packet");
 			return;
@@ -385,7 +390,11 @@ static void conn_read(struct conn *c)
 			return;
 		}
 		set->ops->frame(c, m, fds, nfds);
-		wire_msg_free(m);
+		m = wire_msg_keep(m);
+		if (set->spare)
+			wire_block_free(m);
+		else
+			set->spare = m;
 		if (single)
 			return;
 	}

@@ -72,6 +72,8 @@ struct conn_set {
 	const struct conn_ops *ops;
 	const struct conn_limits *limits;
 	uint8_t *rbuf;            /* limits->max_packet bytes */
+	struct wire_msg *spare;   /* the last packet's decode block, for
+	                           * the next (wire_decode_in) */
 	struct conn *conns;       /* started, not yet closing */
 	uint32_t n;               /* of them */
 	struct conn *doomed;      /* failing, closed by conn_reap() */

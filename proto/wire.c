@@ -168,7 +168,9 @@ struct wire_chunk {
 /* The first chunk, inside struct wire_msg: room for a usual reply (a
  * GetReply of one tensor takes ~600 bytes) without a second malloc; larger
  * packets get chunks as they need them. */
-#define ARENA_FIRST(len) ((len) * 4 < 3584 ? 512 + (len) * 4 : 4096)
+#define ARENA_FIRST_MAX 4096u
+#define ARENA_FIRST(len) \
+	((len) * 4 < ARENA_FIRST_MAX - 512 ? 512 + (len) * 4 : ARENA_FIRST_MAX)
 #define ARENA_CHUNK 4096u
 #define ARENA_HDR 8u
 
@@ -1020,14 +1022,14 @@ int wire_decode(const uint8_t *data, size_t len, struct wire_msg **out)
 	return wire_decode_ex(data, len, 0, out);
 }
 
-int wire_decode_ex(const uint8_t *data, size_t len, unsigned flags,
-		   struct wire_msg **out)
-{
-	size_t first = ARENA_FIRST(len);
-	struct wire_msg *m = malloc(sizeof(*m) + first);
+/* The first chunk of a block that wire_decode_in makes: ARENA_FIRST's
+ * largest, so that it fits every packet. */
+#define ARENA_KEEP ARENA_FIRST_MAX
 
-	if (!m)
-		return -ENOMEM;
+/* Decodes into m, whose first chunk (first bytes) is free. */
+static int decode_into(struct wire_msg *m, size_t first, const uint8_t *data,
+		       size_t len, unsigned flags, struct wire_msg **out)
+{
 	memset(m, 0, sizeof(*m));
 	m->cap = len * WIRE_DECODE_FACTOR + WIRE_DECODE_SLACK;
 	m->alloc.alloc = capped_alloc;
@@ -1053,6 +1055,52 @@ int wire_decode_ex(const uint8_t *data, size_t len, unsigned flags,
 				       &m->nul_in);
 	*out = m;
 	return 0;
+}
+
+int wire_decode_ex(const uint8_t *data, size_t len, unsigned flags,
+		   struct wire_msg **out)
+{
+	size_t first = ARENA_FIRST(len);
+	struct wire_msg *m = malloc(sizeof(*m) + first);
+
+	if (!m)
+		return -ENOMEM;
+	return decode_into(m, first, data, len, flags, out);
+}
+
+int wire_decode_in(struct wire_msg *block, const uint8_t *data, size_t len,
+		   unsigned flags, struct wire_msg **out)
+{
+	if (!block && !(block = malloc(sizeof(*block) + ARENA_KEEP)))
+		return -ENOMEM;
+	return decode_into(block, ARENA_KEEP, data, len, flags, out);
+}
+
+struct wire_msg *wire_msg_keep(struct wire_msg *m)
+{
+	if (!m)
+		return NULL;
+	if (m->first_size != ARENA_KEEP) {
+		wire_msg_free(m);
+		return NULL;
+	}
+	/* Its extra chunks go; the block stays, its first chunk as a
+	 * decode leaves it (poisoned again by the next). */
+	while (m->chunks) {
+		struct wire_chunk *c = m->chunks;
+
+		m->chunks = c->next;
+		UNPOISON(c->data, c->size);
+		free(c);
+	}
+	UNPOISON(m->first, m->first_size);
+	m->frame = NULL;
+	return m;
+}
+
+void wire_block_free(struct wire_msg *block)
+{
+	free(block);
 }
 
 void wire_msg_free(struct wire_msg *m)

@@ -98,4 +98,18 @@ int wire_decode_ex(const uint8_t *data, size_t len, unsigned flags,
 		   struct wire_msg **out);
 void wire_msg_free(struct wire_msg *m);
 
+/* Decoding without a malloc per packet: a reader that decodes one packet
+ * after another keeps the block of the last one it finished with
+ * (wire_msg_keep) and hands it to the next decode. block is NULL (a new
+ * one is made) or one wire_msg_keep returned; it becomes *out's (on an
+ * error it is freed). Every block wire_decode_in makes can be kept: its
+ * first chunk fits any packet's first chunk. Otherwise as wire_decode_ex. */
+int wire_decode_in(struct wire_msg *block, const uint8_t *data, size_t len,
+		   unsigned flags, struct wire_msg **out);
+/* Ends m as wire_msg_free does, but returns its block for wire_decode_in
+ * when it can be kept (else frees it and returns NULL). NULL: NULL. A
+ * kept block not used again goes with wire_block_free. */
+struct wire_msg *wire_msg_keep(struct wire_msg *m);
+void wire_block_free(struct wire_msg *block);
+
 #endif

@@ -1087,6 +1087,92 @@ static void test_roundtrip_every_body(void **state)
 }
 
 
+/* A reader's one block (wire_decode_in, wire_msg_keep) serves packet after
+ * packet: every body, one that needs chunks beyond it, and a malformed one
+ * (which takes the block with it); each decodes as wire_decode does. */
+static void test_decode_in_keeps_one_block(void **state)
+{
+	struct bodies *b = calloc(1, sizeof(*b));
+	static const uint8_t garbage[] = { 0xff, 0xff, 0xff };
+	const size_t n = 100000;
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Release rel = DLSHARE__RELEASE__INIT;
+	uint64_t *ids = calloc(n, sizeof(*ids));
+	struct wire_msg *block = NULL, *first = NULL, *m;
+	uint8_t *pkt, *again;
+	size_t len, alen;
+
+	assert_non_null(b);
+	assert_non_null(ids);
+	bodies_init(b);
+	for (int c = DLSHARE__FRAME__BODY_HELLO; c <= DLSHARE__FRAME__BODY_GOODBYE;
+	     c++) {
+		Dlshare__Frame g = DLSHARE__FRAME__INIT;
+
+		g.id = 2000 + (uint64_t)c;
+		frame_set_body(&g, b, (Dlshare__Frame__BodyCase)c);
+		assert_int_equal(wire_encode(&g, WIRE_PACKET_MAX_DEFAULT, &pkt,
+					     &len), 0);
+		assert_int_equal(wire_decode_in(block, pkt, len, 0, &m), 0);
+		if (!first)
+			first = m;
+		assert_ptr_equal(m, first); /* the same block every time */
+		assert_int_equal(m->frame->id, 2000 + (uint64_t)c);
+		check_body(m->frame, (Dlshare__Frame__BodyCase)c);
+		assert_int_equal(wire_encode(m->frame, WIRE_PACKET_MAX_DEFAULT,
+					     &again, &alen), 0);
+		assert_int_equal(alen, len);
+		assert_memory_equal(again, pkt, len);
+		free(again);
+		free(pkt);
+		block = wire_msg_keep(m);
+		assert_ptr_equal(block, first);
+	}
+	/* 100,000 releases: chunks beyond the block, freed by the keep. */
+	for (size_t i = 0; i < n; i++)
+		ids[i] = i;
+	rel.n_leases = n;
+	rel.leases = ids;
+	f.id = 9;
+	f.body_case = DLSHARE__FRAME__BODY_RELEASE;
+	f.release = &rel;
+	assert_int_equal(wire_encode(&f, SIZE_MAX, &pkt, &len), 0);
+	assert_int_equal(wire_decode_in(block, pkt, len, 0, &m), 0);
+	assert_ptr_equal(m, first);
+	assert_int_equal(m->frame->release->n_leases, n);
+	assert_int_equal(m->frame->release->leases[n - 1], n - 1);
+	block = wire_msg_keep(m);
+	assert_ptr_equal(block, first);
+	/* The same frame through protobuf-c only, in the kept block. */
+	assert_int_equal(wire_decode_in(block, pkt, len, WIRE_DECODE_NO_FAST,
+					&m), 0);
+	assert_int_equal(m->frame->release->leases[n - 1], n - 1);
+	block = wire_msg_keep(m);
+	free(pkt);
+	/* A malformed packet: an error, and the block is gone with it (the
+	 * leak check says so); the next decode makes another. */
+	assert_int_equal(wire_decode_in(block, garbage, sizeof(garbage), 0, &m),
+			 -EPROTO);
+	f = (Dlshare__Frame)DLSHARE__FRAME__INIT;
+	f.id = 10;
+	frame_set_body(&f, b, DLSHARE__FRAME__BODY_OK);
+	assert_int_equal(wire_encode(&f, WIRE_PACKET_MAX_DEFAULT, &pkt, &len),
+			 0);
+	assert_int_equal(wire_decode_in(NULL, pkt, len, 0, &m), 0);
+	assert_int_equal(m->frame->id, 10);
+	block = wire_msg_keep(m);
+	assert_non_null(block);
+	wire_block_free(block);
+	/* A block wire_decode made for a small packet is not kept. */
+	assert_int_equal(wire_decode(pkt, len, &m), 0);
+	assert_null(wire_msg_keep(m));
+	free(pkt);
+	assert_null(wire_msg_keep(NULL));
+	wire_block_free(NULL);
+	free(ids);
+	free(b);
+}
+
 /* ---- the GetReply fast path against protobuf-c ---------------------------- */
 
 static int fast_taken, packed_fast;
@@ -1349,6 +1435,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_send_recv_frame_with_fds),
+		cmocka_unit_test(test_decode_in_keeps_one_block),
 		cmocka_unit_test(test_get_reply_fast_path_agrees),
 		cmocka_unit_test(test_get_fast_path_agrees),
 		cmocka_unit_test(test_fast_path_knows_every_field),
