@@ -706,19 +706,17 @@ static void lease_ref_take(struct lease_ref *lr, dlshare_client *c,
 
 /* Sends f (a Get or a Take) and waits for its GetReply. Returns 0 with
  * *r (reply_free it) and *gr, or a DLSHARE_E* code. */
+static int call_expect(dlshare_client *c, Dlshare__Frame *f,
+		       Dlshare__Frame__BodyCase want, struct reply *r);
+
 static int get_send(dlshare_client *c, Dlshare__Frame *f, struct reply *r,
 		    Dlshare__GetReply **gr)
 {
-	int err = client_call(c, f, NULL, 0, NULL, r);
+	int err = call_expect(c, f, DLSHARE__FRAME__BODY_GET_REPLY, r);
 
-	if (err)
-		return err;
-	if (r->msg->frame->body_case != DLSHARE__FRAME__BODY_GET_REPLY) {
-		reply_free(c, r);
-		return DLSHARE_EPROTO;
-	}
-	*gr = r->msg->frame->get_reply;
-	return 0;
+	if (!err)
+		*gr = r->msg->frame->get_reply;
+	return err;
 }
 
 /* Makes a bundle of the GetReply gr (in r) that answered f. r is freed
