@@ -1004,8 +1004,8 @@ size_t wire_pack_fast(const Dlshare__Frame *f, uint8_t *buf, size_t cap)
 	return (size_t)(p - buf);
 }
 
-/* Back to an empty arena (after the fast path gave up). */
-static void arena_reset(struct wire_msg *m)
+/* Frees m's chunks beyond its first. */
+static void chunks_free(struct wire_msg *m)
 {
 	while (m->chunks) {
 		struct wire_chunk *c = m->chunks;
@@ -1014,6 +1014,12 @@ static void arena_reset(struct wire_msg *m)
 		UNPOISON(c->data, c->size);
 		free(c);
 	}
+}
+
+/* Back to an empty arena (after the fast path gave up). */
+static void arena_reset(struct wire_msg *m)
+{
+	chunks_free(m);
 	m->used = 0;
 	m->cur = m->first;
 	m->end = m->first + m->first_size;
@@ -1089,13 +1095,7 @@ struct wire_msg *wire_msg_keep(struct wire_msg *m)
 	}
 	/* Its extra chunks go; the block stays, its first chunk as a
 	 * decode leaves it (poisoned again by the next). */
-	while (m->chunks) {
-		struct wire_chunk *c = m->chunks;
-
-		m->chunks = c->next;
-		UNPOISON(c->data, c->size);
-		free(c);
-	}
+	chunks_free(m);
 	UNPOISON(m->first, m->first_size);
 	m->frame = NULL;
 	return m;
@@ -1112,13 +1112,7 @@ void wire_msg_free(struct wire_msg *m)
 		return;
 	/* Everything the frame holds is in the arena: no walk through it
 	 * (dlshare__frame__free_unpacked would only give back budget). */
-	while (m->chunks) {
-		struct wire_chunk *c = m->chunks;
-
-		m->chunks = c->next;
-		UNPOISON(c->data, c->size);
-		free(c);
-	}
+	chunks_free(m);
 	UNPOISON(m->first, m->first_size);
 	free(m);
 }
