@@ -650,6 +650,16 @@ static void exports_free(struct export *e)
 	}
 }
 
+/* Frees a decoded packet, keeping its block for the next decode when c
+ * keeps none yet (any thread). */
+static void msg_done(dlshare_client *c, struct wire_msg *m)
+{
+	struct wire_msg *none = NULL, *b = wire_msg_keep(m);
+
+	if (b && !atomic_compare_exchange_strong(&c->spare_msg, &none, b))
+		wire_block_free(b);
+}
+
 /* Hands a reply to its waiting caller. Under c->lock. Returns 1 when a
  * caller was waiting for it, 0 when nobody was (the packet is dropped). */
 static int deliver(dlshare_client *c, struct wire_msg *m, int *fds,
@@ -662,7 +672,7 @@ static int deliver(dlshare_client *c, struct wire_msg *m, int *fds,
 	HASH_FIND(hh, c->pending, &f->id, sizeof(f->id), p);
 	if (!p) {
 		wire_close_fds(fds, nfds);
-		wire_msg_free(m);
+		msg_done(c, m);
 		return 0;
 	}
 	if (f->body_case == DLSHARE__FRAME__BODY_GET_REPLY) {
@@ -693,16 +703,6 @@ static int deliver(dlshare_client *c, struct wire_msg *m, int *fds,
 	p->done = 1;
 	wakeq_done(wq, p);
 	return 1;
-}
-
-/* Frees a decoded packet, keeping its block for the next decode when c
- * keeps none yet (any thread). */
-static void msg_done(dlshare_client *c, struct wire_msg *m)
-{
-	struct wire_msg *none = NULL, *b = wire_msg_keep(m);
-
-	if (b && !atomic_compare_exchange_strong(&c->spare_msg, &none, b))
-		wire_block_free(b);
 }
 
 /* The reader, without c->lock: receives and decodes one packet into
@@ -757,7 +757,7 @@ static int dispatch(dlshare_client *c, struct wire_msg *m, int *fds,
 		handle_push(c, f, wq);
 	}
 	wire_close_fds(fds, nfds);
-	wire_msg_free(m);
+	msg_done(c, m);
 	return err;
 }
 
