@@ -581,34 +581,41 @@ static void test_decode_cost_over_cap(void **state)
 	free(pkt);
 }
 
-static void test_decode_packed_within_cap(void **state)
+/* Encodes a Release (id 9) of n leases, lease i being i % mod. */
+static void release_packet(size_t n, uint64_t mod, uint8_t **pkt, size_t *len)
 {
-	/* A packed repeated uint64 of 1-byte varints costs exactly 8x: the
-	 * factor is chosen so that this still fits. */
-	const size_t n = 100000;
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Release rel = DLSHARE__RELEASE__INIT;
 	uint64_t *ids = calloc(n, sizeof(*ids));
-	uint8_t *pkt;
-	size_t len;
-	struct wire_msg *m;
 
 	assert_non_null(ids);
 	for (size_t i = 0; i < n; i++)
-		ids[i] = i % 128;
+		ids[i] = i % mod;
 	rel.n_leases = n;
 	rel.leases = ids;
 	f.id = 9;
 	f.body_case = DLSHARE__FRAME__BODY_RELEASE;
 	f.release = &rel;
-	assert_int_equal(wire_encode(&f, SIZE_MAX, &pkt, &len), 0);
+	assert_int_equal(wire_encode(&f, SIZE_MAX, pkt, len), 0);
+	free(ids);
+}
+
+static void test_decode_packed_within_cap(void **state)
+{
+	/* A packed repeated uint64 of 1-byte varints costs exactly 8x: the
+	 * factor is chosen so that this still fits. */
+	const size_t n = 100000;
+	uint8_t *pkt;
+	size_t len;
+	struct wire_msg *m;
+
+	release_packet(n, 128, &pkt, &len);
 	assert_true(len < n + 32);
 	assert_int_equal(wire_decode(pkt, len, &m), 0);
 	assert_int_equal(m->frame->release->n_leases, n);
 	assert_int_equal(m->frame->release->leases[n - 1], (n - 1) % 128);
 	wire_msg_free(m);
 	free(pkt);
-	free(ids);
 }
 
 /* ---- every body of the oneof round-trips ---------------------------------- */
@@ -1038,6 +1045,20 @@ static void check_body(const Dlshare__Frame *f, Dlshare__Frame__BodyCase c)
 	}
 }
 
+/* Re-encoding a decoded frame gives the packet's bytes again. */
+static void assert_reencodes(const Dlshare__Frame *f, const uint8_t *pkt,
+			     size_t len)
+{
+	uint8_t *again;
+	size_t alen;
+
+	assert_int_equal(wire_encode(f, WIRE_PACKET_MAX_DEFAULT, &again,
+				     &alen), 0);
+	assert_int_equal(alen, len);
+	assert_memory_equal(again, pkt, len);
+	free(again);
+}
+
 static void test_roundtrip_every_body(void **state)
 {
 	struct bodies *b = calloc(1, sizeof(*b));
@@ -1052,8 +1073,8 @@ static void test_roundtrip_every_body(void **state)
 	     c++) {
 		Dlshare__Frame f = DLSHARE__FRAME__INIT;
 		struct wire_msg *m;
-		uint8_t *pkt, *again;
-		size_t len, rlen, alen;
+		uint8_t *pkt;
+		size_t len, rlen;
 		unsigned rn;
 		int fds[1];
 
@@ -1071,12 +1092,7 @@ static void test_roundtrip_every_body(void **state)
 		assert_int_equal(m->frame->id, 1000 + (uint64_t)c);
 		assert_int_equal(m->frame->body_case, c);
 		check_body(m->frame, (Dlshare__Frame__BodyCase)c);
-		/* Re-encoding the decoded frame gives the same bytes. */
-		assert_int_equal(wire_encode(m->frame, WIRE_PACKET_MAX_DEFAULT,
-					     &again, &alen), 0);
-		assert_int_equal(alen, len);
-		assert_memory_equal(again, pkt, len);
-		free(again);
+		assert_reencodes(m->frame, pkt, len);
 		wire_msg_free(m);
 		free(pkt);
 		seen++;
@@ -1096,14 +1112,11 @@ static void test_decode_in_keeps_one_block(void **state)
 	static const uint8_t garbage[] = { 0xff, 0xff, 0xff };
 	const size_t n = 100000;
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
-	Dlshare__Release rel = DLSHARE__RELEASE__INIT;
-	uint64_t *ids = calloc(n, sizeof(*ids));
 	struct wire_msg *block = NULL, *first = NULL, *m;
-	uint8_t *pkt, *again;
-	size_t len, alen;
+	uint8_t *pkt;
+	size_t len;
 
 	assert_non_null(b);
-	assert_non_null(ids);
 	bodies_init(b);
 	for (int c = DLSHARE__FRAME__BODY_HELLO; c <= DLSHARE__FRAME__BODY_GOODBYE;
 	     c++) {
@@ -1119,24 +1132,13 @@ static void test_decode_in_keeps_one_block(void **state)
 		assert_ptr_equal(m, first); /* the same block every time */
 		assert_int_equal(m->frame->id, 2000 + (uint64_t)c);
 		check_body(m->frame, (Dlshare__Frame__BodyCase)c);
-		assert_int_equal(wire_encode(m->frame, WIRE_PACKET_MAX_DEFAULT,
-					     &again, &alen), 0);
-		assert_int_equal(alen, len);
-		assert_memory_equal(again, pkt, len);
-		free(again);
+		assert_reencodes(m->frame, pkt, len);
 		free(pkt);
 		block = wire_msg_keep(m);
 		assert_ptr_equal(block, first);
 	}
 	/* 100,000 releases: chunks beyond the block, freed by the keep. */
-	for (size_t i = 0; i < n; i++)
-		ids[i] = i;
-	rel.n_leases = n;
-	rel.leases = ids;
-	f.id = 9;
-	f.body_case = DLSHARE__FRAME__BODY_RELEASE;
-	f.release = &rel;
-	assert_int_equal(wire_encode(&f, SIZE_MAX, &pkt, &len), 0);
+	release_packet(n, UINT64_MAX, &pkt, &len);
 	assert_int_equal(wire_decode_in(block, pkt, len, 0, &m), 0);
 	assert_ptr_equal(m, first);
 	assert_int_equal(m->frame->release->n_leases, n);
@@ -1169,7 +1171,6 @@ static void test_decode_in_keeps_one_block(void **state)
 	free(pkt);
 	assert_null(wire_msg_keep(NULL));
 	wire_block_free(NULL);
-	free(ids);
 	free(b);
 }
 
