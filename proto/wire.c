@@ -1004,6 +1004,56 @@ size_t wire_pack_fast(const Dlshare__Frame *f, uint8_t *buf, size_t cap)
 	return (size_t)(p - buf);
 }
 
+int wire_get_reply_tail(const Dlshare__GetReply *g, uint8_t **out,
+			size_t *len)
+{
+	Dlshare__GetReply c = *g;
+	size_t n, head;
+	uint8_t *b;
+
+	/* Packed with lease 0, it starts with version's and lease's keys
+	 * and varints (fields in number order); what follows is the tail. */
+	c.lease = 0;
+	n = dlshare__get_reply__get_packed_size(&c);
+	head = 1 + vlen(c.version) + 2;
+	b = malloc(n);
+	if (!b)
+		return -ENOMEM;
+	dlshare__get_reply__pack(&c, b);
+	if (n < head || b[0] != KEY(1, VI) || b[head - 2] != KEY(2, VI) ||
+	    b[head - 1] != 0) {
+		free(b);
+		return -EPROTO;
+	}
+	memmove(b, b + head, n - head);
+	*out = b;
+	*len = n - head;
+	return 0;
+}
+
+size_t wire_pack_get_reply(uint64_t id, uint64_t version, uint64_t lease,
+			   const uint8_t *tail, size_t tail_len, uint8_t *buf,
+			   size_t cap)
+{
+	size_t body = 1 + vlen(version) + 1 + vlen(lease) + tail_len;
+	size_t total = 1 + vlen(id) + 2 + vlen(body) + body;
+	uint8_t *p = buf;
+
+	if (total > cap)
+		return 0;
+	*p++ = KEY(1, VI);
+	p = put_v(p, id);
+	*p++ = (uint8_t)((19 << 3) | LD | 0x80);
+	*p++ = (uint8_t)((19 << 3) >> 7);
+	p = put_v(p, body);
+	*p++ = KEY(1, VI);
+	p = put_v(p, version);
+	*p++ = KEY(2, VI);
+	p = put_v(p, lease);
+	memcpy(p, tail, tail_len);
+	return total;
+}
+
 /* Frees m's chunks beyond its first. */
 static void chunks_free(struct wire_msg *m)
 {

@@ -59,6 +59,25 @@ int wire_encode(const Dlshare__Frame *f, size_t max, uint8_t **out,
  * shape or does not fit: then pack it with protobuf-c. */
 size_t wire_pack_fast(const Dlshare__Frame *f, uint8_t *buf, size_t cap);
 
+/* A GetReply's bytes after its version and lease (read_only, tensors,
+ * buffers, events, manifest): the same for every reply that differs from
+ * g in those two only, so that a reader's warm get of one version is sent
+ * from them (wire_pack_get_reply) without encoding it again. Returns 0
+ * with *out (free() it) and *len, -ENOMEM, or -EPROTO when g does not
+ * encode as expected. */
+int wire_get_reply_tail(const Dlshare__GetReply *g, uint8_t **out,
+			size_t *len);
+/* Writes the frame { id, get_reply { version, lease, then tail } } into
+ * buf (cap bytes): the bytes dlshare__frame__pack writes for the frame
+ * whose GetReply wire_get_reply_tail made tail of. Returns the length, or
+ * 0 when it does not fit. */
+size_t wire_pack_get_reply(uint64_t id, uint64_t version, uint64_t lease,
+			   const uint8_t *tail, size_t tail_len, uint8_t *buf,
+			   size_t cap);
+/* What wire_pack_get_reply writes before the tail, at most: the frame's
+ * id, key and length, and the version and lease (keys and varints). */
+#define WIRE_GET_REPLY_HEAD_MAX (1 + 10 + 2 + 10 + 1 + 10 + 1 + 10)
+
 /* A chunk of a decoded frame's arena beyond the one inside struct
  * wire_msg. */
 struct wire_chunk;

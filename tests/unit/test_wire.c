@@ -1174,6 +1174,72 @@ static void test_decode_in_keeps_one_block(void **state)
 	free(b);
 }
 
+/* A GetReply sent from its cached tail (wire_get_reply_tail,
+ * wire_pack_get_reply) is the frame protobuf-c packs, for every shape of
+ * reply (tensors, CUDA buffers, an event, events per device, a manifest)
+ * and varints of every length; one byte short of it does not fit. */
+static void test_get_reply_from_tail(void **state)
+{
+	static const uint64_t nums[] = { 0, 1, 127, 128, 16383, 16384,
+					 1ull << 35, UINT64_MAX };
+	struct bodies *b = calloc(1, sizeof(*b));
+	Dlshare__DeviceEvent de = DLSHARE__DEVICE_EVENT__INIT, *dep[2];
+	Dlshare__Buffer mbuf = DLSHARE__BUFFER__INIT;
+	uint8_t buf[WIRE_PACKET_MAX_DEFAULT];
+
+	assert_non_null(b);
+	bodies_init(b);
+	de.uuid.data = b->handle;
+	de.uuid.len = 16;
+	de.handle.data = b->handle;
+	de.handle.len = 64;
+	dep[0] = dep[1] = &de;
+	mbuf.id = 5;
+	mbuf.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
+	mbuf.size = 1u << 16;
+	mbuf.device = &b->dev;
+	for (int shape = 0; shape < 3; shape++) {
+		Dlshare__GetReply g = b->get_reply;
+
+		if (shape == 1) {       /* events per device instead */
+			g.has_event_handle = 0;
+			g.n_device_events = 2;
+			g.device_events = dep;
+		} else if (shape == 2) { /* a manifest, no tensors */
+			g.n_tensors = 0;
+			g.manifest = &mbuf;
+			g.has_manifest_tensors = 1;
+			g.manifest_tensors = 100000;
+		}
+		for (size_t i = 0; i < sizeof(nums) / sizeof(nums[0]); i++) {
+			Dlshare__Frame f = DLSHARE__FRAME__INIT;
+			uint8_t *tail, *pkt;
+			size_t tlen, len, n;
+
+			g.version = nums[i];
+			g.lease = nums[(i + 3) % 8];
+			assert_int_equal(wire_get_reply_tail(&g, &tail, &tlen),
+					 0);
+			f.id = nums[(i + 5) % 8];
+			f.body_case = DLSHARE__FRAME__BODY_GET_REPLY;
+			f.get_reply = &g;
+			assert_int_equal(wire_encode(&f, SIZE_MAX, &pkt, &len),
+					 0);
+			n = wire_pack_get_reply(f.id, g.version, g.lease, tail,
+						tlen, buf, sizeof(buf));
+			assert_int_equal(n, len);
+			assert_memory_equal(buf, pkt, len);
+			assert_int_equal(wire_pack_get_reply(f.id, g.version,
+							     g.lease, tail,
+							     tlen, buf,
+							     len - 1), 0);
+			free(pkt);
+			free(tail);
+		}
+	}
+	free(b);
+}
+
 /* ---- the GetReply fast path against protobuf-c ---------------------------- */
 
 static int fast_taken, packed_fast;
@@ -1437,6 +1503,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_send_recv_frame_with_fds),
 		cmocka_unit_test(test_decode_in_keeps_one_block),
+		cmocka_unit_test(test_get_reply_from_tail),
 		cmocka_unit_test(test_get_reply_fast_path_agrees),
 		cmocka_unit_test(test_get_fast_path_agrees),
 		cmocka_unit_test(test_fast_path_knows_every_field),
