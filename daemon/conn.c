@@ -187,54 +187,17 @@ static int conn_flush(struct conn *c)
 	return 0;
 }
 
-int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
-	      unsigned nfds)
+/* Queues len bytes (data, which c takes) with nfds fds (dup'd) behind
+ * what c has queued, and sends what the socket takes. Returns as
+ * conn_send. */
+static int conn_queue(struct conn *c, uint8_t *data, size_t len,
+		      const int *fds, unsigned nfds)
 {
 	const struct conn_limits *lim = c->set->limits;
 	struct refusal why;
 	struct outpkt *p;
-	uint8_t *data;
-	size_t len;
 	int err;
 
-	if (!conn_open(c))
-		return -EPIPE;
-	f->nfds = nfds;
-	f->has_nfds = nfds > 0;
-	/* Nothing queued and a small packet (every reply to a get of a
-	 * cached buffer): straight to the socket from the stack, with the
-	 * caller's fds (the kernel takes its own references), and no queue
-	 * entry when it goes at once. */
-	if (!c->out_head) {
-		uint8_t buf[CONN_DIRECT_MAX];
-		size_t cap = lim->max_packet < sizeof(buf) ? lim->max_packet :
-			     sizeof(buf);
-
-		/* A GetReply of host buffers without protobuf-c's two walks
-		 * (wire_pack_fast), any other small frame with them. */
-		len = wire_pack_fast(f, buf, cap);
-		if (!len) {
-			len = dlshare__frame__get_packed_size(f);
-			if (len > cap)
-				goto queue;
-			dlshare__frame__pack(f, buf);
-		}
-		err = wire_send(c->fd, buf, len, fds, nfds, MSG_DONTWAIT);
-		if (err == 0)
-			return 0;
-		if (err != -EAGAIN) {
-			conn_fail(c, "send failed");
-			return err;
-		}
-	}
-queue:
-	err = wire_encode(f, lim->max_packet, &data, &len);
-	if (err) {
-		log_warn("conn %llu: reply does not fit a packet (%d)",
-			(unsigned long long)c->id, err);
-		conn_fail(c, "reply too large");
-		return err;
-	}
 	if (c->out_bytes + len > lim->max_output) {
 		free(data);
 		conn_fail(c, "output limit reached: peer does not read");
@@ -283,6 +246,94 @@ queue:
 	}
 	conn_update_poll(c);
 	return 0;
+}
+
+/* Sends buf straight from the caller's memory (with the caller's fds: the
+ * kernel takes its own references) when nothing is queued before it.
+ * Returns 0 when it went, 1 when it must be queued, or -errno (c is
+ * failing). */
+static int conn_send_direct(struct conn *c, const uint8_t *buf, size_t len,
+			    const int *fds, unsigned nfds)
+{
+	int err;
+
+	if (c->out_head)
+		return 1;
+	err = wire_send(c->fd, buf, len, fds, nfds, MSG_DONTWAIT);
+	if (err == -EAGAIN)
+		return 1;
+	if (err)
+		conn_fail(c, "send failed");
+	return err;
+}
+
+static int conn_too_large(struct conn *c, int err)
+{
+	log_warn("conn %llu: reply does not fit a packet (%d)",
+		 (unsigned long long)c->id, err);
+	conn_fail(c, "reply too large");
+	return err;
+}
+
+int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
+	      unsigned nfds)
+{
+	const struct conn_limits *lim = c->set->limits;
+	uint8_t *data;
+	size_t len;
+	int err;
+
+	if (!conn_open(c))
+		return -EPIPE;
+	f->nfds = nfds;
+	f->has_nfds = nfds > 0;
+	/* Nothing queued and a small packet (every reply to a get of a
+	 * cached buffer): from the stack, and no queue entry when it goes
+	 * at once. */
+	if (!c->out_head) {
+		uint8_t buf[CONN_DIRECT_MAX];
+		size_t cap = lim->max_packet < sizeof(buf) ? lim->max_packet :
+			     sizeof(buf);
+
+		/* A GetReply of host buffers without protobuf-c's two walks
+		 * (wire_pack_fast), any other small frame with them. */
+		len = wire_pack_fast(f, buf, cap);
+		if (!len) {
+			len = dlshare__frame__get_packed_size(f);
+			if (len > cap)
+				goto queue;
+			dlshare__frame__pack(f, buf);
+		}
+		err = conn_send_direct(c, buf, len, fds, nfds);
+		if (err <= 0)
+			return err;
+	}
+queue:
+	err = wire_encode(f, lim->max_packet, &data, &len);
+	if (err)
+		return conn_too_large(c, err);
+	return conn_queue(c, data, len, fds, nfds);
+}
+
+int conn_send_packed(struct conn *c, const uint8_t *buf, size_t len)
+{
+	uint8_t *data;
+	int err;
+
+	if (!conn_open(c))
+		return -EPIPE;
+	if (len > c->set->limits->max_packet)
+		return conn_too_large(c, -E2BIG);
+	err = conn_send_direct(c, buf, len, NULL, 0);
+	if (err <= 0)
+		return err;
+	data = malloc(len);
+	if (!data) {
+		conn_fail(c, "out of memory");
+		return -ENOMEM;
+	}
+	memcpy(data, buf, len);
+	return conn_queue(c, data, len, NULL, 0);
 }
 
 int conn_send_error(struct conn *c, uint64_t id, int code, const char *fmt,

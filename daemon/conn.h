@@ -144,6 +144,9 @@ static inline int conn_open(const struct conn *c)
  * the conn is failing (output limit crossed, encode failure, dead peer). */
 int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
 	      unsigned nfds);
+/* Sends a packet already packed (len bytes, no fds) as conn_send sends a
+ * frame: at once from buf when it can, else a copy queued. */
+int conn_send_packed(struct conn *c, const uint8_t *buf, size_t len);
 
 /* Whether nfds more fds may be queued to c: 0, or -EDQUOT with *why
  * naming the limit (per connection, or ops->may_queue_fds's; a static

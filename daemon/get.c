@@ -36,6 +36,111 @@ struct waitq {
 	UT_hash_handle hh;
 };
 
+/* A GetReply's events per device, in the wire's terms. */
+struct reply_events {
+	Dlshare__DeviceEvent dev[REGISTRY_BUFFERS_HARD_MAX];
+	Dlshare__DeviceEvent *devp[REGISTRY_BUFFERS_HARD_MAX];
+};
+
+/* Fills r, a reader's reply for v with lease, from w (v's encoding) and
+ * ev; they live as long as r. */
+static void get_reply_fill(Dlshare__GetReply *r, struct reply_events *ev,
+			   struct encode_version *w, const struct version *v,
+			   uint64_t lease)
+{
+	r->version = v->number;
+	r->lease = lease;
+	r->read_only = 1;
+	if (w->has_manifest) {
+		r->manifest = &w->manifest;
+		r->has_manifest_tensors = 1;
+		r->manifest_tensors = v->ntensors;
+	} else {
+		r->n_tensors = v->ntensors;
+		r->tensors = w->tp;
+	}
+	r->n_buffers = v->nbuffers;
+	r->buffers = w->bp;
+	if (v->event_len) {
+		r->has_event_handle = 1;
+		r->event_handle.data = v->event_handle;
+		r->event_handle.len = v->event_len;
+	}
+	for (size_t i = 0; i < v->ndev_events; i++) {
+		uint8_t *de = v->dev_events + i * REGISTRY_DEV_EVENT_LEN;
+		Dlshare__DeviceEvent *e = &ev->dev[i];
+
+		dlshare__device_event__init(e);
+		e->uuid.data = de;
+		e->uuid.len = REGISTRY_UUID_LEN;
+		e->handle.data = de + REGISTRY_UUID_LEN;
+		e->handle.len = REGISTRY_HANDLE_MAX;
+		ev->devp[i] = e;
+	}
+	r->n_device_events = v->ndev_events;
+	r->device_events = ev->devp;
+}
+
+/* v's reply to a reader that needs no fd of it (all its buffers' and its
+ * manifest's were sent before) is the same but for the request id and the
+ * lease: its tail is packed at the first such get and kept with v (see
+ * struct version). Returns it, or NULL when v keeps none (over
+ * GET_TAIL_MAX bytes, or no memory for it now). */
+static const uint8_t *get_tail(struct version *v, size_t *len)
+{
+	Dlshare__GetReply r = DLSHARE__GET_REPLY__INIT;
+	struct reply_events ev;
+	struct encode_version w;
+	uint8_t *tail;
+	int err;
+
+	if (v->reply_tail) {
+		*len = v->reply_tail_len;
+		return v->reply_tail;
+	}
+	if (v->reply_tail_len == REGISTRY_REPLY_TAIL_NONE ||
+	    v->state != VERSION_SEALED)
+		return NULL;
+	/* No fd attached; a manifest by its id alone. */
+	if (encode_version_init(&w, v, NULL, ENCODE_MANIFEST_KEPT))
+		return NULL;
+	get_reply_fill(&r, &ev, &w, v, 0);
+	err = wire_get_reply_tail(&r, &tail, len);
+	encode_version_deinit(&w);
+	if (err == -ENOMEM)
+		return NULL;
+	if (err || *len > GET_TAIL_MAX) {
+		if (!err)
+			free(tail);
+		v->reply_tail_len = REGISTRY_REPLY_TAIL_NONE;
+		return NULL;
+	}
+	v->reply_tail = tail;
+	v->reply_tail_len = (uint32_t)*len;
+	return tail;
+}
+
+/* Sends the reply to a get of v with lease from v's tail (get_tail).
+ * Returns 0 when it did (or the connection failed doing it), 1 when v
+ * keeps no tail. */
+static int get_send_warm(struct peer *peer, uint64_t id, struct version *v,
+			 uint64_t lease)
+{
+	uint8_t buf[GET_TAIL_MAX + WIRE_GET_REPLY_HEAD_MAX];
+	const uint8_t *tail;
+	size_t tlen, len;
+
+	tail = get_tail(v, &tlen);
+	if (!tail)
+		return 1;
+	len = wire_pack_get_reply(id, v->number, lease, tail, tlen, buf,
+				  sizeof(buf));
+	if (!len)
+		return 1;
+	conn_send_packed(&peer->conn, buf, len);
+	return 0;
+}
+
 /* Answers a get (or, with take, a Take) with v: takes a lease (the take
  * of v) and sends each buffer's fd the first time this peer needs it, and
  * so the manifest's when the Get said the peer keeps them (mcache, 1.5;
@@ -48,8 +153,7 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v,
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__GetReply r = DLSHARE__GET_REPLY__INIT;
 	int attach[REGISTRY_BUFFERS_HARD_MAX];
-	Dlshare__DeviceEvent dev[REGISTRY_BUFFERS_HARD_MAX];
-	Dlshare__DeviceEvent *devp[REGISTRY_BUFFERS_HARD_MAX];
+	struct reply_events ev;
 	struct encode_version w;
 	struct refusal why = { 0 };
 	struct lease *l;
@@ -108,6 +212,9 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v,
 	}
 	if (take)
 		registry_queue_take(&d->reg, l);
+	/* A warm get (every fd sent before): from v's packed tail. */
+	if (!nattach && !get_send_warm(peer, id, v, l->id))
+		return;
 	if (encode_version_init(&w, v, attach,
 				!mcache ? ENCODE_MANIFEST_FD :
 				mknown ? ENCODE_MANIFEST_KEPT :
@@ -119,36 +226,7 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v,
 			registry_release(&d->reg, &peer->owner, l->id);
 		return;
 	}
-	r.version = v->number;
-	r.lease = l->id;
-	r.read_only = 1;
-	if (w.has_manifest) {
-		r.manifest = &w.manifest;
-		r.has_manifest_tensors = 1;
-		r.manifest_tensors = v->ntensors;
-	} else {
-		r.n_tensors = v->ntensors;
-		r.tensors = w.tp;
-	}
-	r.n_buffers = v->nbuffers;
-	r.buffers = w.bp;
-	if (v->event_len) {
-		r.has_event_handle = 1;
-		r.event_handle.data = v->event_handle;
-		r.event_handle.len = v->event_len;
-	}
-	for (size_t i = 0; i < v->ndev_events; i++) {
-		uint8_t *de = v->dev_events + i * REGISTRY_DEV_EVENT_LEN;
-
-		dlshare__device_event__init(&dev[i]);
-		dev[i].uuid.data = de;
-		dev[i].uuid.len = REGISTRY_UUID_LEN;
-		dev[i].handle.data = de + REGISTRY_UUID_LEN;
-		dev[i].handle.len = REGISTRY_HANDLE_MAX;
-		devp[i] = &dev[i];
-	}
-	r.n_device_events = v->ndev_events;
-	r.device_events = devp;
+	get_reply_fill(&r, &ev, &w, v, l->id);
 	f.id = id;
 	f.body_case = DLSHARE__FRAME__BODY_GET_REPLY;
 	f.get_reply = &r;

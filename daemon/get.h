@@ -16,6 +16,12 @@
 struct park;
 struct waitq;
 
+/* A sealed version's reply to a warm get (one that needs no fd) is kept
+ * packed with it, less its request id and lease, when it is at most this
+ * many bytes (a version of about a dozen tensors); longer ones are
+ * encoded each time. */
+#define GET_TAIL_MAX 1024
+
 /* Handles a Get of peer: answered now, or parked. */
 void get_request(struct peer *peer, uint64_t id, const Dlshare__Get *m);
 

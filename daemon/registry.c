@@ -586,6 +586,7 @@ static void version_destroy(struct registry *r, struct version *v)
 	}
 	free(v->event_handle);
 	free(v->dev_events);
+	free(v->reply_tail);
 	free(v); /* its tensors, buffers, dims and keys with it */
 	entry_maybe_free(r, e);
 }
@@ -1797,6 +1798,10 @@ void registry_owner_forget_events(struct registry *r,
 		free(v->event_handle);
 		v->event_handle = NULL;
 		v->event_len = 0;
+		/* A warm reader's reply kept from before names the event. */
+		free(v->reply_tail);
+		v->reply_tail = NULL;
+		v->reply_tail_len = 0;
 	}
 }
 

@@ -126,6 +126,8 @@ struct vcharge {
  * ends (registry_seal_end). */
 struct writer_rec;
 
+#define REGISTRY_REPLY_TAIL_NONE UINT32_MAX
+
 struct version {
 	struct entry *entry;
 	uint64_t number;
@@ -191,6 +193,12 @@ struct version {
 	uint8_t qheld;           /* counts toward its queue's depth: from
 				  * create until consumed (or it dies) */
 	uint8_t queued;          /* sealed, on entry->qhead, not taken */
+	/* get.c's GetReply of it for readers that hold every fd it needs
+	 * (wire_get_reply_tail), packed at the first such get of the sealed
+	 * version and freed with it: reply_tail_len bytes, or
+	 * REGISTRY_REPLY_TAIL_NONE when it is not kept (too long). */
+	uint32_t reply_tail_len;
+	uint8_t *reply_tail;
 	uint64_t qseq;           /* its place in the queue: seal order */
 	struct version *qprev, *qnext; /* entry->qhead */
 	/* 1.5: the node a relay mirrored it from (in its allocation), and its

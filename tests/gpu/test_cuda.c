@@ -1926,8 +1926,14 @@ static int store_consumer(void *arg)
 #endif
 	DL_OK(dlshare_stat(c, ST_NAME, &info, NULL));
 	CHECK(info.kind == DLSHARE_KIND_CUDA_VMM && !info.exported);
+	/* A warm get (its fd sent before) while the producer lives: the
+	 * daemon may keep this reply, event and all, for the next one. */
+	DL_OK(dlshare_get_tensor(c, ST_NAME, &go, &m2));
+	CHECK(read_check(&m2->dl_tensor, CA_BYTES, 404, s, "warm") == 0);
+	m2->deleter(m2);
 	SEND(a->to_p, 'g');
-	/* The producer has gone: the version has not. */
+	/* The producer has gone: the version has not (and a reply kept
+	 * from before hands out no event of the producer's). */
 	RECV(a->to_c, 'p');
 	DL_OK(dlshare_get_tensor(c, ST_NAME, &go, &m2));
 	CHECK(read_check(&m2->dl_tensor, CA_BYTES, 404, s, "later") == 0);

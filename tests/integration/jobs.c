@@ -132,28 +132,34 @@ int job_consume(const struct daemon_proc *d, void *arg)
 	dlshare_bundle *b;
 
 	CHILD_CHECK(j->n <= JOB_MAX);
-	CHILD_OK(dlshare_get(c, j->name, &o, &b));
-	CHILD_CHECK(dlshare_bundle_version(b) > j->after);
-	CHILD_CHECK(!j->want_version ||
-		    dlshare_bundle_version(b) == j->want_version);
-	CHILD_CHECK(job_check_bundle(b, j->ts, j->n) == 0);
-	for (size_t i = 0; i < j->n; i++) {
-		CHILD_OK(dlshare_bundle_export(b, i, &m[i]));
-		CHILD_OK(dlshare_bundle_export_versioned(b, i, &mv[i]));
-	}
-	/* The managed tensors hold the lease on their own. */
-	dlshare_bundle_free(b);
-	for (size_t i = 0; i < j->n; i++) {
-		const struct tspec *s = &j->ts[i];
+	for (unsigned g = 0; g < (j->gets ? j->gets : 1); g++) {
+		CHILD_OK(dlshare_get(c, j->name, &o, &b));
+		CHILD_CHECK(dlshare_bundle_version(b) > j->after);
+		CHILD_CHECK(!j->want_version ||
+			    dlshare_bundle_version(b) == j->want_version);
+		CHILD_CHECK(job_check_bundle(b, j->ts, j->n) == 0);
+		/* The same version again, from a reader that has its fds. */
+		o.select = DLSHARE_EXACT;
+		o.version = dlshare_bundle_version(b);
+		for (size_t i = 0; i < j->n; i++) {
+			CHILD_OK(dlshare_bundle_export(b, i, &m[i]));
+			CHILD_OK(dlshare_bundle_export_versioned(b, i, &mv[i]));
+		}
+		/* The managed tensors hold the lease on their own. */
+		dlshare_bundle_free(b);
+		for (size_t i = 0; i < j->n; i++) {
+			const struct tspec *s = &j->ts[i];
 
-		CHILD_CHECK(util_check(&m[i]->dl_tensor, s->dt, s->ndim,
-				       s->shape, s->seed) == 0);
-		CHILD_CHECK(util_check(&mv[i]->dl_tensor, s->dt, s->ndim,
-				       s->shape, s->seed) == 0);
-		CHILD_CHECK(mv[i]->version.major == 1);
-		CHILD_CHECK(mv[i]->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
-		m[i]->deleter(m[i]);
-		mv[i]->deleter(mv[i]);
+			CHILD_CHECK(util_check(&m[i]->dl_tensor, s->dt, s->ndim,
+					       s->shape, s->seed) == 0);
+			CHILD_CHECK(util_check(&mv[i]->dl_tensor, s->dt,
+					       s->ndim, s->shape, s->seed) == 0);
+			CHILD_CHECK(mv[i]->version.major == 1);
+			CHILD_CHECK(mv[i]->flags &
+				    DLPACK_FLAG_BITMASK_READ_ONLY);
+			m[i]->deleter(m[i]);
+			mv[i]->deleter(mv[i]);
+		}
 	}
 	dlshare_disconnect(c);
 	return 0;

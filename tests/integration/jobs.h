@@ -28,6 +28,8 @@ struct job {
 	uint64_t after;        /* consumer: a version newer than this */
 	int timeout_ms;        /* consumer: how long to wait for it */
 	uint64_t want_version; /* consumer: 0 or the version it must get */
+	unsigned gets;         /* consumer: gets of it on one connection
+				* (0: one); the later ones need no fd */
 };
 
 /* Publishes job->ts as one version of job->name; with hold, waits for it
@@ -35,7 +37,7 @@ struct job {
 int job_produce(const struct daemon_proc *d, void *job);
 /* Gets the version and checks count, keys, dtypes, shapes, strides and
  * bytes, through the bundle and through exported managed tensors that
- * outlive it. */
+ * outlive it; as often as job->gets says, each a get of that version. */
 int job_consume(const struct daemon_proc *d, void *job);
 
 /* The checks of job_consume on a bundle. Returns 0 or 1. */

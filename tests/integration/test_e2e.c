@@ -99,6 +99,54 @@ static void bundle_export(void **state)
 	produce_consume(&fx->d, &j);
 }
 
+/* Sixteen tensors with 60-byte keys: a reply longer than the daemon
+ * keeps packed (GET_TAIL_MAX), where bundle's is kept. */
+#define WIDE_KEY(i) "model.layers." #i ".self_attn.q_proj.weight.shard_of_sixteen"
+static const struct tspec wide[] = {
+	{ WIDE_KEY(00), DT_F32, 2, { 4, 8 }, 21 },
+	{ WIDE_KEY(01), DT_F64, 1, { 8 }, 22 },
+	{ WIDE_KEY(02), DT_I64, 3, { 2, 3, 4 }, 23 },
+	{ WIDE_KEY(03), DT_U8, 0, { 0 }, 24 },
+	{ WIDE_KEY(04), DT_I16, 2, { 0, 7 }, 25 },
+	{ WIDE_KEY(05), DT_I32, 4, { 2, 1, 3, 5 }, 26 },
+	{ WIDE_KEY(06), DT_F32, 1, { 1000 }, 27 },
+	{ WIDE_KEY(07), DT_F32, 2, { 3, 3 }, 28 },
+	{ WIDE_KEY(08), DT_F32, 2, { 5, 1 }, 29 },
+	{ WIDE_KEY(09), DT_F64, 1, { 1 }, 30 },
+	{ WIDE_KEY(10), DT_U8, 1, { 4096 }, 31 },
+	{ WIDE_KEY(11), DT_I64, 1, { 9 }, 32 },
+	{ WIDE_KEY(12), DT_I32, 2, { 7, 7 }, 33 },
+	{ WIDE_KEY(13), DT_I16, 1, { 3 }, 34 },
+	{ WIDE_KEY(14), DT_F32, 3, { 1, 2, 3 }, 35 },
+	{ WIDE_KEY(15), DT_F32, 1, { 0 }, 36 },
+};
+
+/* A reader that gets the same version again (its fds sent before) gets
+ * it whole, whether the daemon answers from the reply it keeps packed
+ * (bundle) or encodes it again (wide, longer than it keeps), in store
+ * and export mode. */
+static void warm_gets(void **state)
+{
+	struct fixture *fx = *state;
+	struct job js[] = {
+		{ .name = "e2e/warm", .ts = bundle,
+		  .n = sizeof(bundle) / sizeof(bundle[0]),
+		  .mode = JOB_STORE, .gets = 4 },
+		{ .name = "e2e/warm-x", .ts = bundle,
+		  .n = sizeof(bundle) / sizeof(bundle[0]),
+		  .mode = JOB_EXPORT, .gets = 4 },
+		{ .name = "e2e/wide", .ts = wide,
+		  .n = sizeof(wide) / sizeof(wide[0]),
+		  .mode = JOB_STORE, .gets = 4 },
+		{ .name = "e2e/wide-x", .ts = wide,
+		  .n = sizeof(wide) / sizeof(wide[0]),
+		  .mode = JOB_EXPORT, .gets = 4 },
+	};
+
+	for (size_t i = 0; i < sizeof(js) / sizeof(js[0]); i++)
+		produce_consume(&fx->d, &js[i]);
+}
+
 static const struct tspec large[] = {
 	{ "big", DT_U8, 3, { 64, 1024, 1024 }, 77 }, /* 64 MiB */
 };
@@ -655,6 +703,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(export_roundtrip, setup, teardown),
 		cmocka_unit_test_setup_teardown(bundle_store, setup, teardown),
 		cmocka_unit_test_setup_teardown(bundle_export, setup, teardown),
+		cmocka_unit_test_setup_teardown(warm_gets, setup, teardown),
 		cmocka_unit_test_setup_teardown(large_store, setup, teardown),
 		cmocka_unit_test_setup_teardown(large_export, setup, teardown),
 		cmocka_unit_test_setup_teardown(zero_size_and_scalar, setup, teardown),
