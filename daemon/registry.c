@@ -666,9 +666,87 @@ static void version_publish(struct registry *r, struct version *v)
 	version_check(r, v);
 }
 
+/* A zeroed lease record, a spare one when the registry keeps one. Returns
+ * NULL when out of memory. */
+static struct lease *lease_alloc(struct registry *r)
+{
+	struct lease *l = r->spare_leases;
+
+	if (!l)
+		return util_zalloc(1, sizeof(*l));
+	r->spare_leases = l->vnext;
+	r->nspare_leases--;
+	memset(l, 0, sizeof(*l));
+	return l;
+}
+
+static void lease_free(struct registry *r, struct lease *l)
+{
+	if (r->nspare_leases >= REGISTRY_SPARE_MAX) {
+		free(l);
+		return;
+	}
+	l->vnext = r->spare_leases;
+	r->spare_leases = l;
+	r->nspare_leases++;
+}
+
+/* The same for charge records. */
+static struct vcharge *charge_alloc(struct registry *r)
+{
+	struct vcharge *vc = r->spare_charges;
+
+	if (!vc)
+		return util_zalloc(1, sizeof(*vc));
+	r->spare_charges = vc->next;
+	r->nspare_charges--;
+	memset(vc, 0, sizeof(*vc));
+	return vc;
+}
+
+static void charge_free(struct registry *r, struct vcharge *vc)
+{
+	if (r->nspare_charges >= REGISTRY_SPARE_MAX) {
+		free(vc);
+		return;
+	}
+	vc->next = r->spare_charges;
+	r->spare_charges = vc;
+	r->nspare_charges++;
+}
+
+/* Puts l in o's table, with o's anchor first when the table is empty. */
+static void owner_lease_add(struct registry_owner *o, struct lease *l)
+{
+	if (!o->leases) {
+		memset(&o->anchor, 0, sizeof(o->anchor));
+		HASH_ADD(hh, o->leases, id, sizeof(o->anchor.id), &o->anchor);
+	}
+	HASH_ADD(hh, o->leases, id, sizeof(l->id), l);
+}
+
+/* Takes o's anchor out of its table (and so frees the table) when o
+ * holds no lease: when o is dropped, or lost its leases otherwise. */
+static void owner_lease_done(struct registry_owner *o)
+{
+	if (o->leases && !o->nleases)
+		HASH_DEL(o->leases, &o->anchor);
+}
+
+/* o's lease with id; never the anchor. */
+static struct lease *owner_lease_find(struct registry_owner *o, uint64_t id)
+{
+	struct lease *l = NULL;
+
+	if (id)
+		HASH_FIND(hh, o->leases, &id, sizeof(id), l);
+	return l;
+}
+
 /* Takes back what l's uid was charged for l's version v, once l is its
  * uid's last lease on v. The uid's record stays: l's owner holds it. */
-static void lease_uncharge(struct version *v, struct lease *l)
+static void lease_uncharge(struct registry *r, struct version *v,
+			   struct lease *l)
 {
 	struct vcharge *vc = l->charge;
 	struct uid_usage *u;
@@ -683,7 +761,7 @@ static void lease_uncharge(struct version *v, struct lease *l)
 	u->leased_meta_bytes -= v->meta_bytes;
 	u->fds -= v->nfds;
 	DL_DELETE(v->charges, vc);
-	free(vc);
+	charge_free(r, vc);
 }
 
 /* Drops every lease on v (a pending version's writer lease), then v. For
@@ -715,16 +793,17 @@ static void entry_destroy(struct registry *r, struct entry *e)
 		struct lease *l, *tmp;
 
 		DL_FOREACH_SAFE2(v->lease_list, l, tmp, vnext) {
-			lease_uncharge(v, l);
+			lease_uncharge(r, v, l);
 			DL_DELETE2(v->lease_list, l, vprev, vnext);
 			HASH_DEL(l->owner->leases, l);
 			l->owner->nleases--;
+			owner_lease_done(l->owner);
 			if (l->owner->usage)
 				l->owner->usage->leases--;
 			v->leases--;
 			v->entry->leases--;
 			r->nleases--;
-			free(l);
+			lease_free(r, l);
 		}
 		version_destroy(r, v);
 		if (last)
@@ -743,6 +822,19 @@ void registry_deinit(struct registry *r)
 		entry_destroy(r, r->detached);
 	while (r->tomb_list)
 		tomb_free(r, r->tomb_list);
+	while (r->spare_leases) {
+		struct lease *l = r->spare_leases;
+
+		r->spare_leases = l->vnext;
+		free(l);
+	}
+	while (r->spare_charges) {
+		struct vcharge *vc = r->spare_charges;
+
+		r->spare_charges = vc->next;
+		free(vc);
+	}
+	r->nspare_leases = r->nspare_charges = 0;
 	free(r->ttl_heap);
 	r->ttl_heap = NULL;
 	r->ttl_n = r->ttl_cap = 0;
@@ -1625,14 +1717,15 @@ int registry_lease(struct registry *r, struct registry_owner *o,
 		if (!vc) {
 			if ((err = lease_quota(r, u, v, why)))
 				return err;
-			vc = fresh = util_zalloc(1, sizeof(*fresh));
+			vc = fresh = charge_alloc(r);
 			if (!fresh)
 				return -ENOMEM;
 		}
 	}
-	l = util_zalloc(1, sizeof(*l));
+	l = lease_alloc(r);
 	if (!l) {
-		free(fresh);
+		if (fresh)
+			charge_free(r, fresh);
 		return -ENOMEM;
 	}
 	if (fresh) {
@@ -1650,7 +1743,7 @@ int registry_lease(struct registry *r, struct registry_owner *o,
 	l->id = r->next_lease_id++;
 	l->version = v;
 	l->owner = o;
-	HASH_ADD(hh, o->leases, id, sizeof(l->id), l);
+	owner_lease_add(o, l);
 	DL_APPEND2(v->lease_list, l, vprev, vnext);
 	o->nleases++;
 	if (o->usage)
@@ -1669,7 +1762,7 @@ static void lease_drop(struct registry *r, struct registry_owner *o,
 
 	if (l->take)
 		queue_consume(r, l);
-	lease_uncharge(v, l);
+	lease_uncharge(r, v, l);
 	HASH_DEL(o->leases, l);
 	DL_DELETE2(v->lease_list, l, vprev, vnext);
 	o->nleases--;
@@ -1678,7 +1771,7 @@ static void lease_drop(struct registry *r, struct registry_owner *o,
 	v->leases--;
 	v->entry->leases--;
 	r->nleases--;
-	free(l);
+	lease_free(r, l);
 	version_check(r, v);
 }
 
@@ -1696,9 +1789,8 @@ int registry_reader_fd(struct rbuffer *b)
 int registry_release(struct registry *r, struct registry_owner *o,
 		     uint64_t id)
 {
-	struct lease *l = NULL;
+	struct lease *l = owner_lease_find(o, id);
 
-	HASH_FIND(hh, o->leases, &id, sizeof(id), l);
 	if (!l)
 		return -ENOENT;
 	lease_drop(r, o, l);
@@ -1708,11 +1800,10 @@ int registry_release(struct registry *r, struct registry_owner *o,
 int registry_untake(struct registry *r, struct registry_owner *o,
 		    uint64_t id)
 {
-	struct lease *l = NULL;
+	struct lease *l = owner_lease_find(o, id);
 	struct version *v;
 	int back;
 
-	HASH_FIND(hh, o->leases, &id, sizeof(id), l);
 	if (!l)
 		return -ENOENT;
 	v = l->version;
@@ -1829,7 +1920,11 @@ void registry_owner_drop(struct registry *r, struct registry_owner *o)
 
 	HASH_ITER(hh, o->leases, l, ltmp) {
 		struct version *v = l->version;
-		int back = l->take && queue_return(r, l);
+		int back;
+
+		if (l == &o->anchor)
+			continue;
+		back = l->take && queue_return(r, l);
 
 		lease_drop(r, o, l);
 		/* Redelivered: whoever waits to take it may. */
@@ -1871,6 +1966,7 @@ void registry_owner_drop(struct registry *r, struct registry_owner *o)
 			queue_forget(r, v);
 		version_check(r, v);
 	}
+	owner_lease_done(o);
 	if (o->usage) {
 		o->usage->owners--;
 		usage_put(r, o->usage);

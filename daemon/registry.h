@@ -310,7 +310,13 @@ struct registry_owner {
 	gid_t gid;
 	pid_t pid;
 	struct uid_usage *usage; /* set by registry_owner_attach */
+	/* Its leases by id, and with them its anchor (id 0, never a
+	 * lease's, no version) whenever the table is not empty, until the
+	 * owner is dropped: uthash frees a table when its last item goes,
+	 * and a reader that holds one lease at a time would have it made
+	 * and freed on every get. */
 	struct lease *leases;
+	struct lease anchor;
 	uint32_t nleases;
 	uint32_t npending;        /* its pending versions (sealing included) */
 	struct version *versions; /* pending, exported, and sealed with a
@@ -452,6 +458,9 @@ struct registry_device {
 /* Buffer kinds counted, by DLSHARE__BUFFER_KIND__* (0: unknown). */
 #define REGISTRY_KINDS 4u
 
+/* Records a registry keeps for reuse, of each kind (struct registry). */
+#define REGISTRY_SPARE_MAX 64
+
 struct registry {
 	struct uid_usage *uids;   /* what each uid holds */
 	struct tomb *tombs;       /* by name */
@@ -466,6 +475,12 @@ struct registry {
 	uint64_t next_writer_id;
 	uint64_t next_buffer_id;
 	uint64_t next_lease_id;
+	/* Lease and charge records freed lately, up to REGISTRY_SPARE_MAX
+	 * of each, for the next leases: a get takes a lease and its release
+	 * drops it, and malloc and free of both cost ~500 instructions. */
+	struct lease *spare_leases;
+	struct vcharge *spare_charges;
+	uint32_t nspare_leases, nspare_charges;
 	uint64_t nnames, nversions, nleases, nbuffers, bytes, owned_bytes;
 	uint64_t meta_bytes;      /* struct version: meta_bytes, all versions */
 	uint64_t gpu_bytes;       /* daemon-owned GPU bytes (not in max_bytes) */

@@ -555,6 +555,52 @@ static void test_versions_supersede(void **state)
 	assert_int_equal(f->rec.npublished, 3);
 }
 
+/* Lease and charge records are reused, up to REGISTRY_SPARE_MAX of each:
+ * a reader's get and release cost no malloc. The owner's lease table
+ * keeps an anchor (id 0) while it lives, which is no lease of anyone's:
+ * releasing id 0 is refused like any unknown id. */
+static void test_lease_records_reused(void **state)
+{
+	struct fix *f = *state;
+	struct lease *l[REGISTRY_SPARE_MAX + 8], *again;
+	struct version *v = publish(f, &f->prod, "spare", 0);
+	size_t n = sizeof(l) / sizeof(l[0]);
+
+	assert_int_equal(registry_owner_attach(&f->r, &f->cons, NULL), 0);
+	assert_int_equal(registry_release(&f->r, &f->cons, 0), -ENOENT);
+	for (size_t i = 0; i < n; i++)
+		assert_int_equal(registry_lease(&f->r, &f->cons, v, &l[i],
+						NULL), 0);
+	assert_int_equal(f->cons.nleases, n);
+	assert_int_equal(registry_release(&f->r, &f->cons, 0), -ENOENT);
+	assert_int_equal(f->r.nspare_leases, 0);
+	for (size_t i = 0; i < n; i++)
+		assert_int_equal(registry_release(&f->r, &f->cons, l[i]->id),
+				 0);
+	assert_int_equal(f->r.nspare_leases, REGISTRY_SPARE_MAX);
+	/* The uid's one charge on v went with its last lease. */
+	assert_int_equal(f->r.nspare_charges, 1);
+	assert_null(v->charges);
+	assert_int_equal(f->cons.nleases, 0);
+	assert_int_equal(v->leases, 0);
+	/* The table stays, with its anchor alone. */
+	assert_non_null(f->cons.leases);
+	assert_int_equal(HASH_COUNT(f->cons.leases), 1);
+	assert_int_equal(registry_lease(&f->r, &f->cons, v, &again, NULL), 0);
+	assert_int_equal(f->r.nspare_leases, REGISTRY_SPARE_MAX - 1);
+	assert_int_equal(f->r.nspare_charges, 0);
+	assert_int_equal(again->take, 0);
+	assert_non_null(again->charge);
+	assert_int_equal(again->charge->leases, 1);
+	assert_int_equal(registry_release(&f->r, &f->cons, 0), -ENOENT);
+	assert_int_equal(registry_untake(&f->r, &f->cons, 0), -ENOENT);
+	/* Dropping the owner drops its lease and empties its table. */
+	registry_owner_drop(&f->r, &f->cons);
+	assert_null(f->cons.leases);
+	assert_int_equal(v->leases, 0);
+	assert_int_equal(f->r.nleases, 0);
+}
+
 static void test_find_select(void **state)
 {
 	struct fix *f = *state;
@@ -2171,6 +2217,7 @@ int main(void)
 		T(test_seal_errors),
 		T(test_seal_busy_while_mapped),
 		T(test_versions_supersede),
+		T(test_lease_records_reused),
 		T(test_find_select),
 		T(test_born_superseded),
 		T(test_abort),
