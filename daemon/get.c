@@ -442,7 +442,10 @@ void get_request(struct peer *peer, uint64_t id, const Dlshare__Get *m)
 		reply_err(peer, id, -EINVAL, "get (unknown selector)", m->name);
 		return;
 	}
-	if (check_name(m->name)) {
+	/* Every name in the registry passed check_name when it was made:
+	 * a name found needs no check, one not found is checked before it
+	 * is called missing. */
+	if (!m->name) {
 		reply_err(peer, id, -EINVAL, "get (invalid name)", NULL);
 		return;
 	}
@@ -450,6 +453,10 @@ void get_request(struct peer *peer, uint64_t id, const Dlshare__Get *m)
 			  &err);
 	if (v) {
 		get_answer(peer, id, v, 0, m->manifest_cache);
+		return;
+	}
+	if (err == -ENOENT && check_name(m->name)) {
+		reply_err(peer, id, -EINVAL, "get (invalid name)", NULL);
 		return;
 	}
 	if (err == -EMEDIUMTYPE) {

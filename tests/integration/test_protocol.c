@@ -1022,6 +1022,52 @@ static int raw_get_has_event(int sock, const char *name)
 	return has;
 }
 
+/* A Get of name on sock: 0 for a GetReply (its lease released), else the
+ * Error's code. */
+static int raw_get_code(int sock, const char *name)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Get g = DLSHARE__GET__INIT;
+	struct wire_msg *m;
+	int code = 0;
+
+	g.name = (char *)name;
+	f.id = next_id++;
+	f.body_case = DLSHARE__FRAME__BODY_GET;
+	f.get = &g;
+	assert_int_equal(raw_call(sock, &f, NULL, 0, &m), 0);
+	if (m->frame->body_case == DLSHARE__FRAME__BODY_ERROR)
+		code = m->frame->error->code;
+	else
+		assert_int_equal(m->frame->body_case,
+				 DLSHARE__FRAME__BODY_GET_REPLY);
+	wire_msg_free(m);
+	return code;
+}
+
+/* The daemon checks a Get's name only when it finds no such name (every
+ * registered name passed the check): an invalid one still says
+ * EINVAL, a valid missing one ENOENT, a registered one is answered. */
+static void get_name_checked(void **state)
+{
+	struct fixture *fx = *state;
+	static const char *const bad[] = { "", "../x", "a//b", "/a", "a/",
+					   "a/./b", "a b", "x/..", "\x01" };
+	int prod = raw_connect(fx->d.sock), reader = raw_connect(fx->d.sock);
+
+	assert_true(prod >= 0 && reader >= 0);
+	assert_int_equal(raw_hello(prod), 0);
+	assert_int_equal(raw_hello(reader), 0);
+	raw_create_seal_event(prod, "checked/x");
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		assert_int_equal(raw_get_code(reader, bad[i]), DLSHARE_EINVAL);
+	assert_int_equal(raw_get_code(reader, "checked/y"), DLSHARE_ENOENT);
+	assert_int_equal(raw_get_code(reader, "checked/x"), 0);
+	assert_int_equal(raw_get_code(reader, "checked/x"), 0);
+	close(prod);
+	close(reader);
+}
+
 /* The library says Goodbye before its process may exit: when the answer
  * comes, no reader is handed the events or the exported memory of that
  * process any more, whether or not the daemon has yet seen the socket
@@ -1323,6 +1369,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(releases_ride_on_requests, setup, teardown),
 		cmocka_unit_test_setup_teardown(library_releases_ride, setup, teardown),
 		cmocka_unit_test_setup_teardown(goodbye_forgets_events, setup, teardown),
+		cmocka_unit_test_setup_teardown(get_name_checked, setup, teardown),
 		cmocka_unit_test_setup_teardown(ten_thousand_releases, setup, teardown),
 		cmocka_unit_test_setup_teardown(release_before_reset, setup, teardown),
 		cmocka_unit_test_setup_teardown(releases_wait_for_room, setup, teardown),
