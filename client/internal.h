@@ -251,6 +251,10 @@ int client_pin_buffer(dlshare_client *c, const Dlshare__Buffer *wb, int fd,
 
 /* Queues a lease for release; never blocks. */
 void client_release(dlshare_client *c, uint64_t lease);
+/* client_unpin, then client_release of lease: under one lock where the
+ * lease rides on the next call. Never blocks. */
+void client_unpin_release(dlshare_client *c, struct ibuf **pins, size_t n,
+			  uint64_t lease);
 
 /* Gives up a lease whose tensors may still be read by queued device work:
  * the mapping is closed and the Release sent only once lr->event completed
