@@ -191,8 +191,7 @@ static void lease_ref_unref(struct lease_ref *lr)
 	if (lr->event) {
 		client_release_after(c, lr); /* frees lr */
 	} else {
-		client_unpin(c, lr->pins, lr->npins);
-		client_release(c, lr->lease);
+		client_unpin_release(c, lr->pins, lr->npins, lr->lease);
 		free(lr);
 	}
 	client_unref(c);

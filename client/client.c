@@ -176,9 +176,9 @@ static int ibuf_open_cuda(struct ibuf *b, const Dlshare__Buffer *wb)
 	return 0;
 }
 
-void client_unpin(dlshare_client *c, struct ibuf **pins, size_t n)
+/* client_unpin's work, under c->lock. */
+static void unpin_locked(dlshare_client *c, struct ibuf **pins, size_t n)
 {
-	pthread_mutex_lock(&c->lock);
 	for (size_t i = 0; i < n; i++) {
 		struct ibuf *b = pins[i];
 
@@ -190,6 +190,12 @@ void client_unpin(dlshare_client *c, struct ibuf **pins, size_t n)
 				       b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_CUDA_IPC))
 			ibuf_drop(c, b);
 	}
+}
+
+void client_unpin(dlshare_client *c, struct ibuf **pins, size_t n)
+{
+	pthread_mutex_lock(&c->lock);
+	unpin_locked(c, pins, n);
 	pthread_mutex_unlock(&c->lock);
 }
 
@@ -1420,9 +1426,18 @@ static int release_now(dlshare_client *c, uint64_t lease)
 	return err;
 }
 
-void client_release(dlshare_client *c, uint64_t lease)
+/* Wakes the receiver thread. */
+static void rx_kick(dlshare_client *c)
 {
 	uint64_t one = 1;
+
+	if (write(c->wake_fd, &one, sizeof(one)) < 0) {
+		/* The counter is full, so the thread is awake anyway. */
+	}
+}
+
+void client_release(dlshare_client *c, uint64_t lease)
+{
 	int wake;
 
 	if (lease == 0) /* a writer's pin holds no lease */
@@ -1438,9 +1453,29 @@ void client_release(dlshare_client *c, uint64_t lease)
 	if (c->piggyback && !c->rx_reading)
 		wake = 0;
 	pthread_mutex_unlock(&c->lock);
-	if (wake && write(c->wake_fd, &one, sizeof(one)) < 0) {
-		/* The counter is full, so the thread is awake anyway. */
+	if (wake)
+		rx_kick(c);
+}
+
+void client_unpin_release(dlshare_client *c, struct ibuf **pins, size_t n,
+			  uint64_t lease)
+{
+	int wake;
+
+	/* The lease rides on the next call (1.1): one lock for both, as
+	 * client_unpin and client_release would take it one after the
+	 * other. Else (or for no lease) their own ways. */
+	if (!c->piggyback || lease == 0) {
+		client_unpin(c, pins, n);
+		client_release(c, lease);
+		return;
 	}
+	pthread_mutex_lock(&c->lock);
+	unpin_locked(c, pins, n);
+	wake = queue_release(c, lease) && c->rx_reading;
+	pthread_mutex_unlock(&c->lock);
+	if (wake)
+		rx_kick(c);
 }
 
 void export_free(struct export *e)

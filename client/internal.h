@@ -28,6 +28,24 @@
 #define uthash_bzero(a, n) util_bzero((a), (n))
 #endif
 #include "zalloc.h"
+/* Every table of the library is keyed by a 64-bit id (calls, buffers,
+ * manifests): a multiplicative hash of it, a handful of instructions where
+ * uthash's Jenkins hash of 8 bytes was ~50, three times per get. uthash
+ * buckets by the low bits, so the product's high half is taken. */
+#ifndef HASH_FUNCTION
+#define HASH_FUNCTION(keyptr, keylen, hashv)                                  \
+	do {                                                                  \
+		if ((keylen) == sizeof(uint64_t)) {                           \
+			uint64_t hk_;                                         \
+			memcpy(&hk_, (keyptr), sizeof(hk_));                  \
+			(hashv) = (unsigned)((hk_ * 0x9e3779b97f4a7c15ull) >> \
+					     32);                             \
+		} else {                                                      \
+			HASH_JEN((keyptr), (keylen), (hashv));                \
+		}                                                             \
+	} while (0)
+#endif
+#include <string.h>
 #include <uthash.h>
 
 #include <dlshare/dlshare.h>
@@ -233,6 +251,10 @@ int client_pin_buffer(dlshare_client *c, const Dlshare__Buffer *wb, int fd,
 
 /* Queues a lease for release; never blocks. */
 void client_release(dlshare_client *c, uint64_t lease);
+/* client_unpin, then client_release of lease: under one lock where the
+ * lease rides on the next call. Never blocks. */
+void client_unpin_release(dlshare_client *c, struct ibuf **pins, size_t n,
+			  uint64_t lease);
 
 /* Gives up a lease whose tensors may still be read by queued device work:
  * the mapping is closed and the Release sent only once lr->event completed

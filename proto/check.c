@@ -14,10 +14,11 @@
 #include <uthash.h>
 
 /* The bytes a name may hold, by value: one load per byte where the
- * comparisons were a dozen (every get checks its name on both sides). */
+ * comparisons were a dozen (every get checks its name on both sides).
+ * 2 for the one that ends a segment. */
 static const unsigned char name_chars[256] = {
 	['a' ... 'z'] = 1, ['A' ... 'Z'] = 1, ['0' ... '9'] = 1,
-	['.'] = 1, ['_'] = 1, ['-'] = 1, ['/'] = 1,
+	['.'] = 1, ['_'] = 1, ['-'] = 1, ['/'] = 2,
 };
 
 static int name_char_ok(char c)
@@ -53,12 +54,42 @@ int check_name(const char *name)
 	return check_name_why(name) ? -EINVAL : 0;
 }
 
+/* Whether name is a good one, in one pass that stops at its NUL: each
+ * byte one table load and one compare while nothing is wrong (strnlen
+ * first and then the bytes were ~140 instructions of every get, on both
+ * sides). 0 says nothing of why: check_name_why finds that. */
+static int name_good(const char *name)
+{
+	const unsigned char *s = (const unsigned char *)name;
+	size_t i = 0, seg = 0;
+
+	for (;; i++) {
+		unsigned char c = s[i];
+
+		if (name_chars[c] == 1 && i < CHECK_NAME_MAX)
+			continue;
+		if (c != '/' && c != '\0')
+			return 0;
+		/* A segment ends: s[seg..i). */
+		if (i == seg || (s[seg] == '.' && (i - seg == 1 ||
+		    (i - seg == 2 && s[seg + 1] == '.'))))
+			return 0;
+		if (c == '\0')
+			return 1;
+		if (i >= CHECK_NAME_MAX)
+			return 0;
+		seg = i + 1;
+	}
+}
+
 const char *check_name_why(const char *name)
 {
 	size_t n, seg = 0;
 
 	if (!name)
 		return "no name (NULL)";
+	if (name_good(name))
+		return NULL;
 	n = strnlen(name, CHECK_NAME_MAX + 1);
 	if (n == 0)
 		return "a name is 1-255 bytes; this one is empty";

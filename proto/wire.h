@@ -100,7 +100,8 @@ struct wire_msg {
 	unsigned char *cur, *end;   /* the free part of the current chunk */
 	struct wire_chunk *chunks;  /* the extra chunks, newest first */
 	size_t first_size;
-	int fast;                   /* decoded without protobuf-c */
+	int fast;                   /* decoded without protobuf-c: 1, or 2
+				     * in its writers' order (wire.c) */
 	/* Then the first chunk, sized at decode from the packet's length. */
 	_Alignas(16) unsigned char first[];
 };
@@ -111,8 +112,10 @@ struct wire_msg {
  * or one that costs more than that, -ENOMEM. */
 int wire_decode(const uint8_t *data, size_t len, struct wire_msg **out);
 /* wire_decode with flags: WIRE_DECODE_NO_FAST decodes every frame with
- * protobuf-c (the tests compare the two ways). */
+ * protobuf-c, WIRE_DECODE_NO_LINE a hot frame in its writers' order with
+ * the readers that take any order (the tests compare the three ways). */
 #define WIRE_DECODE_NO_FAST 1u
+#define WIRE_DECODE_NO_LINE 2u
 int wire_decode_ex(const uint8_t *data, size_t len, unsigned flags,
 		   struct wire_msg **out);
 void wire_msg_free(struct wire_msg *m);

@@ -74,6 +74,67 @@ static void test_name_length(void **state)
 	assert_int_equal(check_name(name), -EINVAL);
 }
 
+/* The rules of a name, spelled out: what check_name's one pass must
+ * agree with. */
+static int name_ok_ref(const char *s)
+{
+	size_t n = strlen(s), seg = 0;
+
+	if (n == 0 || n > CHECK_NAME_MAX)
+		return 0;
+	for (size_t i = 0; i <= n; i++) {
+		if (i < n && !strchr("abcdefghijklmnopqrstuvwxyz"
+				     "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+				     "0123456789._-/", s[i]))
+			return 0;
+		if (i == n || s[i] == '/') {
+			if (i == seg || (i - seg == 1 && s[seg] == '.') ||
+			    (i - seg == 2 && s[seg] == '.' && s[seg + 1] == '.'))
+				return 0;
+			seg = i + 1;
+		}
+	}
+	return 1;
+}
+
+/* Every name of up to 6 bytes from a, ., / and !, and names about 255
+ * bytes long ending in each of them: check_name and check_name_why agree
+ * with the rules. */
+static void test_name_every_short(void **state)
+{
+	static const char abc[] = "a./!";
+	char name[CHECK_NAME_MAX + 8];
+	unsigned long total = 1;
+
+	for (int len = 1; len <= 6; len++) {
+		total *= 4;
+		for (unsigned long k = 0; k < total; k++) {
+			unsigned long x = k;
+
+			for (int i = 0; i < len; i++, x /= 4)
+				name[i] = abc[x % 4];
+			name[len] = '\0';
+			if ((check_name(name) == 0) != name_ok_ref(name) ||
+			    (check_name_why(name) == NULL) != name_ok_ref(name))
+				fail_msg("\"%s\": check_name disagrees", name);
+		}
+	}
+	for (size_t n = CHECK_NAME_MAX - 3; n <= CHECK_NAME_MAX + 3; n++) {
+		for (int a = 0; a < 4; a++) {
+			for (int b = 0; b < 4; b++) {
+				memset(name, 'x', n);
+				name[n - 2] = abc[a];
+				name[n - 1] = abc[b];
+				name[n] = '\0';
+				if ((check_name(name) == 0) != name_ok_ref(name))
+					fail_msg("%zu bytes ending \"%c%c\": "
+						 "check_name disagrees", n,
+						 abc[a], abc[b]);
+			}
+		}
+	}
+}
+
 static void test_prefix(void **state)
 {
 	static const char *ok[] = {
@@ -704,6 +765,7 @@ int main(void)
 		cmocka_unit_test(test_name_valid),
 		cmocka_unit_test(test_name_invalid),
 		cmocka_unit_test(test_name_length),
+		cmocka_unit_test(test_name_every_short),
 		cmocka_unit_test(test_prefix),
 		cmocka_unit_test(test_origin),
 		cmocka_unit_test(test_dtype_size),

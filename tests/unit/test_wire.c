@@ -1242,34 +1242,59 @@ static void test_get_reply_from_tail(void **state)
 
 /* ---- the GetReply fast path against protobuf-c ---------------------------- */
 
-static int fast_taken, packed_fast;
+static int fast_taken, line_taken, packed_fast;
 
-/* Decodes p both ways; both must agree on success, and where both decode,
+/* Whether a and b decoded the same: their frames encode to the same bytes,
+ * and both or neither flag a string with a NUL. */
+static void assert_same_frame(const struct wire_msg *a,
+			      const struct wire_msg *b)
+{
+	size_t na = dlshare__frame__get_packed_size(a->frame);
+	size_t nb = dlshare__frame__get_packed_size(b->frame);
+	uint8_t *ba = malloc(na + 1), *bb = malloc(nb + 1);
+
+	assert_non_null(ba);
+	assert_non_null(bb);
+	assert_int_equal(na, nb);
+	dlshare__frame__pack(a->frame, ba);
+	dlshare__frame__pack(b->frame, bb);
+	assert_memory_equal(ba, bb, na);
+	assert_true((a->nul_field == NULL) == (b->nul_field == NULL));
+	free(ba);
+	free(bb);
+}
+
+/* Decodes p three ways (as wire_decode does; without the in-order reader;
+ * with protobuf-c only): all must agree on success, and where they decode,
  * their frames must encode to the same bytes. Returns 1 when it decoded. */
 static int decode_both_agree(const uint8_t *p, size_t len)
 {
-	struct wire_msg *fast = NULL, *slow = NULL;
+	struct wire_msg *fast = NULL, *slow = NULL, *any = NULL;
 	int ef = wire_decode(p, len, &fast);
 	int es = wire_decode_ex(p, len, WIRE_DECODE_NO_FAST, &slow);
+	int ea = wire_decode_ex(p, len, WIRE_DECODE_NO_LINE, &any);
 
 	assert_int_equal(ef, es);
-	if (!ef)
+	assert_int_equal(ea, es);
+	if (!ef) {
 		assert_false(slow->fast);
+		assert_true(any->fast != 2);
+		/* What the in-order reader takes, the other reader takes. */
+		if (fast->fast == 2)
+			assert_int_equal(any->fast, 1);
+	}
 	if (!ef && fast->fast)
 		fast_taken++;
+	if (!ef && fast->fast == 2)
+		line_taken++;
 	if (!ef) {
 		size_t a = dlshare__frame__get_packed_size(fast->frame);
-		size_t b = dlshare__frame__get_packed_size(slow->frame);
-		uint8_t *ba = malloc(a + 1), *bb = malloc(b + 1);
+		uint8_t *bb = malloc(a + 1);
 
-		assert_non_null(ba);
 		assert_non_null(bb);
-		assert_int_equal(a, b);
-		dlshare__frame__pack(fast->frame, ba);
+		assert_same_frame(fast, slow);
+		assert_same_frame(any, slow);
 		dlshare__frame__pack(slow->frame, bb);
-		assert_memory_equal(ba, bb, a);
-		assert_true((fast->nul_field == NULL) ==
-			    (slow->nul_field == NULL));
 		/* The encoder: protobuf-c's bytes, or none. */
 		{
 			uint8_t *bc = malloc(a + 16);
@@ -1286,12 +1311,24 @@ static int decode_both_agree(const uint8_t *p, size_t len)
 			}
 			free(bc);
 		}
-		free(ba);
 		free(bb);
 	}
 	wire_msg_free(fast);
 	wire_msg_free(slow);
+	wire_msg_free(any);
 	return !ef;
+}
+
+/* f becomes the frame {id, get_reply g}, g's tensors and buffers those of
+ * tp and bp (their counts are the caller's). */
+static void reply_frame(Dlshare__Frame *f, uint64_t id, Dlshare__GetReply *g,
+			Dlshare__Tensor **tp, Dlshare__Buffer **bp)
+{
+	g->tensors = tp;
+	g->buffers = bp;
+	f->id = id;
+	f->body_case = DLSHARE__FRAME__BODY_GET_REPLY;
+	f->get_reply = g;
 }
 
 static void test_get_reply_fast_path_agrees(void **state)
@@ -1342,11 +1379,7 @@ static void test_get_reply_fast_path_agrees(void **state)
 	g.version = 7;
 	g.lease = UINT64_MAX;
 	g.read_only = 1;
-	g.tensors = tp;
-	g.buffers = bp;
-	f.id = 42;
-	f.body_case = DLSHARE__FRAME__BODY_GET_REPLY;
-	f.get_reply = &g;
+	reply_frame(&f, 42, &g, tp, bp);
 	for (int nt = 0; nt <= 3; nt++) {
 		for (int nb = 0; nb <= 2; nb++) {
 			size_t len;
@@ -1356,9 +1389,10 @@ static void test_get_reply_fast_path_agrees(void **state)
 			f.has_nfds = nb > 0;
 			f.nfds = nb > 0;
 			len = dlshare__frame__pack(&f, buf);
-			fast_taken = packed_fast = 0;
+			fast_taken = line_taken = packed_fast = 0;
 			assert_true(decode_both_agree(buf, len));
 			assert_int_equal(fast_taken, 1);
+			assert_int_equal(line_taken, 1);
 			assert_int_equal(packed_fast, 1);
 			assert_int_equal(wire_pack_fast(&f, buf, sizeof(buf)),
 					 len);
@@ -1422,9 +1456,10 @@ static void test_get_fast_path_agrees(void **state)
 		f.n_releases = (v >> 3) & 1 ? 3 : 0;
 		f.releases = rel;
 		len = dlshare__frame__pack(&f, buf);
-		fast_taken = packed_fast = 0;
+		fast_taken = line_taken = packed_fast = 0;
 		assert_true(decode_both_agree(buf, len));
 		assert_int_equal(fast_taken, 1);
+		assert_int_equal(line_taken, 1);
 		assert_int_equal(packed_fast, 1);
 		{
 			uint8_t mine[512];
@@ -1445,6 +1480,79 @@ static void test_get_fast_path_agrees(void **state)
 				decode_both_agree(buf, len);
 			}
 			buf[i] = keep;
+		}
+	}
+}
+
+/* Hot frames not in their writers' order, or larger than the in-order
+ * reader takes, are left to the reader that takes any order, which
+ * decodes them as protobuf-c does: fields swapped, a key written in two
+ * bytes, more tensors and buffers than LINE_ITEMS_MAX (8) of proto/wire.c. */
+static void test_line_falls_back(void **state)
+{
+	/* Frame{id 5, get_reply{lease 2, version 1, read_only 0}}. */
+	static const uint8_t swapped[] = { 0x08, 0x05, 0x9a, 0x01, 0x06,
+					   0x10, 0x02, 0x08, 0x01, 0x18, 0x00 };
+	/* Frame{id 5 (key 0x88 0x00), get{name "a"}}. */
+	static const uint8_t long_key[] = { 0x88, 0x00, 0x05, 0x92, 0x01,
+					    0x03, 0x0a, 0x01, 'a' };
+	/* The same, in order. */
+	static const uint8_t in_order[] = { 0x08, 0x05, 0x92, 0x01, 0x03,
+					    0x0a, 0x01, 'a' };
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__GetReply g = DLSHARE__GET_REPLY__INIT;
+	Dlshare__Tensor t[9], *tp[9];
+	Dlshare__Buffer b[9], *bp[9];
+	Dlshare__DataType dt = DLSHARE__DATA_TYPE__INIT;
+	Dlshare__Device dev = DLSHARE__DEVICE__INIT;
+	int64_t shape[1] = { 4 };
+	uint8_t buf[2048];
+	(void)state;
+
+	fast_taken = line_taken = 0;
+	assert_true(decode_both_agree(swapped, sizeof(swapped)));
+	assert_true(decode_both_agree(long_key, sizeof(long_key)));
+	assert_int_equal(fast_taken, 2);
+	assert_int_equal(line_taken, 0);
+	assert_true(decode_both_agree(in_order, sizeof(in_order)));
+	assert_int_equal(line_taken, 1);
+
+	dt.code = 2;
+	dt.bits = 32;
+	dt.lanes = 1;
+	for (int i = 0; i < 9; i++) {
+		t[i] = (Dlshare__Tensor)DLSHARE__TENSOR__INIT;
+		t[i].buffer = (uint32_t)i;
+		t[i].dtype = &dt;
+		t[i].n_shape = 1;
+		t[i].shape = shape;
+		tp[i] = &t[i];
+		b[i] = (Dlshare__Buffer)DLSHARE__BUFFER__INIT;
+		b[i].id = 100 + (uint64_t)i;
+		b[i].kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
+		b[i].size = 4096;
+		b[i].device = &dev;
+		bp[i] = &b[i];
+	}
+	g.version = 3;
+	g.lease = 4;
+	reply_frame(&f, 6, &g, tp, bp);
+	for (size_t n = 8; n <= 9; n++) {
+		for (int side = 0; side < 2; side++) {
+			struct wire_msg *m;
+			size_t len;
+
+			g.n_tensors = side ? 1 : n;
+			g.n_buffers = side ? n : 1;
+			len = dlshare__frame__pack(&f, buf);
+			fast_taken = line_taken = 0;
+			assert_true(decode_both_agree(buf, len));
+			assert_int_equal(fast_taken, 1);
+			assert_int_equal(line_taken, n == 8);
+			assert_int_equal(wire_decode_in(NULL, buf, len, 0, &m),
+					 0);
+			assert_int_equal(m->fast, n == 8 ? 2 : 1);
+			wire_msg_free(m);
 		}
 	}
 }
@@ -1506,6 +1614,7 @@ int main(void)
 		cmocka_unit_test(test_get_reply_from_tail),
 		cmocka_unit_test(test_get_reply_fast_path_agrees),
 		cmocka_unit_test(test_get_fast_path_agrees),
+		cmocka_unit_test(test_line_falls_back),
 		cmocka_unit_test(test_fast_path_knows_every_field),
 		cmocka_unit_test(test_send_recv_no_fds),
 		cmocka_unit_test(test_send_too_many_fds),
