@@ -232,7 +232,7 @@ static void create_finish(struct peer *peer, uint64_t id,
 		dm = calloc(1, sizeof(*dm));
 		if (!dm) {
 			registry_abort(&d->reg, &peer->owner, m->name,
-				       v->number, v->writer);
+				       v->number, registry_writer(v));
 			reply_err(peer, id, -ENOMEM, "create", m->name);
 			return;
 		}
@@ -251,13 +251,13 @@ static void create_finish(struct peer *peer, uint64_t id,
 		err = -ENOMEM;
 	if (err) {
 		registry_abort(&d->reg, &peer->owner, m->name, v->number,
-			       v->writer);
+			       registry_writer(v));
 		reply_err_why(peer, id, err, &why, "create", m->name);
 		return;
 	}
 	r.version = v->number;
 	r.has_writer = 1;
-	r.writer = v->writer;
+	r.writer = registry_writer(v);
 	r.n_buffers = v->nbuffers;
 	r.buffers = w.bp;
 	if (ipc) {

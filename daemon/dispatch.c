@@ -318,14 +318,14 @@ static void handle_stat(struct peer *peer, uint64_t id, const Dlshare__Stat *m)
 	}
 	encode_name_info(&ni, e);
 	encode_name_lifetime(&ni, &peer->d->reg, e);
-	if (e->queue_depth) {
+	if (e->queue) {
 		ni.has_queue_waiting = 1;
 		ni.queue_waiting = queue_waiting(peer->d, e->name);
 	}
 	r.info = &ni;
 	/* A queue name shows its oldest queued version. A client before
 	 * 1.4 cannot read a manifest memfd: it gets the summary alone. */
-	const struct version *shown = e->queue_depth ? e->qhead : e->latest;
+	const struct version *shown = e->queue ? e->queue->head : e->latest;
 	if (shown && (shown->manifest_fd < 0 || peer->minor >= 4)) {
 		if (encode_version_init(&w, shown, NULL,
 					ENCODE_MANIFEST_FD)) {

@@ -108,7 +108,7 @@ int encode_version_init(struct encode_version *w, const struct version *v,
 		/* An id only to a peer that keeps manifests by it (and
 		 * hears BufferGone of it): anyone else keeps nothing. */
 		if (mmode != ENCODE_MANIFEST_FD)
-			w->manifest.id = v->mbuf.id;
+			w->manifest.id = v->cold->mbuf.id;
 		w->manifest.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
 		w->manifest.size = v->meta_bytes;
 		w->manifest.device = &w->manifest_dev;
@@ -124,23 +124,23 @@ int encode_version_init(struct encode_version *w, const struct version *v,
 void encode_name_info(Dlshare__NameInfo *ni, const struct entry *e)
 {
 	/* A queue name shows its oldest queued version. */
-	const struct version *v = e->queue_depth ? e->qhead : e->latest;
+	const struct version *v = e->queue ? e->queue->head : e->latest;
 
 	dlshare__name_info__init(ni);
 	ni->name = (char *)e->name;
 	ni->latest = v ? v->number : 0;
 	ni->versions = e->nversions;
 	ni->tensors = v ? (uint32_t)v->ntensors : 0;
-	ni->bytes = v ? v->bytes : 0;
+	ni->bytes = v ? registry_bytes(v) : 0;
 	ni->has_manifest_bytes = v != NULL;
 	ni->manifest_bytes = v ? v->meta_bytes : 0;
 	ni->leases = e->leases;
 	ni->owner_uid = e->owner_uid;
 	ni->mode = e->mode;
-	if (v && v->origin_node) {
-		ni->origin_node = (char *)v->origin_node;
+	if (v && v->cold && v->cold->origin_node) {
+		ni->origin_node = (char *)v->cold->origin_node;
 		ni->has_origin_version = 1;
-		ni->origin_version = v->origin_version;
+		ni->origin_version = v->cold->origin_version;
 	}
 	if (v) {
 		ni->has_kind = 1;
@@ -148,13 +148,15 @@ void encode_name_info(Dlshare__NameInfo *ni, const struct entry *e)
 		ni->has_exported = 1;
 		ni->exported = v->exported;
 	}
-	if (e->queue_depth) {
+	if (e->queue) {
+		const struct entry_queue *q = e->queue;
+
 		ni->has_queue_depth = ni->has_queued = ni->has_taken = 1;
 		ni->has_queue_pending = 1;
-		ni->queue_depth = e->queue_depth;
-		ni->queued = e->qqueued;
-		ni->taken = e->qtaken;
-		ni->queue_pending = e->qheld - e->qqueued - e->qtaken;
+		ni->queue_depth = q->depth;
+		ni->queued = q->queued;
+		ni->taken = q->taken;
+		ni->queue_pending = q->held - q->queued - q->taken;
 	}
 }
 
@@ -163,14 +165,14 @@ void encode_name_lifetime(Dlshare__NameInfo *ni, const struct registry *r,
 {
 	uint64_t left = lifetime_left(r, e);
 
-	if (e->owned_by) {
+	if (e->life && e->life->owned_by) {
 		ni->has_owned = ni->owned = 1;
 		ni->has_owner_pid = 1;
-		ni->owner_pid = (uint32_t)e->owned_by->pid;
+		ni->owner_pid = (uint32_t)e->life->owned_by->pid;
 	}
 	if (left != UINT64_MAX) {
 		ni->has_ttl_ms = 1;
-		ni->ttl_ms = e->ttl_ms;
+		ni->ttl_ms = e->life->ttl_ms;
 		ni->has_expires_in_ms = 1;
 		ni->expires_in_ms = left;
 	}

@@ -63,11 +63,11 @@ static void get_reply_fill(Dlshare__GetReply *r, struct reply_events *ev,
 	r->buffers = w->bp;
 	if (v->event_len) {
 		r->has_event_handle = 1;
-		r->event_handle.data = v->event_handle;
+		r->event_handle.data = v->cold->event_handle;
 		r->event_handle.len = v->event_len;
 	}
 	for (size_t i = 0; i < v->ndev_events; i++) {
-		uint8_t *de = v->dev_events + i * REGISTRY_DEV_EVENT_LEN;
+		uint8_t *de = v->cold->dev_events + i * REGISTRY_DEV_EVENT_LEN;
 		Dlshare__DeviceEvent *e = &ev->dev[i];
 
 		dlshare__device_event__init(e);
@@ -198,9 +198,9 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v,
 	if (v->manifest_fd >= 0 && mcache) {
 		struct sent_buf *sb = NULL;
 
-		HASH_FIND_BYHASHVALUE(hh, peer->sent, &v->mbuf.id,
+		HASH_FIND_BYHASHVALUE(hh, peer->sent, &v->cold->mbuf.id,
 				      sizeof(uint64_t),
-				      registry_id_hash(v->mbuf.id), sb);
+				      registry_id_hash(v->cold->mbuf.id), sb);
 		mknown = sb != NULL;
 	}
 	nattach += v->manifest_fd >= 0 && !mknown;
@@ -244,7 +244,7 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v,
 		    peer_sent_add(peer, v->buffers[i]))
 			return;
 	if (v->manifest_fd >= 0 && mcache && !mknown)
-		peer_sent_add(peer, &v->mbuf);
+		peer_sent_add(peer, &v->cold->mbuf);
 }
 
 /* Says which version a get asked for: "the newest version", "version 7",

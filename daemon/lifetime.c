@@ -31,7 +31,7 @@ static void expiry_changed(struct registry *r)
 static void heap_put(struct registry *r, uint32_t i, struct entry *e)
 {
 	r->ttl_heap[i] = e;
-	e->heap_slot = i + 1;
+	e->life->heap_slot = i + 1;
 }
 
 static void heap_up(struct registry *r, uint32_t i)
@@ -41,7 +41,7 @@ static void heap_up(struct registry *r, uint32_t i)
 	while (i > 0) {
 		uint32_t p = (i - 1) / 2;
 
-		if (r->ttl_heap[p]->expires_ms <= e->expires_ms)
+		if (r->ttl_heap[p]->life->expires_ms <= e->life->expires_ms)
 			break;
 		heap_put(r, i, r->ttl_heap[p]);
 		i = p;
@@ -58,10 +58,10 @@ static void heap_down(struct registry *r, uint32_t i)
 
 		if (c >= r->ttl_n)
 			break;
-		if (c + 1 < r->ttl_n &&
-		    r->ttl_heap[c + 1]->expires_ms < r->ttl_heap[c]->expires_ms)
+		if (c + 1 < r->ttl_n && r->ttl_heap[c + 1]->life->expires_ms <
+					   r->ttl_heap[c]->life->expires_ms)
 			c++;
-		if (e->expires_ms <= r->ttl_heap[c]->expires_ms)
+		if (e->life->expires_ms <= r->ttl_heap[c]->life->expires_ms)
 			break;
 		heap_put(r, i, r->ttl_heap[c]);
 		i = c;
@@ -71,27 +71,28 @@ static void heap_down(struct registry *r, uint32_t i)
 
 static void heap_remove(struct registry *r, struct entry *e)
 {
-	uint32_t i = e->heap_slot - 1;
+	uint32_t i = e->life->heap_slot - 1;
 	struct entry *last;
 
-	e->heap_slot = 0;
+	e->life->heap_slot = 0;
 	last = r->ttl_heap[--r->ttl_n];
 	if (i == r->ttl_n)
 		return;
 	heap_put(r, i, last);
 	heap_up(r, i);
-	heap_down(r, last->heap_slot - 1);
+	heap_down(r, last->life->heap_slot - 1);
 }
 
-/* Puts e in the heap (or moves it) at its expires_ms. Returns 0 or
- * -ENOMEM (e then has no TTL: it lives until deleted). */
+/* Puts e (which has a lifetime record) in the heap (or moves it) at its
+ * expires_ms. Returns 0 or -ENOMEM (e then has no TTL: it lives until
+ * deleted). */
 static int heap_set(struct registry *r, struct entry *e)
 {
-	if (e->heap_slot) {
-		uint32_t i = e->heap_slot - 1;
+	if (e->life->heap_slot) {
+		uint32_t i = e->life->heap_slot - 1;
 
 		heap_up(r, i);
-		heap_down(r, e->heap_slot - 1);
+		heap_down(r, e->life->heap_slot - 1);
 		return 0;
 	}
 	if (r->ttl_n == r->ttl_cap) {
@@ -130,7 +131,8 @@ int lifetime_check(const struct registry *r, const struct registry_owner *o,
 	}
 	/* Anyone else adding to an owned name would see it vanish with a
 	 * connection that is not theirs. */
-	if (e->owned_by && e->owned_by != o && !s->owned) {
+	if (e->life && e->life->owned_by && e->life->owned_by != o &&
+	    !s->owned) {
 		reason = "the name is owned by another connection; it goes "
 			 "when that connection closes";
 		goto refuse_perm;
@@ -146,63 +148,82 @@ refuse_perm:
 	return -EPERM;
 }
 
+/* e is no connection's any more (it has a lifetime record). */
 static void owned_unlink(struct entry *e)
 {
-	struct registry_owner *o = e->owned_by;
+	struct registry_owner *o = e->life->owned_by;
 
 	if (!o)
 		return;
-	DL_DELETE2(o->owned, e, owprev, ownext);
+	DL_DELETE2(o->owned, e, life->owprev, life->ownext);
 	o->nowned--;
-	e->owned_by = NULL;
+	e->life->owned_by = NULL;
+}
+
+/* The TTL s gives e: its own, or for a new name the default. */
+static uint32_t spec_ttl(const struct registry *r,
+			 const struct registry_spec *s, int fresh)
+{
+	return s->ttl_ms || !fresh ? s->ttl_ms : r->limits.default_ttl_ms;
+}
+
+int lifetime_prepare(const struct registry *r, struct entry *e,
+		     const struct registry_spec *s, int fresh)
+{
+	if (e->life || (!s->owned && !spec_ttl(r, s, fresh)))
+		return 0;
+	e->life = calloc(1, sizeof(*e->life));
+	return e->life ? 0 : -ENOMEM;
 }
 
 void lifetime_apply(struct registry *r, struct registry_owner *o,
 		    struct entry *e, const struct registry_spec *s, int fresh)
 {
-	uint32_t ttl = s->ttl_ms;
+	uint32_t ttl = spec_ttl(r, s, fresh);
+	struct entry_life *lf = e->life;
 
-	if (s->owned && e->owned_by != o) {
+	if (s->owned && lf->owned_by != o) {
 		owned_unlink(e);
-		e->owned_by = o;
-		DL_APPEND2(o->owned, e, owprev, ownext);
+		lf->owned_by = o;
+		DL_APPEND2(o->owned, e, life->owprev, life->ownext);
 		o->nowned++;
 	}
-	if (fresh && !ttl)
-		ttl = r->limits.default_ttl_ms;
 	if (!ttl)
 		return;
 	/* A new TTL counts from now; a name without a sealed version yet
 	 * expires ttl after its creation. */
-	e->ttl_ms = ttl;
-	e->expires_ms = now_of(r) + ttl;
+	lf->ttl_ms = ttl;
+	lf->expires_ms = now_of(r) + ttl;
 	if (heap_set(r, e))
-		e->ttl_ms = 0;
+		lf->ttl_ms = 0;
 	else
 		expiry_changed(r);
 }
 
 void lifetime_sealed(struct registry *r, struct entry *e)
 {
-	if (!e->ttl_ms || e->detached || !e->heap_slot || e->doomed)
+	struct entry_life *lf = e->life;
+
+	if (!lf || !lf->ttl_ms || e->detached || !lf->heap_slot || lf->doomed)
 		return;
 	/* Later, never earlier: the timer needs no news. */
-	e->expires_ms = now_of(r) + e->ttl_ms;
-	heap_down(r, e->heap_slot - 1);
+	lf->expires_ms = now_of(r) + lf->ttl_ms;
+	heap_down(r, lf->heap_slot - 1);
 }
 
 void lifetime_forget(struct registry *r, struct entry *e)
 {
+	if (!e->life)
+		return;
 	/* A doomed name goes, by the timer, a new version, a Delete, or its
 	 * last version ending with its exporter: counted once, here. */
-	if (e->doomed) {
-		e->doomed = 0;
+	if (e->life->doomed)
 		r->norphaned++;
-	}
 	owned_unlink(e);
-	if (e->heap_slot)
+	if (e->life->heap_slot)
 		heap_remove(r, e);
-	e->ttl_ms = 0;
+	free(e->life);
+	e->life = NULL;
 }
 
 void lifetime_owner_drop(struct registry *r, struct registry_owner *o)
@@ -216,10 +237,10 @@ void lifetime_owner_drop(struct registry *r, struct registry_owner *o)
 		struct entry *e = o->owned;
 
 		owned_unlink(e);
-		e->doomed = 1;
-		e->expires_ms = 0;
-		if (!e->ttl_ms)
-			e->ttl_ms = 1;
+		e->life->doomed = 1;
+		e->life->expires_ms = 0;
+		if (!e->life->ttl_ms)
+			e->life->ttl_ms = 1;
 		if (heap_set(r, e)) {
 			/* No room in the heap: now, then. */
 			registry_detach(r, e);
@@ -235,7 +256,7 @@ void lifetime_reap(struct registry *r, const char *name)
 {
 	struct entry *e = registry_entry(r, name);
 
-	if (e && e->doomed)
+	if (e && entry_doomed(e))
 		registry_detach(r, e);
 }
 
@@ -243,10 +264,10 @@ size_t registry_expire(struct registry *r, uint64_t now, size_t max)
 {
 	size_t n = 0;
 
-	while (n < max && r->ttl_n && r->ttl_heap[0]->expires_ms <= now) {
+	while (n < max && r->ttl_n && r->ttl_heap[0]->life->expires_ms <= now) {
 		struct entry *e = r->ttl_heap[0];
 
-		if (!e->doomed)
+		if (!e->life->doomed)
 			r->nexpired++;
 		registry_detach(r, e);
 		n++;
@@ -256,17 +277,17 @@ size_t registry_expire(struct registry *r, uint64_t now, size_t max)
 
 uint64_t registry_next_expiry(const struct registry *r)
 {
-	return r->ttl_n ? r->ttl_heap[0]->expires_ms : UINT64_MAX;
+	return r->ttl_n ? r->ttl_heap[0]->life->expires_ms : UINT64_MAX;
 }
 
 uint64_t lifetime_left(const struct registry *r, const struct entry *e)
 {
 	uint64_t now;
 
-	if (!e->heap_slot || e->doomed)
+	if (!e->life || !e->life->heap_slot || e->life->doomed)
 		return UINT64_MAX;
 	now = now_of(r);
-	return e->expires_ms > now ? e->expires_ms - now : 0;
+	return e->life->expires_ms > now ? e->life->expires_ms - now : 0;
 }
 
 /* ---- deleting by prefix ----------------------------------------------------- */

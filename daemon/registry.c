@@ -22,6 +22,10 @@
 
 #include "host.h"
 
+/* struct version: nfds is a byte. */
+_Static_assert(REGISTRY_BUFFERS_HARD_MAX * REGISTRY_FDS_HOST + 1 <= UINT8_MAX,
+	       "a version's fds fit in its nfds");
+
 void registry_limits_default(struct registry_limits *l)
 {
 	long pages = sysconf(_SC_PHYS_PAGES);
@@ -72,6 +76,20 @@ static void writer_forget(struct registry *r, struct version *v)
 	HASH_DEL(r->writers, v->wrec);
 	free(v->wrec);
 	v->wrec = NULL;
+}
+
+uint64_t registry_bytes(const struct version *v)
+{
+	uint64_t n = 0;
+
+	for (size_t i = 0; i < v->nbuffers; i++)
+		n += v->buffers[i]->size;
+	return n;
+}
+
+uint64_t registry_writer(const struct version *v)
+{
+	return v->wrec ? v->wrec->id : 0;
 }
 
 static uint64_t host_cap(const struct registry_limits *l)
@@ -217,26 +235,29 @@ static unsigned buffer_fds(unsigned kind)
  * version goes back before every version sealed after it). */
 static void queue_insert(struct entry *e, struct version *v)
 {
+	struct entry_queue *q = e->queue;
 	struct version *at;
 
-	DL_FOREACH2(e->qhead, at, qnext)
-		if (at->qseq > v->qseq)
+	/* A queue version's links are in its cold part (registry_add made
+	 * it). */
+	DL_FOREACH2(q->head, at, cold->qnext)
+		if (at->cold->qseq > v->cold->qseq)
 			break;
 	if (at)
-		DL_PREPEND_ELEM2(e->qhead, at, v, qprev, qnext);
+		DL_PREPEND_ELEM2(q->head, at, v, cold->qprev, cold->qnext);
 	else
-		DL_APPEND2(e->qhead, v, qprev, qnext);
+		DL_APPEND2(q->head, v, cold->qprev, cold->qnext);
 	v->queued = 1;
-	e->qqueued++;
+	q->queued++;
 }
 
 static void queue_unlink(struct entry *e, struct version *v)
 {
 	if (!v->queued)
 		return;
-	DL_DELETE2(e->qhead, v, qprev, qnext);
+	DL_DELETE2(e->queue->head, v, cold->qprev, cold->qnext);
 	v->queued = 0;
-	e->qqueued--;
+	e->queue->queued--;
 }
 
 /* v no longer counts toward its queue's depth: tells whoever waits for
@@ -248,7 +269,7 @@ static void queue_unhold(struct registry *r, struct version *v)
 	if (!v->qheld)
 		return;
 	v->qheld = 0;
-	e->qheld--;
+	e->queue->held--;
 	if (r->ops && r->ops->queue_room)
 		r->ops->queue_room(r->ud, e->name);
 }
@@ -265,7 +286,7 @@ static void queue_forget(struct registry *r, struct version *v)
 static void queue_consume(struct registry *r, struct lease *l)
 {
 	l->take = 0;
-	l->version->entry->qtaken--;
+	l->version->entry->queue->taken--;
 	queue_unhold(r, l->version);
 }
 
@@ -284,7 +305,7 @@ static int queue_return(struct registry *r, struct lease *l)
 		return 0;
 	}
 	l->take = 0;
-	e->qtaken--;
+	e->queue->taken--;
 	queue_insert(e, v);
 	return 1;
 }
@@ -301,19 +322,18 @@ static int queue_check(struct registry *r, const struct entry *e,
 				      "queue depth (max-queue-depth)", -EDQUOT);
 		return 0;
 	}
-	if (!e->queue_depth && s->queue)
+	if (!e->queue && s->queue)
 		return refuse(why, METRICS_LIMIT_OTHER, "the name is not a queue, and this asks "
 			      "for one (a name's mode is chosen when it is "
 			      "created)", -EMEDIUMTYPE);
-	if (e->queue_depth && !s->queue)
+	if (e->queue && !s->queue)
 		return refuse(why, METRICS_LIMIT_OTHER, "the name is a queue, and this asks for "
 			      "an ordinary name (pass its queue depth, or 0 "
 			      "for any)", -EMEDIUMTYPE);
-	if (e->queue_depth && s->queue_depth &&
-	    s->queue_depth != e->queue_depth)
+	if (e->queue && s->queue_depth && s->queue_depth != e->queue->depth)
 		return refuse(why, METRICS_LIMIT_OTHER, "the queue has another depth than this "
 			      "asks for", -EMEDIUMTYPE);
-	if (e->queue_depth && e->qheld >= e->queue_depth)
+	if (e->queue && e->queue->held >= e->queue->depth)
 		return refuse(why, METRICS_LIMIT_QUEUE_FULL, "the queue is full", -EAGAIN);
 	return 0;
 }
@@ -323,9 +343,9 @@ int registry_queue_room(struct registry *r, const char *name,
 {
 	struct entry *e = registry_entry(r, name);
 
-	if (!e || !e->queue_depth || e->qheld < e->queue_depth)
+	if (!e || !e->queue || e->queue->held < e->queue->depth)
 		return 1;
-	*depth = e->queue_depth;
+	*depth = e->queue->depth;
 	return 0;
 }
 
@@ -343,14 +363,14 @@ struct version *registry_queue_head(struct registry *r,
 		*err = -EPERM;
 		return NULL;
 	}
-	if (!e->queue_depth) {
+	if (!e->queue) {
 		*err = -EMEDIUMTYPE;
 		return NULL;
 	}
-	if (!e->qhead)
+	if (!e->queue->head)
 		return NULL;
 	*err = 0;
-	return e->qhead;
+	return e->queue->head;
 }
 
 void registry_queue_take(struct registry *r, struct lease *l)
@@ -359,7 +379,7 @@ void registry_queue_take(struct registry *r, struct lease *l)
 
 	(void)r;
 	queue_unlink(v->entry, v);
-	v->entry->qtaken++;
+	v->entry->queue->taken++;
 	l->take = 1;
 }
 
@@ -369,7 +389,7 @@ void registry_queue_untake(struct registry *r, struct registry_owner *o,
 	struct version *v = l->version;
 
 	l->take = 0;
-	v->entry->qtaken--;
+	v->entry->queue->taken--;
 	queue_insert(v->entry, v);
 	registry_release(r, o, l->id);
 }
@@ -517,7 +537,7 @@ static void entry_maybe_free(struct registry *r, struct entry *e)
 	if (e->versions)
 		return;
 	/* A queue name keeps its mode while empty, until deleted. */
-	if (e->queue_depth && !e->detached)
+	if (e->queue && !e->detached)
 		return;
 	/* Not deleted, and readers saw its numbers: the name numbers on
 	 * after them. (Numbers only ever handed to writers that aborted
@@ -537,7 +557,29 @@ static void entry_maybe_free(struct registry *r, struct entry *e)
 	} else {
 		DL_DELETE2(r->detached, e, dprev, dnext);
 	}
+	free(e->queue);
 	free(e);
+}
+
+/* v's cold part (struct version_cold), made now if it has none. Returns
+ * it, or NULL when out of memory. */
+static struct version_cold *version_cold(struct version *v)
+{
+	if (!v->cold)
+		v->cold = calloc(1, sizeof(*v->cold));
+	return v->cold;
+}
+
+/* Frees v's block and its cold part, with its events (not its own
+ * events': the caller hands them on). */
+static void version_free(struct version *v)
+{
+	if (v->cold) {
+		free(v->cold->event_handle);
+		free(v->cold->dev_events);
+		free(v->cold);
+	}
+	free(v); /* its tensors, buffers, dims and keys with it */
 }
 
 /* Frees v now, whatever holds it; the caller made sure nothing does. May
@@ -569,32 +611,30 @@ static void version_destroy(struct registry *r, struct version *v)
 	if (v->manifest_fd >= 0) {
 		/* Peers that keep it (1.5) forget it: its id is never
 		 * named again. */
-		if (v->mbuf.id && r->ops && r->ops->buffer_freed)
-			r->ops->buffer_freed(r->ud, &v->mbuf);
+		if (v->cold->mbuf.id && r->ops && r->ops->buffer_freed)
+			r->ops->buffer_freed(r->ud, &v->cold->mbuf);
 		close(v->manifest_fd);
 		r->nfds--;
 	}
 	r->meta_bytes -= v->meta_bytes;
 	if (retire && r->ops && r->ops->retired)
 		r->ops->retired(r->ud, producer, e->name, number);
-	if (v->own_events) {
+	if (v->cold && v->cold->own_events) {
 		/* Nothing can name them any more: its leases are gone. */
 		if (r->ops && r->ops->events_freed)
-			r->ops->events_freed(r->ud, v->own_events);
+			r->ops->events_freed(r->ud, v->cold->own_events);
 		else
-			free(v->own_events);
+			free(v->cold->own_events);
 	}
-	free(v->event_handle);
-	free(v->dev_events);
 	free(v->reply_tail);
-	free(v); /* its tensors, buffers, dims and keys with it */
+	version_free(v);
 	entry_maybe_free(r, e);
 }
 
 static int version_reachable(const struct version *v)
 {
 	/* A sealed queue version: until consumed (queued, or taken). */
-	if (v->entry->queue_depth && v->state == VERSION_SEALED &&
+	if (v->entry->queue && v->state == VERSION_SEALED &&
 	    !v->publishing && !v->sealing)
 		return !v->entry->detached && v->qheld;
 	/* Alive while its publication is being announced, whatever the
@@ -635,16 +675,16 @@ static void version_publish(struct registry *r, struct version *v)
 	if (v->number > e->last_sealed)
 		e->last_sealed = v->number;
 	lifetime_sealed(r, e);
-	if (e->queue_depth) {
+	if (e->queue) {
 		/* In seal order, after every version queued so far. */
-		v->qseq = ++e->qseq;
+		v->cold->qseq = ++e->queue->seq;
 		queue_insert(e, v);
 	} else if (!old || v->number > old->number) {
 		e->latest = v;
 	} else {
 		old = NULL;
 	}
-	if (e->queue_depth)
+	if (e->queue)
 		old = NULL;
 	/* The parked gets are answered before the version v replaces dies:
 	 * its death pushes BufferGone to readers and Retired to an exporting
@@ -787,7 +827,8 @@ static void entry_destroy(struct registry *r, struct entry *e)
 {
 	if (!e->versions) {
 		/* An empty queue name: freed as any other entry. */
-		e->queue_depth = 0;
+		free(e->queue);
+		e->queue = NULL;
 		entry_maybe_free(r, e);
 		return;
 	}
@@ -1072,7 +1113,7 @@ static size_t align_up(size_t n, size_t a)
  * uint32_t limit, and each tensor adds at most 2 * CHECK_NDIM_MAX dims and
  * CHECK_KEY_MAX + 1 key bytes. */
 static struct version *version_alloc(const struct registry_spec *s,
-				     struct rbuffer **bufs,
+				     int cold, struct rbuffer **bufs,
 				     struct rbuffer_cuda **cuda)
 {
 	size_t ncuda = 0, ndims = 0, nkeys = 0;
@@ -1107,6 +1148,10 @@ static struct version *version_alloc(const struct registry_spec *s,
 	v = calloc(1, size);
 	if (!v)
 		return NULL;
+	if (cold && !(v->cold = calloc(1, sizeof(*v->cold)))) {
+		free(v);
+		return NULL;
+	}
 	v->manifest_fd = -1;
 	v->meta_bytes = s->manifest ? s->manifest->size : size;
 	base = (char *)v;
@@ -1123,9 +1168,9 @@ static struct version *version_alloc(const struct registry_spec *s,
 	if (s->origin_node) {
 		size_t n = strlen(s->origin_node) + 1;
 
-		v->origin_node = memcpy(base + o_keys + nkeys, s->origin_node,
-					n);
-		v->origin_version = s->origin_version;
+		v->cold->origin_node = memcpy(base + o_keys + nkeys,
+					      s->origin_node, n);
+		v->cold->origin_version = s->origin_version;
 	}
 	return v;
 }
@@ -1232,7 +1277,6 @@ static int version_buffers(struct registry *r, struct version *v,
 		}
 		b->id = r->next_buffer_id++;
 		v->buffers[i] = b;
-		v->bytes += b->size;
 		v->nfds += buffer_fds(b->kind);
 		r->nbuffers++;
 		r->bytes += b->size;
@@ -1281,7 +1325,7 @@ static int add_check(struct registry *r, struct registry_owner *o,
 	*entry = e = registry_entry(r, s->name);
 	/* A doomed name (lifetime.c) is as good as gone: registry_add
 	 * deletes it first. */
-	if (e && e->doomed)
+	if (e && entry_doomed(e))
 		*entry = e = NULL;
 	if (e && !registry_may(e, o, 2))
 		return -EPERM;
@@ -1323,6 +1367,10 @@ int registry_add(struct registry *r, struct registry_owner *o,
 		e = calloc(1, offsetof(struct entry, name) + len + 1);
 		if (!e)
 			return -ENOMEM;
+		if (s->queue && !(e->queue = calloc(1, sizeof(*e->queue)))) {
+			free(e);
+			return -ENOMEM;
+		}
 		memcpy(e->name, s->name, len + 1);
 		/* A deleted name's versions may live on under leases; a new
 		 * name of the same spelling numbers after them, so (name,
@@ -1348,11 +1396,11 @@ int registry_add(struct registry *r, struct registry_owner *o,
 			e->usage->names++;
 		e->mode = s->mode ? s->mode : r->limits.default_mode;
 		if (s->queue)
-			e->queue_depth = s->queue_depth ? s->queue_depth :
-					 r->limits.queue_depth <
-					 r->limits.max_queue_depth ?
-					 r->limits.queue_depth :
-					 r->limits.max_queue_depth;
+			e->queue->depth = s->queue_depth ? s->queue_depth :
+					  r->limits.queue_depth <
+					  r->limits.max_queue_depth ?
+					  r->limits.queue_depth :
+					  r->limits.max_queue_depth;
 		HASH_ADD_STR(r->names, name, e);
 		r->nnames++;
 		fresh = 1;
@@ -1360,24 +1408,30 @@ int registry_add(struct registry *r, struct registry_owner *o,
 		e->mode = s->mode;
 	}
 
-	v = version_alloc(s, &bufs, &cuda);
+	if (lifetime_prepare(r, e, s, fresh))
+		goto fail_entry;
+	v = version_alloc(s, s->origin_node || s->manifest || e->queue ||
+			     (s->event_len && s->event_handle) ||
+			     s->ndev_events, &bufs, &cuda);
 	if (!v)
 		goto fail_entry;
 	v->entry = e;
 	r->meta_bytes += v->meta_bytes; /* version_destroy takes it back */
 	if (s->event_len && s->event_handle) {
-		v->event_handle = malloc(s->event_len);
-		if (!v->event_handle)
+		v->cold->event_handle = malloc(s->event_len);
+		if (!v->cold->event_handle)
 			goto fail_version;
-		memcpy(v->event_handle, s->event_handle, s->event_len);
+		memcpy(v->cold->event_handle, s->event_handle, s->event_len);
 		v->event_len = (uint8_t)s->event_len;
 	}
 	if (s->ndev_events) {
-		v->dev_events = malloc(s->ndev_events * REGISTRY_DEV_EVENT_LEN);
-		if (!v->dev_events)
+		v->cold->dev_events = malloc(s->ndev_events *
+					     REGISTRY_DEV_EVENT_LEN);
+		if (!v->cold->dev_events)
 			goto fail_version;
 		for (size_t i = 0; i < s->ndev_events; i++) {
-			uint8_t *d = v->dev_events + i * REGISTRY_DEV_EVENT_LEN;
+			uint8_t *d = v->cold->dev_events +
+				     i * REGISTRY_DEV_EVENT_LEN;
 
 			memcpy(d, s->dev_events[i]->uuid.data, REGISTRY_UUID_LEN);
 			memcpy(d + REGISTRY_UUID_LEN,
@@ -1389,7 +1443,7 @@ int registry_add(struct registry *r, struct registry_owner *o,
 	v->mode = e->mode;
 	v->number = e->last_number + 1;
 	v->producer = o;
-	v->exported = exported;
+	v->exported = !!exported;
 	v->state = exported ? VERSION_SEALED : VERSION_PENDING;
 	/* Version numbers restart after a Delete: a pending version is
 	 * named by an id that never does. */
@@ -1397,8 +1451,7 @@ int registry_add(struct registry *r, struct registry_owner *o,
 		v->wrec = malloc(sizeof(*v->wrec));
 		if (!v->wrec)
 			goto fail_version;
-		v->writer = r->next_writer_id++;
-		v->wrec->id = v->writer;
+		v->wrec->id = r->next_writer_id++;
 		v->wrec->v = v;
 		HASH_ADD(hh, r->writers, id, sizeof(v->wrec->id), v->wrec);
 	}
@@ -1417,21 +1470,23 @@ int registry_add(struct registry *r, struct registry_owner *o,
 		s->manifest->fd = -1;
 		/* An id from the buffers' space: a client caches manifests
 		 * beside buffers, by id (1.5). */
-		v->mbuf.id = r->next_buffer_id++;
-		v->mbuf.size = v->meta_bytes;
-		v->mbuf.version = v;
-		v->mbuf.fd = -1;
-		v->mbuf.ro_fd = -1;
-		v->mbuf.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
-		v->mbuf.dev_type = 1;
+		struct rbuffer *mb = &v->cold->mbuf;
+
+		mb->id = r->next_buffer_id++;
+		mb->size = v->meta_bytes;
+		mb->version = v;
+		mb->fd = -1;
+		mb->ro_fd = -1;
+		mb->kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
+		mb->dev_type = 1;
 		v->ntensors = s->manifest->ntensors;
 		v->nfds++;
 		r->nfds++;
 	}
 	e->last_number = v->number;
-	if (e->queue_depth) {
+	if (e->queue) {
 		v->qheld = 1;
-		e->qheld++;
+		e->queue->held++;
 	}
 	/* Reachable from birth: its producer's uid pays for it. */
 	version_charge(v, o->usage);
@@ -1449,9 +1504,7 @@ int registry_add(struct registry *r, struct registry_owner *o,
 
 fail_version:
 	r->meta_bytes -= v->meta_bytes;
-	free(v->event_handle);
-	free(v->dev_events);
-	free(v);
+	version_free(v);
 fail_entry:
 	if (fresh) {
 		HASH_DEL(r->names, e);
@@ -1460,6 +1513,8 @@ fail_entry:
 			e->usage->names--;
 			usage_put(r, e->usage);
 		}
+		lifetime_forget(r, e);
+		free(e->queue);
 		free(e);
 	}
 	return -ENOMEM;
@@ -1580,21 +1635,26 @@ int registry_seal_end_owned(struct registry *r, struct version *v, int err,
 	if (!err && ndev_events &&
 	    !(dev = malloc(ndev_events * REGISTRY_DEV_EVENT_LEN)))
 		err = -ENOMEM;
+	if (!err && (ev || dev || own) && !version_cold(v))
+		err = -ENOMEM;
 	if (err) {
 		free(ev);
+		free(dev);
 		return err;
 	}
 	if (event_len)
 		memcpy(ev, event, event_len);
 	if (ndev_events)
 		memcpy(dev, dev_events, ndev_events * REGISTRY_DEV_EVENT_LEN);
-	free(v->event_handle);
-	v->event_handle = ev;
+	if (v->cold) {
+		free(v->cold->event_handle);
+		v->cold->event_handle = ev;
+		free(v->cold->dev_events);
+		v->cold->dev_events = dev;
+		v->cold->own_events = own;
+	}
 	v->event_len = (uint8_t)event_len;
-	free(v->dev_events);
-	v->dev_events = dev;
 	v->ndev_events = (uint8_t)ndev_events;
-	v->own_events = own;
 	version_unpend(v);
 	writer_forget(r, v);
 	v->state = VERSION_SEALED;
@@ -1654,7 +1714,7 @@ struct version *registry_find(struct registry *r, struct registry_owner *o,
 		*err = -EPERM;
 		return NULL;
 	}
-	if (e->queue_depth) {
+	if (e->queue) {
 		*err = -EMEDIUMTYPE;
 		return NULL;
 	}
@@ -1856,7 +1916,7 @@ void registry_detach(struct registry *r, struct entry *e)
 	}
 	e->latest = NULL;
 	/* Producers waiting for room in it find a new name. */
-	if (e->queue_depth && r->ops && r->ops->queue_room)
+	if (e->queue && r->ops && r->ops->queue_room)
 		r->ops->queue_room(r->ud, e->name);
 	if (!e->versions) {
 		entry_maybe_free(r, e); /* an empty queue name */
@@ -1890,8 +1950,10 @@ void registry_owner_forget_events(struct registry *r,
 		 * disconnects). */
 		DL_DELETE2(o->versions, v, oprev, onext);
 		v->producer = NULL;
-		free(v->event_handle);
-		v->event_handle = NULL;
+		if (v->cold) {
+			free(v->cold->event_handle);
+			v->cold->event_handle = NULL;
+		}
 		v->event_len = 0;
 		/* A warm reader's reply kept from before names the event. */
 		free(v->reply_tail);

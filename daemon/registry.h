@@ -139,23 +139,12 @@ struct writer_rec;
 
 #define REGISTRY_REPLY_TAIL_NONE UINT32_MAX
 
-struct version {
-	struct entry *entry;
-	uint64_t number;
-	uint64_t writer;         /* store mode: the identity of the pending
-				  * version (registry_pending), daemon-wide,
-				  * never reused; 0 for an export */
-	struct writer_rec *wrec; /* registry->writers' record of it, while
-				  * pending with a writer id; else NULL */
-	struct registry_owner *producer; /* pending, exported, or sealed with
-					  * its CUDA event; else NULL */
-	struct uid_usage *usage; /* its producer's uid while charged (it is
-				  * reachable); else NULL */
-	struct vcharge *charges; /* the uids its leases charge */
-	uint64_t bytes;
-	uint64_t owned_host;     /* daemon-owned host bytes of its buffers */
-	uint64_t owned_gpu;      /* daemon-owned GPU bytes of its buffers */
-	struct rbuffer **buffers;              /* nbuffers of them */
+/* What only some versions carry, out of line: made when a version first
+ * needs a part of it (registry_add, or a seal with events) and freed with
+ * the version. A host or CUDA tensor with no event, no manifest, no queue
+ * and no origin has none (struct version: cold is NULL), and no get that
+ * any version answers from its packed reply reads it. */
+struct version_cold {
 	uint8_t *event_handle;   /* event_len bytes, an allocation of its
 				  * own (set at seal); NULL when none */
 	uint8_t *dev_events;     /* 1.4: ndev_events entries of
@@ -166,6 +155,36 @@ struct version {
 				  * name (daemon/gpu.h), handed to
 				  * ops->events_freed when v goes; else
 				  * NULL */
+	/* Queue names (see struct entry_queue): */
+	uint64_t qseq;           /* its place in the queue: seal order */
+	struct version *qprev, *qnext; /* entry->queue->head */
+	/* 1.5: the node a relay mirrored it from (in the version's
+	 * allocation), and its number there; NULL and 0 when it was made
+	 * here. */
+	const char *origin_node;
+	uint64_t origin_version;
+	struct rbuffer mbuf;     /* 1.5, with manifest_fd: the manifest as a
+				  * buffer to the peers it was sent to (id,
+				  * size, holders: they hear BufferGone when
+				  * the version goes); its fd stays
+				  * manifest_fd, mbuf.fd is -1. id 0: no
+				  * manifest */
+};
+
+struct version {
+	struct entry *entry;
+	uint64_t number;
+	struct writer_rec *wrec; /* registry->writers' record of it (and its
+				  * writer id: registry_writer), while
+				  * pending in store mode; else NULL */
+	struct registry_owner *producer; /* pending, exported, or sealed with
+					  * its CUDA event; else NULL */
+	struct uid_usage *usage; /* its producer's uid while charged (it is
+				  * reachable); else NULL */
+	struct vcharge *charges; /* the uids its leases charge */
+	uint64_t owned_host;     /* daemon-owned host bytes of its buffers */
+	uint64_t owned_gpu;      /* daemon-owned GPU bytes of its buffers */
+	struct rbuffer **buffers;              /* nbuffers of them */
 	struct lease *lease_list;              /* the leases on it */
 	struct version *prev, *next;           /* entry->versions */
 	struct version *oprev, *onext;         /* producer->versions */
@@ -173,49 +192,45 @@ struct version {
 				  * manifest memfd's size, or the bytes of
 				  * this block (charged to its producer's
 				  * uid against uid_manifest_bytes) */
-	int manifest_fd;         /* protocol 1.4: the sealed manifest memfd
-				  * holding its tensors (tensors[] is then
-				  * empty), handed to every reader; else -1 */
-	struct rbuffer mbuf;     /* 1.5: the manifest as a buffer to the
-				  * peers it was sent to (id, size,
-				  * holders: they hear BufferGone when the
-				  * version goes); its fd stays manifest_fd,
-				  * mbuf.fd is -1. id 0: no manifest */
-	uint32_t ntensors;
-	uint32_t leases;
-	uint32_t nfds;           /* fds its buffers may hold (REGISTRY_FDS_*) */
-	uint16_t mode;
-	uint8_t nbuffers;        /* <= REGISTRY_BUFFERS_HARD_MAX */
-	uint8_t event_len;       /* <= REGISTRY_HANDLE_MAX */
-	uint8_t ndev_events;     /* <= its CUDA buffers */
-	uint8_t state;           /* enum version_state */
-	uint8_t exported;        /* producer memory: retired back to it */
-	uint8_t publishing;      /* in ops->published */
-	uint8_t withdrawn;       /* pending, but its name was deleted: no Seal
-				  * or Abort reaches it, and it lives only
-				  * while a writer lease holds it (or its
-				  * seal is under way) */
-	uint8_t pending;         /* counted in its producer's and uid's
-				  * pending versions */
-	uint8_t sealing;         /* between registry_seal_begin and _end */
-	uint8_t orphaned;        /* its producer went while sealing: it dies
-				  * at registry_seal_end */
-	/* Queue names (see struct entry): */
-	uint8_t qheld;           /* counts toward its queue's depth: from
-				  * create until consumed (or it dies) */
-	uint8_t queued;          /* sealed, on entry->qhead, not taken */
 	/* get.c's GetReply of it for readers that hold every fd it needs
 	 * (wire_get_reply_tail), packed at the first such get of the sealed
 	 * version and freed with it: reply_tail_len bytes, or
 	 * REGISTRY_REPLY_TAIL_NONE when it is not kept (too long). */
-	uint32_t reply_tail_len;
 	uint8_t *reply_tail;
-	uint64_t qseq;           /* its place in the queue: seal order */
-	struct version *qprev, *qnext; /* entry->qhead */
-	/* 1.5: the node a relay mirrored it from (in its allocation), and its
-	 * number there; NULL and 0 when it was made here. */
-	const char *origin_node;
-	uint64_t origin_version;
+	struct version_cold *cold; /* NULL when it carries none of it */
+	uint32_t reply_tail_len;
+	int manifest_fd;         /* protocol 1.4: the sealed manifest memfd
+				  * holding its tensors (tensors[] is then
+				  * empty), handed to every reader; else -1.
+				  * cold->mbuf is its buffer. */
+	uint32_t ntensors;
+	uint32_t leases;
+	uint16_t mode;
+	uint8_t nfds;            /* fds its buffers and manifest may hold
+				  * (REGISTRY_FDS_*): <= 2 *
+				  * REGISTRY_BUFFERS_HARD_MAX + 1 */
+	uint8_t nbuffers;        /* <= REGISTRY_BUFFERS_HARD_MAX */
+	uint8_t event_len;       /* <= REGISTRY_HANDLE_MAX: of
+				  * cold->event_handle */
+	uint8_t ndev_events;     /* <= its CUDA buffers: of cold->dev_events */
+	uint8_t state;           /* enum version_state */
+	/* Flags, a bit each: */
+	uint8_t exported : 1;    /* producer memory: retired back to it */
+	uint8_t publishing : 1;  /* in ops->published */
+	uint8_t withdrawn : 1;   /* pending, but its name was deleted: no
+				  * Seal or Abort reaches it, and it lives
+				  * only while a writer lease holds it (or
+				  * its seal is under way) */
+	uint8_t pending : 1;     /* counted in its producer's and uid's
+				  * pending versions */
+	uint8_t sealing : 1;     /* between registry_seal_begin and _end */
+	uint8_t orphaned : 1;    /* its producer went while sealing: it dies
+				  * at registry_seal_end */
+	/* Queue names (see struct entry_queue): */
+	uint8_t qheld : 1;       /* counts toward its queue's depth: from
+				  * create until consumed (or it dies) */
+	uint8_t queued : 1;      /* sealed, on entry->queue->head, not
+				  * taken */
 	struct rtensor tensors[];
 };
 
@@ -227,6 +242,39 @@ struct registry_link {
 	uint64_t mark : 1;
 };
 
+/* A name's lifetime (daemon/lifetime.c), only for a name that has one:
+ * made by lifetime_prepare for a name that is owned or has a TTL, and
+ * freed when the name leaves the map or dies (lifetime_forget). */
+struct entry_life {
+	/* The connection it belongs to (it goes with it). */
+	struct registry_owner *owned_by;
+	struct entry *owprev, *ownext; /* owned_by->owned */
+	/* When it expires (ttl_ms after its last seal, or its creation),
+	 * and its place in registry->ttl_heap. */
+	uint64_t expires_ms;     /* when ttl_ms is set */
+	uint32_t ttl_ms;         /* 0: no TTL */
+	uint32_t heap_slot;      /* index in registry->ttl_heap + 1; 0: none */
+	uint8_t doomed;          /* owned, and its owner went: due at once in
+				  * the heap, deleted in the timer's batches;
+				  * a new version of the name replaces it */
+};
+
+/* A queue name's state, made with its entry (a name's mode is chosen
+ * when it is made) and freed with it: sealed versions wait on head,
+ * oldest first, until taken; the entry lives on while empty. held counts
+ * its versions that are pending, queued, or taken and not released: at
+ * most depth. */
+struct entry_queue {
+	uint32_t depth;          /* > 0 */
+	uint32_t held;
+	uint32_t queued;         /* on head */
+	uint32_t taken;          /* held by take leases */
+	uint64_t seq;            /* last seal order handed out */
+	struct version *head;
+};
+
+/* What every name carries; what only some do (a lifetime, a queue) is
+ * out of line, a pointer each, NULL for a name without it. */
 struct entry {
 	uint64_t last_number;    /* highest version number handed out */
 	uint64_t last_sealed;    /* highest version number made visible */
@@ -248,32 +296,19 @@ struct entry {
 	uint32_t nversions;
 	uint32_t leases;
 	uint32_t owner_uid, owner_gid;
+	struct entry_life *life; /* NULL: not owned, no TTL */
+	struct entry_queue *queue; /* NULL: not a queue name */
 	uint16_t mode;
 	uint8_t detached;        /* deleted: out of the name map, dying */
-	/* Lifetimes (daemon/lifetime.c): the connection it belongs to (it
-	 * goes with it), and when it expires (ttl_ms after its last seal,
-	 * or its creation) with its place in registry->ttl_heap. */
-	struct registry_owner *owned_by;
-	struct entry *owprev, *ownext; /* owned_by->owned */
-	uint64_t expires_ms;     /* when ttl_ms is set */
-	uint32_t ttl_ms;         /* 0: no TTL */
-	uint32_t heap_slot;      /* index in registry->ttl_heap + 1; 0: none */
-	uint8_t doomed;          /* owned, and its owner went: due at once in
-				  * the heap, deleted in the timer's batches;
-				  * a new version of the name replaces it */
-	/* A queue name (queue_depth > 0), chosen when the entry is made:
-	 * sealed versions wait on qhead, oldest first, until taken; the
-	 * entry lives on while empty. qheld counts its versions that are
-	 * pending, queued, or taken and not released: at most queue_depth. */
-	uint32_t queue_depth;
-	uint32_t qheld;
-	uint32_t qqueued;        /* on qhead */
-	uint32_t qtaken;         /* held by take leases */
-	uint64_t qseq;           /* last seal order handed out */
-	struct version *qhead;
 	char name[];             /* as long as it is; allocated from
 				  * offsetof(struct entry, name) */
 };
+
+/* Whether e is owned and its owner went (struct entry_life). */
+static inline int entry_doomed(const struct entry *e)
+{
+	return e->life && e->life->doomed;
+}
 
 struct lease {
 	uint64_t id;
@@ -623,6 +658,13 @@ struct version *registry_pending(struct registry *r, struct registry_owner *o,
 				 const char *name, uint64_t number,
 				 uint64_t writer, int *err);
 
+/* The bytes of v's buffers (its manifest not counted). */
+uint64_t registry_bytes(const struct version *v);
+
+/* The writer id registry_add gave v, a pending store version (a Seal or
+ * Abort names it by it); 0 for any other. */
+uint64_t registry_writer(const struct version *v);
+
 /* Begins sealing the pending version registry_pending finds: it is
  * sealing from now on (see struct version) and in *out, until
  * registry_seal_end. The caller write-seals its host buffers in between,
@@ -745,8 +787,13 @@ void registry_detach(struct registry *r, struct entry *e);
 int lifetime_check(const struct registry *r, const struct registry_owner *o,
 		   const struct entry *e, const struct registry_spec *s,
 		   struct refusal *why);
-/* Applies s's lifetime to e after o added a version to it (fresh: e is new).
- * Cannot fail. */
+/* Makes e's lifetime record (struct entry_life) when s gives e a
+ * lifetime and it has none yet; before anything else of a registry_add
+ * changes (fresh: e is new). Returns 0 or -ENOMEM. */
+int lifetime_prepare(const struct registry *r, struct entry *e,
+		     const struct registry_spec *s, int fresh);
+/* Applies s's lifetime to e after o added a version to it (fresh: e is new),
+ * lifetime_prepare having made its record. Cannot fail. */
 void lifetime_apply(struct registry *r, struct registry_owner *o,
 		    struct entry *e, const struct registry_spec *s, int fresh);
 /* A version of e was sealed: its TTL starts again. */

@@ -146,12 +146,14 @@ void reply_err_why(struct peer *peer, uint64_t id, int err,
 				why, (unsigned)peer->owner.uid);
 	/* A lifetime rule (daemon/lifetime.c): which, and whose name. */
 	else if (err == -EPERM && why && name &&
-		 (e = registry_entry(&peer->d->reg, name)) && e->owned_by)
+		 (e = registry_entry(&peer->d->reg, name)) && e->life &&
+		 e->life->owned_by)
 		conn_send_error(&peer->conn, id, reply_code(err),
 				"%s %s: permission denied: %s (owned by uid %u, "
 				"connection of pid %d; you are uid %u, pid %d)",
 				what, name, why, (unsigned)e->owner_uid,
-				(int)e->owned_by->pid, (unsigned)peer->owner.uid,
+				(int)e->life->owned_by->pid,
+				(unsigned)peer->owner.uid,
 				(int)peer->owner.pid);
 	else if (err == -EPERM && why && name &&
 		 (e = registry_entry(&peer->d->reg, name)))
@@ -255,21 +257,23 @@ void reply_queue_full(struct peer *peer, uint64_t id, const char *what,
 		      const char *name, uint32_t waited_ms)
 {
 	struct entry *e = registry_entry(&peer->d->reg, name);
-	uint32_t depth = e ? e->queue_depth : 0;
-	uint32_t pending = e ? e->qheld - e->qqueued - e->qtaken : 0;
+	/* The name may be gone, or no queue any more. */
+	const struct entry_queue none = { 0 };
+	const struct entry_queue *q = e && e->queue ? e->queue : &none;
+	uint32_t pending = q->held - q->queued - q->taken;
 
 	peer_limit_hit(peer, METRICS_LIMIT_QUEUE_FULL);
 
 	if (waited_ms)
 		conn_send_error(&peer->conn, id, DLSHARE_ETIMEDOUT,
 				"%s %s: the queue stayed full for the whole wait (%u ms): depth %u, with %u queued, %u taken and not released, %u pending",
-				what, name, (unsigned)waited_ms, (unsigned)depth,
-				e ? (unsigned)e->qqueued : 0,
-				e ? (unsigned)e->qtaken : 0, (unsigned)pending);
+				what, name, (unsigned)waited_ms,
+				(unsigned)q->depth, (unsigned)q->queued,
+				(unsigned)q->taken, (unsigned)pending);
 	else
 		conn_send_error(&peer->conn, id, DLSHARE_ELIMIT,
 				"%s %s: the queue is full: depth %u, with %u queued, %u taken and not released, %u pending (no wait was asked)",
-				what, name, (unsigned)depth,
-				e ? (unsigned)e->qqueued : 0,
-				e ? (unsigned)e->qtaken : 0, (unsigned)pending);
+				what, name, (unsigned)q->depth,
+				(unsigned)q->queued, (unsigned)q->taken,
+				(unsigned)pending);
 }

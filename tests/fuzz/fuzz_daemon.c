@@ -604,7 +604,7 @@ static void check_peers_gone(struct session *z)
 			    v->pending, v->orphaned);
 		names++;
 		buffers += v->nbuffers;
-		bytes += v->bytes;
+		bytes += registry_bytes(v);
 		fds += v->nfds;
 	}
 	check_uids(r);

@@ -333,7 +333,7 @@ static void test_store_pending_then_seal(void **state)
 	assert_string_equal(v->tensors[1].key, "t");
 	assert_int_equal(v->tensors[1].shape[0], 2 * PAGE / 4);
 	assert_int_equal(v->nbuffers, 1);
-	assert_int_equal(v->bytes, 2 * PAGE);
+	assert_int_equal(registry_bytes(v), 2 * PAGE);
 	assert_int_equal(v->mode, REGISTRY_DEFAULT_MODE);
 	/* The daemon made a memfd of the right size, sealed against
 	 * resizing but still writable. */
@@ -364,7 +364,7 @@ static void test_store_pending_then_seal(void **state)
 	assert_ptr_equal(v->producer, &f->prod);
 	assert_ptr_equal(f->prod.versions, v);
 	assert_int_equal(v->event_len, 2);
-	assert_memory_equal(v->event_handle, "ev", 2);
+	assert_memory_equal(v->cold->event_handle, "ev", 2);
 	assert_true(seals_of(fd) & F_SEAL_WRITE);
 	assert_int_equal(f->rec.npublished, 1);
 	assert_string_equal(f->rec.pub_name[0], "a/b");
@@ -729,14 +729,14 @@ static void test_writer_ids(void **state)
 	int err;
 
 	v1 = add_ok(f, &f->prod, spec(&ts, "w", 0, 1, 1, PAGE), 0);
-	w1 = v1->writer;
+	w1 = registry_writer(v1);
 	assert_true(w1 != 0);
 	assert_ptr_equal(registry_pending(&f->r, &f->prod, "w", 1, w1, &err),
 			 v1);
 	assert_int_equal(err, 0);
 	assert_int_equal(registry_delete(&f->r, &f->cons, "w"), 0);
 	v2 = add_ok(f, &f->prod, spec(&ts, "w", 0, 1, 1, PAGE), 0);
-	w2 = v2->writer;
+	w2 = registry_writer(v2);
 	assert_int_equal(v2->number, 1);
 	assert_true(w2 > w1);
 
@@ -787,7 +787,7 @@ static void test_writer_ids(void **state)
 				       0), -EALREADY);
 	assert_found(f, &f->prod, "hidden", REG_LATEST, 0, p);
 	/* Exports have no writer. */
-	assert_int_equal(export(f, &f->prod, "e", 0)->writer, 0);
+	assert_int_equal(registry_writer(export(f, &f->prod, "e", 0)), 0);
 }
 
 /* A Delete withdraws a pending version: no Seal reaches it, but a writer
@@ -808,10 +808,10 @@ static void test_delete_pending_leased(void **state)
 	assert_null(registry_entry(&f->r, "g"));
 	assert_counts(f, 0, 1, 1, PAGE, 1);
 	assert_int_equal(f->rec.nfreed, 0);
-	assert_int_equal(registry_seal(&f->r, &f->prod, "g", 1, v->writer,
-				       NULL, 0), -ENOENT);
-	assert_int_equal(registry_abort(&f->r, &f->prod, "g", 1, v->writer),
-			 -ENOENT);
+	assert_int_equal(registry_seal(&f->r, &f->prod, "g", 1,
+				       registry_writer(v), NULL, 0), -ENOENT);
+	assert_int_equal(registry_abort(&f->r, &f->prod, "g", 1,
+					registry_writer(v)), -ENOENT);
 	/* A new "g" numbers after it. */
 	assert_int_equal(publish(f, &f->prod, "g", 0)->number, 2);
 	assert_int_equal(registry_release(&f->r, &f->prod, lid), 0);
@@ -1580,9 +1580,9 @@ static void test_version_contents(void **state)
 	assert_int_equal(fds[0], -1);
 	assert_int_equal(v->ntensors, 4);
 	assert_int_equal(v->nbuffers, 3);
-	assert_int_equal(v->bytes, PAGE + 65536 + 131072);
+	assert_int_equal(registry_bytes(v), PAGE + 65536 + 131072);
 	assert_int_equal(v->event_len, sizeof(ev));
-	assert_memory_equal(v->event_handle, ev, sizeof(ev));
+	assert_memory_equal(v->cold->event_handle, ev, sizeof(ev));
 
 	assert_string_equal(v->tensors[0].key, "");
 	assert_string_equal(v->tensors[1].key, "");
@@ -2096,7 +2096,7 @@ static void test_ttl_heap(void **state)
 	/* Renew one (a new seal), and delete another. */
 	fake_now = 1500;
 	assert_int_equal(publish_life(f, &f->prod, "ttl/0", 0, 0), 0);
-	due[0] = 1500 + registry_entry(&f->r, "ttl/0")->ttl_ms;
+	due[0] = 1500 + registry_entry(&f->r, "ttl/0")->life->ttl_ms;
 	assert_int_equal(registry_delete(&f->r, &f->prod, "ttl/1"), 0);
 	due[1] = 0;
 	assert_int_equal(registry_expire(&f->r, 999, 1000), 0);
@@ -2169,7 +2169,7 @@ static void test_owned(void **state)
 	registry_owner_drop(&f->r, &p2);
 	/* A new version of a doomed name makes a new name in its place. */
 	assert_int_equal(publish_life(f, &f->cons, "o/a", 0, 0), 0);
-	assert_false(registry_entry(&f->r, "o/a")->doomed);
+	assert_false(entry_doomed(registry_entry(&f->r, "o/a")));
 	assert_int_equal(registry_expire(&f->r, 0, 100), 0);
 	assert_non_null(registry_entry(&f->r, "o/a"));
 	assert_int_equal(registry_delete(&f->r, &f->cons, "o/a"), 0);
