@@ -180,6 +180,50 @@ static int log_has(const char *log, const char *what)
 	return 0;
 }
 
+/* Starts relay A on a free port and waits until it listens. The port
+ * free_port found may be taken by another process before A binds it (the
+ * suite runs beside others: ctest -j): A then exits, and is started again
+ * on another port, its log begun anew. */
+static void dump_logs(void);
+
+static void start_a_listening(void)
+{
+	char buf[65536];
+
+	for (int attempt = 0; attempt < 5; attempt++) {
+		int st;
+
+		buf[0] = 0;
+		port = free_port();
+		relay_a = start_a();
+		for (int i = 0; i < harness_ms(10000) / 20; i++) {
+			int fd = open(log_a, O_RDONLY);
+			ssize_t n = fd >= 0 ? pread(fd, buf, sizeof(buf) - 1, 0)
+					    : -1;
+
+			if (fd >= 0)
+				close(fd);
+			if (n > 0) {
+				buf[n] = 0;
+				if (strstr(buf, "listening on"))
+					return;
+			}
+			if (waitpid(relay_a, &st, WNOHANG) == relay_a) {
+				relay_a = 0;
+				break;
+			}
+			sleep_ms(20);
+		}
+		if (relay_a > 0)
+			break; /* alive but not listening: no retry */
+		print_message("relay A exited before it listened (port %d); "
+			      "its log:\n%s\n", port, buf);
+		unlink(log_a);
+	}
+	dump_logs();
+	fail_msg("relay A did not listen");
+}
+
 static int setup(void **state)
 {
 	(void)state;
@@ -201,9 +245,7 @@ static void start_all(void)
 	write_key(badkey, "0123456789abcdef-another-key\n");
 	snprintf(log_a, sizeof(log_a), "%s/relay-a.log", A.dir);
 	snprintf(log_b, sizeof(log_b), "%s/relay-b.log", B.dir);
-	port = free_port();
-	relay_a = start_a();
-	assert_true(log_has(log_a, "listening on"));
+	start_a_listening();
 }
 
 static void stop_all(void)
