@@ -86,14 +86,10 @@ static void get_reply_fill(Dlshare__GetReply *r, struct reply_events *ev,
  * lease: its tail is packed at the first such get and kept with v (see
  * struct version). Returns it, or NULL when v keeps none (over
  * GET_TAIL_MAX bytes, or no memory for it now). */
+static const uint8_t *get_tail_pack(struct version *v, size_t *len);
+
 static const uint8_t *get_tail(struct version *v, size_t *len)
 {
-	Dlshare__GetReply r = DLSHARE__GET_REPLY__INIT;
-	struct reply_events ev;
-	struct encode_version w;
-	uint8_t *tail;
-	int err;
-
 	if (v->reply_tail) {
 		*len = v->reply_tail_len;
 		return v->reply_tail;
@@ -101,6 +97,20 @@ static const uint8_t *get_tail(struct version *v, size_t *len)
 	if (v->reply_tail_len == REGISTRY_REPLY_TAIL_NONE ||
 	    v->state != VERSION_SEALED)
 		return NULL;
+	return get_tail_pack(v, len);
+}
+
+/* get_tail's first time for v, out of line: a warm get of a kept tail
+ * sets up none of its structures. */
+static __attribute__((noinline)) const uint8_t *
+get_tail_pack(struct version *v, size_t *len)
+{
+	Dlshare__GetReply r = DLSHARE__GET_REPLY__INIT;
+	struct reply_events ev;
+	struct encode_version w;
+	uint8_t *tail;
+	int err;
+
 	/* No fd attached; a manifest by its id alone. */
 	if (encode_version_init(&w, v, NULL, ENCODE_MANIFEST_KEPT))
 		return NULL;
@@ -141,6 +151,47 @@ static int get_send_warm(struct peer *peer, uint64_t id, struct version *v,
 	return 0;
 }
 
+/* get_answer's reply encoded from v (the fds in attach, the manifest as
+ * mmode says), with lease l (a take's with take): sent, and what it
+ * attached recorded as sent to peer; on failure l is given back. */
+static void get_send_encoded(struct peer *peer, uint64_t id,
+			     struct version *v, struct lease *l, int take,
+			     const int *attach, enum encode_manifest mmode)
+{
+	struct daemon *d = peer->d;
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__GetReply r = DLSHARE__GET_REPLY__INIT;
+	struct reply_events ev;
+	struct encode_version w;
+	int err;
+
+	if (encode_version_init(&w, v, attach, mmode)) {
+		reply_err(peer, id, -ENOMEM, take ? "take" : "get",
+			  v->entry->name);
+		if (take)
+			registry_queue_untake(&d->reg, &peer->owner, l);
+		else
+			registry_release(&d->reg, &peer->owner, l->id);
+		return;
+	}
+	get_reply_fill(&r, &ev, &w, v, l->id);
+	f.id = id;
+	f.body_case = DLSHARE__FRAME__BODY_GET_REPLY;
+	f.get_reply = &r;
+	/* Sending frees no buffer; a failed send dooms c, after which its
+	 * sent set no longer matters. */
+	err = conn_send(&peer->conn, &f, w.fds, w.nfds);
+	encode_version_deinit(&w);
+	if (err || !conn_open(&peer->conn))
+		return;
+	for (size_t i = 0; i < v->nbuffers; i++)
+		if (attach[i] && v->buffers[i]->fd >= 0 &&
+		    peer_sent_add(peer, v->buffers[i]))
+			return;
+	if (v->manifest_fd >= 0 && mmode == ENCODE_MANIFEST_KEPT_FD)
+		peer_sent_add(peer, &v->cold->mbuf);
+}
+
 /* Answers a get (or, with take, a Take) with v: takes a lease (the take
  * of v) and sends each buffer's fd the first time this peer needs it, and
  * so the manifest's when the Get said the peer keeps them (mcache, 1.5;
@@ -150,11 +201,7 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v,
 {
 	const char *what = take ? "take" : "get";
 	struct daemon *d = peer->d;
-	Dlshare__Frame f = DLSHARE__FRAME__INIT;
-	Dlshare__GetReply r = DLSHARE__GET_REPLY__INIT;
 	int attach[REGISTRY_BUFFERS_HARD_MAX];
-	struct reply_events ev;
-	struct encode_version w;
 	struct refusal why = { 0 };
 	struct lease *l;
 	int err;
@@ -218,33 +265,10 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v,
 	/* A warm get (every fd sent before): from v's packed tail. */
 	if (!nattach && !get_send_warm(peer, id, v, l->id))
 		return;
-	if (encode_version_init(&w, v, attach,
-				!mcache ? ENCODE_MANIFEST_FD :
-				mknown ? ENCODE_MANIFEST_KEPT :
-				ENCODE_MANIFEST_KEPT_FD)) {
-		reply_err(peer, id, -ENOMEM, what, v->entry->name);
-		if (take)
-			registry_queue_untake(&d->reg, &peer->owner, l);
-		else
-			registry_release(&d->reg, &peer->owner, l->id);
-		return;
-	}
-	get_reply_fill(&r, &ev, &w, v, l->id);
-	f.id = id;
-	f.body_case = DLSHARE__FRAME__BODY_GET_REPLY;
-	f.get_reply = &r;
-	/* Sending frees no buffer; a failed send dooms c, after which its
-	 * sent set no longer matters. */
-	err = conn_send(&peer->conn, &f, w.fds, w.nfds);
-	encode_version_deinit(&w);
-	if (err || !conn_open(&peer->conn))
-		return;
-	for (size_t i = 0; i < v->nbuffers; i++)
-		if (attach[i] && v->buffers[i]->fd >= 0 &&
-		    peer_sent_add(peer, v->buffers[i]))
-			return;
-	if (v->manifest_fd >= 0 && mcache && !mknown)
-		peer_sent_add(peer, &v->cold->mbuf);
+	get_send_encoded(peer, id, v, l, take, attach,
+			 !mcache ? ENCODE_MANIFEST_FD :
+			 mknown ? ENCODE_MANIFEST_KEPT :
+			 ENCODE_MANIFEST_KEPT_FD);
 }
 
 /* Says which version a get asked for: "the newest version", "version 7",
