@@ -25,6 +25,7 @@
 #include "log.h"
 #include "memcg.h"
 #include "server.h"
+#include "wire.h"
 
 /* STATUS= is refreshed this often (or at each watchdog ping when sooner). */
 #define STATUS_INTERVAL_MS 5000
@@ -213,6 +214,8 @@ int main(int argc, char **argv)
 	}
 
 	log_set_level(cfg.log_level);
+	/* No thread of the daemon is ever cancelled (wire.h). */
+	wire_direct_syscalls();
 	log_set_prefix(cfg.log_prefix);
 	log_set_rate_limit(cfg.log_rate);
 	/* libuv does not send with MSG_NOSIGNAL everywhere; we do, but a

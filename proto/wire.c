@@ -5,7 +5,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+
+/* Set by wire_direct_syscalls: sendmsg and recvmsg by syscall(2). */
+static int wire_direct;
+
+void wire_direct_syscalls(void)
+{
+	wire_direct = 1;
+}
 
 int wire_send(int sock, const void *data, size_t len, const int *fds,
 	      unsigned nfds, int flags)
@@ -33,7 +42,9 @@ int wire_send(int sock, const void *data, size_t len, const int *fds,
 		memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
 	}
 	do {
-		n = sendmsg(sock, &msg, MSG_NOSIGNAL | flags);
+		n = wire_direct ? syscall(SYS_sendmsg, sock, &msg,
+					  MSG_NOSIGNAL | flags)
+				: sendmsg(sock, &msg, MSG_NOSIGNAL | flags);
 	} while (n < 0 && errno == EINTR);
 	if (n < 0)
 		return errno == EWOULDBLOCK ? -EAGAIN : -errno;
@@ -102,7 +113,9 @@ int wire_recv(int sock, void *buf, size_t cap, int *fds, unsigned max_fds,
 	if (!max_fds)
 		msg.msg_control = NULL;
 	do {
-		n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | flags);
+		n = wire_direct ? syscall(SYS_recvmsg, sock, &msg,
+					  MSG_CMSG_CLOEXEC | flags)
+				: recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | flags);
 	} while (n < 0 && errno == EINTR);
 	if (n < 0)
 		return errno == EWOULDBLOCK ? -EAGAIN : -errno;
