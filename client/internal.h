@@ -22,31 +22,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-/* uthash zeroes a new table with memset right after malloc, which gcc
- * would make a calloc (zalloc.h: no thread cache). */
-#ifndef uthash_bzero
-#define uthash_bzero(a, n) util_bzero((a), (n))
-#endif
-#include "zalloc.h"
-/* Every table of the library is keyed by a 64-bit id (calls, buffers,
- * manifests): a multiplicative hash of it, a handful of instructions where
- * uthash's Jenkins hash of 8 bytes was ~50, three times per get. uthash
- * buckets by the low bits, so the product's high half is taken. */
-#ifndef HASH_FUNCTION
-#define HASH_FUNCTION(keyptr, keylen, hashv)                                  \
-	do {                                                                  \
-		if ((keylen) == sizeof(uint64_t)) {                           \
-			uint64_t hk_;                                         \
-			memcpy(&hk_, (keyptr), sizeof(hk_));                  \
-			(hashv) = (unsigned)((hk_ * 0x9e3779b97f4a7c15ull) >> \
-					     32);                             \
-		} else {                                                      \
-			HASH_JEN((keyptr), (keylen), (hashv));                \
-		}                                                             \
-	} while (0)
-#endif
-#include <string.h>
-#include <uthash.h>
+#include "hashtab.h"
 
 #include <dlshare/dlshare.h>
 

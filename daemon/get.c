@@ -232,9 +232,8 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v,
 	for (size_t i = 0; i < v->nbuffers; i++) {
 		struct sent_buf *sb = NULL;
 
-		HASH_FIND_BYHASHVALUE(hh, peer->sent, &v->buffers[i]->id,
-				      sizeof(uint64_t),
-				      registry_id_hash(v->buffers[i]->id), sb);
+		HASH_FIND(hh, peer->sent, &v->buffers[i]->id, sizeof(uint64_t),
+			  sb);
 		attach[i] = !sb;
 		nattach += attach[i] && v->buffers[i]->fd >= 0;
 	}
@@ -245,9 +244,8 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v,
 	if (v->manifest_fd >= 0 && mcache) {
 		struct sent_buf *sb = NULL;
 
-		HASH_FIND_BYHASHVALUE(hh, peer->sent, &v->cold->mbuf.id,
-				      sizeof(uint64_t),
-				      registry_id_hash(v->cold->mbuf.id), sb);
+		HASH_FIND(hh, peer->sent, &v->cold->mbuf.id, sizeof(uint64_t),
+			  sb);
 		mknown = sb != NULL;
 	}
 	nattach += v->manifest_fd >= 0 && !mknown;

@@ -59,8 +59,7 @@ int peer_sent_add(struct peer *peer, struct rbuffer *rb)
 	sb->id = rb->id;
 	sb->peer = peer;
 	sb->buf = rb;
-	HASH_ADD_BYHASHVALUE(hh, peer->sent, id, sizeof(sb->id),
-			     registry_id_hash(sb->id), sb);
+	HASH_ADD(hh, peer->sent, id, sizeof(sb->id), sb);
 	h = rb->holders;
 	DL_APPEND2(h, sb, bprev, bnext);
 	rb->holders = h;

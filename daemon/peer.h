@@ -31,7 +31,7 @@ struct sent_buf {
 	uint64_t id;
 	struct peer *peer;
 	struct rbuffer *buf;      /* alive while on its holders list */
-	UT_hash_handle hh;        /* peer->sent, by registry_id_hash */
+	UT_hash_handle hh;        /* peer->sent */
 	struct sent_buf *bprev, *bnext; /* buf->holders */
 };
 

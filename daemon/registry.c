@@ -760,11 +760,10 @@ static void owner_lease_add(struct registry_owner *o, struct lease *l)
 {
 	if (!o->leases) {
 		memset(&o->anchor, 0, sizeof(o->anchor));
-		HASH_ADD_BYHASHVALUE(hh, o->leases, id, sizeof(o->anchor.id),
-				     registry_id_hash(0), &o->anchor);
+		HASH_ADD(hh, o->leases, id, sizeof(o->anchor.id),
+			 &o->anchor);
 	}
-	HASH_ADD_BYHASHVALUE(hh, o->leases, id, sizeof(l->id),
-			     registry_id_hash(l->id), l);
+	HASH_ADD(hh, o->leases, id, sizeof(l->id), l);
 }
 
 /* Takes o's anchor out of its table (and so frees the table) when o
@@ -775,15 +774,13 @@ static void owner_lease_done(struct registry_owner *o)
 		HASH_DEL(o->leases, &o->anchor);
 }
 
-/* o's lease with id; never the anchor. o's table is added to and
- * searched by registry_id_hash only. */
+/* o's lease with id; never the anchor. */
 static struct lease *owner_lease_find(struct registry_owner *o, uint64_t id)
 {
 	struct lease *l = NULL;
 
 	if (id)
-		HASH_FIND_BYHASHVALUE(hh, o->leases, &id, sizeof(id),
-				      registry_id_hash(id), l);
+		HASH_FIND(hh, o->leases, &id, sizeof(id), l);
 	return l;
 }
 

@@ -14,31 +14,12 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-/* uthash zeroes its tables with memset right after malloc, which gcc
- * would make a calloc (zalloc.h: no thread cache). Where uthash.h came
- * first, its own definition stays. */
-#ifndef uthash_bzero
-#define uthash_bzero(a, n) util_bzero((a), (n))
-#endif
-#include "zalloc.h"
-#include <uthash.h>
+#include "hashtab.h"
 #include <utlist.h>
 
 #include "check.h"
 #include "dlshare.pb-c.h"
 #include "metrics.h"
-
-/* The hash of a daemon-made 64-bit id (lease, buffer) for the tables
- * keyed by one (an owner's leases, a peer's sent buffers), which add and
- * find by it (HASH_ADD_BYHASHVALUE, HASH_FIND_BYHASHVALUE) instead of
- * uthash's Jenkins hash of the key's bytes, ~60 instructions a lookup on
- * every get. Multiplicative: sequential ids spread over the buckets
- * (uthash takes the low bits), and a peer that keeps every 2^k-th lease
- * does not land them in one bucket. */
-static inline unsigned registry_id_hash(uint64_t id)
-{
-	return (unsigned)((id * UINT64_C(0x9e3779b97f4a7c15)) >> 32);
-}
 
 #define REGISTRY_HANDLE_MAX 64u /* bytes of a CUDA IPC mem/event handle */
 /* Protocol 1.4, a version spanning devices: one event per device, stored
@@ -319,7 +300,7 @@ struct lease {
 	uint8_t take;            /* a take of a queue version: its release
 				  * consumes the version, its owner's end
 				  * puts it back at the head */
-	UT_hash_handle hh;       /* owner->leases, by registry_id_hash */
+	UT_hash_handle hh;       /* owner->leases */
 	struct lease *vprev, *vnext; /* version->lease_list */
 };
 
