@@ -706,53 +706,41 @@ static void version_publish(struct registry *r, struct version *v)
 	version_check(r, v);
 }
 
-/* A zeroed lease record, a spare one when the registry keeps one. Returns
- * NULL when out of memory. */
-static struct lease *lease_alloc(struct registry *r)
+/* A zeroed record of size bytes, a spare one from s when it has one.
+ * Returns NULL when out of memory. */
+static void *spare_take(struct registry_spares *s, size_t size)
 {
-	struct lease *l = r->spare_leases;
+	void *p = s->head;
 
-	if (!l)
-		return util_zalloc(1, sizeof(*l));
-	r->spare_leases = l->vnext;
-	r->nspare_leases--;
-	memset(l, 0, sizeof(*l));
-	return l;
+	if (!p)
+		return util_zalloc(1, size);
+	memcpy(&s->head, p, sizeof(s->head));
+	s->n--;
+	memset(p, 0, size);
+	return p;
 }
 
-static void lease_free(struct registry *r, struct lease *l)
+/* Keeps p (at least a pointer's size) in s, or frees it when s is full. */
+static void spare_put(struct registry_spares *s, void *p)
 {
-	if (r->nspare_leases >= REGISTRY_SPARE_MAX) {
-		free(l);
+	if (s->n >= REGISTRY_SPARE_MAX) {
+		free(p);
 		return;
 	}
-	l->vnext = r->spare_leases;
-	r->spare_leases = l;
-	r->nspare_leases++;
+	memcpy(p, &s->head, sizeof(s->head));
+	s->head = p;
+	s->n++;
 }
 
-/* The same for charge records. */
-static struct vcharge *charge_alloc(struct registry *r)
+static void spares_free(struct registry_spares *s)
 {
-	struct vcharge *vc = r->spare_charges;
+	while (s->head) {
+		void *p = s->head;
 
-	if (!vc)
-		return util_zalloc(1, sizeof(*vc));
-	r->spare_charges = vc->next;
-	r->nspare_charges--;
-	memset(vc, 0, sizeof(*vc));
-	return vc;
-}
-
-static void charge_free(struct registry *r, struct vcharge *vc)
-{
-	if (r->nspare_charges >= REGISTRY_SPARE_MAX) {
-		free(vc);
-		return;
+		memcpy(&s->head, p, sizeof(s->head));
+		free(p);
 	}
-	vc->next = r->spare_charges;
-	r->spare_charges = vc;
-	r->nspare_charges++;
+	s->n = 0;
 }
 
 /* Puts l in o's table, with o's anchor first when the table is empty. */
@@ -802,7 +790,7 @@ static void lease_uncharge(struct registry *r, struct version *v,
 	u->leased_meta_bytes -= v->meta_bytes;
 	u->fds -= v->nfds;
 	DL_DELETE(v->charges, vc);
-	charge_free(r, vc);
+	spare_put(&r->spare_charges, vc);
 }
 
 /* Drops every lease on v (a pending version's writer lease), then v. For
@@ -845,7 +833,7 @@ static void entry_destroy(struct registry *r, struct entry *e)
 			v->leases--;
 			v->entry->leases--;
 			r->nleases--;
-			lease_free(r, l);
+			spare_put(&r->spare_leases, l);
 		}
 		version_destroy(r, v);
 		if (last)
@@ -864,19 +852,8 @@ void registry_deinit(struct registry *r)
 		entry_destroy(r, r->detached);
 	while (r->tomb_list)
 		tomb_free(r, r->tomb_list);
-	while (r->spare_leases) {
-		struct lease *l = r->spare_leases;
-
-		r->spare_leases = l->vnext;
-		free(l);
-	}
-	while (r->spare_charges) {
-		struct vcharge *vc = r->spare_charges;
-
-		r->spare_charges = vc->next;
-		free(vc);
-	}
-	r->nspare_leases = r->nspare_charges = 0;
+	spares_free(&r->spare_leases);
+	spares_free(&r->spare_charges);
 	free(r->ttl_heap);
 	r->ttl_heap = NULL;
 	r->ttl_n = r->ttl_cap = 0;
@@ -1145,7 +1122,7 @@ static struct version *version_alloc(const struct registry_spec *s,
 	v = calloc(1, size);
 	if (!v)
 		return NULL;
-	if (cold && !(v->cold = calloc(1, sizeof(*v->cold)))) {
+	if (cold && !version_cold(v)) {
 		free(v);
 		return NULL;
 	}
@@ -1778,15 +1755,16 @@ int registry_lease(struct registry *r, struct registry_owner *o,
 		if (!vc) {
 			if ((err = lease_quota(r, u, v, why)))
 				return err;
-			vc = fresh = charge_alloc(r);
+			vc = fresh = spare_take(&r->spare_charges,
+						 sizeof(*fresh));
 			if (!fresh)
 				return -ENOMEM;
 		}
 	}
-	l = lease_alloc(r);
+	l = spare_take(&r->spare_leases, sizeof(*l));
 	if (!l) {
 		if (fresh)
-			charge_free(r, fresh);
+			spare_put(&r->spare_charges, fresh);
 		return -ENOMEM;
 	}
 	if (fresh) {
@@ -1832,7 +1810,7 @@ static void lease_drop(struct registry *r, struct registry_owner *o,
 	v->leases--;
 	v->entry->leases--;
 	r->nleases--;
-	lease_free(r, l);
+	spare_put(&r->spare_leases, l);
 	version_check(r, v);
 }
 

@@ -488,6 +488,13 @@ struct registry_device {
 /* Records a registry keeps for reuse, of each kind (struct registry). */
 #define REGISTRY_SPARE_MAX 64
 
+/* Freed records of one kind, kept for reuse: each links to the next
+ * through its first bytes. */
+struct registry_spares {
+	void *head;
+	uint32_t n;              /* <= REGISTRY_SPARE_MAX */
+};
+
 struct registry {
 	struct uid_usage *uids;   /* what each uid holds */
 	struct tomb *tombs;       /* by name */
@@ -505,9 +512,7 @@ struct registry {
 	/* Lease and charge records freed lately, up to REGISTRY_SPARE_MAX
 	 * of each, for the next leases: a get takes a lease and its release
 	 * drops it, and malloc and free of both cost ~500 instructions. */
-	struct lease *spare_leases;
-	struct vcharge *spare_charges;
-	uint32_t nspare_leases, nspare_charges;
+	struct registry_spares spare_leases, spare_charges;
 	uint64_t nnames, nversions, nleases, nbuffers, bytes, owned_bytes;
 	uint64_t meta_bytes;      /* struct version: meta_bytes, all versions */
 	uint64_t gpu_bytes;       /* daemon-owned GPU bytes (not in max_bytes) */

@@ -573,13 +573,13 @@ static void test_lease_records_reused(void **state)
 						NULL), 0);
 	assert_int_equal(f->cons.nleases, n);
 	assert_int_equal(registry_release(&f->r, &f->cons, 0), -ENOENT);
-	assert_int_equal(f->r.nspare_leases, 0);
+	assert_int_equal(f->r.spare_leases.n, 0);
 	for (size_t i = 0; i < n; i++)
 		assert_int_equal(registry_release(&f->r, &f->cons, l[i]->id),
 				 0);
-	assert_int_equal(f->r.nspare_leases, REGISTRY_SPARE_MAX);
+	assert_int_equal(f->r.spare_leases.n, REGISTRY_SPARE_MAX);
 	/* The uid's one charge on v went with its last lease. */
-	assert_int_equal(f->r.nspare_charges, 1);
+	assert_int_equal(f->r.spare_charges.n, 1);
 	assert_null(v->charges);
 	assert_int_equal(f->cons.nleases, 0);
 	assert_int_equal(v->leases, 0);
@@ -587,8 +587,8 @@ static void test_lease_records_reused(void **state)
 	assert_non_null(f->cons.leases);
 	assert_int_equal(HASH_COUNT(f->cons.leases), 1);
 	assert_int_equal(registry_lease(&f->r, &f->cons, v, &again, NULL), 0);
-	assert_int_equal(f->r.nspare_leases, REGISTRY_SPARE_MAX - 1);
-	assert_int_equal(f->r.nspare_charges, 0);
+	assert_int_equal(f->r.spare_leases.n, REGISTRY_SPARE_MAX - 1);
+	assert_int_equal(f->r.spare_charges.n, 0);
 	assert_int_equal(again->take, 0);
 	assert_non_null(again->charge);
 	assert_int_equal(again->charge->leases, 1);
