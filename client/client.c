@@ -1436,6 +1436,21 @@ static void rx_kick(dlshare_client *c)
 	}
 }
 
+/* Queues lease for release (c->lock held). Returns whether the receiver
+ * thread must be woken to send it. */
+static int release_queue_locked(dlshare_client *c, uint64_t lease)
+{
+	int wake = queue_release(c, lease);
+
+	/* With a daemon that takes releases on requests, a lease waits for
+	 * the next call (no packet, no wakeup of its own) while calls come;
+	 * the receiver thread sends what is left within CLIENT_IDLE_MS. Only
+	 * an idle receiver thread, blocked in poll, must be woken. */
+	if (c->piggyback && !c->rx_reading)
+		wake = 0;
+	return wake;
+}
+
 void client_release(dlshare_client *c, uint64_t lease)
 {
 	int wake;
@@ -1445,13 +1460,7 @@ void client_release(dlshare_client *c, uint64_t lease)
 	if (!c->piggyback && release_now(c, lease) == 0)
 		return;
 	pthread_mutex_lock(&c->lock);
-	wake = queue_release(c, lease);
-	/* With a daemon that takes releases on requests, a lease waits for
-	 * the next call (no packet, no wakeup of its own) while calls come;
-	 * the receiver thread sends what is left within CLIENT_IDLE_MS. Only
-	 * an idle receiver thread, blocked in poll, must be woken. */
-	if (c->piggyback && !c->rx_reading)
-		wake = 0;
+	wake = release_queue_locked(c, lease);
 	pthread_mutex_unlock(&c->lock);
 	if (wake)
 		rx_kick(c);
@@ -1472,7 +1481,7 @@ void client_unpin_release(dlshare_client *c, struct ibuf **pins, size_t n,
 	}
 	pthread_mutex_lock(&c->lock);
 	unpin_locked(c, pins, n);
-	wake = queue_release(c, lease) && c->rx_reading;
+	wake = release_queue_locked(c, lease);
 	pthread_mutex_unlock(&c->lock);
 	if (wake)
 		rx_kick(c);
