@@ -807,6 +807,20 @@ static inline __attribute__((always_inline)) int ln_v(struct rd *r,
 	return rd_varint(r, 10, v);
 }
 
+/* An optional bool's value, after its key: *has and *val set. Returns 0,
+ * or 1 (not 0 or 1: protobuf-c's to read). */
+static inline __attribute__((always_inline)) int
+ln_bool(struct rd *r, protobuf_c_boolean *has, protobuf_c_boolean *val)
+{
+	uint64_t v;
+
+	if (ln_v(r, &v) || v > 1)
+		return 1;
+	*has = 1;
+	*val = (protobuf_c_boolean)v;
+	return 0;
+}
+
 /* A length-delimited field's bytes, after its key. Returns 0, or 1. */
 static inline __attribute__((always_inline)) int ln_sub(struct rd *r,
 							struct rd *sub)
@@ -896,7 +910,7 @@ static int ln_buffer(struct wire_msg *m, struct rd r, Dlshare__Buffer **out)
 	static const Dlshare__Device dinit = DLSHARE__DEVICE__INIT;
 	Dlshare__Buffer *b = capped_alloc(m, sizeof(*b));
 	Dlshare__Device *d = capped_alloc(m, sizeof(*d));
-	uint64_t kind, type, fd_attached;
+	uint64_t kind, type;
 	struct rd sub;
 
 	if (!b || !d)
@@ -913,12 +927,9 @@ static int ln_buffer(struct wire_msg *m, struct rd r, Dlshare__Buffer **out)
 	b->kind = (Dlshare__BufferKind)kind;
 	d->type = (uint32_t)type;
 	b->device = d;
-	if (ln_key(&r, KEY(5, VI))) {
-		if (ln_v(&r, &fd_attached) || fd_attached > 1)
-			return 1;
-		b->has_fd_attached = 1;
-		b->fd_attached = (protobuf_c_boolean)fd_attached;
-	}
+	if (ln_key(&r, KEY(5, VI)) &&
+	    ln_bool(&r, &b->has_fd_attached, &b->fd_attached))
+		return 1;
 	if (r.p != r.end)
 		return 1;
 	*out = b;
@@ -1002,12 +1013,9 @@ static int ln_get(struct wire_msg *m, struct rd r, Dlshare__Get **out)
 	}
 	/* Field 35 (1.5), a two-byte key. */
 	if (ln_key2(&r, (uint8_t)((35 << 3) | VI | 0x80),
-		    (uint8_t)((35 << 3) >> 7))) {
-		if (ln_v(&r, &v) || v > 1)
-			return 1;
-		g->has_manifest_cache = 1;
-		g->manifest_cache = (protobuf_c_boolean)v;
-	}
+		    (uint8_t)((35 << 3) >> 7)) &&
+	    ln_bool(&r, &g->has_manifest_cache, &g->manifest_cache))
+		return 1;
 	if (r.p != r.end)
 		return 1;
 	*out = g;
