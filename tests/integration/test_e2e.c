@@ -128,23 +128,24 @@ static const struct tspec wide[] = {
 static void warm_gets(void **state)
 {
 	struct fixture *fx = *state;
-	struct job js[] = {
-		{ .name = "e2e/warm", .ts = bundle,
-		  .n = sizeof(bundle) / sizeof(bundle[0]),
-		  .mode = JOB_STORE, .gets = 4 },
-		{ .name = "e2e/warm-x", .ts = bundle,
-		  .n = sizeof(bundle) / sizeof(bundle[0]),
-		  .mode = JOB_EXPORT, .gets = 4 },
-		{ .name = "e2e/wide", .ts = wide,
-		  .n = sizeof(wide) / sizeof(wide[0]),
-		  .mode = JOB_STORE, .gets = 4 },
-		{ .name = "e2e/wide-x", .ts = wide,
-		  .n = sizeof(wide) / sizeof(wide[0]),
-		  .mode = JOB_EXPORT, .gets = 4 },
+	static const char *const names[2][2] = {
+		{ "e2e/warm", "e2e/warm-x" }, { "e2e/wide", "e2e/wide-x" },
 	};
 
-	for (size_t i = 0; i < sizeof(js) / sizeof(js[0]); i++)
-		produce_consume(&fx->d, &js[i]);
+	for (int set = 0; set < 2; set++) {
+		for (int x = 0; x < 2; x++) {
+			struct job j = {
+				.name = names[set][x],
+				.ts = set ? wide : bundle,
+				.n = set ? sizeof(wide) / sizeof(wide[0]) :
+					   sizeof(bundle) / sizeof(bundle[0]),
+				.mode = x ? JOB_EXPORT : JOB_STORE,
+				.gets = 4,
+			};
+
+			produce_consume(&fx->d, &j);
+		}
+	}
 }
 
 static const struct tspec large[] = {
