@@ -407,6 +407,32 @@ static void test_store_event_retired(void **state)
 	assert_int_equal(f->rec.nretired, 1);
 }
 
+/* When its producer goes, a store version forgets the producer's event,
+ * and with it the reply get.c keeps packed for warm readers (which names
+ * that event): the next reader gets neither. */
+static void test_forget_events_drops_kept_reply(void **state)
+{
+	struct fix *f = *state;
+	struct tspec ts;
+	struct version *v = add_ok(f, &f->prod, spec(&ts, "evk", 0, 1, 1,
+						      PAGE), 0);
+
+	assert_int_equal(registry_seal(&f->r, &f->prod, "evk", 1, 0,
+				       (const uint8_t *)"e1", 2), 0);
+	assert_int_equal(v->event_len, 2);
+	/* As get.c keeps it after a warm get. */
+	v->reply_tail = malloc(4);
+	assert_non_null(v->reply_tail);
+	memcpy(v->reply_tail, "tail", 4);
+	v->reply_tail_len = 4;
+	registry_owner_forget_events(&f->r, &f->prod);
+	assert_int_equal(v->event_len, 0);
+	assert_null(v->reply_tail);
+	assert_int_equal(v->reply_tail_len, 0);
+	/* The version lives on, sealed. */
+	assert_found(f, &f->cons, "evk", REG_LATEST, 0, v);
+}
+
 static void test_seal_errors(void **state)
 {
 	struct fix *f = *state;
@@ -2214,6 +2240,7 @@ int main(void)
 		T(test_store_pending_then_seal),
 		T(test_numbers_survive_an_exporter),
 		T(test_store_event_retired),
+		T(test_forget_events_drops_kept_reply),
 		T(test_seal_errors),
 		T(test_seal_busy_while_mapped),
 		T(test_versions_supersede),
