@@ -154,10 +154,12 @@ static void crash(pid_t *pid)
 	*pid = 0;
 }
 
-static int log_has(const char *log, const char *what)
+/* Waits until log holds what (1), or for *pid, when pid is given, to
+ * exit first (0, *pid then 0); 0 too after harness_ms(10 s). */
+static int log_wait(const char *log, const char *what, pid_t *pid)
 {
 	char buf[65536];
-	int fd = open(log, O_RDONLY), i;
+	int fd = open(log, O_RDONLY), i, st;
 	ssize_t n;
 
 	for (i = 0; i < harness_ms(10000) / 20; i++) {
@@ -173,11 +175,20 @@ static int log_has(const char *log, const char *what)
 				}
 			}
 		}
+		if (pid && waitpid(*pid, &st, WNOHANG) == *pid) {
+			*pid = 0;
+			break;
+		}
 		sleep_ms(20);
 	}
 	if (fd >= 0)
 		close(fd);
 	return 0;
+}
+
+static int log_has(const char *log, const char *what)
+{
+	return log_wait(log, what, NULL);
 }
 
 /* Starts relay A on a free port and waits until it listens. The port
@@ -188,36 +199,20 @@ static void dump_logs(void);
 
 static void start_a_listening(void)
 {
-	char buf[65536];
+	char cmd[600];
 
 	for (int attempt = 0; attempt < 5; attempt++) {
-		int st;
-
-		buf[0] = 0;
 		port = free_port();
 		relay_a = start_a();
-		for (int i = 0; i < harness_ms(10000) / 20; i++) {
-			int fd = open(log_a, O_RDONLY);
-			ssize_t n = fd >= 0 ? pread(fd, buf, sizeof(buf) - 1, 0)
-					    : -1;
-
-			if (fd >= 0)
-				close(fd);
-			if (n > 0) {
-				buf[n] = 0;
-				if (strstr(buf, "listening on"))
-					return;
-			}
-			if (waitpid(relay_a, &st, WNOHANG) == relay_a) {
-				relay_a = 0;
-				break;
-			}
-			sleep_ms(20);
-		}
+		if (log_wait(log_a, "listening on", &relay_a))
+			return;
 		if (relay_a > 0)
 			break; /* alive but not listening: no retry */
 		print_message("relay A exited before it listened (port %d); "
-			      "its log:\n%s\n", port, buf);
+			      "its log:\n", port);
+		snprintf(cmd, sizeof(cmd), "cat %s >&2", log_a);
+		if (system(cmd) < 0)
+			print_message("cannot show it\n");
 		unlink(log_a);
 	}
 	dump_logs();
