@@ -1,7 +1,9 @@
-/* hashtab — uthash as the daemon and the library use it: include this,
- * never <uthash.h> itself, so that every table is made and searched with
- * the same two choices below. Any thread (the tables have their owners'
- * locks).
+/* hashtab — uthash as the daemon and the library use it: their files
+ * include this, never <uthash.h> itself, so that every table is made and
+ * searched with the same two choices below (a table added to with one
+ * hash and searched with another finds nothing). proto/check.c and the
+ * relay keep tables of their own and include uthash their own way. Any
+ * thread (the tables have their owners' locks).
  *
  * - uthash zeroes a new table with memset right after malloc, which gcc
  *   would make a calloc (zalloc.h: no thread cache).
