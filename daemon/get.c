@@ -115,13 +115,11 @@ get_tail_pack(struct version *v, size_t *len)
 	if (encode_version_init(&w, v, NULL, ENCODE_MANIFEST_KEPT))
 		return NULL;
 	get_reply_fill(&r, &ev, &w, v, 0);
-	err = wire_get_reply_tail(&r, &tail, len);
+	err = wire_get_reply_tail(&r, GET_TAIL_MAX, &tail, len);
 	encode_version_deinit(&w);
 	if (err == -ENOMEM)
 		return NULL;
-	if (err || *len > GET_TAIL_MAX) {
-		if (!err)
-			free(tail);
+	if (err) { /* too long to keep (or not as expected): never again */
 		v->reply_tail_len = REGISTRY_REPLY_TAIL_NONE;
 		return NULL;
 	}

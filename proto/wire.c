@@ -1324,8 +1324,8 @@ size_t wire_pack_fast(const Dlshare__Frame *f, uint8_t *buf, size_t cap)
 	return (size_t)(p - buf);
 }
 
-int wire_get_reply_tail(const Dlshare__GetReply *g, uint8_t **out,
-			size_t *len)
+int wire_get_reply_tail(const Dlshare__GetReply *g, size_t max,
+			uint8_t **out, size_t *len)
 {
 	Dlshare__GetReply c = *g;
 	size_t n, head;
@@ -1336,6 +1336,8 @@ int wire_get_reply_tail(const Dlshare__GetReply *g, uint8_t **out,
 	c.lease = 0;
 	n = dlshare__get_reply__get_packed_size(&c);
 	head = 1 + vlen(c.version) + 2;
+	if (n > head && n - head > max)
+		return -E2BIG; /* not packed only to be thrown away */
 	b = malloc(n);
 	if (!b)
 		return -ENOMEM;

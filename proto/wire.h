@@ -71,10 +71,11 @@ size_t wire_pack_fast(const Dlshare__Frame *f, uint8_t *buf, size_t cap);
  * buffers, events, manifest): the same for every reply that differs from
  * g in those two only, so that a reader's warm get of one version is sent
  * from them (wire_pack_get_reply) without encoding it again. Returns 0
- * with *out (free() it) and *len, -ENOMEM, or -EPROTO when g does not
- * encode as expected. */
-int wire_get_reply_tail(const Dlshare__GetReply *g, uint8_t **out,
-			size_t *len);
+ * with *out (free() it) and *len, -E2BIG when they are over max bytes
+ * (then nothing is packed), -ENOMEM, or -EPROTO when g does not encode as
+ * expected. */
+int wire_get_reply_tail(const Dlshare__GetReply *g, size_t max,
+			uint8_t **out, size_t *len);
 /* Writes the frame { id, get_reply { version, lease, then tail } } into
  * buf (cap bytes): the bytes dlshare__frame__pack writes for the frame
  * whose GetReply wire_get_reply_tail made tail of. Returns the length, or

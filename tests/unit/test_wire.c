@@ -1218,8 +1218,12 @@ static void test_get_reply_from_tail(void **state)
 
 			g.version = nums[i];
 			g.lease = nums[(i + 3) % 8];
-			assert_int_equal(wire_get_reply_tail(&g, &tail, &tlen),
-					 0);
+			assert_int_equal(wire_get_reply_tail(&g, SIZE_MAX,
+							     &tail, &tlen), 0);
+			/* One byte over a smaller max: refused, not packed. */
+			assert_int_equal(wire_get_reply_tail(&g, tlen - 1,
+							     &pkt, &len),
+					 -E2BIG);
 			f.id = nums[(i + 5) % 8];
 			f.body_case = DLSHARE__FRAME__BODY_GET_REPLY;
 			f.get_reply = &g;
