@@ -132,6 +132,7 @@ static void client_free(dlshare_client *c)
 		pthread_cond_destroy(&p->cond);
 		free(p);
 	}
+	wire_memo_clear(&c->memo);
 	wire_block_free(atomic_exchange(&c->spare_msg, NULL));
 	free(c->rel);
 	free(c->rbuf);
@@ -732,7 +733,7 @@ static int conn_read(dlshare_client *c, struct wire_msg **m, int *fds,
 		return r == -EMSGSIZE || r == -EPROTO ? DLSHARE_EPROTO :
 		       DLSHARE_ECONN;
 	if (wire_decode_in(atomic_exchange(&c->spare_msg, NULL), c->rbuf, len,
-			   0, m) || (*m)->frame->nfds != *nfds) {
+			   0, &c->memo, m) || (*m)->frame->nfds != *nfds) {
 		if (*m)
 			wire_msg_free(*m);
 		*m = NULL;

@@ -117,6 +117,10 @@ struct dlshare_client {
 	uint32_t send_max;       /* largest the daemon takes (HelloReply) */
 	pthread_mutex_t send_lock;
 	uint8_t *rbuf;           /* max_packet bytes, the reader's */
+	/* The reader's memory of the last GetReply decoded: a warm get's
+	 * reply, the same bytes after its lease each time, is not decoded
+	 * again (wire_memo). */
+	struct wire_memo memo;
 	/* A finished call's pending, kept (its condition variable made) for
 	 * the next call: no malloc, zeroing and free of its ~900 bytes per
 	 * call. Taken and put back with atomic exchanges, any thread. */

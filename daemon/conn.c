@@ -39,6 +39,7 @@ void conn_set_deinit(struct conn_set *set)
 	set->rbuf = NULL;
 	wire_block_free(set->spare);
 	set->spare = NULL;
+	wire_memo_clear(&set->memo);
 }
 
 /* fds entered (delta > 0) or left c's queue: counted here and, through
@@ -427,7 +428,8 @@ static void conn_read(struct conn *c)
 			return;
 		}
 		/* The block is m's now (a nested read finds none). */
-		err = wire_decode_in(set->spare, set->rbuf, len, 0, &m);
+		err = wire_decode_in(set->spare, set->rbuf, len, 0, &set->memo,
+				     &m);
 		set->spare = NULL;
 		if (err) {
 			wire_close_fds(fds, nfds);

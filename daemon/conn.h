@@ -74,6 +74,9 @@ struct conn_set {
 	uint8_t *rbuf;            /* limits->max_packet bytes */
 	struct wire_msg *spare;   /* the last packet's decode block, for
 	                           * the next (wire_decode_in) */
+	/* The last Get's body, decoded: the next Get of the same bytes,
+	 * from any conn, is not decoded again (wire_memo). */
+	struct wire_memo memo;
 	struct conn *conns;       /* started, not yet closing */
 	uint32_t n;               /* of them */
 	struct conn *doomed;      /* failing, closed by conn_reap() */

@@ -779,6 +779,33 @@ static int fast_decode(struct wire_msg *m, const uint8_t *data, size_t len)
 /* Most tensors, and buffers, a GetReply may have for line_decode. */
 #define LINE_ITEMS_MAX 8
 
+/* A line_decode's use of the reader's memo (struct wire_memo): it either
+ * found the body's bytes there (hit), or says which bytes the body it
+ * decoded has (field, tail, body) for the memo to keep. */
+struct line {
+	struct wire_memo *memo;     /* or NULL */
+	int hit;
+	uint32_t field;             /* of a body decoded here: 18 or 19 */
+	struct rd tail;             /* its bytes the memo compares */
+	const void *body;
+};
+
+/* Whether the memo holds a body of field whose bytes are r's. */
+static inline __attribute__((always_inline)) int
+memo_hit(struct line *ln, uint32_t field, struct rd r)
+{
+	const struct wire_memo *mo = ln->memo;
+	size_t n = (size_t)(r.end - r.p);
+
+	ln->field = field;
+	ln->tail = r;
+	if (!mo || !mo->msg || mo->field != field || mo->len != n ||
+	    memcmp(mo->bytes, r.p, n))
+		return 0;
+	ln->hit = 1;
+	return 1;
+}
+
 /* Whether the next byte is key k; if so, moves past it. */
 static inline __attribute__((always_inline)) int ln_key(struct rd *r,
 							uint8_t k)
@@ -936,24 +963,17 @@ static int ln_buffer(struct wire_msg *m, struct rd r, Dlshare__Buffer **out)
 	return 0;
 }
 
-/* GetReply{version, lease, read_only, tensors*, buffers*}. */
-static int ln_get_reply(struct wire_msg *m, struct rd r,
-			Dlshare__GetReply **out)
+/* A GetReply's bytes after its lease: read_only, tensors*, buffers*. */
+static int ln_get_reply_tail(struct wire_msg *m, struct rd r,
+			     Dlshare__GetReply *g)
 {
-	static const Dlshare__GetReply init = DLSHARE__GET_REPLY__INIT;
-	Dlshare__GetReply *g = capped_alloc(m, sizeof(*g));
 	Dlshare__Tensor *ts[LINE_ITEMS_MAX];
 	Dlshare__Buffer *bs[LINE_ITEMS_MAX];
 	size_t nt = 0, nb = 0;
 	uint64_t ro;
 	struct rd sub;
 
-	if (!g)
-		return 1;
-	*g = init;
-	if (!ln_key(&r, KEY(1, VI)) || ln_v(&r, &g->version) ||
-	    !ln_key(&r, KEY(2, VI)) || ln_v(&r, &g->lease) ||
-	    !ln_key(&r, KEY(3, VI)) || ln_v(&r, &ro) || ro > 1)
+	if (!ln_key(&r, KEY(3, VI)) || ln_v(&r, &ro) || ro > 1)
 		return 1;
 	g->read_only = (protobuf_c_boolean)ro;
 	while (ln_key(&r, KEY(4, LD)))
@@ -978,12 +998,39 @@ static int ln_get_reply(struct wire_msg *m, struct rd r,
 		memcpy(g->buffers, bs, nb * sizeof(*bs));
 		g->n_buffers = nb;
 	}
+	return 0;
+}
+
+/* GetReply{version, lease, read_only, tensors*, buffers*}: what follows
+ * the lease may be the memo's. */
+static int ln_get_reply(struct wire_msg *m, struct rd r, struct line *ln,
+			Dlshare__GetReply **out)
+{
+	static const Dlshare__GetReply init = DLSHARE__GET_REPLY__INIT;
+	Dlshare__GetReply *g = capped_alloc(m, sizeof(*g));
+	uint64_t version, lease;
+
+	if (!g || !ln_key(&r, KEY(1, VI)) || ln_v(&r, &version) ||
+	    !ln_key(&r, KEY(2, VI)) || ln_v(&r, &lease))
+		return 1;
+	if (memo_hit(ln, 19, r)) {
+		*g = *(const Dlshare__GetReply *)ln->memo->body;
+	} else {
+		*g = init;
+		if (ln_get_reply_tail(m, r, g))
+			return 1;
+		ln->body = g;
+	}
+	g->version = version;
+	g->lease = lease;
 	*out = g;
 	return 0;
 }
 
-/* Get{name, select?, version?, timeout_ms?, manifest_cache?}. */
-static int ln_get(struct wire_msg *m, struct rd r, Dlshare__Get **out)
+/* Get{name, select?, version?, timeout_ms?, manifest_cache?}, or the
+ * memo's. */
+static int ln_get(struct wire_msg *m, struct rd r, struct line *ln,
+		  Dlshare__Get **out)
 {
 	static const Dlshare__Get init = DLSHARE__GET__INIT;
 	Dlshare__Get *g = capped_alloc(m, sizeof(*g));
@@ -991,7 +1038,13 @@ static int ln_get(struct wire_msg *m, struct rd r, Dlshare__Get **out)
 
 	if (!g)
 		return 1;
+	if (memo_hit(ln, 18, r)) {
+		*g = *(const Dlshare__Get *)ln->memo->body;
+		*out = g;
+		return 0;
+	}
 	*g = init;
+	ln->body = g;
 	if (!ln_key(&r, KEY(1, LD)) || ln_string(m, &r, &g->name))
 		return 1;
 	if (ln_key(&r, KEY(2, VI))) {
@@ -1024,7 +1077,8 @@ static int ln_get(struct wire_msg *m, struct rd r, Dlshare__Get **out)
 
 /* Frame{id, nfds?, releases?, get or get_reply}. Returns 0 with m->frame
  * set, or 1. */
-static int line_decode(struct wire_msg *m, const uint8_t *data, size_t len)
+static int line_decode(struct wire_msg *m, const uint8_t *data, size_t len,
+		       struct line *ln)
 {
 	static const Dlshare__Frame init = DLSHARE__FRAME__INIT;
 	struct rd r = { data, data + len }, sub;
@@ -1048,12 +1102,12 @@ static int line_decode(struct wire_msg *m, const uint8_t *data, size_t len)
 	/* Fields 18 and 19: two-byte keys. */
 	if (ln_key2(&r, (uint8_t)((19 << 3) | LD | 0x80),
 		    (uint8_t)((19 << 3) >> 7))) {
-		if (ln_sub(&r, &sub) || ln_get_reply(m, sub, &f->get_reply))
+		if (ln_sub(&r, &sub) || ln_get_reply(m, sub, ln, &f->get_reply))
 			goto no;
 		f->body_case = DLSHARE__FRAME__BODY_GET_REPLY;
 	} else if (ln_key2(&r, (uint8_t)((18 << 3) | LD | 0x80),
 			   (uint8_t)((18 << 3) >> 7))) {
-		if (ln_sub(&r, &sub) || ln_get(m, sub, &f->get))
+		if (ln_sub(&r, &sub) || ln_get(m, sub, ln, &f->get))
 			goto no;
 		f->body_case = DLSHARE__FRAME__BODY_GET;
 	} else {
@@ -1407,11 +1461,41 @@ int wire_decode(const uint8_t *data, size_t len, struct wire_msg **out)
  * largest, so that it fits every packet. */
 #define ARENA_KEEP ARENA_FIRST_MAX
 
+/* The memo keeps m's body, which ln describes (m is new: its reader holds
+ * the only other reference). */
+static void memo_keep(struct wire_memo *mo, struct wire_msg *m,
+		      const struct line *ln)
+{
+	size_t n = (size_t)(ln->tail.end - ln->tail.p);
+
+	if (n > WIRE_MEMO_MAX)
+		return;
+	wire_memo_clear(mo);
+	atomic_store_explicit(&m->refs, 2, memory_order_relaxed);
+	mo->msg = m;
+	mo->body = ln->body;
+	mo->field = ln->field;
+	mo->len = (uint32_t)n;
+	memcpy(mo->bytes, ln->tail.p, n);
+}
+
+void wire_memo_clear(struct wire_memo *mo)
+{
+	wire_msg_free(mo->msg);
+	mo->msg = NULL;
+	mo->body = NULL;
+	mo->len = 0;
+}
+
 /* Decodes into m, whose first chunk (first bytes) is free. */
 static int decode_into(struct wire_msg *m, size_t first, const uint8_t *data,
-		       size_t len, unsigned flags, struct wire_msg **out)
+		       size_t len, unsigned flags, struct wire_memo *memo,
+		       struct wire_msg **out)
 {
+	struct line ln = { .memo = memo };
+
 	memset(m, 0, sizeof(*m));
+	atomic_init(&m->refs, 1);
 	m->cap = len * WIRE_DECODE_FACTOR + WIRE_DECODE_SLACK;
 	m->alloc.alloc = capped_alloc;
 	m->alloc.free = capped_free;
@@ -1421,8 +1505,16 @@ static int decode_into(struct wire_msg *m, size_t first, const uint8_t *data,
 	m->end = m->first + first;
 	POISON(m->first, first);
 	if (!(flags & (WIRE_DECODE_NO_FAST | WIRE_DECODE_NO_LINE)) &&
-	    line_decode(m, data, len) == 0) {
+	    line_decode(m, data, len, &ln) == 0) {
 		m->fast = 2;
+		if (ln.hit) {
+			/* Its frame points into the memo's message. */
+			atomic_fetch_add_explicit(&memo->msg->refs, 1,
+						  memory_order_relaxed);
+			m->shared = memo->msg;
+		} else if (memo && ln.body) {
+			memo_keep(memo, m, &ln);
+		}
 		*out = m; /* no string in it holds a NUL */
 		return 0;
 	}
@@ -1454,29 +1546,59 @@ int wire_decode_ex(const uint8_t *data, size_t len, unsigned flags,
 
 	if (!m)
 		return -ENOMEM;
-	return decode_into(m, first, data, len, flags, out);
+	return decode_into(m, first, data, len, flags, NULL, out);
 }
 
 int wire_decode_in(struct wire_msg *block, const uint8_t *data, size_t len,
-		   unsigned flags, struct wire_msg **out)
+		   unsigned flags, struct wire_memo *memo,
+		   struct wire_msg **out)
 {
 	if (!block && !(block = malloc(sizeof(*block) + ARENA_KEEP)))
 		return -ENOMEM;
-	return decode_into(block, ARENA_KEEP, data, len, flags, out);
+	return decode_into(block, ARENA_KEEP, data, len, flags, memo, out);
+}
+
+/* Drops a reference to m. Returns 1 when it was the last: m is then its
+ * caller's to end (msg_end). */
+static int msg_unref(struct wire_msg *m)
+{
+	/* Only a holder adds a reference: when ours is the only one, none
+	 * can be added now, and no atomic write is needed. */
+	if (atomic_load_explicit(&m->refs, memory_order_acquire) == 1)
+		return 1;
+	return atomic_fetch_sub_explicit(&m->refs, 1,
+					 memory_order_acq_rel) == 1;
+}
+
+/* m's last reference went: its extra chunks, and its reference to the
+ * message it shares parts of, go; its block stays. */
+static void msg_end(struct wire_msg *m)
+{
+	struct wire_msg *s = m->shared;
+
+	m->shared = NULL;
+	/* Everything the frame holds is in the arena: no walk through it
+	 * (dlshare__frame__free_unpacked would only give back budget). */
+	chunks_free(m);
+	UNPOISON(m->first, m->first_size);
+	/* A memo keeps only a message that shares nothing: one level. */
+	if (s && msg_unref(s)) {
+		msg_end(s);
+		free(s);
+	}
 }
 
 struct wire_msg *wire_msg_keep(struct wire_msg *m)
 {
-	if (!m)
+	if (!m || !msg_unref(m))
 		return NULL;
+	/* The block stays, its first chunk as a decode leaves it (poisoned
+	 * again by the next). */
+	msg_end(m);
 	if (m->first_size != ARENA_KEEP) {
-		wire_msg_free(m);
+		free(m);
 		return NULL;
 	}
-	/* Its extra chunks go; the block stays, its first chunk as a
-	 * decode leaves it (poisoned again by the next). */
-	chunks_free(m);
-	UNPOISON(m->first, m->first_size);
 	m->frame = NULL;
 	return m;
 }
@@ -1488,11 +1610,8 @@ void wire_block_free(struct wire_msg *block)
 
 void wire_msg_free(struct wire_msg *m)
 {
-	if (!m)
+	if (!m || !msg_unref(m))
 		return;
-	/* Everything the frame holds is in the arena: no walk through it
-	 * (dlshare__frame__free_unpacked would only give back budget). */
-	chunks_free(m);
-	UNPOISON(m->first, m->first_size);
+	msg_end(m);
 	free(m);
 }

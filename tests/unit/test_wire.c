@@ -12,6 +12,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1126,7 +1127,8 @@ static void test_decode_in_keeps_one_block(void **state)
 		frame_set_body(&g, b, (Dlshare__Frame__BodyCase)c);
 		assert_int_equal(wire_encode(&g, WIRE_PACKET_MAX_DEFAULT, &pkt,
 					     &len), 0);
-		assert_int_equal(wire_decode_in(block, pkt, len, 0, &m), 0);
+		assert_int_equal(wire_decode_in(block, pkt, len, 0, NULL,
+						&m), 0);
 		if (!first)
 			first = m;
 		assert_ptr_equal(m, first); /* the same block every time */
@@ -1139,7 +1141,7 @@ static void test_decode_in_keeps_one_block(void **state)
 	}
 	/* 100,000 releases: chunks beyond the block, freed by the keep. */
 	release_packet(n, UINT64_MAX, &pkt, &len);
-	assert_int_equal(wire_decode_in(block, pkt, len, 0, &m), 0);
+	assert_int_equal(wire_decode_in(block, pkt, len, 0, NULL, &m), 0);
 	assert_ptr_equal(m, first);
 	assert_int_equal(m->frame->release->n_leases, n);
 	assert_int_equal(m->frame->release->leases[n - 1], n - 1);
@@ -1147,20 +1149,20 @@ static void test_decode_in_keeps_one_block(void **state)
 	assert_ptr_equal(block, first);
 	/* The same frame through protobuf-c only, in the kept block. */
 	assert_int_equal(wire_decode_in(block, pkt, len, WIRE_DECODE_NO_FAST,
-					&m), 0);
+					NULL, &m), 0);
 	assert_int_equal(m->frame->release->leases[n - 1], n - 1);
 	block = wire_msg_keep(m);
 	free(pkt);
 	/* A malformed packet: an error, and the block is gone with it (the
 	 * leak check says so); the next decode makes another. */
-	assert_int_equal(wire_decode_in(block, garbage, sizeof(garbage), 0, &m),
-			 -EPROTO);
+	assert_int_equal(wire_decode_in(block, garbage, sizeof(garbage), 0,
+					NULL, &m), -EPROTO);
 	f = (Dlshare__Frame)DLSHARE__FRAME__INIT;
 	f.id = 10;
 	frame_set_body(&f, b, DLSHARE__FRAME__BODY_OK);
 	assert_int_equal(wire_encode(&f, WIRE_PACKET_MAX_DEFAULT, &pkt, &len),
 			 0);
-	assert_int_equal(wire_decode_in(NULL, pkt, len, 0, &m), 0);
+	assert_int_equal(wire_decode_in(NULL, pkt, len, 0, NULL, &m), 0);
 	assert_int_equal(m->frame->id, 10);
 	block = wire_msg_keep(m);
 	assert_non_null(block);
@@ -1248,6 +1250,44 @@ static void test_get_reply_from_tail(void **state)
 
 static int fast_taken, line_taken, packed_fast;
 
+/* decode_both_agree's fourth way: through one reader's memo, as the
+ * library and the daemon decode. Its messages are held a while and freed
+ * out of order (some after the memo moved on, some through wire_msg_keep
+ * into the next decode); memo_end frees what is left, and the leak checks
+ * see whether every reference was given back. */
+#define MEMO_HELD 5
+static struct wire_memo memo;
+static struct wire_msg *memo_held[MEMO_HELD], *memo_block;
+static unsigned memo_turn, memo_hits;
+
+static void memo_end(void)
+{
+	for (size_t i = 0; i < MEMO_HELD; i++) {
+		wire_msg_free(memo_held[i]);
+		memo_held[i] = NULL;
+	}
+	wire_block_free(memo_block);
+	memo_block = NULL;
+	wire_memo_clear(&memo);
+}
+
+static void memo_hold(struct wire_msg *m)
+{
+	size_t slot = (memo_turn * 3) % MEMO_HELD;
+
+	if (memo_turn++ % 2) {
+		wire_msg_free(memo_held[slot]);
+	} else {
+		struct wire_msg *b = wire_msg_keep(memo_held[slot]);
+
+		if (b && !memo_block)
+			memo_block = b;
+		else
+			wire_block_free(b);
+	}
+	memo_held[slot] = m;
+}
+
 /* Whether a and b decoded the same: their frames encode to the same bytes,
  * and both or neither flag a string with a NUL. */
 static void assert_same_frame(const struct wire_msg *a,
@@ -1273,13 +1313,22 @@ static void assert_same_frame(const struct wire_msg *a,
  * their frames must encode to the same bytes. Returns 1 when it decoded. */
 static int decode_both_agree(const uint8_t *p, size_t len)
 {
-	struct wire_msg *fast = NULL, *slow = NULL, *any = NULL;
+	struct wire_msg *fast = NULL, *slow = NULL, *any = NULL, *mm = NULL;
 	int ef = wire_decode(p, len, &fast);
 	int es = wire_decode_ex(p, len, WIRE_DECODE_NO_FAST, &slow);
 	int ea = wire_decode_ex(p, len, WIRE_DECODE_NO_LINE, &any);
+	int em = wire_decode_in(memo_block, p, len, 0, &memo, &mm);
 
+	memo_block = NULL;
 	assert_int_equal(ef, es);
 	assert_int_equal(ea, es);
+	assert_int_equal(em, es);
+	if (!em) {
+		assert_same_frame(mm, slow);
+		assert_int_equal(mm->fast, fast->fast);
+		memo_hits += mm->shared != NULL;
+		memo_hold(mm);
+	}
 	if (!ef) {
 		assert_false(slow->fast);
 		assert_true(any->fast != 2);
@@ -1350,6 +1399,7 @@ static void test_get_reply_fast_path_agrees(void **state)
 	unsigned decoded = 0;
 	(void)state;
 
+	memo_hits = 0;
 	dt.code = 2;
 	dt.bits = 32;
 	dt.lanes = 1;
@@ -1431,6 +1481,10 @@ static void test_get_reply_fast_path_agrees(void **state)
 		assert_true(decode_both_agree(buf, len));
 	}
 	assert_true(decoded > 0);
+	/* Replies that differ before their tails (a byte of the id or the
+	 * version changed) came from the memo, and decoded the same. */
+	assert_true(memo_hits > 0);
+	memo_end();
 }
 
 
@@ -1446,6 +1500,7 @@ static void test_get_fast_path_agrees(void **state)
 	f.id = 9;
 	f.body_case = DLSHARE__FRAME__BODY_GET;
 	f.get = &g;
+	memo_hits = 0;
 	for (int v = 0; v < 16; v++) {
 		size_t len;
 
@@ -1486,6 +1541,192 @@ static void test_get_fast_path_agrees(void **state)
 			buf[i] = keep;
 		}
 	}
+	/* Gets that differ in their id or releases only: from the memo. */
+	assert_true(memo_hits > 0);
+	memo_end();
+}
+
+/* A reader's warm gets, as the daemon sends them: one version's tail
+ * packed once, each reply with its own id and lease. After the first, the
+ * memo's decoded tensors and buffers serve every reply (the same
+ * pointers); another tail, or one over WIRE_MEMO_MAX, is decoded anew.
+ * Messages outlive the memo's hold on them and the memo itself. */
+static void test_memo_shares_warm_reply(void **state)
+{
+	struct bodies *b = calloc(1, sizeof(*b));
+	Dlshare__GetReply g;
+	struct wire_memo mo = { 0 };
+	struct wire_msg *m[6] = { 0 }, *slow;
+	uint8_t *tail, *tail2, pkt[2048];
+	size_t tlen, tlen2, len;
+	char big[WIRE_MEMO_MAX];
+	(void)state;
+
+	assert_non_null(b);
+	bodies_init(b);
+	g = b->get_reply;
+	g.has_event_handle = 0; /* host tensors: the hot shape */
+	g.n_tensors = 2;
+	g.n_buffers = 1;
+	b->buf.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
+	b->buf.has_ipc_handle = 0;
+	b->buf.has_ipc_offset = 0;
+	b->dev.has_uuid = 0;
+	b->dev.type = 1;
+	assert_int_equal(wire_get_reply_tail(&g, SIZE_MAX, &tail, &tlen), 0);
+	for (uint64_t i = 0; i < 4; i++) {
+		len = wire_pack_get_reply(100 + i, 7, 1 + i * 1000, tail, tlen,
+					  pkt, sizeof(pkt));
+		assert_true(len > 0);
+		assert_int_equal(wire_decode_in(NULL, pkt, len, 0, &mo, &m[i]),
+				 0);
+		assert_int_equal(m[i]->fast, 2);
+		assert_int_equal(m[i]->frame->id, 100 + i);
+		assert_int_equal(m[i]->frame->get_reply->lease, 1 + i * 1000);
+		assert_int_equal(m[i]->frame->get_reply->version, 7);
+		assert_int_equal(wire_decode_ex(pkt, len, WIRE_DECODE_NO_FAST,
+						&slow), 0);
+		assert_same_frame(m[i], slow);
+		wire_msg_free(slow);
+		if (i == 0) {
+			assert_null(m[0]->shared);
+			assert_ptr_equal(mo.msg, m[0]);
+		} else {
+			assert_ptr_equal(m[i]->shared, m[0]);
+			assert_ptr_equal(m[i]->frame->get_reply->tensors,
+					 m[0]->frame->get_reply->tensors);
+		}
+	}
+	/* The memo holds m[0]: its block cannot be kept for reuse, and its
+	 * frame stays readable for the replies that share it. */
+	assert_null(wire_msg_keep(m[0]));
+	assert_string_equal(m[1]->frame->get_reply->tensors[1]->key,
+			    b->t.key);
+	/* Another version's tail: decoded anew, and remembered instead. */
+	g.read_only = !g.read_only;
+	assert_int_equal(wire_get_reply_tail(&g, SIZE_MAX, &tail2, &tlen2), 0);
+	len = wire_pack_get_reply(200, 8, 5, tail2, tlen2, pkt, sizeof(pkt));
+	assert_int_equal(wire_decode_in(NULL, pkt, len, 0, &mo, &m[4]), 0);
+	assert_null(m[4]->shared);
+	assert_ptr_equal(mo.msg, m[4]);
+	assert_int_equal(m[4]->frame->get_reply->read_only, g.read_only);
+	/* m[0]'s arena lives on in m[1..3]; a kept block comes back. */
+	assert_non_null(m[1]->frame->get_reply->buffers[0]->device);
+	wire_msg_free(m[2]);
+	wire_block_free(wire_msg_keep(m[1]));
+	assert_int_equal(m[3]->frame->get_reply->buffers[0]->id, b->buf.id);
+	/* Over WIRE_MEMO_MAX bytes after the lease: not remembered. */
+	memset(big, 'k', sizeof(big) - 1);
+	big[sizeof(big) - 1] = '\0';
+	b->t.key = big;
+	free(tail2);
+	assert_int_equal(wire_get_reply_tail(&g, SIZE_MAX, &tail2, &tlen2), 0);
+	assert_true(tlen2 > WIRE_MEMO_MAX);
+	len = wire_pack_get_reply(201, 9, 6, tail2, tlen2, pkt, sizeof(pkt));
+	assert_int_equal(wire_decode_in(NULL, pkt, len, 0, &mo, &m[5]), 0);
+	assert_null(m[5]->shared);
+	assert_ptr_equal(mo.msg, m[4]);
+	/* The memo ends before the messages it served. */
+	wire_memo_clear(&mo);
+	assert_null(mo.msg);
+	assert_int_equal(m[3]->frame->get_reply->n_tensors, 2);
+	for (int i = 3; i < 6; i++) /* 0 to 2 went above */
+		wire_msg_free(m[i]);
+	free(tail);
+	free(tail2);
+	free(b);
+}
+
+/* One reader decodes with its memo while another thread frees what it
+ * decoded, as the library's callers free their replies: the references
+ * count right across threads (ASan and valgrind see a leak or a use after
+ * free). */
+#define MEMO_PASSES 20000
+struct memo_pass {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct wire_msg *q[64];
+	size_t head, tail;
+	size_t wrong;            /* frames the freer found not as sent */
+};
+
+static void *memo_freer(void *arg)
+{
+	struct memo_pass *mp = arg;
+
+	for (size_t n = 0; n < MEMO_PASSES; n++) {
+		struct wire_msg *m;
+
+		pthread_mutex_lock(&mp->lock);
+		while (mp->head == mp->tail)
+			pthread_cond_wait(&mp->cond, &mp->lock);
+		m = mp->q[mp->tail++ % 64];
+		pthread_cond_broadcast(&mp->cond);
+		pthread_mutex_unlock(&mp->lock);
+		/* No cmocka assert off the test's thread: counted. */
+		mp->wrong += m->frame->get_reply->n_tensors != 1 ||
+			     m->frame->get_reply->tensors[0]->dtype->bits == 0;
+		wire_msg_free(m);
+	}
+	return NULL;
+}
+
+static void test_memo_freed_by_another_thread(void **state)
+{
+	struct bodies *b = calloc(1, sizeof(*b));
+	struct memo_pass mp = { .lock = PTHREAD_MUTEX_INITIALIZER,
+				.cond = PTHREAD_COND_INITIALIZER };
+	struct wire_memo mo = { 0 };
+	Dlshare__GetReply g;
+	uint8_t *tail[3], pkt[2048];
+	size_t tlen[3];
+	unsigned shared = 0;
+	pthread_t th;
+	(void)state;
+
+	assert_non_null(b);
+	bodies_init(b);
+	g = b->get_reply;
+	g.has_event_handle = 0;
+	g.n_tensors = 1;
+	g.n_buffers = 1;
+	b->buf.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
+	b->buf.has_ipc_handle = 0;
+	b->buf.has_ipc_offset = 0;
+	b->dev.has_uuid = 0;
+	b->dev.type = 1;
+	for (int v = 0; v < 3; v++) {
+		g.read_only = v == 1;
+		b->t.offset = (uint64_t)v * 64;
+		assert_int_equal(wire_get_reply_tail(&g, SIZE_MAX, &tail[v],
+						     &tlen[v]), 0);
+	}
+	assert_int_equal(pthread_create(&th, NULL, memo_freer, &mp), 0);
+	for (size_t n = 0; n < MEMO_PASSES; n++) {
+		/* Mostly warm, now and then another version. */
+		int v = n % 97 == 0 ? (int)(n / 97 % 3) : (int)(n / 500 % 3);
+		size_t len = wire_pack_get_reply(n + 1, (uint64_t)v, n, tail[v],
+						 tlen[v], pkt, sizeof(pkt));
+		struct wire_msg *m;
+
+		assert_int_equal(wire_decode_in(NULL, pkt, len, 0, &mo, &m), 0);
+		assert_int_equal(m->frame->get_reply->tensors[0]->offset,
+				 (uint64_t)v * 64);
+		shared += m->shared != NULL;
+		pthread_mutex_lock(&mp.lock);
+		while (mp.head - mp.tail == 64)
+			pthread_cond_wait(&mp.cond, &mp.lock);
+		mp.q[mp.head++ % 64] = m;
+		pthread_cond_broadcast(&mp.cond);
+		pthread_mutex_unlock(&mp.lock);
+	}
+	pthread_join(th, NULL);
+	wire_memo_clear(&mo);
+	assert_int_equal(mp.wrong, 0);
+	assert_true(shared > MEMO_PASSES / 2);
+	for (int v = 0; v < 3; v++)
+		free(tail[v]);
+	free(b);
 }
 
 /* Hot frames not in their writers' order, or larger than the in-order
@@ -1553,8 +1794,8 @@ static void test_line_falls_back(void **state)
 			assert_true(decode_both_agree(buf, len));
 			assert_int_equal(fast_taken, 1);
 			assert_int_equal(line_taken, n == 8);
-			assert_int_equal(wire_decode_in(NULL, buf, len, 0, &m),
-					 0);
+			assert_int_equal(wire_decode_in(NULL, buf, len, 0,
+							NULL, &m), 0);
 			assert_int_equal(m->fast, n == 8 ? 2 : 1);
 			wire_msg_free(m);
 		}
@@ -1610,6 +1851,13 @@ static void test_fast_path_knows_every_field(void **state)
 				 fd->fields[i].name);
 }
 
+static int memo_teardown(void **state)
+{
+	(void)state;
+	memo_end();
+	return 0;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1618,6 +1866,8 @@ int main(void)
 		cmocka_unit_test(test_get_reply_from_tail),
 		cmocka_unit_test(test_get_reply_fast_path_agrees),
 		cmocka_unit_test(test_get_fast_path_agrees),
+		cmocka_unit_test(test_memo_shares_warm_reply),
+		cmocka_unit_test(test_memo_freed_by_another_thread),
 		cmocka_unit_test(test_line_falls_back),
 		cmocka_unit_test(test_fast_path_knows_every_field),
 		cmocka_unit_test(test_send_recv_no_fds),
@@ -1639,5 +1889,5 @@ int main(void)
 		cmocka_unit_test(test_roundtrip_every_body),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return cmocka_run_group_tests(tests, NULL, memo_teardown);
 }
