@@ -434,9 +434,41 @@ static void roundtrip(const Dlshare__Frame *f, size_t len)
 	dlshare__frame__free_unpacked(f2, NULL);
 }
 
+/* A reader's memo, kept from input to input as from packet to packet of a
+ * connection (the inputs of a run are mutations of each other, so bodies
+ * often repeat with other bytes around them). */
+static struct wire_memo memo;
+
+/* data decoded through the memo twice (the second may take the first's
+ * parts) gives protobuf-c's answer eb and frame pb (lb bytes) both times. */
+static void memo_agrees(const uint8_t *data, size_t size, int eb,
+			const uint8_t *pb, size_t lb)
+{
+	for (int i = 0; i < 2; i++) {
+		struct wire_msg *c = NULL;
+		int ec = wire_decode_in(NULL, data, size, 0, &memo, &c);
+
+		FUZZ_ASSERT(ec == eb, "decode with a memo %d, protobuf-c %d",
+			    ec, eb);
+		if (!ec) {
+			size_t lc = dlshare__frame__get_packed_size(c->frame);
+			uint8_t *pc = malloc(lc + 1);
+
+			FUZZ_ASSERT(pc && lc == lb, "sizes %zu and %zu", lc,
+				    lb);
+			dlshare__frame__pack(c->frame, pc);
+			FUZZ_ASSERT(memcmp(pc, pb, lb) == 0,
+				    "decode with a memo and protobuf-c differ");
+			free(pc);
+		}
+		wire_msg_free(c);
+	}
+}
+
 /* wire_decode's own decoder of the hot frames (Get, GetReply) against
- * protobuf-c's: the same answer, the same frame (its encoding); and
- * wire_pack_fast writes protobuf-c's bytes or nothing. */
+ * protobuf-c's: the same answer, the same frame (its encoding), also
+ * through a reader's memo; and wire_pack_fast writes protobuf-c's bytes
+ * or nothing. */
 static void fast_agrees(const uint8_t *data, size_t size)
 {
 	struct wire_msg *a = NULL, *b = NULL;
@@ -444,6 +476,8 @@ static void fast_agrees(const uint8_t *data, size_t size)
 	int eb = wire_decode_ex(data, size, WIRE_DECODE_NO_FAST, &b);
 
 	FUZZ_ASSERT(ea == eb, "fast decode %d, protobuf-c %d", ea, eb);
+	if (ea)
+		memo_agrees(data, size, eb, NULL, 0);
 	if (!ea) {
 		size_t la = dlshare__frame__get_packed_size(a->frame);
 		size_t lb = dlshare__frame__get_packed_size(b->frame);
@@ -457,6 +491,7 @@ static void fast_agrees(const uint8_t *data, size_t size)
 			    "fast decode and protobuf-c differ");
 		FUZZ_ASSERT((a->nul_field == NULL) == (b->nul_field == NULL),
 			    "a NUL seen by one decoder only");
+		memo_agrees(data, size, eb, pb, lb);
 		lf = wire_pack_fast(b->frame, pa, la + 1);
 		FUZZ_ASSERT(lf == 0 || (lf == lb && !memcmp(pa, pb, lb)),
 			    "wire_pack_fast differs from protobuf-c");
