@@ -1434,8 +1434,14 @@ int registry_add(struct registry *r, struct registry_owner *o,
 	e->nversions++;
 	r->nversions++;
 	if ((err = version_buffers(r, v, s, exported, bufs, cuda, why))) {
-		/* Never visible: no Retired for it. */
+		/* Never visible: no Retired for it. A name made for it goes
+		 * with it, a queue name too: an empty queue name outlives
+		 * its versions, but this one never had any. */
 		v->state = VERSION_PENDING;
+		if (fresh) {
+			free(e->queue);
+			e->queue = NULL;
+		}
 		version_destroy(r, v); /* frees the entry too if fresh */
 		return err;
 	}

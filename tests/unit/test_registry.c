@@ -1067,6 +1067,34 @@ static void refuse_export(struct fix *f, int fd, uint64_t claim)
 	assert_counts(f, 0, 0, 0, 0, 0);
 }
 
+/* A queue name's first add that fails once the name is made (here in
+ * store mode: the memfd the caller made for it off the loop is smaller
+ * than the buffer) leaves no name behind: before, the empty queue stayed,
+ * owned by the failed producer and in queue mode, so that a plain export
+ * of the name was refused (-EMEDIUMTYPE) until someone deleted it. */
+static void test_queue_first_add_failed_leaves_nothing(void **state)
+{
+	struct fix *f = *state;
+	struct tspec ts;
+	struct version *v = NULL;
+	int made[1] = { 1 };
+	int small = make_memfd(PAGE / 2, 0);
+
+	spec(&ts, "q", 0, 1, 1, PAGE);
+	ts.s.queue = 1;
+	ts.s.made = made;
+	ts.fds[0] = small;
+	assert_int_equal(registry_add(&f->r, &f->prod, &ts.s, 0, &v, NULL),
+			 -EINVAL);
+	assert_null(registry_entry(&f->r, "q"));
+	assert_counts(f, 0, 0, 0, 0, 0);
+	close(small);
+	/* The name is free: another producer's plain export makes it. */
+	v = export(f, &f->cons, "q", 0);
+	assert_non_null(registry_entry(&f->r, "q"));
+	assert_null(registry_entry(&f->r, "q")->queue);
+}
+
 static void test_export_fd_refused(void **state)
 {
 	struct fix *f = *state;
@@ -2254,6 +2282,7 @@ int main(void)
 		T(test_owner_drop),
 		T(test_export_retired),
 		T(test_export_fd_refused),
+		T(test_queue_first_add_failed_leaves_nothing),
 		T(test_add_invalid),
 		T(test_limit_tensors_buffers),
 		T(test_limit_buffer_bytes),
