@@ -1,5 +1,6 @@
 /* check — validation of names and tensor descriptions. */
 #include "check.h"
+#include "hash.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -11,6 +12,9 @@
  * answer (its oom is set), never an exit. */
 #define HASH_NONFATAL_OOM 1
 #define uthash_nonfatal_oom(e) (oom = 1)
+/* A request's keys are its sender's choice: keyed (hash.h). */
+#define HASH_FUNCTION(keyptr, keylen, hashv) \
+	((hashv) = (unsigned)util_hash_bytes((keyptr), (keylen)))
 #include <uthash.h>
 
 /* The bytes a name may hold, by value: one load per byte where the

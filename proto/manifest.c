@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "hash.h"
 
 static uint64_t align8(uint64_t x)
 {
@@ -114,13 +115,11 @@ void manifest_tensor(const void *map, uint32_t i, Dlshare__Tensor *t,
 	t->strides = t->n_strides ? (int64_t *)dims + e->ndim : NULL;
 }
 
+/* The keys are the producer's choice, and every reader checks them:
+ * keyed (hash.h), so that no manifest can make its probes collide. */
 static uint64_t key_hash(const char *k, size_t len)
 {
-	uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
-
-	for (size_t i = 0; i < len; i++)
-		h = (h ^ (uint8_t)k[i]) * 0x100000001b3ull;
-	return h;
+	return util_hash_bytes(k, len);
 }
 
 static int fail(struct manifest_error *e, int64_t index, const char *fmt,

@@ -11,7 +11,7 @@
 #include <sys/socket.h>
 
 #include <ucp/api/ucp.h>
-#include <uthash.h>
+#include "hashtab.h" /* uthash with keyed hashes: names come from peers */
 
 #include <dlshare/dlshare.h>
 
