@@ -548,6 +548,12 @@ static void fail_all(dlshare_client *c, int err, struct wakeq *wq)
 		p->err = err;
 		wakeq_done(wq, p);
 	}
+	if ((p = c->solo)) {
+		c->solo = NULL;
+		p->done = 1;
+		p->err = err;
+		wakeq_done(wq, p);
+	}
 }
 
 /* Under c->lock: the connection failed with err (a DLSHARE_E* code, or 0
@@ -676,7 +682,10 @@ static int deliver(dlshare_client *c, struct wire_msg *m, int *fds,
 	struct pending *p = NULL;
 	int err = 0;
 
-	HASH_FIND(hh, c->pending, &f->id, sizeof(f->id), p);
+	if (c->solo && c->solo->id == f->id)
+		p = c->solo;
+	else
+		HASH_FIND(hh, c->pending, &f->id, sizeof(f->id), p);
 	if (!p) {
 		wire_close_fds(fds, nfds);
 		msg_done(c, m);
@@ -702,7 +711,10 @@ static int deliver(dlshare_client *c, struct wire_msg *m, int *fds,
 		c->exports = p->export;
 		p->export = NULL;
 	}
-	HASH_DEL(c->pending, p);
+	if (p == c->solo)
+		c->solo = NULL;
+	else
+		HASH_DEL(c->pending, p);
 	p->msg = m;
 	memcpy(p->fds, fds, nfds * sizeof(int));
 	p->nfds = nfds;
@@ -1146,10 +1158,21 @@ static int hello_overdue(dlshare_client *c)
  * connection failed), dispatching whatever comes first: other callers'
  * replies, pushes. Gives the role up and returns with c->lock held; wq
  * says whom to wake once it is dropped. */
+static void read_until_done(dlshare_client *c, struct pending *p,
+			    struct wakeq *wq);
+
 static void lead(dlshare_client *c, struct pending *p, struct wakeq *wq)
 {
 	c->reading = 1;
 	pthread_mutex_unlock(&c->lock);
+	read_until_done(c, p, wq);
+}
+
+/* lead's loop, entered with the reader role and without c->lock (a solo
+ * call enters here straight from its send). Returns with c->lock held. */
+static void read_until_done(dlshare_client *c, struct pending *p,
+			    struct wakeq *wq)
+{
 	for (;;) {
 		int fds[WIRE_FDS_MAX];
 		unsigned nfds = 0;
@@ -1186,6 +1209,7 @@ struct call {
 	struct wakeq wq;
 	uint64_t ride[CLIENT_RELEASE_RIDE]; /* releases riding on it (1.1) */
 	size_t nride;
+	int solo;                /* it took the reader role in call_begin */
 };
 
 /* Registers req as pending with a fresh id, queued releases riding on
@@ -1233,7 +1257,18 @@ static int call_begin(struct call *k, struct export *export)
 		k->req->releases = k->ride;
 		k->req->n_releases = k->nride;
 	}
-	HASH_ADD(hh, c->pending, id, sizeof(p->id), p);
+	if (!c->reading && HASH_COUNT(c->pending) == 1) {
+		/* Nobody reads, and no other call waits (the anchor only):
+		 * this one reads its own reply, straight after its send.
+		 * Its reply is then the only one that can come, so holding
+		 * the role through a send that blocks keeps nobody's reply
+		 * unread. */
+		c->reading = 1;
+		c->solo = p;
+		k->solo = 1;
+	} else {
+		HASH_ADD(hh, c->pending, id, sizeof(p->id), p);
+	}
 	c->calls++;
 	/* We may read the socket and use c until we return, even if another
 	 * thread disconnects meanwhile. */
@@ -1357,6 +1392,7 @@ int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 	k.p = NULL;
 	memset(&k.wq, 0, sizeof(k.wq));
 	k.nride = 0;
+	k.solo = 0;
 	errmsg_set(NULL);
 	out->msg = NULL;
 	out->nfds = 0;
@@ -1376,10 +1412,20 @@ int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 	if ((err = call_begin(&k, export)))
 		return err;
 	err = call_send(&k, fds, nfds);
-	pthread_mutex_lock(&c->lock);
+	if (k.solo && !err) {
+		read_until_done(c, k.p, &k.wq);
+	} else {
+		pthread_mutex_lock(&c->lock);
+		if (k.solo) {
+			/* The role goes back (handoff, below, offers it). */
+			c->reading = 0;
+			if (c->solo == k.p)
+				c->solo = NULL;
+		}
+	}
 	if (err) {
 		/* Never sent: nobody will answer. */
-		if (!k.p->done)
+		if (!k.p->done && !k.solo)
 			HASH_DEL(c->pending, k.p);
 		k.p->done = 1;
 		k.p->err = err == -E2BIG || err == -EMSGSIZE ? DLSHARE_E2BIG :

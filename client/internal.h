@@ -161,6 +161,10 @@ struct dlshare_client {
 	 * call. */
 	struct pending *pending;
 	struct pending pending_anchor;
+	/* The call that took the reader role in call_begin, when nobody read
+	 * and no other call waited: it reads its own reply and is in no
+	 * table (no add, find and delete of it per call). Under lock. */
+	struct pending *solo;
 	struct ibuf *bufs;
 	struct mcache *mcaches;  /* manifests kept by id (1.5) */
 	struct export *exports;
