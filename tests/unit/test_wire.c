@@ -1546,6 +1546,26 @@ static void test_get_fast_path_agrees(void **state)
 	memo_end();
 }
 
+/* b's GetReply made the hot shape (host buffers, no event: what
+ * line_decode takes) with n tensors over one buffer. */
+static Dlshare__GetReply host_reply(struct bodies *b, size_t n)
+{
+	Dlshare__GetReply g;
+
+	assert_non_null(b);
+	bodies_init(b);
+	g = b->get_reply;
+	g.has_event_handle = 0;
+	g.n_tensors = n;
+	g.n_buffers = 1;
+	b->buf.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
+	b->buf.has_ipc_handle = 0;
+	b->buf.has_ipc_offset = 0;
+	b->dev.has_uuid = 0;
+	b->dev.type = 1;
+	return g;
+}
+
 /* A reader's warm gets, as the daemon sends them: one version's tail
  * packed once, each reply with its own id and lease. After the first, the
  * memo's decoded tensors and buffers serve every reply (the same
@@ -1562,17 +1582,7 @@ static void test_memo_shares_warm_reply(void **state)
 	char big[WIRE_MEMO_MAX];
 	(void)state;
 
-	assert_non_null(b);
-	bodies_init(b);
-	g = b->get_reply;
-	g.has_event_handle = 0; /* host tensors: the hot shape */
-	g.n_tensors = 2;
-	g.n_buffers = 1;
-	b->buf.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
-	b->buf.has_ipc_handle = 0;
-	b->buf.has_ipc_offset = 0;
-	b->dev.has_uuid = 0;
-	b->dev.type = 1;
+	g = host_reply(b, 2);
 	assert_int_equal(wire_get_reply_tail(&g, SIZE_MAX, &tail, &tlen), 0);
 	for (uint64_t i = 0; i < 4; i++) {
 		len = wire_pack_get_reply(100 + i, 7, 1 + i * 1000, tail, tlen,
@@ -1684,17 +1694,7 @@ static void test_memo_freed_by_another_thread(void **state)
 	pthread_t th;
 	(void)state;
 
-	assert_non_null(b);
-	bodies_init(b);
-	g = b->get_reply;
-	g.has_event_handle = 0;
-	g.n_tensors = 1;
-	g.n_buffers = 1;
-	b->buf.kind = DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST;
-	b->buf.has_ipc_handle = 0;
-	b->buf.has_ipc_offset = 0;
-	b->dev.has_uuid = 0;
-	b->dev.type = 1;
+	g = host_reply(b, 1);
 	for (int v = 0; v < 3; v++) {
 		g.read_only = v == 1;
 		b->t.offset = (uint64_t)v * 64;
