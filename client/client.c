@@ -1153,14 +1153,14 @@ static int hello_overdue(dlshare_client *c)
 	return DLSHARE_ETIMEDOUT;
 }
 
+static void read_until_done(dlshare_client *c, struct pending *p,
+			    struct wakeq *wq);
+
 /* A caller that has sent p and found nobody reading, under c->lock: takes
  * the reader role and reads until p is done (its reply came, or the
  * connection failed), dispatching whatever comes first: other callers'
  * replies, pushes. Gives the role up and returns with c->lock held; wq
  * says whom to wake once it is dropped. */
-static void read_until_done(dlshare_client *c, struct pending *p,
-			    struct wakeq *wq);
-
 static void lead(dlshare_client *c, struct pending *p, struct wakeq *wq)
 {
 	c->reading = 1;
