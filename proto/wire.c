@@ -398,7 +398,11 @@ static int fast_i64s(struct wire_msg *m, struct rd sub, size_t *n,
 		return 1; /* protobuf-c's way with an empty one: its own */
 	if (!(*out = capped_alloc(m, k * sizeof(int64_t))))
 		return 1;
-	for (size_t i = 0; i < k; i++)
+	/* One value (a Get's one riding release, a vector's shape): the
+	 * count already read it. */
+	if (k == 1)
+		(*out)[0] = (int64_t)v;
+	for (size_t i = 0; k > 1 && i < k; i++)
 		rd_varint(&sub, 10, (uint64_t *)&(*out)[i]);
 	*n = k;
 	return 0;
