@@ -41,10 +41,21 @@ int wire_send(int sock, const void *data, size_t len, const int *fds,
 		c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
 		memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
 	}
+	/* Without fds, send(2): the kernel then copies no msghdr and no
+	 * iovec array in from user space, which sendmsg(2) does for every
+	 * packet (a Get, and a warm get's reply, carry none). */
 	do {
-		n = wire_direct ? syscall(SYS_sendmsg, sock, &msg,
-					  MSG_NOSIGNAL | flags)
-				: sendmsg(sock, &msg, MSG_NOSIGNAL | flags);
+		if (nfds == 0)
+			n = wire_direct ? syscall(SYS_sendto, sock, data, len,
+						  MSG_NOSIGNAL | flags, NULL,
+						  0)
+					: send(sock, data, len,
+					       MSG_NOSIGNAL | flags);
+		else
+			n = wire_direct ? syscall(SYS_sendmsg, sock, &msg,
+						  MSG_NOSIGNAL | flags)
+					: sendmsg(sock, &msg,
+						  MSG_NOSIGNAL | flags);
 	} while (n < 0 && errno == EINTR);
 	if (n < 0)
 		return errno == EWOULDBLOCK ? -EAGAIN : -errno;
