@@ -549,7 +549,12 @@ struct relay {
 	int listen_fd, cli, dmn;
 	const char *daemon_sock;
 	atomic_int poison;     /* set: send the client garbage once */
+	atomic_int deaf;       /* set: stop reading the client, its side
+				* shut for reading (its sends fail with
+				* EPIPE, its receives wait) */
 	atomic_int client_gone; /* the client hung up */
+	int cli_deaf;          /* the relay thread's: deaf was done */
+	atomic_int stop;       /* set: the relay ends */
 	pthread_t thread;
 };
 
@@ -587,9 +592,21 @@ static void *relay_main(void *arg)
 
 			wire_send(rl->cli, junk, sizeof(junk), NULL, 0, 0);
 		}
-		if (poll(p, 2, 10) < 0)
+		if (atomic_exchange(&rl->deaf, 0)) {
+			shutdown(rl->cli, SHUT_RD);
+			rl->cli_deaf = 1;
+		}
+		/* Deaf: the client's side is only watched for its hang-up. */
+		if (rl->cli_deaf)
+			p[0].events = 0;
+		if (atomic_load(&rl->stop) || poll(p, 2, 10) < 0)
 			break;
-		if (p[0].revents && relay_one(rl->cli, rl->dmn)) {
+		if (rl->cli_deaf && (p[0].revents & POLLHUP)) {
+			atomic_store(&rl->client_gone, 1);
+			break;
+		}
+		if (!rl->cli_deaf && p[0].revents &&
+		    relay_one(rl->cli, rl->dmn)) {
 			atomic_store(&rl->client_gone, 1);
 			break;
 		}
@@ -662,6 +679,70 @@ static void dead_connection_hangs_up(void **state)
 	dlshare_disconnect(c);
 }
 
+/* Calls one after another on a client whose sends fail (the relay shut its
+ * side for reading): each takes the reader role itself (nobody else reads
+ * or waits), fails with DLSHARE_ECONN, and must give the role back. Then
+ * the client is idle, and its receiver thread reads the socket: it finds
+ * a packet that is no frame and hangs up. A call that kept the role would
+ * leave the socket unread, the connection never found dead. */
+struct failing_calls {
+	dlshare_client *c;
+	int n, errs;
+	atomic_int done;
+};
+
+static void *failing_calls_main(void *arg)
+{
+	struct failing_calls *fc = arg;
+
+	for (int i = 0; i < fc->n; i++) {
+		dlshare_name_info info;
+
+		fc->errs += dlshare_stat(fc->c, "e/pin", &info, NULL) ==
+			    DLSHARE_ECONN;
+	}
+	atomic_store(&fc->done, 1);
+	return NULL;
+}
+
+static void failed_sends_give_the_socket_back(void **state)
+{
+	struct fixture *fx = *state;
+	struct relay rl = { .daemon_sock = fx->d.sock };
+	struct failing_calls fc = { .n = 50 };
+	dlshare_name_info info;
+	pthread_t t;
+	char path[200];
+
+	snprintf(path, sizeof(path), "%s/deaf.sock", fx->d.dir);
+	rl.listen_fd = listener(path, 4);
+	assert_int_equal(pthread_create(&rl.thread, NULL, relay_main, &rl), 0);
+	assert_int_equal(dlshare_connect(path, &fc.c), 0);
+	assert_int_equal(dlshare_stat(fc.c, "e/none", &info, NULL),
+			 DLSHARE_ENOENT);
+	atomic_store(&rl.deaf, 1);
+	while (atomic_load(&rl.deaf))
+		util_sleep_ms(1);
+	assert_int_equal(pthread_create(&t, NULL, failing_calls_main, &fc), 0);
+	for (int ms = 0; !atomic_load(&fc.done); ms++) {
+		assert_true(ms < harness_ms(10000)); /* else a call hangs */
+		util_sleep_ms(1);
+	}
+	assert_int_equal(pthread_join(t, NULL), 0);
+	assert_int_equal(fc.errs, fc.n);
+	atomic_store(&rl.poison, 1);
+	for (int ms = 0; !atomic_load(&rl.client_gone); ms++) {
+		assert_true(ms < harness_ms(5000)); /* nobody reads */
+		util_sleep_ms(1);
+	}
+	assert_int_equal(dlshare_stat(fc.c, "e/none", &info, NULL),
+			 DLSHARE_ECONN);
+	dlshare_disconnect(fc.c);
+	atomic_store(&rl.stop, 1);
+	assert_int_equal(pthread_join(rl.thread, NULL), 0);
+	close(rl.listen_fd);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -675,6 +756,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(connect_timeouts, setup, teardown),
 		cmocka_unit_test_setup_teardown(dead_connection_hangs_up, setup,
 						teardown),
+		cmocka_unit_test_setup_teardown(failed_sends_give_the_socket_back,
+						setup, teardown),
 	};
 
 	return cmocka_run_group_tests_name("errors", tests, NULL, NULL);
