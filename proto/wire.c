@@ -805,20 +805,30 @@ struct line {
 	const void *body;
 };
 
-/* Whether the memo holds a body of field whose bytes are r's. */
-static inline __attribute__((always_inline)) int
-memo_hit(struct line *ln, uint32_t field, struct rd r)
+/* A body of field (size bytes) from the arena: a copy of the memo's
+ * when the memo holds one whose bytes are r's (ln->hit), else init, for
+ * the caller to read r into. NULL when the arena is out of budget. */
+static inline __attribute__((always_inline)) void *
+ln_body(struct wire_msg *m, struct line *ln, uint32_t field, struct rd r,
+	const void *init, size_t size)
 {
 	const struct wire_memo *mo = ln->memo;
 	size_t n = (size_t)(r.end - r.p);
+	void *b = capped_alloc(m, size);
 
+	if (!b)
+		return NULL;
 	ln->field = field;
 	ln->tail = r;
-	if (!mo || !mo->msg || mo->field != field || mo->len != n ||
-	    memcmp(mo->bytes, r.p, n))
-		return 0;
-	ln->hit = 1;
-	return 1;
+	if (mo && mo->msg && mo->field == field && mo->len == n &&
+	    !memcmp(mo->bytes, r.p, n)) {
+		ln->hit = 1;
+		memcpy(b, mo->body, size);
+	} else {
+		memcpy(b, init, size);
+		ln->body = b;
+	}
+	return b;
 }
 
 /* Whether the next byte is key k; if so, moves past it. */
@@ -1022,20 +1032,14 @@ static int ln_get_reply(struct wire_msg *m, struct rd r, struct line *ln,
 			Dlshare__GetReply **out)
 {
 	static const Dlshare__GetReply init = DLSHARE__GET_REPLY__INIT;
-	Dlshare__GetReply *g = capped_alloc(m, sizeof(*g));
+	Dlshare__GetReply *g;
 	uint64_t version, lease;
 
-	if (!g || !ln_key(&r, KEY(1, VI)) || ln_v(&r, &version) ||
-	    !ln_key(&r, KEY(2, VI)) || ln_v(&r, &lease))
+	if (!ln_key(&r, KEY(1, VI)) || ln_v(&r, &version) ||
+	    !ln_key(&r, KEY(2, VI)) || ln_v(&r, &lease) ||
+	    !(g = ln_body(m, ln, 19, r, &init, sizeof(*g))) ||
+	    (!ln->hit && ln_get_reply_tail(m, r, g)))
 		return 1;
-	if (memo_hit(ln, 19, r)) {
-		*g = *(const Dlshare__GetReply *)ln->memo->body;
-	} else {
-		*g = init;
-		if (ln_get_reply_tail(m, r, g))
-			return 1;
-		ln->body = g;
-	}
 	g->version = version;
 	g->lease = lease;
 	*out = g;
@@ -1048,18 +1052,15 @@ static int ln_get(struct wire_msg *m, struct rd r, struct line *ln,
 		  Dlshare__Get **out)
 {
 	static const Dlshare__Get init = DLSHARE__GET__INIT;
-	Dlshare__Get *g = capped_alloc(m, sizeof(*g));
+	Dlshare__Get *g = ln_body(m, ln, 18, r, &init, sizeof(*g));
 	uint64_t v;
 
 	if (!g)
 		return 1;
-	if (memo_hit(ln, 18, r)) {
-		*g = *(const Dlshare__Get *)ln->memo->body;
+	if (ln->hit) {
 		*out = g;
 		return 0;
 	}
-	*g = init;
-	ln->body = g;
 	if (!ln_key(&r, KEY(1, LD)) || ln_string(m, &r, &g->name))
 		return 1;
 	if (ln_key(&r, KEY(2, VI))) {
