@@ -165,6 +165,7 @@ static void lease_ref_unref(struct lease_ref *lr)
 		 * would go to. Our copy of the mapping stays until we exit
 		 * (its cache is behind the client's lock, which a parent
 		 * thread may have held at the fork). */
+		client_warm_free(lr->seed);
 		free(lr);
 		return;
 	}
@@ -189,7 +190,13 @@ static void lease_ref_unref(struct lease_ref *lr)
 			mark_other_devices(lr, stream);
 	}
 	if (lr->event) {
+		client_warm_free(lr->seed);
+		lr->seed = NULL;
 		client_release_after(c, lr); /* frees lr */
+	} else if (lr->seed) {
+		/* 1.7: the next get of the name may take it back. */
+		client_warm_keep(c, lr->seed, lr->pins, lr->npins, lr->lease);
+		free(lr);
 	} else {
 		client_unpin_release(c, lr->pins, lr->npins, lr->lease);
 		free(lr);
@@ -545,6 +552,13 @@ static int get_opts_wire(const dlshare_get_opts *o, Dlshare__Get *g)
 
 static int get_call(dlshare_client *c, Dlshare__Frame *f,
 		    const dlshare_get_opts *opts, dlshare_bundle **out);
+static int get_fetch(dlshare_client *c, const char *name,
+		     const dlshare_get_opts *opts, Dlshare__Frame *f,
+		     struct reply *r, Dlshare__GetReply **gr,
+		     struct warm **seed);
+static int get_bundle(dlshare_client *c, const Dlshare__Frame *f,
+		      struct reply *r, Dlshare__GetReply *gr, void *stream,
+		      struct warm *seed, dlshare_bundle **out);
 
 /* Checks a get's arguments and fills its request f (whose body is g).
  * Returns 0 or DLSHARE_EINVAL. */
@@ -574,6 +588,9 @@ int dlshare_get(dlshare_client *c, const char *name,
 {
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Get g = DLSHARE__GET__INIT;
+	Dlshare__GetReply *gr;
+	struct warm *seed;
+	struct reply r;
 	int err;
 
 	if (!out) {
@@ -581,9 +598,11 @@ int dlshare_get(dlshare_client *c, const char *name,
 		return DLSHARE_EINVAL;
 	}
 	*out = NULL;
-	if ((err = get_request(c, name, opts, &f, &g)))
+	if ((err = get_request(c, name, opts, &f, &g)) ||
+	    (err = get_fetch(c, name, opts, &f, &r, &gr, &seed)))
 		return err;
-	return get_call(c, &f, opts, out);
+	return get_bundle(c, &f, &r, gr, opts ? opts->stream : NULL, seed,
+			  out);
 }
 
 int dlshare_take(dlshare_client *c, const char *name, int32_t timeout_ms,
@@ -691,6 +710,7 @@ static void lease_ref_take(struct lease_ref *lr, dlshare_client *c,
 	lr->thread = pthread_self();
 	lr->ordinal = ordinal;
 	lr->event = NULL;
+	lr->seed = NULL;
 	lr->next = NULL;
 	lr->npins = r->npins;
 	memcpy(lr->pins, r->pins, r->npins * sizeof(r->pins[0]));
@@ -722,7 +742,7 @@ static int get_send(dlshare_client *c, Dlshare__Frame *f, struct reply *r,
  * either way; on an error the lease goes back. */
 static int get_bundle(dlshare_client *c, const Dlshare__Frame *f,
 		      struct reply *r, Dlshare__GetReply *gr, void *stream,
-		      dlshare_bundle **out)
+		      struct warm *seed, dlshare_bundle **out)
 {
 	struct dlshare_bundle *b;
 	struct lease_ref *lr;
@@ -743,6 +763,7 @@ static int get_bundle(dlshare_client *c, const Dlshare__Frame *f,
 	if ((err = get_wait_events(gr, b->cuda_ordinal, stream, &b->chain)))
 		goto fail;
 	lease_ref_take(lr, c, gr, r, stream, b->cuda_ordinal);
+	lr->seed = seed;
 	b->lr = lr;
 	b->version = gr->version;
 	reply_free(c, r);
@@ -750,6 +771,7 @@ static int get_bundle(dlshare_client *c, const Dlshare__Frame *f,
 	return 0;
 
 fail:
+	client_warm_free(seed);
 	/* The daemon gave us a lease: give it back. */
 	lease_give_back(c, f, gr->lease);
 	if (b) {
@@ -775,7 +797,37 @@ static int get_call(dlshare_client *c, Dlshare__Frame *f,
 	if ((err = get_send(c, f, &r, &gr)))
 		return err;
 	return get_bundle(c, f, &r, gr,
-			  opts ? opts->stream : NULL, out);
+			  opts ? opts->stream : NULL, NULL, out);
+}
+
+/* Whether a get asks for the newest version. */
+static int get_latest(const dlshare_get_opts *opts)
+{
+	return !opts || opts->select == DLSHARE_LATEST;
+}
+
+/* Answers the Get f of name: from the lease this connection keeps for it
+ * when the board says that still holds (1.7), else from the daemon.
+ * Returns 0 with *r (reply_free it), *gr and *seed (what the lease keeps
+ * at its release, or NULL), or a DLSHARE_E* code. */
+static int get_fetch(dlshare_client *c, const char *name,
+		     const dlshare_get_opts *opts, Dlshare__Frame *f,
+		     struct reply *r, Dlshare__GetReply **gr,
+		     struct warm **seed)
+{
+	int err;
+
+	*seed = NULL;
+	if (!c->board || !get_latest(opts)) /* never one for a Take */
+		return get_send(c, f, r, gr);
+	if (!client_forked(c) && !client_warm_take(c, name, r, seed)) {
+		*gr = r->msg->frame->get_reply;
+		return 0;
+	}
+	if ((err = get_send(c, f, r, gr)))
+		return err;
+	*seed = client_warm_seed(c, name, r);
+	return 0;
 }
 
 uint64_t dlshare_bundle_version(const dlshare_bundle *b)
@@ -1000,7 +1052,7 @@ static int get_one_fits(const Dlshare__GetReply *gr, const struct reply *r)
  * freed either way; on an error the lease goes back. */
 static int get_one(dlshare_client *c, const Dlshare__Frame *f,
 		   struct reply *r, Dlshare__GetReply *gr, void *stream,
-		   int versioned, void **out)
+		   struct warm *seed, int versioned, void **out)
 {
 	const Dlshare__Tensor *wt = gr->tensors[0];
 	uint64_t sizes[CLIENT_PINS_MAX];
@@ -1043,6 +1095,7 @@ static int get_one(dlshare_client *c, const Dlshare__Frame *f,
 	bt.t.shape = m->shape;
 	bt.t.strides = wt->n_strides ? m->strides : NULL;
 	lease_ref_take(lr, c, gr, r, stream, ordinal);
+	lr->seed = seed;
 	m->lr = lr;
 	if (versioned) {
 		DLManagedTensorVersioned *v = &m->m.versioned;
@@ -1064,6 +1117,7 @@ static int get_one(dlshare_client *c, const Dlshare__Frame *f,
 	return 0;
 
 fail:
+	client_warm_free(seed);
 	lease_give_back(c, f, gr->lease);
 	reply_free(c, r);
 	return err;
@@ -1078,6 +1132,7 @@ static int get_tensor(dlshare_client *c, const char *name,
 	void *stream = opts ? opts->stream : NULL;
 	Dlshare__GetReply *gr;
 	dlshare_bundle *b;
+	struct warm *seed;
 	struct reply r;
 	int err;
 
@@ -1086,11 +1141,11 @@ static int get_tensor(dlshare_client *c, const char *name,
 		return DLSHARE_EINVAL;
 	}
 	if ((err = get_request(c, name, opts, &f, &g)) ||
-	    (err = get_send(c, &f, &r, &gr)))
+	    (err = get_fetch(c, name, opts, &f, &r, &gr, &seed)))
 		return err;
 	if (get_one_fits(gr, &r))
-		return get_one(c, &f, &r, gr, stream, versioned, out);
-	if ((err = get_bundle(c, &f, &r, gr, stream, &b)))
+		return get_one(c, &f, &r, gr, stream, seed, versioned, out);
+	if ((err = get_bundle(c, &f, &r, gr, stream, seed, &b)))
 		return err;
 	/* b is this process's, just got: no second and third getpid (the
 	 * fork check) per get. */

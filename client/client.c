@@ -11,6 +11,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
@@ -109,6 +110,16 @@ static void client_free(dlshare_client *c)
 	struct ibuf *b, *tmp;
 	struct mcache *mc, *mtmp;
 	struct pending *p;
+
+	/* Its pins go with the buffers below. */
+	if (c->warm) {
+		c->warm->npins = 0;
+		client_warm_free(c->warm);
+		c->warm = NULL;
+	}
+	if (c->board)
+		munmap((void *)c->board,
+		       (size_t)c->board_slots * sizeof(uint64_t));
 
 	HASH_ITER(hh, c->bufs, b, tmp) {
 		HASH_DEL(c->bufs, b);
@@ -439,6 +450,71 @@ static int queue_release(dlshare_client *c, uint64_t lease)
 	return rel_push(c, lease);
 }
 
+/* ---- gets by the version board (1.7) --------------------------------------- */
+
+struct warm *client_warm_seed(dlshare_client *c, const char *name,
+			      const struct reply *r)
+{
+	const Dlshare__GetReply *gr = r->msg->frame->get_reply;
+	size_t n = strlen(name) + 1;
+	struct warm *w;
+
+	if (!c->board || !gr->has_board_token || !gr->has_board_slot ||
+	    gr->board_slot >= c->board_slots || gr->board_token == 0)
+		return NULL;
+	if (!(w = malloc(offsetof(struct warm, name) + n)))
+		return NULL;
+	wire_msg_ref(r->msg);
+	w->msg = r->msg;
+	w->mc = r->mc;
+	if (w->mc)
+		atomic_fetch_add(&w->mc->refs, 1);
+	w->lease = 0;
+	w->token = gr->board_token;
+	w->slot = gr->board_slot;
+	w->npins = 0;
+	memcpy(w->name, name, n);
+	return w;
+}
+
+void client_warm_free(struct warm *w)
+{
+	if (!w)
+		return;
+	mcache_unref(w->mc);
+	wire_msg_free(w->msg);
+	free(w);
+}
+
+/* Takes c's kept record away (under c->lock), unpinning its buffers: the
+ * caller frees it. */
+static struct warm *warm_drop_locked(dlshare_client *c)
+{
+	struct warm *w = c->warm;
+
+	c->warm = NULL;
+	if (w) {
+		unpin_locked(c, w->pins, w->npins);
+		w->npins = 0;
+	}
+	return w;
+}
+
+/* Whether the kept record names one of the ids the daemon freed: its
+ * lease was released (sent), so it can never be taken back, and its pins
+ * must not keep the memory mapped. Under c->lock. */
+static int warm_gone(const struct warm *w, const Dlshare__BufferGone *g)
+{
+	for (size_t i = 0; i < g->n_ids; i++) {
+		if (w->mc && w->mc->id == g->ids[i])
+			return 1;
+		for (size_t k = 0; k < w->npins; k++)
+			if (w->pins[k]->id == g->ids[i])
+				return 1;
+	}
+	return 0;
+}
+
 /* ---- the reader role ------------------------------------------------------ */
 
 /* The receiver thread leaves the socket to callers while they keep calling
@@ -566,6 +642,8 @@ static void conn_fail(dlshare_client *c, int err, struct wakeq *wq)
 		err = DLSHARE_ECONN;
 	fail_all(c, err, wq);
 	c->nrel = 0;
+	/* Its lease went with the connection. */
+	client_warm_free(warm_drop_locked(c));
 	wq->kick_rx = 1;
 }
 
@@ -637,6 +715,8 @@ static void handle_push(dlshare_client *c, Dlshare__Frame *f,
 			if (b->refs == 0)
 				ibuf_drop(c, b);
 		}
+		if (c->warm && warm_gone(c->warm, f->buffer_gone))
+			client_warm_free(warm_drop_locked(c));
 	} else if (f->body_case == DLSHARE__FRAME__BODY_RETIRED) {
 		for (struct export **pp = &c->exports; *pp; pp = &(*pp)->next) {
 			struct export *e = *pp;
@@ -1534,6 +1614,81 @@ void client_unpin_release(dlshare_client *c, struct ibuf **pins, size_t n,
 		rx_kick(c);
 }
 
+void client_warm_keep(dlshare_client *c, struct warm *w, struct ibuf **pins,
+		      size_t n, uint64_t lease)
+{
+	struct warm *old;
+	int wake;
+
+	/* Only while releases ride on calls (1.1, which 1.7 implies). */
+	if (!c->piggyback || n > CLIENT_PINS_MAX) {
+		client_unpin_release(c, pins, n, lease);
+		client_warm_free(w);
+		return;
+	}
+	pthread_mutex_lock(&c->lock);
+	/* A dead connection took the lease with it: nothing to keep. */
+	if (c->dead || c->closed) {
+		unpin_locked(c, pins, n);
+		pthread_mutex_unlock(&c->lock);
+		client_warm_free(w);
+		return;
+	}
+	old = warm_drop_locked(c);
+	wake = release_queue_locked(c, lease);
+	memcpy(w->pins, pins, n * sizeof(pins[0]));
+	w->npins = n;
+	w->lease = lease;
+	c->warm = w;
+	pthread_mutex_unlock(&c->lock);
+	client_warm_free(old);
+	if (wake)
+		rx_kick(c);
+}
+
+int client_warm_take(dlshare_client *c, const char *name, struct reply *r,
+		     struct warm **seed)
+{
+	struct warm *w, *drop = NULL;
+	size_t i;
+
+	pthread_mutex_lock(&c->lock);
+	w = c->warm;
+	if (!w || strcmp(w->name, name) != 0) {
+		pthread_mutex_unlock(&c->lock);
+		return 1;
+	}
+	/* Its release still waits in the queue (not sent with a call, nor
+	 * by the receiver thread after CLIENT_IDLE_MS)... */
+	for (i = 0; i < c->nrel && c->rel[i] != w->lease; i++)
+		;
+	/* ...and the name's newest version is still the one it got, for
+	 * it: else the daemon answers, and the lease goes as queued. */
+	if (c->dead || c->closed || i == c->nrel ||
+	    atomic_load_explicit(&c->board[w->slot], memory_order_acquire) !=
+		    w->token) {
+		drop = warm_drop_locked(c);
+		pthread_mutex_unlock(&c->lock);
+		client_warm_free(drop);
+		return 1;
+	}
+	c->rel[i] = c->rel[--c->nrel];
+	c->warm = NULL;
+	pthread_mutex_unlock(&c->lock);
+	memset(r, 0, sizeof(*r));
+	memcpy(r->pins, w->pins, w->npins * sizeof(w->pins[0]));
+	r->npins = w->npins;
+	w->npins = 0;
+	wire_msg_ref(w->msg);
+	r->msg = w->msg;
+	r->mc = w->mc;
+	if (r->mc)
+		atomic_fetch_add(&r->mc->refs, 1);
+	w->lease = 0;
+	*seed = w;
+	return 0;
+}
+
 void export_free(struct export *e)
 {
 	for (size_t i = 0; i < e->ncuda; i++)
@@ -1548,6 +1703,30 @@ void export_free(struct export *e)
 }
 
 /* ---- connect / disconnect ------------------------------------------------- */
+
+/* Maps the version board a 1.7 daemon attached to its HelloReply h (the
+ * reply r's only fd), unless the caller said no (c->board_slots is then
+ * UINT32_MAX). Without it, every get asks the daemon. */
+static void board_map(dlshare_client *c, const Dlshare__HelloReply *h,
+		      struct reply *r)
+{
+	size_t len = (size_t)h->board_slots * sizeof(uint64_t);
+	struct stat st;
+	void *p;
+
+	if (c->board_slots == UINT32_MAX || h->minor < 7 ||
+	    !h->has_board_slots || !h->board_slots || r->nfds != 1 ||
+	    fstat(r->fds[0], &st) < 0 || (uint64_t)st.st_size < len)
+		goto none;
+	p = mmap(NULL, len, PROT_READ, MAP_SHARED, r->fds[0], 0);
+	if (p == MAP_FAILED)
+		goto none;
+	c->board = p;
+	c->board_slots = h->board_slots;
+	return;
+none:
+	c->board_slots = 0;
+}
 
 static int hello(dlshare_client *c)
 {
@@ -1589,6 +1768,7 @@ static int hello(dlshare_client *c)
 		c->origins = r.msg->frame->hello_reply->minor >= 5;
 		c->untakes = r.msg->frame->hello_reply->minor >= 6;
 		c->watches = r.msg->frame->hello_reply->minor >= 6;
+		board_map(c, r.msg->frame->hello_reply, &r);
 	}
 	reply_free(c, &r);
 	return err;
@@ -1842,6 +2022,7 @@ int dlshare_connect_ex(const char *path, const dlshare_connect_opts *opts,
 	struct sockaddr_un sa;
 	dlshare_client *c;
 	int32_t timeout;
+	const char *no_reuse;
 	char why[128];
 	int err;
 
@@ -1862,6 +2043,10 @@ int dlshare_connect_ex(const char *path, const dlshare_connect_opts *opts,
 			client_free(c);
 		return err;
 	}
+	/* DLSHARE_NO_REUSE=1: every get asks the daemon (see dlshare.h). */
+	no_reuse = getenv("DLSHARE_NO_REUSE");
+	if (no_reuse && strcmp(no_reuse, "1") == 0)
+		c->board_slots = UINT32_MAX; /* hello() maps no board */
 	err = hello(c);
 	pthread_mutex_lock(&c->lock);
 	c->deadline = 0;

@@ -106,6 +106,24 @@ struct pending {
 	UT_hash_handle hh;
 };
 
+/* A get's reply kept for the next get of the same name (protocol 1.7):
+ * while the board's word slot holds token, the name's newest version is
+ * still the one this reply describes, and its reader may read it. As a
+ * lease's seed (struct lease_ref) it holds the reply; once the lease is
+ * released (kept, c->warm) also the buffers pinned, while the lease's
+ * release waits in c->rel to ride on the next call: a get of the name
+ * before then takes the lease back instead of asking the daemon. */
+struct warm {
+	struct wire_msg *msg;    /* the GetReply's message: a reference */
+	struct mcache *mc;       /* its kept manifest, a reference; or NULL */
+	uint64_t lease;          /* kept: the lease whose release is queued */
+	uint64_t token;
+	uint32_t slot;
+	size_t npins;            /* kept: its buffers, pinned */
+	struct ibuf *pins[CLIENT_PINS_MAX];
+	char name[];
+};
+
 struct dlshare_client {
 	atomic_int refs;         /* the handle, plus one per lease_ref */
 	int fd;
@@ -176,6 +194,12 @@ struct dlshare_client {
 	unsigned deferred_busy;
 	uint64_t *rel;           /* lease ids to release */
 	size_t nrel, caprel;
+	/* The version board (1.7): the daemon's read-only words, mapped at
+	 * the Hello; NULL without one (an older daemon, --board-slots 0, or
+	 * DLSHARE_CONNECT_NO_REUSE). */
+	const _Atomic uint64_t *board;
+	uint32_t board_slots;
+	struct warm *warm;       /* the last get's kept lease; under lock */
 
 	/* fork.c's, under its lock: the process that connected, and the
 	 * list of its clients whose fds a child closes. */
@@ -196,6 +220,7 @@ struct lease_ref {
 				  * default stream is that thread's) */
 	int ordinal;             /* a device of the version, -1 for none */
 	void *event;             /* marks the consumer's work, once released */
+	struct warm *seed;       /* kept at release (1.7), or NULL */
 	struct lease_ref *next;  /* c->deferred */
 	size_t npins;
 	struct ibuf *pins[];
@@ -239,6 +264,24 @@ void client_release(dlshare_client *c, uint64_t lease);
  * lease rides on the next call. Never blocks. */
 void client_unpin_release(dlshare_client *c, struct ibuf **pins, size_t n,
 			  uint64_t lease);
+
+/* Gets by the version board (1.7). client_warm_seed: a seed for the lease
+ * of r, the reply to a get of name (NULL when the reply carries no token,
+ * there is no board, or out of memory); it takes references on r's message
+ * and manifest. client_warm_keep: instead of client_unpin_release at the
+ * lease's end, keeps w with the pins while the release waits to ride on
+ * the next call (frees w, unpinning, when it cannot). client_warm_take:
+ * for a get of the newest version of name, the kept reply in *r (pins,
+ * message and manifest moved there, nothing to send) with *seed the same
+ * record again for the new holder; returns 0, or 1 when nothing kept
+ * answers it (then the daemon must). client_warm_free frees a seed. */
+struct warm *client_warm_seed(dlshare_client *c, const char *name,
+			      const struct reply *r);
+void client_warm_keep(dlshare_client *c, struct warm *w, struct ibuf **pins,
+		      size_t n, uint64_t lease);
+int client_warm_take(dlshare_client *c, const char *name, struct reply *r,
+		     struct warm **seed);
+void client_warm_free(struct warm *w);
 
 /* Gives up a lease whose tensors may still be read by queued device work:
  * the mapping is closed and the Release sent only once lr->event completed

@@ -120,6 +120,17 @@ static const struct opt opts[] = {
 	  "deletions remembered for watches (protocol 1.6)",
 	  "A watcher behind the oldest one kept is told it may have missed "
 	  "some, and lists the names again.", NULL },
+	{ "board-slots", 0, OPT_U32, "N", 0, BOARD_SLOTS_MAX,
+	  SRV(limits.board_slots), NULL,
+	  "names the version board follows (protocol 1.7); 0: no board",
+	  "The board is a read-only memfd of one 64-bit word per slot that "
+	  "every client maps. A name takes a slot at the first get of a "
+	  "host-only newest version, and keeps it while it lives. A reader "
+	  "that still holds such a version's lease then answers the next "
+	  "get of the name itself while its word says that version is still "
+	  "the newest, without a round trip. Past the limit, gets of further "
+	  "names are answered by the daemon every time, as without a "
+	  "board.", NULL },
 	{ "max-tensors", 0, OPT_U32, "N", 1, MANIFEST_TENSORS_HARD_MAX,
 	  SRV(registry.max_tensors), NULL,
 	  "tensors per version",

@@ -31,16 +31,24 @@ int daemon_init(struct daemon *d, uv_loop_t *loop,
 		.max_output = limits->max_output,
 		.max_out_fds = limits->max_out_fds,
 	};
-	err = conn_set_init(&d->conns, loop, cops, &d->conn_limits);
+	err = board_init(&d->board, limits->board_slots);
 	if (err)
 		return err;
+	err = conn_set_init(&d->conns, loop, cops, &d->conn_limits);
+	if (err) {
+		board_deinit(&d->board);
+		return err;
+	}
 	registry_init(&d->reg, reg, rops, d);
+	if (d->board.fd >= 0)
+		d->reg.board = &d->board;
 	return 0;
 }
 
 void daemon_deinit(struct daemon *d)
 {
 	registry_deinit(&d->reg);
+	board_deinit(&d->board);
 	conn_set_deinit(&d->conns);
 }
 

@@ -31,6 +31,7 @@ struct daemon_limits {
 	uint32_t uid_seals;       /* seals of one uid on the thread pool */
 	uint32_t max_watch_names; /* names in one WatchReply (1.6) */
 	uint32_t watch_deletions; /* deletions the change log keeps (1.6) */
+	uint32_t board_slots;     /* of the version board, 0: none (1.7) */
 };
 
 struct waitq;
@@ -55,6 +56,7 @@ struct daemon {
 	uv_loop_t *loop;
 	const struct daemon_limits *limits;
 	struct registry reg;
+	struct board board;       /* the version board (1.7), the registry's */
 	struct conn_limits conn_limits; /* from limits, for conns */
 	struct conn_set conns;    /* every peer's conn (struct peer) */
 	struct waitq *waiters;    /* parked gets by name (get.c) */

@@ -69,6 +69,14 @@ static void handle_hello(struct peer *peer, uint64_t id,
 	r.max_queue_depth = d->reg.limits.max_queue_depth;
 	f.body_case = DLSHARE__FRAME__BODY_HELLO_REPLY;
 	f.hello_reply = &r;
+	/* 1.7: the version board, to a reader that knows it. */
+	if (h->minor >= 7 && d->board.ro_fd >= 0) {
+		r.has_board_slots = 1;
+		r.board_slots = d->board.nslots;
+		f.id = id;
+		conn_send(&peer->conn, &f, &d->board.ro_fd, 1);
+		return;
+	}
 	reply_send(peer, id, &f);
 }
 

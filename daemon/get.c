@@ -128,21 +128,42 @@ get_tail_pack(struct version *v, size_t *len)
 	return tail;
 }
 
+/* What a GetReply says of the version board (1.7): token 0 for nothing. */
+struct get_board {
+	uint32_t slot;
+	uint64_t token;
+};
+
+/* Whether a reader may answer a later get of v itself while v's name's
+ * token holds: only a version whose reply never changes and whose reader
+ * has nothing to wait for (host memory, no CUDA event). */
+static int get_board_ok(const struct version *v)
+{
+	if (v->event_len || v->ndev_events)
+		return 0;
+	for (size_t i = 0; i < v->nbuffers; i++)
+		if (v->buffers[i]->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST ||
+		    v->buffers[i]->dev_type != kDLCPU)
+			return 0;
+	return 1;
+}
+
 /* Sends the reply to a get of v with lease from v's tail (get_tail).
  * Returns 0 when it did (or the connection failed doing it), 1 when v
  * keeps no tail. */
 static int get_send_warm(struct peer *peer, uint64_t id, struct version *v,
-			 uint64_t lease)
+			 uint64_t lease, const struct get_board *gb)
 {
-	uint8_t buf[GET_TAIL_MAX + WIRE_GET_REPLY_HEAD_MAX];
+	uint8_t buf[GET_TAIL_MAX + WIRE_GET_REPLY_HEAD_MAX +
+		    WIRE_GET_REPLY_BOARD_MAX];
 	const uint8_t *tail;
 	size_t tlen, len;
 
 	tail = get_tail(v, &tlen);
 	if (!tail)
 		return 1;
-	len = wire_pack_get_reply(id, v->number, lease, tail, tlen, buf,
-				  sizeof(buf));
+	len = wire_pack_get_reply(id, v->number, lease, tail, tlen, gb->slot,
+				  gb->token, buf, sizeof(buf));
 	if (!len)
 		return 1;
 	conn_send_packed(&peer->conn, buf, len);
@@ -154,7 +175,8 @@ static int get_send_warm(struct peer *peer, uint64_t id, struct version *v,
  * attached recorded as sent to peer; on failure l is given back. */
 static void get_send_encoded(struct peer *peer, uint64_t id,
 			     struct version *v, struct lease *l, int take,
-			     const int *attach, enum encode_manifest mmode)
+			     const int *attach, enum encode_manifest mmode,
+			     const struct get_board *gb)
 {
 	struct daemon *d = peer->d;
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
@@ -173,6 +195,11 @@ static void get_send_encoded(struct peer *peer, uint64_t id,
 		return;
 	}
 	get_reply_fill(&r, &ev, &w, v, l->id);
+	if (gb->token) {
+		r.has_board_slot = r.has_board_token = 1;
+		r.board_slot = gb->slot;
+		r.board_token = gb->token;
+	}
 	f.id = id;
 	f.body_case = DLSHARE__FRAME__BODY_GET_REPLY;
 	f.get_reply = &r;
@@ -199,6 +226,7 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v,
 {
 	const char *what = take ? "take" : "get";
 	struct daemon *d = peer->d;
+	struct get_board gb = { 0, 0 };
 	int attach[REGISTRY_BUFFERS_HARD_MAX];
 	struct refusal why = { 0 };
 	struct lease *l;
@@ -258,13 +286,18 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v,
 	}
 	if (take)
 		registry_queue_take(&d->reg, l);
+	/* The newest version, to a reader that keeps leases by the board
+	 * (1.7): its name's token. */
+	if (!take && peer->minor >= 7 && v->entry->latest == v &&
+	    get_board_ok(v))
+		registry_board(&d->reg, v->entry, &gb.slot, &gb.token);
 	/* A warm get (every fd sent before): from v's packed tail. */
-	if (!nattach && !get_send_warm(peer, id, v, l->id))
+	if (!nattach && !get_send_warm(peer, id, v, l->id, &gb))
 		return;
 	get_send_encoded(peer, id, v, l, take, attach,
 			 !mcache ? ENCODE_MANIFEST_FD :
 			 mknown ? ENCODE_MANIFEST_KEPT :
-			 ENCODE_MANIFEST_KEPT_FD);
+			 ENCODE_MANIFEST_KEPT_FD, &gb);
 }
 
 /* Says which version a get asked for: "the newest version", "version 7",

@@ -532,6 +532,43 @@ static void tomb_add(struct registry *r, const struct entry *e)
 	r->ntombs++;
 }
 
+/* What a get of e's newest version answers, or who may ask it, changes
+ * now: the token posted for it no longer holds (struct board). */
+static void entry_unpost(struct registry *r, struct entry *e)
+{
+	if (e->btoken) {
+		board_clear(r->board, e->bslot - 1);
+		e->btoken = 0;
+	}
+}
+
+/* e's newest version is v (NULL: none) from now on. */
+static void entry_latest(struct registry *r, struct entry *e,
+			 struct version *v)
+{
+	entry_unpost(r, e);
+	e->latest = v;
+}
+
+int registry_board(struct registry *r, struct entry *e, uint32_t *slot,
+		   uint64_t *token)
+{
+	uint32_t s;
+
+	if (!r->board || !e->latest || e->detached)
+		return 0;
+	if (!e->bslot) {
+		if (board_slot_get(r->board, &s))
+			return 0;
+		e->bslot = s + 1;
+	}
+	if (!e->btoken)
+		e->btoken = board_post(r->board, e->bslot - 1);
+	*slot = e->bslot - 1;
+	*token = e->btoken;
+	return 1;
+}
+
 static void entry_maybe_free(struct registry *r, struct entry *e)
 {
 	if (e->versions)
@@ -557,6 +594,8 @@ static void entry_maybe_free(struct registry *r, struct entry *e)
 	} else {
 		DL_DELETE2(r->detached, e, dprev, dnext);
 	}
+	if (e->bslot)
+		board_slot_put(r->board, e->bslot - 1);
 	free(e->queue);
 	free(e);
 }
@@ -602,7 +641,7 @@ static void version_destroy(struct registry *r, struct version *v)
 	e->nversions--;
 	r->nversions--;
 	if (e->latest == v)
-		e->latest = NULL;
+		entry_latest(r, e, NULL);
 	queue_forget(r, v);
 	/* A buffer's pointer is set once it is whole (version_buffers). */
 	for (size_t i = 0; i < v->nbuffers; i++)
@@ -680,7 +719,7 @@ static void version_publish(struct registry *r, struct version *v)
 		v->cold->qseq = ++e->queue->seq;
 		queue_insert(e, v);
 	} else if (!old || v->number > old->number) {
-		e->latest = v;
+		entry_latest(r, e, v);
 	} else {
 		old = NULL;
 	}
@@ -1378,7 +1417,9 @@ int registry_add(struct registry *r, struct registry_owner *o,
 		HASH_ADD_STR(r->names, name, e);
 		r->nnames++;
 		fresh = 1;
-	} else if (s->mode && o->uid == e->owner_uid) {
+	} else if (s->mode && o->uid == e->owner_uid && s->mode != e->mode) {
+		/* Readers it now refuses must ask again. */
+		entry_unpost(r, e);
 		e->mode = s->mode;
 	}
 
@@ -1895,7 +1936,7 @@ void registry_detach(struct registry *r, struct entry *e)
 		usage_put(r, e->usage);
 		e->usage = NULL;
 	}
-	e->latest = NULL;
+	entry_latest(r, e, NULL);
 	/* Producers waiting for room in it find a new name. */
 	if (e->queue && r->ops && r->ops->queue_room)
 		r->ops->queue_room(r->ud, e->name);
@@ -1954,7 +1995,7 @@ void registry_owner_withdraw_exports(struct registry *r,
 		/* As when o's connection closes, but o stays attached: it
 		 * hears Retired once no lease holds the version. */
 		if (v->entry->latest == v)
-			v->entry->latest = NULL;
+			entry_latest(r, v->entry, NULL);
 		if (v->queued)
 			queue_forget(r, v);
 		version_check(r, v);
@@ -2008,7 +2049,7 @@ void registry_owner_drop(struct registry *r, struct registry_owner *o)
 		 * queued one leaves its queue (a taken one is its taker's
 		 * until released). */
 		if (v->entry->latest == v)
-			v->entry->latest = NULL;
+			entry_latest(r, v->entry, NULL);
 		if (v->queued)
 			queue_forget(r, v);
 		version_check(r, v);

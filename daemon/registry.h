@@ -19,6 +19,7 @@
 
 #include "check.h"
 #include "dlshare.pb-c.h"
+#include "board.h"
 #include "metrics.h"
 
 #define REGISTRY_HANDLE_MAX 64u /* bytes of a CUDA IPC mem/event handle */
@@ -281,6 +282,11 @@ struct entry {
 	struct entry_queue *queue; /* NULL: not a queue name */
 	uint16_t mode;
 	uint8_t detached;        /* deleted: out of the name map, dying */
+	uint32_t bslot;          /* 1 + its slot on the board, 0 for none */
+	uint64_t btoken;         /* the token posted there, 0 for none: a
+				  * get of its newest version would answer
+				  * latest, to the same readers, while it
+				  * is posted (registry_board) */
 	char name[];             /* as long as it is; allocated from
 				  * offsetof(struct entry, name) */
 };
@@ -531,6 +537,7 @@ struct registry {
 	struct registry_limits limits;
 	const struct registry_ops *ops;
 	void *ud;
+	struct board *board;      /* the version board (1.7), or NULL */
 };
 
 /* Fills the defaults; max_bytes is half the machine's memory. */
@@ -737,6 +744,15 @@ void registry_queue_untake(struct registry *r, struct registry_owner *o,
 struct version *registry_find(struct registry *r, struct registry_owner *o,
 			      const char *name, enum registry_select sel,
 			      uint64_t number, int *err);
+
+/* The board's slot and token for a get of e's newest version (protocol
+ * 1.7), posting a token if e has none now (and taking a slot if e has
+ * none). Returns 1 with *slot and *token; 0 when there is no board or
+ * every slot is taken (the reply then carries none). The token stays
+ * posted until anything changes what such a get answers, or who may ask
+ * it: a newer version, a delete, a new mode, a withdrawn export. */
+int registry_board(struct registry *r, struct entry *e, uint32_t *slot,
+		   uint64_t *token);
 
 /* Takes a lease of o on v. The first lease of o's uid on v charges the uid
  * v's bytes and fds. Returns 0 with *out, -EDQUOT (o holds max_leases, or

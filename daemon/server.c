@@ -46,6 +46,7 @@ void server_config_default(struct server_config *cfg)
 	cfg->limits.uid_seals = SERVER_UID_SEALS_DEFAULT;
 	cfg->limits.max_watch_names = WATCH_NAMES_DEFAULT;
 	cfg->limits.watch_deletions = WATCH_DELETIONS_DEFAULT;
+	cfg->limits.board_slots = BOARD_SLOTS_DEFAULT;
 	registry_limits_default(&cfg->registry);
 }
 

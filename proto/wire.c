@@ -634,7 +634,8 @@ static int fast_get_reply_body(struct wire_msg *m, struct rd r,
 			g->n_buffers++;
 			continue;
 		}
-		if (num > 3 || (seen & (1u << num)) ||
+		if ((num > 3 && num != 16 && num != 17) ||
+		    (seen & (1u << num)) ||
 		    wt != PROTOBUF_C_WIRE_TYPE_VARINT)
 			return 1;
 		seen |= 1u << num;
@@ -642,13 +643,21 @@ static int fast_get_reply_body(struct wire_msg *m, struct rd r,
 			g->version = v;
 		} else if (num == 2) {
 			g->lease = v;
+		} else if (num == 16) {
+			if (v > UINT32_MAX)
+				return 1;
+			g->has_board_slot = 1;
+			g->board_slot = (uint32_t)v;
+		} else if (num == 17) {
+			g->has_board_token = 1;
+			g->board_token = v;
 		} else {
 			if (v > 1)
 				return 1;
 			g->read_only = (protobuf_c_boolean)v;
 		}
 	}
-	if (seen != 0xe)
+	if ((seen & 0xe) != 0xe)
 		return 1;
 	*out = g;
 	return 0;
@@ -988,7 +997,8 @@ static int ln_buffer(struct wire_msg *m, struct rd r, Dlshare__Buffer **out)
 	return 0;
 }
 
-/* A GetReply's bytes after its lease: read_only, tensors*, buffers*. */
+/* A GetReply's bytes after its lease: read_only, tensors*, buffers*,
+ * board_slot?, board_token?. */
 static int ln_get_reply_tail(struct wire_msg *m, struct rd r,
 			     Dlshare__GetReply *g)
 {
@@ -1009,6 +1019,20 @@ static int ln_get_reply_tail(struct wire_msg *m, struct rd r,
 		if (nb == LINE_ITEMS_MAX || ln_sub(&r, &sub) ||
 		    ln_buffer(m, sub, &bs[nb++]))
 			return 1;
+	/* 1.7: the board's slot and token, two-byte keys. */
+	if (ln_key2(&r, (uint8_t)((16 << 3) | VI | 0x80),
+		    (uint8_t)((16 << 3) >> 7))) {
+		if (ln_v(&r, &ro) || ro > UINT32_MAX)
+			return 1;
+		g->has_board_slot = 1;
+		g->board_slot = (uint32_t)ro;
+	}
+	if (ln_key2(&r, (uint8_t)((17 << 3) | VI | 0x80),
+		    (uint8_t)((17 << 3) >> 7))) {
+		if (ln_v(&r, &g->board_token))
+			return 1;
+		g->has_board_token = 1;
+	}
 	if (r.p != r.end)
 		return 1;
 	if (nt) {
@@ -1026,8 +1050,8 @@ static int ln_get_reply_tail(struct wire_msg *m, struct rd r,
 	return 0;
 }
 
-/* GetReply{version, lease, read_only, tensors*, buffers*}: what follows
- * the lease may be the memo's. */
+/* GetReply{version, lease, read_only, tensors*, buffers*, board_slot?,
+ * board_token?}: what follows the lease may be the memo's. */
 static int ln_get_reply(struct wire_msg *m, struct rd r, struct line *ln,
 			Dlshare__GetReply **out)
 {
@@ -1169,6 +1193,21 @@ static uint8_t *put_v(uint8_t *p, uint64_t v)
 	return p;
 }
 
+/* A GetReply's board fields (1.7, keys of two bytes), when it has them. */
+static size_t board_len(int has, uint32_t slot, uint64_t token)
+{
+	return has ? 2 + vlen(slot) + 2 + vlen(token) : 0;
+}
+
+static uint8_t *put_board(uint8_t *p, uint32_t slot, uint64_t token)
+{
+	*p++ = (uint8_t)((16 << 3) | VI | 0x80);
+	*p++ = (uint8_t)((16 << 3) >> 7);
+	p = put_v(p, slot);
+	*p++ = (uint8_t)((17 << 3) | VI | 0x80);
+	*p++ = (uint8_t)((17 << 3) >> 7);
+	return put_v(p, token);
+}
 
 static size_t i64s_len(const int64_t *v, size_t n)
 {
@@ -1308,7 +1347,10 @@ size_t wire_pack_fast(const Dlshare__Frame *f, uint8_t *buf, size_t cap)
 	if (g->base.n_unknown_fields || g->has_event_handle || g->manifest ||
 	    g->has_manifest_tensors || g->n_device_events)
 		return 0;
-	body = 1 + vlen(g->version) + 1 + vlen(g->lease) + 2;
+	if (g->has_board_slot != g->has_board_token)
+		return 0;
+	body = 1 + vlen(g->version) + 1 + vlen(g->lease) + 2 +
+	       board_len(g->has_board_token, g->board_slot, g->board_token);
 	for (size_t i = 0; i < g->n_tensors; i++) {
 		size_t n = tensor_len(g->tensors[i], &keylen);
 
@@ -1391,6 +1433,8 @@ size_t wire_pack_fast(const Dlshare__Frame *f, uint8_t *buf, size_t cap)
 			*p++ = b->fd_attached ? 1 : 0;
 		}
 	}
+	if (g->has_board_token)
+		p = put_board(p, g->board_slot, g->board_token);
 	return (size_t)(p - buf);
 }
 
@@ -1400,6 +1444,10 @@ int wire_get_reply_tail(const Dlshare__GetReply *g, size_t max,
 	Dlshare__GetReply c = *g;
 	size_t n, head;
 	uint8_t *b;
+
+	/* The board's fields follow the tail (wire_pack_get_reply). */
+	c.has_board_slot = 0;
+	c.has_board_token = 0;
 
 	/* Packed with lease 0, it starts with version's and lease's keys
 	 * and varints (fields in number order); what follows is the tail. */
@@ -1424,10 +1472,12 @@ int wire_get_reply_tail(const Dlshare__GetReply *g, size_t max,
 }
 
 size_t wire_pack_get_reply(uint64_t id, uint64_t version, uint64_t lease,
-			   const uint8_t *tail, size_t tail_len, uint8_t *buf,
+			   const uint8_t *tail, size_t tail_len,
+			   uint32_t slot, uint64_t token, uint8_t *buf,
 			   size_t cap)
 {
-	size_t body = 1 + vlen(version) + 1 + vlen(lease) + tail_len;
+	size_t body = 1 + vlen(version) + 1 + vlen(lease) + tail_len +
+		      board_len(token != 0, slot, token);
 	size_t total = 1 + vlen(id) + 2 + vlen(body) + body;
 	uint8_t *p = buf;
 
@@ -1443,6 +1493,8 @@ size_t wire_pack_get_reply(uint64_t id, uint64_t version, uint64_t lease,
 	*p++ = KEY(2, VI);
 	p = put_v(p, lease);
 	memcpy(p, tail, tail_len);
+	if (token)
+		put_board(p + tail_len, slot, token);
 	return total;
 }
 

@@ -15,11 +15,12 @@
 #include "dlshare.pb-c.h"
 
 #define WIRE_PROTO_MAJOR 1
-#define WIRE_PROTO_MINOR 6 /* 1: Frame.releases; 2: Goodbye; 3: writer ids;
+#define WIRE_PROTO_MINOR 7 /* 1: Frame.releases; 2: Goodbye; 3: writer ids;
 			    * 4: large manifests (manifest.h), name
 			    * lifetimes, events per device, queue names;
 			    * 5: versions' origins (relays); 6: the
-			    * daemon's own events, Untake, Watch */
+			    * daemon's own events, Untake, Watch; 7: the
+			    * version board (gets without a round trip) */
 
 /* Largest packet either side sends. AF_UNIX refuses a datagram larger than
  * the socket's send buffer (wmem_default, 208 KiB on stock kernels), so the
@@ -77,16 +78,20 @@ size_t wire_pack_fast(const Dlshare__Frame *f, uint8_t *buf, size_t cap);
  * expected. */
 int wire_get_reply_tail(const Dlshare__GetReply *g, size_t max,
 			uint8_t **out, size_t *len);
-/* Writes the frame { id, get_reply { version, lease, then tail } } into
+/* Writes the frame { id, get_reply { version, lease, then tail, then
+ * board_slot = slot and board_token = token unless token is 0 } } into
  * buf (cap bytes): the bytes dlshare__frame__pack writes for the frame
- * whose GetReply wire_get_reply_tail made tail of. Returns the length, or
- * 0 when it does not fit. */
+ * whose GetReply wire_get_reply_tail made tail of, with those fields set.
+ * Returns the length, or 0 when it does not fit. */
 size_t wire_pack_get_reply(uint64_t id, uint64_t version, uint64_t lease,
-			   const uint8_t *tail, size_t tail_len, uint8_t *buf,
+			   const uint8_t *tail, size_t tail_len,
+			   uint32_t slot, uint64_t token, uint8_t *buf,
 			   size_t cap);
 /* What wire_pack_get_reply writes before the tail, at most: the frame's
  * id, key and length, and the version and lease (keys and varints). */
 #define WIRE_GET_REPLY_HEAD_MAX (1 + 10 + 2 + 10 + 1 + 10 + 1 + 10)
+/* ...and after it: the board's fields (1.7). */
+#define WIRE_GET_REPLY_BOARD_MAX (2 + 5 + 2 + 10)
 
 /* A chunk of a decoded frame's arena beyond the one inside struct
  * wire_msg. */
@@ -135,6 +140,12 @@ int wire_decode(const uint8_t *data, size_t len, struct wire_msg **out);
 int wire_decode_ex(const uint8_t *data, size_t len, unsigned flags,
 		   struct wire_msg **out);
 void wire_msg_free(struct wire_msg *m);
+/* Another reference to m, for wire_msg_free to drop: only one of m's
+ * holders may take it. */
+static inline void wire_msg_ref(struct wire_msg *m)
+{
+	atomic_fetch_add_explicit(&m->refs, 1, memory_order_relaxed);
+}
 
 /* Most bytes a wire_memo compares. */
 #define WIRE_MEMO_MAX 512u

@@ -298,8 +298,12 @@ static void reply_check(struct fz_peer *p, int peer, const uint8_t *data,
 	default:
 		break;
 	}
-	if (f->body_case != DLSHARE__FRAME__BODY_CREATE_REPLY &&
-	    f->body_case != DLSHARE__FRAME__BODY_GET_REPLY)
+	/* 1.7: the board comes with the HelloReply, alone. */
+	if (f->body_case == DLSHARE__FRAME__BODY_HELLO_REPLY)
+		FUZZ_ASSERT(nfds == (f->hello_reply->has_board_slots ? 1u : 0u),
+			    "HelloReply with %u fds", nfds);
+	else if (f->body_case != DLSHARE__FRAME__BODY_CREATE_REPLY &&
+		 f->body_case != DLSHARE__FRAME__BODY_GET_REPLY)
 		FUZZ_ASSERT(nfds == 0, "fds on body %d", (int)f->body_case);
 	wire_msg_free(m);
 }

@@ -1232,13 +1232,35 @@ static void test_get_reply_from_tail(void **state)
 			assert_int_equal(wire_encode(&f, SIZE_MAX, &pkt, &len),
 					 0);
 			n = wire_pack_get_reply(f.id, g.version, g.lease, tail,
-						tlen, buf, sizeof(buf));
+						tlen, 0, 0, buf, sizeof(buf));
 			assert_int_equal(n, len);
 			assert_memory_equal(buf, pkt, len);
 			assert_int_equal(wire_pack_get_reply(f.id, g.version,
 							     g.lease, tail,
-							     tlen, buf,
+							     tlen, 0, 0, buf,
 							     len - 1), 0);
+			free(pkt);
+			/* 1.7: the board's fields after the tail, as
+			 * protobuf-c packs them; the tail is the same. */
+			g.has_board_slot = g.has_board_token = 1;
+			g.board_slot = (uint32_t)nums[(i + 1) % 8];
+			g.board_token = nums[(i + 2) % 8] | 1;
+			assert_int_equal(wire_get_reply_tail(&g, SIZE_MAX,
+							     &pkt, &len), 0);
+			assert_int_equal(len, tlen);
+			assert_memory_equal(pkt, tail, tlen);
+			free(pkt);
+			assert_int_equal(wire_encode(&f, SIZE_MAX, &pkt, &len),
+					 0);
+			n = wire_pack_get_reply(f.id, g.version, g.lease, tail,
+						tlen, g.board_slot,
+						g.board_token, buf,
+						sizeof(buf));
+			assert_int_equal(n, len);
+			assert_memory_equal(buf, pkt, len);
+			assert_true(len - tlen <= WIRE_GET_REPLY_HEAD_MAX +
+					       WIRE_GET_REPLY_BOARD_MAX);
+			g.has_board_slot = g.has_board_token = 0;
 			free(pkt);
 			free(tail);
 		}
@@ -1435,13 +1457,17 @@ static void test_get_reply_fast_path_agrees(void **state)
 	g.read_only = 1;
 	reply_frame(&f, 42, &g, tp, bp);
 	for (int nt = 0; nt <= 3; nt++) {
-		for (int nb = 0; nb <= 2; nb++) {
+		/* 0-2 buffers, without and (1.7) with the board's fields. */
+		for (int nb = 0; nb < 3 * 2; nb++) {
 			size_t len;
 
 			g.n_tensors = (size_t)nt;
-			g.n_buffers = (size_t)nb;
-			f.has_nfds = nb > 0;
-			f.nfds = nb > 0;
+			g.n_buffers = (size_t)(nb % 3);
+			g.has_board_slot = g.has_board_token = nb >= 3;
+			g.board_slot = nb == 3 ? 5 : 70000;
+			g.board_token = nb == 3 ? 1 : UINT64_MAX - 1;
+			f.has_nfds = g.n_buffers > 0;
+			f.nfds = g.n_buffers > 0;
 			len = dlshare__frame__pack(&f, buf);
 			fast_taken = line_taken = packed_fast = 0;
 			assert_true(decode_both_agree(buf, len));
@@ -1586,7 +1612,7 @@ static void test_memo_shares_warm_reply(void **state)
 	assert_int_equal(wire_get_reply_tail(&g, SIZE_MAX, &tail, &tlen), 0);
 	for (uint64_t i = 0; i < 4; i++) {
 		len = wire_pack_get_reply(100 + i, 7, 1 + i * 1000, tail, tlen,
-					  pkt, sizeof(pkt));
+					  0, 0, pkt, sizeof(pkt));
 		assert_true(len > 0);
 		assert_int_equal(wire_decode_in(NULL, pkt, len, 0, &mo, &m[i]),
 				 0);
@@ -1615,7 +1641,8 @@ static void test_memo_shares_warm_reply(void **state)
 	/* Another version's tail: decoded anew, and remembered instead. */
 	g.read_only = !g.read_only;
 	assert_int_equal(wire_get_reply_tail(&g, SIZE_MAX, &tail2, &tlen2), 0);
-	len = wire_pack_get_reply(200, 8, 5, tail2, tlen2, pkt, sizeof(pkt));
+	len = wire_pack_get_reply(200, 8, 5, tail2, tlen2, 0, 0, pkt,
+				  sizeof(pkt));
 	assert_int_equal(wire_decode_in(NULL, pkt, len, 0, &mo, &m[4]), 0);
 	assert_null(m[4]->shared);
 	assert_ptr_equal(mo.msg, m[4]);
@@ -1632,7 +1659,8 @@ static void test_memo_shares_warm_reply(void **state)
 	free(tail2);
 	assert_int_equal(wire_get_reply_tail(&g, SIZE_MAX, &tail2, &tlen2), 0);
 	assert_true(tlen2 > WIRE_MEMO_MAX);
-	len = wire_pack_get_reply(201, 9, 6, tail2, tlen2, pkt, sizeof(pkt));
+	len = wire_pack_get_reply(201, 9, 6, tail2, tlen2, 0, 0, pkt,
+				  sizeof(pkt));
 	assert_int_equal(wire_decode_in(NULL, pkt, len, 0, &mo, &m[5]), 0);
 	assert_null(m[5]->shared);
 	assert_ptr_equal(mo.msg, m[4]);
@@ -1706,7 +1734,8 @@ static void test_memo_freed_by_another_thread(void **state)
 		/* Mostly warm, now and then another version. */
 		int v = n % 97 == 0 ? (int)(n / 97 % 3) : (int)(n / 500 % 3);
 		size_t len = wire_pack_get_reply(n + 1, (uint64_t)v, n, tail[v],
-						 tlen[v], pkt, sizeof(pkt));
+						 tlen[v], 0, 0, pkt,
+						 sizeof(pkt));
 		struct wire_msg *m;
 
 		assert_int_equal(wire_decode_in(NULL, pkt, len, 0, &mo, &m), 0);
@@ -1827,7 +1856,8 @@ static void fields_known(const ProtobufCMessageDescriptor *d,
 static void test_fast_path_knows_every_field(void **state)
 {
 	static const uint32_t get[] = { 1, 2, 3, 4, 35 };
-	static const uint32_t reply[] = { 1, 2, 3, 4, 5, 6, 10, 11, 15 };
+	static const uint32_t reply[] = { 1, 2, 3, 4, 5, 6, 10, 11, 15, 16,
+					  17 };
 	static const uint32_t tensor[] = { 1, 2, 3, 4, 5, 6 };
 	static const uint32_t dtype[] = { 1, 2, 3 };
 	static const uint32_t buffer[] = { 1, 2, 3, 4, 5, 6, 7 };
@@ -1836,7 +1866,7 @@ static void test_fast_path_knows_every_field(void **state)
 	(void)state;
 
 	fields_known(&dlshare__get__descriptor, get, 5);
-	fields_known(&dlshare__get_reply__descriptor, reply, 9);
+	fields_known(&dlshare__get_reply__descriptor, reply, 11);
 	fields_known(&dlshare__tensor__descriptor, tensor, 6);
 	fields_known(&dlshare__data_type__descriptor, dtype, 3);
 	fields_known(&dlshare__buffer__descriptor, buffer, 7);
