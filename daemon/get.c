@@ -289,8 +289,9 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v,
 	/* The newest version, to a reader that keeps leases by the board
 	 * (1.7): its name's token. */
 	if (!take && peer->minor >= 7 && v->entry->latest == v &&
-	    get_board_ok(v))
-		registry_board(&d->reg, v->entry, &gb.slot, &gb.token);
+	    get_board_ok(v) &&
+	    registry_board(&d->reg, v->entry, &gb.slot, &gb.token) == -ENOSPC)
+		d->metrics.limits[METRICS_LIMIT_BOARD_SLOTS]++;
 	/* A warm get (every fd sent before): from v's packed tail. */
 	if (!nattach && !get_send_warm(peer, id, v, l->id, &gb))
 		return;

@@ -75,6 +75,7 @@ static const char *const limit_names[METRICS_LIMIT_N] = {
 	[METRICS_LIMIT_UID_LEASED_BYTES] = "uid-leased-bytes",
 	[METRICS_LIMIT_UID_LEASED_GPU_BYTES] = "uid-leased-gpu-bytes",
 	[METRICS_LIMIT_UID_MANIFEST_BYTES] = "uid-manifest-bytes",
+	[METRICS_LIMIT_BOARD_SLOTS] = "board-slots",
 };
 
 static const char *const cut_names[METRICS_CUT_N] = {

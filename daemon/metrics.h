@@ -71,6 +71,8 @@ enum metrics_limit {
 	METRICS_LIMIT_UID_LEASED_BYTES,
 	METRICS_LIMIT_UID_LEASED_GPU_BYTES,
 	METRICS_LIMIT_UID_MANIFEST_BYTES,
+	METRICS_LIMIT_BOARD_SLOTS,     /* no refusal: a get answered without
+					* a board token (protocol 1.7) */
 	METRICS_LIMIT_N
 };
 

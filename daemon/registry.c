@@ -559,7 +559,7 @@ int registry_board(struct registry *r, struct entry *e, uint32_t *slot,
 		return 0;
 	if (!e->bslot) {
 		if (board_slot_get(r->board, &s))
-			return 0;
+			return -ENOSPC;
 		e->bslot = s + 1;
 	}
 	if (!e->btoken)

@@ -747,8 +747,9 @@ struct version *registry_find(struct registry *r, struct registry_owner *o,
 
 /* The board's slot and token for a get of e's newest version (protocol
  * 1.7), posting a token if e has none now (and taking a slot if e has
- * none). Returns 1 with *slot and *token; 0 when there is no board or
- * every slot is taken (the reply then carries none). The token stays
+ * none). Returns 1 with *slot and *token; 0 when there is no board (or e
+ * has no newest version); -ENOSPC when every slot is taken. Without 1,
+ * the reply carries no token. The token stays
  * posted until anything changes what such a get answers, or who may ask
  * it: a newer version, a delete, a new mode, a withdrawn export. */
 int registry_board(struct registry *r, struct entry *e, uint32_t *slot,
