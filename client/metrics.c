@@ -63,7 +63,8 @@ static const struct {
 		       "(only pairs that happened)" },
 	[F_LIMITS] = { "dlshare_limit_hits_total", "counter", "limit",
 		       "Requests and connections refused at a limit, by the "
-		       "option that sets it" },
+		       "option that sets it (board-slots: gets answered with "
+		       "no version-board token, none refused)" },
 	[F_CUT] = { "dlshare_peers_cut_off_total", "counter", "reason",
 		    "Connections the daemon closed on a peer, by reason" },
 	[F_EXPIRED] = { "dlshare_names_expired_total", "counter", "",

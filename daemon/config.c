@@ -130,7 +130,7 @@ static const struct opt opts[] = {
 	  "get of the name itself while its word says that version is still "
 	  "the newest, without a round trip. Past the limit, gets of further "
 	  "names are answered by the daemon every time, as without a "
-	  "board.", NULL },
+	  "board, each counted as a board-slots limit hit.", NULL },
 	{ "max-tensors", 0, OPT_U32, "N", 1, MANIFEST_TENSORS_HARD_MAX,
 	  SRV(registry.max_tensors), NULL,
 	  "tensors per version",
