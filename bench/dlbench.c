@@ -297,6 +297,12 @@ static int section_latency(const struct plan *pl, const struct fig_packets *pk)
 		"Get+Release at the wire level, apart, p50");
 	struct fig *a_wr = report_decl("wire_get_p50_over_epoll_floor_apart",
 		"x", "wire-level get p50 / epoll-server floor p50, apart");
+	struct fig *u50 = report_decl("get_reused_p50_1cpu_us", "us",
+		"get+release reused by the version board (1.7), one CPU, p50");
+	struct fig *u99 = report_decl("get_reused_p99_1cpu_us", "us",
+		"get+release reused by the version board, one CPU, p99");
+	struct fig *ur = report_decl("get_reused_p50_over_floor_one_cpu", "x",
+		"reused get p50 / SEQPACKET floor p50, one CPU");
 	struct fig *f50 = report_decl("first_get_p50_us", "us",
 		"first get of a new 4 KiB buffer (fd + mmap), p50");
 	struct fig *f99 = report_decl("first_get_p99_us", "us",
@@ -312,7 +318,7 @@ static int section_latency(const struct plan *pl, const struct fig_packets *pk)
 		goto out;
 	for (int r = 0; r < pl->reps; r++) {
 		double a50, a99, b50, b99, c50, c99, e50, e99, x50, x99, y50, y99;
-		double z50;
+		double z50, u50_v, u99_v;
 		struct placed one;
 		int err;
 
@@ -365,10 +371,15 @@ static int section_latency(const struct plan *pl, const struct fig_packets *pk)
 		 * cost tens of microseconds and come and go with the
 		 * scheduler's placement), only the work itself. */
 		pin(d.pid, 0);
-		err = placed_pair(&d, pl, pk, r, 0, 1, &one);
+		err = placed_pair(&d, pl, pk, r, 0, 1, &one) ||
+		      fig_get_latency_reused(&d, FIG_NAME, pl->rt_iters, &u50_v,
+					     &u99_v);
 		pin(d.pid, -1);
 		if (err)
 			goto out;
+		report_add(u50, u50_v / 1e3);
+		report_add(u99, u99_v / 1e3);
+		report_add(ur, u50_v / 1e3 / one.floor);
 		report_add(p_fl, one.floor);
 		report_add(p_dl, one.get);
 		report_add(p_r, one.get / one.floor);
@@ -1657,6 +1668,11 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	/* Every figure but the reused get's measures a get that asks the
+	 * daemon (issue 16 keys among them): no client here reuses a
+	 * released get by the version board (protocol 1.7), unless
+	 * fig_get_latency_reused turns it back on for its own. */
+	setenv("DLSHARE_NO_REUSE", "1", 1);
 	t_start = util_now_ns();
 	if (pl.quick) {
 		pl.reps = 3;

@@ -212,14 +212,30 @@ struct lat_arg {
 	const struct daemon_proc *d;
 	const char *name;
 	long iters;
+	int reuse;          /* the version board's reuse on */
 };
+
+/* Requests the daemon served, asked on c; 0 when it cannot say. */
+static uint64_t served(dlshare_client *c)
+{
+	dlshare_stats st;
+
+	return dlshare_stats_get(c, &st) ? 0 : st.requests;
+}
 
 static int latency_child(void *arg, double *out, int max)
 {
 	struct lat_arg *a = arg;
 	struct samples s = { 0 };
-	dlshare_client *c = connect_or_die(a->d);
+	dlshare_client *c;
 	long warm = a->iters / 10 + 100;
+	uint64_t asked = 0;
+
+	if (a->reuse)
+		unsetenv("DLSHARE_NO_REUSE");
+	c = connect_or_die(a->d);
+	if (a->reuse)
+		asked = served(c);
 
 	for (long i = 0; i < warm + a->iters; i++) {
 		uint64_t t0 = util_now_ns();
@@ -232,6 +248,12 @@ static int latency_child(void *arg, double *out, int max)
 		if (i >= warm)
 			samples_add(&s, (double)(util_now_ns() - t0));
 	}
+	if (a->reuse && (asked = served(c) - asked) * 10 > (uint64_t)a->iters) {
+		fprintf(stderr, "bench: %llu requests for %ld gets that "
+			"should have been reused\n", (unsigned long long)asked,
+			warm + a->iters);
+		return -1;
+	}
 	dlshare_disconnect(c);
 	out[0] = samples_quantile(&s, 0.50);
 	out[1] = samples_quantile(&s, 0.99);
@@ -239,10 +261,23 @@ static int latency_child(void *arg, double *out, int max)
 	return 2;
 }
 
+int fig_get_latency_reused(const struct daemon_proc *d, const char *name,
+			   long iters, double *p50, double *p99)
+{
+	struct lat_arg a = { d, name, iters, 1 };
+	double v[2];
+
+	if (in_child(latency_child, &a, v, 2) != 2)
+		return -1;
+	*p50 = v[0];
+	*p99 = v[1];
+	return 0;
+}
+
 int fig_get_latency(const struct daemon_proc *d, const char *name,
 		    long iters, double *p50, double *p99)
 {
-	struct lat_arg a = { d, name, iters };
+	struct lat_arg a = { d, name, iters, 0 };
 	double v[2];
 
 	if (in_child(latency_child, &a, v, 2) != 2)
@@ -295,7 +330,7 @@ static int first_child(void *arg, double *out, int max)
 int fig_first_get(const struct daemon_proc *d, long iters, double *p50,
 		  double *p99)
 {
-	struct lat_arg a = { d, NULL, iters };
+	struct lat_arg a = { d, NULL, iters, 0 };
 	double v[2];
 
 	if (in_child(first_child, &a, v, 2) != 2)

@@ -35,6 +35,13 @@ int fig_publish(const struct daemon_proc *d, const char *name,
  * the p50 and p99 of one round trip in ns. */
 int fig_get_latency(const struct daemon_proc *d, const char *name,
 		    long iters, double *p50, double *p99);
+/* The same with the client's reuse of a released get on (protocol 1.7,
+ * the version board), which dlbench otherwise turns off for every client
+ * (DLSHARE_NO_REUSE=1): nothing changes name, so each get after the first
+ * is answered by the library. Fails unless the daemon counted fewer
+ * requests than a tenth of the gets (reuse did not happen). */
+int fig_get_latency_reused(const struct daemon_proc *d, const char *name,
+			   long iters, double *p50, double *p99);
 
 /* The first get of a new buffer (fd passing and mapping included): a
  * producer seals a new 4 KiB version, then the consumer gets it; iters
