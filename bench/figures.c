@@ -261,10 +261,10 @@ static int latency_child(void *arg, double *out, int max)
 	return 2;
 }
 
-int fig_get_latency_reused(const struct daemon_proc *d, const char *name,
-			   long iters, double *p50, double *p99)
+static int get_latency(const struct daemon_proc *d, const char *name,
+		       long iters, int reuse, double *p50, double *p99)
 {
-	struct lat_arg a = { d, name, iters, 1 };
+	struct lat_arg a = { d, name, iters, reuse };
 	double v[2];
 
 	if (in_child(latency_child, &a, v, 2) != 2)
@@ -274,17 +274,16 @@ int fig_get_latency_reused(const struct daemon_proc *d, const char *name,
 	return 0;
 }
 
+int fig_get_latency_reused(const struct daemon_proc *d, const char *name,
+			   long iters, double *p50, double *p99)
+{
+	return get_latency(d, name, iters, 1, p50, p99);
+}
+
 int fig_get_latency(const struct daemon_proc *d, const char *name,
 		    long iters, double *p50, double *p99)
 {
-	struct lat_arg a = { d, name, iters, 0 };
-	double v[2];
-
-	if (in_child(latency_child, &a, v, 2) != 2)
-		return -1;
-	*p50 = v[0];
-	*p99 = v[1];
-	return 0;
+	return get_latency(d, name, iters, 0, p50, p99);
 }
 
 /* ---- first get ----------------------------------------------------------- */
