@@ -80,7 +80,10 @@ static void warm_gets(dlshare_client *c, const char *name, int n,
 
 /* n warm gets of name on r, as warm_gets, after which the daemon (asked
  * on w) must have served between lo and hi requests, its own stats
- * request included. */
+ * request included. Callers allow a tenth of n more: whenever the test
+ * thread is descheduled for CLIENT_IDLE_MS (20 ms; a loaded machine, a
+ * daemon under valgrind), the receiver thread sends the queued release by
+ * itself, and the next get must ask. */
 static void gets_asking(dlshare_client *w, dlshare_client *r,
 			const char *name, int n, uint32_t seed, uint64_t want,
 			uint64_t lo, uint64_t hi)
@@ -106,7 +109,7 @@ static void warm_gets_ask_nothing(void **state)
 	/* Only the stats request itself, plus the few gets that came after
 	 * the receiver thread sent the queued release (CLIENT_IDLE_MS of
 	 * quiet: a descheduled test thread). */
-	gets_asking(w, r, "b/w", 2000, 7, v, 1, 1 + 50);
+	gets_asking(w, r, "b/w", 2000, 7, v, 1, 1 + 2000 / 10);
 
 	/* A newer version: the next get asks, and answers it. */
 	assert_int_equal(util_store(w, "b/w", DT_I32, 1, shape, 8, &v), 0);
@@ -130,7 +133,7 @@ static void no_reuse_asks_every_time(void **state)
 	assert_int_equal(unsetenv("DLSHARE_NO_REUSE"), 0);
 	assert_int_equal(util_store(w, "b/n", DT_I32, 1, shape, 9, &v), 0);
 	warm_gets(r, "b/n", 1, 9, v);
-	gets_asking(w, r, "b/n", 200, 9, v, 201, 221);
+	gets_asking(w, r, "b/n", 200, 9, v, 201, 201 + 200 / 10);
 	dlshare_disconnect(r);
 	dlshare_disconnect(w);
 }
@@ -437,7 +440,7 @@ static void a_state_dict_comes_back_whole(void **state)
 		}
 		after = requests(w);
 		/* The first get of each round asks; the others need not. */
-		assert_in_range(after - before, 2, 2 + 10);
+		assert_in_range(after - before, 2, 2 + 20 / 2);
 	}
 	free(spec);
 	free(keys);
@@ -496,9 +499,9 @@ static void one_slot_serves_one_name(void **state)
 	assert_int_equal(util_hits_of(&h0, "board-slots"), 0);
 	/* b/a takes the only slot. */
 	warm_gets(ra, "b/a", 1, 1, va);
-	gets_asking(w, ra, "b/a", 500, 1, va, 1, 1 + 20);
+	gets_asking(w, ra, "b/a", 500, 1, va, 1, 1 + 500 / 10);
 	/* b/b finds none: each of its gets asks, and is answered right. */
-	gets_asking(w, rb, "b/b", 100, 2, vb, 101, 121);
+	gets_asking(w, rb, "b/b", 100, 2, vb, 101, 101 + 100 / 10);
 	util_limit_hits(w, &h1);
 	assert_int_equal(util_hits_of(&h1, "board-slots"), 100);
 	/* b/a deleted, its slot goes back: b/b's next get takes it. */
@@ -513,7 +516,7 @@ static void one_slot_serves_one_name(void **state)
 	 * entry and its slot go with its last version. */
 	util_assert_want(w, &(struct util_want){ -1, 1, 1, -1, -1, -1, -1 });
 	warm_gets(rb, "b/b", 1, 2, vb);
-	gets_asking(w, rb, "b/b", 500, 2, vb, 1, 1 + 20);
+	gets_asking(w, rb, "b/b", 500, 2, vb, 1, 1 + 500 / 10);
 	util_limit_hits(w, &h1);
 	assert_int_equal(util_hits_of(&h1, "board-slots"), 100);
 	dlshare_disconnect(rb);
@@ -531,7 +534,7 @@ static void no_board_asks_every_time(void **state)
 
 	assert_int_equal(util_store(w, "b/0", DT_I32, 1, shape, 5, &v), 0);
 	warm_gets(r, "b/0", 1, 5, v);
-	gets_asking(w, r, "b/0", 200, 5, v, 201, 221);
+	gets_asking(w, r, "b/0", 200, 5, v, 201, 201 + 200 / 10);
 	/* No board is no limit crossed. */
 	util_limit_hits(w, &h);
 	assert_int_equal(util_hits_of(&h, "board-slots"), 0);
