@@ -134,20 +134,6 @@ struct get_board {
 	uint64_t token;
 };
 
-/* Whether a reader may answer a later get of v itself while v's name's
- * token holds: only a version whose reply never changes and whose reader
- * has nothing to wait for (host memory, no CUDA event). */
-static int get_board_ok(const struct version *v)
-{
-	if (v->event_len || v->ndev_events)
-		return 0;
-	for (size_t i = 0; i < v->nbuffers; i++)
-		if (v->buffers[i]->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST ||
-		    v->buffers[i]->dev_type != kDLCPU)
-			return 0;
-	return 1;
-}
-
 /* Sends the reply to a get of v with lease from v's tail (get_tail).
  * Returns 0 when it did (or the connection failed doing it), 1 when v
  * keeps no tail. */
@@ -289,7 +275,6 @@ static void get_answer(struct peer *peer, uint64_t id, struct version *v,
 	/* The newest version, to a reader that keeps leases by the board
 	 * (1.7): its name's token. */
 	if (!take && peer->minor >= 7 && v->entry->latest == v &&
-	    get_board_ok(v) &&
 	    registry_board(&d->reg, v->entry, &gb.slot, &gb.token) == -ENOSPC)
 		d->metrics.limits[METRICS_LIMIT_BOARD_SLOTS]++;
 	/* A warm get (every fd sent before): from v's packed tail. */

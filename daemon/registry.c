@@ -20,6 +20,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <dlshare/dlshare.h>
+
 #include "host.h"
 
 /* struct version: nfds is a byte. */
@@ -536,10 +538,8 @@ static void tomb_add(struct registry *r, const struct entry *e)
  * now: the token posted for it no longer holds (struct board). */
 static void entry_unpost(struct registry *r, struct entry *e)
 {
-	if (e->btoken) {
+	if (e->bslot)
 		board_clear(r->board, e->bslot - 1);
-		e->btoken = 0;
-	}
 }
 
 /* e's newest version is v (NULL: none) from now on. */
@@ -550,22 +550,35 @@ static void entry_latest(struct registry *r, struct entry *e,
 	e->latest = v;
 }
 
-int registry_board(struct registry *r, struct entry *e, uint32_t *slot,
-		   uint64_t *token)
+/* Whether a reader may answer a later get of v itself while v's name's
+ * token holds: only a version whose reply never changes and whose reader
+ * has nothing to wait for (host memory, no CUDA event). */
+static int version_board_ok(const struct version *v)
+{
+	if (v->event_len || v->ndev_events)
+		return 0;
+	for (size_t i = 0; i < v->nbuffers; i++)
+		if (v->buffers[i]->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST ||
+		    v->buffers[i]->dev_type != kDLCPU)
+			return 0;
+	return 1;
+}
+
+int registry_board_post(struct registry *r, struct entry *e, uint32_t *slot,
+			uint64_t *token)
 {
 	uint32_t s;
 
-	if (!r->board || !e->latest || e->detached)
+	if (!r->board || !e->latest || e->detached ||
+	    !version_board_ok(e->latest))
 		return 0;
 	if (!e->bslot) {
 		if (board_slot_get(r->board, &s))
 			return -ENOSPC;
 		e->bslot = s + 1;
 	}
-	if (!e->btoken)
-		e->btoken = board_post(r->board, e->bslot - 1);
 	*slot = e->bslot - 1;
-	*token = e->btoken;
+	*token = board_post(r->board, *slot);
 	return 1;
 }
 

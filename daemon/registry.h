@@ -282,10 +282,10 @@ struct entry {
 	struct entry_queue *queue; /* NULL: not a queue name */
 	uint16_t mode;
 	uint8_t detached;        /* deleted: out of the name map, dying */
-	uint32_t bslot;          /* 1 + its slot on the board, 0 for none */
-	uint64_t btoken;         /* the token posted there, 0 for none: a
+	uint32_t bslot;          /* 1 + its slot on the board, 0 for none.
+				  * The word there holds a token, or 0: a
 				  * get of its newest version would answer
-				  * latest, to the same readers, while it
+				  * latest, to the same readers, while one
 				  * is posted (registry_board) */
 	char name[];             /* as long as it is; allocated from
 				  * offsetof(struct entry, name) */
@@ -749,11 +749,31 @@ struct version *registry_find(struct registry *r, struct registry_owner *o,
  * 1.7), posting a token if e has none now (and taking a slot if e has
  * none). Returns 1 with *slot and *token; 0 when there is no board (or e
  * has no newest version); -ENOSPC when every slot is taken. Without 1,
- * the reply carries no token. The token stays
- * posted until anything changes what such a get answers, or who may ask
- * it: a newer version, a delete, a new mode, a withdrawn export. */
-int registry_board(struct registry *r, struct entry *e, uint32_t *slot,
-		   uint64_t *token);
+ * the reply carries no token; 0 too when e's newest version is not one
+ * a reader may answer again by itself (device memory, an event: struct
+ * board). The token stays posted until anything changes what such a get
+ * answers, or who may ask it: a newer version, a delete, a new mode, a
+ * withdrawn export. */
+int registry_board_post(struct registry *r, struct entry *e, uint32_t *slot,
+			uint64_t *token);
+
+/* registry_board's common case inline: a token posted and still there. */
+static inline int registry_board(struct registry *r, struct entry *e,
+				 uint32_t *slot, uint64_t *token)
+{
+	if (e->bslot) {
+		/* Only this thread writes the word. */
+		uint64_t t = atomic_load_explicit(&r->board->words[e->bslot - 1],
+						  memory_order_relaxed);
+
+		if (t) {
+			*slot = e->bslot - 1;
+			*token = t;
+			return 1;
+		}
+	}
+	return registry_board_post(r, e, slot, token);
+}
 
 /* Takes a lease of o on v. The first lease of o's uid on v charges the uid
  * v's bytes and fds. Returns 0 with *out, -EDQUOT (o holds max_leases, or
