@@ -17,8 +17,9 @@
 /* Slots of a board unless --board-slots says otherwise: 512 KiB of words,
  * touched only as names use them. */
 #define BOARD_SLOTS_DEFAULT 65536u
-/* Most slots --board-slots may ask for (128 MiB of words). */
-#define BOARD_SLOTS_MAX (1u << 24)
+/* Most slots --board-slots may ask for (32 MiB of words; a name keeps its
+ * slot + 1 in 22 bits of struct entry). */
+#define BOARD_SLOTS_MAX ((1u << 22) - 1)
 
 struct board {
 	int fd;                    /* the memfd, -1 when there is no board */

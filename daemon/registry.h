@@ -280,9 +280,11 @@ struct entry {
 	uint32_t owner_uid, owner_gid;
 	struct entry_life *life; /* NULL: not owned, no TTL */
 	struct entry_queue *queue; /* NULL: not a queue name */
-	uint16_t mode;
-	uint8_t detached;        /* deleted: out of the name map, dying */
-	uint32_t bslot;          /* 1 + its slot on the board, 0 for none.
+	/* One word (the name starts right after it): */
+	uint32_t mode : 9;       /* within CHECK_MODE_MASK */
+	uint32_t detached : 1;   /* deleted: out of the name map, dying */
+	uint32_t bslot : 22;     /* 1 + its slot on the board, 0 for none
+				  * (BOARD_SLOTS_MAX fits).
 				  * The word there holds a token, or 0: a
 				  * get of its newest version would answer
 				  * latest, to the same readers, while one
