@@ -111,11 +111,10 @@ static void client_free(dlshare_client *c)
 	struct mcache *mc, *mtmp;
 	struct pending *p;
 
-	/* Its pins go with the buffers below. */
-	if (c->warm) {
-		c->warm->npins = 0;
-		client_warm_free(c->warm);
-		c->warm = NULL;
+	/* Their pins go with the buffers below. */
+	while (c->nwarm) {
+		c->warm[--c->nwarm]->npins = 0;
+		client_warm_free(c->warm[c->nwarm]);
 	}
 	if (c->board)
 		munmap((void *)c->board,
@@ -486,18 +485,63 @@ void client_warm_free(struct warm *w)
 	free(w);
 }
 
-/* Takes c's kept record away (under c->lock), unpinning its buffers: the
- * caller frees it. */
-static struct warm *warm_drop_locked(dlshare_client *c)
+/* Takes c's kept record i out of its list (under c->lock). */
+static struct warm *warm_remove_locked(dlshare_client *c, unsigned i)
 {
-	struct warm *w = c->warm;
+	struct warm *w = c->warm[i];
 
-	c->warm = NULL;
-	if (w) {
-		unpin_locked(c, w->pins, w->npins);
-		w->npins = 0;
-	}
+	memmove(&c->warm[i], &c->warm[i + 1],
+		(c->nwarm - i - 1) * sizeof(c->warm[0]));
+	c->nwarm--;
 	return w;
+}
+
+/* Takes c's kept record i away (under c->lock), unpinning its buffers:
+ * the caller frees it. */
+static struct warm *warm_drop_locked(dlshare_client *c, unsigned i)
+{
+	struct warm *w = warm_remove_locked(c, i);
+
+	unpin_locked(c, w->pins, w->npins);
+	w->npins = 0;
+	return w;
+}
+
+/* Frees every kept record (under c->lock): their leases went with the
+ * connection. */
+static void warm_clear_locked(dlshare_client *c)
+{
+	while (c->nwarm)
+		client_warm_free(warm_drop_locked(c, c->nwarm - 1));
+}
+
+static int rel_push(dlshare_client *c, uint64_t lease);
+
+/* Whether kept record w still answers a get of its name: the board still
+ * holds its token. */
+static int warm_holds(const dlshare_client *c, const struct warm *w)
+{
+	return atomic_load_explicit(&c->board[w->slot], memory_order_acquire) ==
+	       w->token;
+}
+
+/* Gives up kept records (under c->lock), queueing their leases' releases:
+ * every one with all set (the callers went quiet), else those whose token
+ * no longer holds (their versions may be superseded: they must not live
+ * on because this reader keeps calling). */
+static void warm_release_locked(dlshare_client *c, int all)
+{
+	for (unsigned i = c->nwarm; i-- > 0;) {
+		struct warm *w;
+
+		if (!all && warm_holds(c, c->warm[i]))
+			continue;
+		w = warm_drop_locked(c, i);
+		/* Without memory for the queue the lease stays held until
+		 * the connection closes (as rel_push says). */
+		rel_push(c, w->lease);
+		client_warm_free(w);
+	}
 }
 
 /* Whether the kept record names one of the ids the daemon freed: its
@@ -642,8 +686,8 @@ static void conn_fail(dlshare_client *c, int err, struct wakeq *wq)
 		err = DLSHARE_ECONN;
 	fail_all(c, err, wq);
 	c->nrel = 0;
-	/* Its lease went with the connection. */
-	client_warm_free(warm_drop_locked(c));
+	/* Their leases went with the connection. */
+	warm_clear_locked(c);
 	wq->kick_rx = 1;
 }
 
@@ -715,8 +759,9 @@ static void handle_push(dlshare_client *c, Dlshare__Frame *f,
 			if (b->refs == 0)
 				ibuf_drop(c, b);
 		}
-		if (c->warm && warm_gone(c->warm, f->buffer_gone))
-			client_warm_free(warm_drop_locked(c));
+		for (unsigned i = c->nwarm; i-- > 0;)
+			if (warm_gone(c->warm[i], f->buffer_gone))
+				client_warm_free(warm_drop_locked(c, i));
 	} else if (f->body_case == DLSHARE__FRAME__BODY_RETIRED) {
 		for (struct export **pp = &c->exports; *pp; pp = &(*pp)->next) {
 			struct export *e = *pp;
@@ -1058,6 +1103,15 @@ static int rx_turn(dlshare_client *c, struct rx *x, int *err)
 		pthread_mutex_unlock(&c->lock);
 		return 1;
 	}
+	if (c->calls != x->calls_seen) {
+		x->calls_seen = c->calls;
+		x->quiet_since = now;
+	}
+	/* Kept leases (1.7) live while calls come, and while their tokens
+	 * hold: once the callers went quiet for CLIENT_IDLE_MS they go. */
+	if (c->nwarm)
+		warm_release_locked(c, x->reader ||
+				       now - x->quiet_since >= CLIENT_IDLE_MS);
 	r = flush_releases(c);
 	retired = c->retired;
 	c->retired = NULL;
@@ -1065,10 +1119,6 @@ static int rx_turn(dlshare_client *c, struct rx *x, int *err)
 	 * us to read their replies. */
 	if (retired && x->reader)
 		rx_step_back(c, x, now);
-	if (c->calls != x->calls_seen) {
-		x->calls_seen = c->calls;
-		x->quiet_since = now;
-	}
 	if (!x->reader && !retired && !c->reading) {
 		if (now - x->quiet_since >= CLIENT_IDLE_MS) {
 			c->reading = 1;
@@ -1328,6 +1378,14 @@ static int call_begin(struct call *k, struct export *export)
 	}
 	p->id = k->req->id = c->next_id++;
 	p->export = export;
+	/* Kept leases (1.7) ride on it too: all of them on any request but
+	 * a Get (a reader that asks for its stats, or does anything else,
+	 * holds no lease it freed: a release rides on the next call, as
+	 * before 1.7), only those whose token no longer holds on a Get (a
+	 * reader of several names keeps each while it holds). */
+	if (c->nwarm)
+		warm_release_locked(c, k->req->body_case !=
+					       DLSHARE__FRAME__BODY_GET);
 	if (c->piggyback && c->nrel) {
 		k->nride = c->nrel < CLIENT_RELEASE_RIDE ? c->nrel :
 			   CLIENT_RELEASE_RIDE;
@@ -1614,11 +1672,22 @@ void client_unpin_release(dlshare_client *c, struct ibuf **pins, size_t n,
 		rx_kick(c);
 }
 
+/* The index of name's kept record, or c->nwarm. Under c->lock. */
+static unsigned warm_find(const dlshare_client *c, const char *name)
+{
+	unsigned i = 0;
+
+	while (i < c->nwarm && strcmp(c->warm[i]->name, name) != 0)
+		i++;
+	return i;
+}
+
 void client_warm_keep(dlshare_client *c, struct warm *w, struct ibuf **pins,
 		      size_t n, uint64_t lease)
 {
-	struct warm *old;
-	int wake;
+	struct warm *old = NULL;
+	unsigned i;
+	int wake = 0;
 
 	/* Only while releases ride on calls (1.1, which 1.7 implies). */
 	if (!c->piggyback || n > CLIENT_PINS_MAX) {
@@ -1627,53 +1696,57 @@ void client_warm_keep(dlshare_client *c, struct warm *w, struct ibuf **pins,
 		return;
 	}
 	pthread_mutex_lock(&c->lock);
-	/* A dead connection took the lease with it: nothing to keep. */
-	if (c->dead || c->closed) {
+	/* A dead connection took the lease with it: nothing to keep. And
+	 * the callers went quiet (the receiver thread reads): the lease
+	 * goes now, as any other. */
+	if (c->dead || c->closed || c->rx_reading) {
 		unpin_locked(c, pins, n);
+		wake = release_queue_locked(c, lease);
 		pthread_mutex_unlock(&c->lock);
 		client_warm_free(w);
+		if (wake)
+			rx_kick(c);
 		return;
 	}
-	old = warm_drop_locked(c);
-	wake = release_queue_locked(c, lease);
+	/* The name's older record, else the oldest when all are in use,
+	 * makes room: its lease goes with the next call. */
+	i = warm_find(c, w->name);
+	if (i < c->nwarm || c->nwarm == CLIENT_WARM_MAX) {
+		old = warm_drop_locked(c, i < c->nwarm ? i : 0);
+		rel_push(c, old->lease);
+	}
 	memcpy(w->pins, pins, n * sizeof(pins[0]));
 	w->npins = n;
 	w->lease = lease;
-	c->warm = w;
+	c->warm[c->nwarm++] = w;
 	pthread_mutex_unlock(&c->lock);
 	client_warm_free(old);
-	if (wake)
-		rx_kick(c);
 }
 
 int client_warm_take(dlshare_client *c, const char *name, struct reply *r,
 		     struct warm **seed)
 {
-	struct warm *w, *drop = NULL;
-	size_t i;
+	struct warm *w;
+	unsigned k;
 
 	pthread_mutex_lock(&c->lock);
-	w = c->warm;
-	if (!w || strcmp(w->name, name) != 0) {
+	k = warm_find(c, name);
+	if (k == c->nwarm) {
 		pthread_mutex_unlock(&c->lock);
 		return 1;
 	}
-	/* Its release still waits in the queue (not sent with a call, nor
-	 * by the receiver thread after CLIENT_IDLE_MS)... */
-	for (i = 0; i < c->nrel && c->rel[i] != w->lease; i++)
-		;
-	/* ...and the name's newest version is still the one it got, for
-	 * it: else the daemon answers, and the lease goes as queued. */
-	if (c->dead || c->closed || i == c->nrel ||
-	    atomic_load_explicit(&c->board[w->slot], memory_order_acquire) !=
-		    w->token) {
-		drop = warm_drop_locked(c);
+	w = c->warm[k];
+	/* The name's newest version is still the one it got, for it: else
+	 * the daemon answers, and the kept lease goes with that call. */
+	if (c->dead || c->closed || !warm_holds(c, w)) {
+		w = warm_drop_locked(c, k);
+		if (!c->dead && !c->closed)
+			rel_push(c, w->lease);
 		pthread_mutex_unlock(&c->lock);
-		client_warm_free(drop);
+		client_warm_free(w);
 		return 1;
 	}
-	c->rel[i] = c->rel[--c->nrel];
-	c->warm = NULL;
+	warm_remove_locked(c, k);
 	pthread_mutex_unlock(&c->lock);
 	memset(r, 0, sizeof(*r));
 	memcpy(r->pins, w->pins, w->npins * sizeof(w->pins[0]));

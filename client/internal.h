@@ -106,13 +106,20 @@ struct pending {
 	UT_hash_handle hh;
 };
 
+/* Kept gets (struct warm) per connection: of the last names a reader
+ * freed, whose releases wait to ride on the next call. A server that
+ * reads a few names per request (an encoder's and a decoder's weights, a
+ * flag) gets each without a round trip. */
+#define CLIENT_WARM_MAX 8
+
 /* A get's reply kept for the next get of the same name (protocol 1.7):
  * while the board's word slot holds token, the name's newest version is
  * still the one this reply describes, and its reader may read it. As a
  * lease's seed (struct lease_ref) it holds the reply; once the lease is
- * released (kept, c->warm) also the buffers pinned, while the lease's
+ * released (kept, in c->warm) also the buffers pinned, while the lease's
  * release waits in c->rel to ride on the next call: a get of the name
  * before then takes the lease back instead of asking the daemon. */
+
 struct warm {
 	struct wire_msg *msg;    /* the GetReply's message: a reference */
 	struct mcache *mc;       /* its kept manifest, a reference; or NULL */
@@ -199,7 +206,9 @@ struct dlshare_client {
 	 * DLSHARE_CONNECT_NO_REUSE). */
 	const _Atomic uint64_t *board;
 	uint32_t board_slots;
-	struct warm *warm;       /* the last get's kept lease; under lock */
+	struct warm *warm[CLIENT_WARM_MAX]; /* the kept leases of the last
+				  * names got (oldest first), under lock */
+	unsigned nwarm;
 
 	/* fork.c's, under its lock: the process that connected, and the
 	 * list of its clients whose fds a child closes. */
