@@ -405,19 +405,21 @@ typedef struct dlshare_bundle dlshare_bundle;
  * dlshare_bundle_free(), or DLSHARE_ENOENT, DLSHARE_ETIMEDOUT, DLSHARE_EPERM,
  * DLSHARE_ELIMIT, DLSHARE_ECONN, DLSHARE_EPROTO, DLSHARE_ENOMEM.
  *
- * Gets without a round trip (protocol 1.7): a connection keeps the last
- * get it freed (the bundle and every tensor from it) when that was of a
- * name's newest version, host tensors only. While that lease's release
- * has not left yet (it rides on the next call, or leaves by itself after
- * 20 ms of quiet), a get of the newest version of the same name takes the
- * lease back instead of asking the daemon,
+ * Gets without a round trip (protocol 1.7): a connection keeps the gets
+ * it freed (the bundle and every tensor from it) of the newest versions
+ * of the last 8 names, host tensors only, with their leases. A get of the
+ * newest version of such a name takes the lease back instead of asking
+ * the daemon,
  * when the daemon's version board says the version is still the newest
  * and still readable by this client: the same answer, no message (0.13 us
  * p50, where a get that asks costs 4.1 us, all on one CPU of an Intel
- * Xeon: BENCHMARKS.md). A loop that gets, reads and frees one name does
- * this on every turn. DLSHARE_NO_REUSE=1 in the environment when the
- * client connects makes every get ask (the daemon's metrics then count
- * every get). */
+ * Xeon: BENCHMARKS.md). A kept lease is released as any other freed one
+ * is (with the next call that is not a get, or after 20 ms without
+ * calls), and with the next get once the name changed: a loop that gets,
+ * reads and frees a few names does this on every turn, and holds nothing
+ * once it stops. DLSHARE_NO_REUSE=1 in the environment when the client
+ * connects makes every get ask (the daemon's metrics then count every
+ * get). */
 DLSHARE_API int dlshare_get(dlshare_client *c, const char *name,
 			    const dlshare_get_opts *opts, dlshare_bundle **out);
 
