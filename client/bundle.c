@@ -824,7 +824,13 @@ static int get_fetch(dlshare_client *c, const char *name,
 		*gr = r->msg->frame->get_reply;
 		return 0;
 	}
-	if ((err = get_send(c, f, r, gr)))
+	err = get_send(c, f, r, gr);
+	/* Leases kept for reuse count toward the quotas (leases, leased
+	 * bytes) as any: refused at one, the get asks again with them
+	 * released, riding on it, as before 1.7 they would have. */
+	if (err == DLSHARE_ELIMIT && client_warm_let_go(c))
+		err = get_send(c, f, r, gr);
+	if (err)
 		return err;
 	*seed = client_warm_seed(c, name, r);
 	return 0;

@@ -1723,6 +1723,18 @@ void client_warm_keep(dlshare_client *c, struct warm *w, struct ibuf **pins,
 	client_warm_free(old);
 }
 
+int client_warm_let_go(dlshare_client *c)
+{
+	unsigned n;
+
+	pthread_mutex_lock(&c->lock);
+	n = c->nwarm;
+	if (n && !c->dead && !c->closed)
+		warm_release_locked(c, 1);
+	pthread_mutex_unlock(&c->lock);
+	return n != 0;
+}
+
 int client_warm_take(dlshare_client *c, const char *name, struct reply *r,
 		     struct warm **seed)
 {

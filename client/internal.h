@@ -291,6 +291,9 @@ void client_warm_keep(dlshare_client *c, struct warm *w, struct ibuf **pins,
 int client_warm_take(dlshare_client *c, const char *name, struct reply *r,
 		     struct warm **seed);
 void client_warm_free(struct warm *w);
+/* Queues the releases of every lease c keeps (they ride on the next
+ * call). Returns whether it kept any. */
+int client_warm_let_go(dlshare_client *c);
 
 /* Gives up a lease whose tensors may still be read by queued device work:
  * the mapping is closed and the Release sent only once lr->event completed

@@ -50,6 +50,13 @@ static int setup_no_board(void **state)
 	return util_setup_fdcheck(state, extra);
 }
 
+static int setup_three_leases(void **state)
+{
+	static const char *const extra[] = { "--max-leases", "3", NULL };
+
+	return util_setup_fdcheck(state, extra);
+}
+
 static int teardown(void **state)
 {
 	return util_teardown(state);
@@ -571,6 +578,40 @@ static void a_busy_reader_lets_old_versions_go(void **state)
 	dlshare_disconnect(w);
 }
 
+/* Kept leases count toward the reader's quotas as any lease: at a limit,
+ * the get lets them go and asks again, so a reader that freed what it got
+ * is never refused for what the library kept. */
+static void kept_leases_yield_to_quotas(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *w = harness_connect(&fx->d);
+	dlshare_client *r = harness_connect(&fx->d);
+	struct util_hits h;
+	dlshare_bundle *b[4];
+	char names[4][16];
+	uint64_t v;
+
+	for (int k = 0; k < 4; k++) {
+		snprintf(names[k], sizeof(names[k]), "b/q%d", k);
+		assert_int_equal(util_store(w, names[k], DT_I32, 1, shape,
+					    (uint32_t)(80 + k), &v), 0);
+	}
+	for (int t = 0; t < 50; t++)
+		for (int k = 0; k < 4; k++)
+			assert_int_equal(util_get_check(r, names[k], NULL, DT_I32,
+					 1, shape, (uint32_t)(80 + k), &v), 0);
+	/* The limit still holds for what the reader really holds. */
+	for (int k = 0; k < 3; k++)
+		assert_int_equal(dlshare_get(r, names[k], NULL, &b[k]), 0);
+	assert_int_equal(dlshare_get(r, names[3], NULL, &b[3]), DLSHARE_ELIMIT);
+	for (int k = 0; k < 3; k++)
+		dlshare_bundle_free(b[k]);
+	util_limit_hits(w, &h);
+	assert_true(util_hits_of(&h, "max-leases") >= 1);
+	dlshare_disconnect(r);
+	dlshare_disconnect(w);
+}
+
 /* ---- the limit, and no board --------------------------------------------- */
 
 static void one_slot_serves_one_name(void **state)
@@ -727,6 +768,8 @@ int main(int argc, char **argv)
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			a_busy_reader_lets_old_versions_go, setup, teardown),
+		cmocka_unit_test_setup_teardown(kept_leases_yield_to_quotas,
+						setup_three_leases, teardown),
 		cmocka_unit_test_setup_teardown(one_slot_serves_one_name,
 						setup_one_slot, teardown),
 		cmocka_unit_test_setup_teardown(no_board_asks_every_time,
