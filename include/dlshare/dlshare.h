@@ -411,7 +411,7 @@ typedef struct dlshare_bundle dlshare_bundle;
  * newest version of such a name takes the lease back instead of asking
  * the daemon,
  * when the daemon's version board says the version is still the newest
- * and still readable by this client: the same answer, no message (0.13 us
+ * and still readable by this client: the same answer, no message (0.14 us
  * p50, where a get that asks costs 4.1 us, all on one CPU of an Intel
  * Xeon: BENCHMARKS.md). A kept lease is released as any other freed one
  * is (with the next call that is not a get, or after 20 ms without
