@@ -50,6 +50,14 @@ static int setup_no_board(void **state)
 	return util_setup_fdcheck(state, extra);
 }
 
+static int setup_most_slots(void **state)
+{
+	static const char *const extra[] = { "--board-slots", "4194303",
+					      NULL };
+
+	return util_setup_fdcheck(state, extra);
+}
+
 static int setup_three_leases(void **state)
 {
 	static const char *const extra[] = { "--max-leases", "3", NULL };
@@ -612,6 +620,12 @@ static void kept_leases_yield_to_quotas(void **state)
 	dlshare_disconnect(w);
 }
 
+/* The largest board (BOARD_SLOTS_MAX, 32 MiB of words) serves as any. */
+static void the_largest_board_serves(void **state)
+{
+	warm_gets_ask_nothing(state);
+}
+
 /* ---- the limit, and no board --------------------------------------------- */
 
 static void one_slot_serves_one_name(void **state)
@@ -772,6 +786,8 @@ int main(int argc, char **argv)
 						setup_three_leases, teardown),
 		cmocka_unit_test_setup_teardown(one_slot_serves_one_name,
 						setup_one_slot, teardown),
+		cmocka_unit_test_setup_teardown(the_largest_board_serves,
+						setup_most_slots, teardown),
 		cmocka_unit_test_setup_teardown(no_board_asks_every_time,
 						setup_no_board, teardown),
 		cmocka_unit_test_setup_teardown(the_board_is_read_only, setup,

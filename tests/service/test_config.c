@@ -208,6 +208,10 @@ static void bad_values_name_line(void **state)
 				      "expected error, warning, notice, "
 				      "info or debug" },
 		{ "log-prefix = sometimes", "log-prefix: invalid value" },
+		/* BOARD_SLOTS_MAX: a name keeps its slot in 22 bits. */
+		{ "board-slots = 4194304", "board-slots: invalid value "
+					   "'4194304': expected an integer "
+					   "from 0 to 4194303" },
 		{ "socket = /tmp/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
 		  "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
 		  "aaaaaa", "socket: invalid value" },
