@@ -815,12 +815,14 @@ static int get_fetch(dlshare_client *c, const char *name,
 		     struct reply *r, Dlshare__GetReply **gr,
 		     struct warm **seed)
 {
+	struct warm_name wn;
 	int err;
 
 	*seed = NULL;
 	if (!c->board || !get_latest(opts)) /* never one for a Take */
 		return get_send(c, f, r, gr);
-	if (!client_forked(c) && !client_warm_take(c, name, r, seed)) {
+	client_warm_name(&wn, name);
+	if (!client_forked(c) && !client_warm_take(c, &wn, r, seed)) {
 		*gr = r->msg->frame->get_reply;
 		return 0;
 	}
@@ -832,7 +834,7 @@ static int get_fetch(dlshare_client *c, const char *name,
 		err = get_send(c, f, r, gr);
 	if (err)
 		return err;
-	*seed = client_warm_seed(c, name, r);
+	*seed = client_warm_seed(c, &wn, r);
 	return 0;
 }
 

@@ -116,6 +116,7 @@ static void client_free(dlshare_client *c)
 		c->warm[--c->nwarm]->npins = 0;
 		client_warm_free(c->warm[c->nwarm]);
 	}
+	free(atomic_load(&c->warm_spare));
 	if (c->board)
 		munmap((void *)c->board,
 		       (size_t)c->board_slots * sizeof(uint64_t));
@@ -451,17 +452,39 @@ static int queue_release(dlshare_client *c, uint64_t lease)
 
 /* ---- gets by the version board (1.7) --------------------------------------- */
 
-struct warm *client_warm_seed(dlshare_client *c, const char *name,
+void client_warm_name(struct warm_name *wn, const char *name)
+{
+	const unsigned char *p = (const unsigned char *)name;
+	size_t len = strlen(name), n = len;
+	uint64_t h = n, x;
+
+	/* Eight bytes a step: two names of one prefix differ in the key. */
+	for (; n >= 8; n -= 8, p += 8) {
+		memcpy(&x, p, 8);
+		h = (h ^ x) * UINT64_C(0x9e3779b97f4a7c15);
+		h ^= h >> 29;
+	}
+	for (x = 0; n; n--)
+		x = x << 8 | p[n - 1];
+	h = (h ^ x) * UINT64_C(0x9e3779b97f4a7c15);
+	wn->name = name;
+	wn->len = len;
+	wn->key = h ^ (h >> 32);
+}
+
+struct warm *client_warm_seed(dlshare_client *c, const struct warm_name *wn,
 			      const struct reply *r)
 {
 	const Dlshare__GetReply *gr = r->msg->frame->get_reply;
-	size_t n = strlen(name) + 1;
 	struct warm *w;
 
 	if (!c->board || !gr->has_board_token || !gr->has_board_slot ||
-	    gr->board_slot >= c->board_slots || gr->board_token == 0)
+	    gr->board_slot >= c->board_slots || gr->board_token == 0 ||
+	    wn->len >= sizeof(w->name))
 		return NULL;
-	if (!(w = malloc(offsetof(struct warm, name) + n)))
+	/* The spare record of one that went, else a new one. */
+	w = atomic_exchange(&c->warm_spare, NULL);
+	if (!w && !(w = malloc(sizeof(*w))))
 		return NULL;
 	wire_msg_ref(r->msg);
 	w->msg = r->msg;
@@ -471,9 +494,18 @@ struct warm *client_warm_seed(dlshare_client *c, const char *name,
 	w->lease = 0;
 	w->token = gr->board_token;
 	w->slot = gr->board_slot;
+	w->key = wn->key;
 	w->npins = 0;
-	memcpy(w->name, name, n);
+	memcpy(w->name, wn->name, wn->len + 1);
 	return w;
+}
+
+/* client_warm_free, keeping the record as c's spare when it has none. */
+static void warm_recycle(dlshare_client *c, struct warm *w)
+{
+	mcache_unref(w->mc);
+	wire_msg_free(w->msg);
+	free(atomic_exchange(&c->warm_spare, w));
 }
 
 void client_warm_free(struct warm *w)
@@ -540,7 +572,7 @@ static void warm_release_locked(dlshare_client *c, int all)
 		/* Without memory for the queue the lease stays held until
 		 * the connection closes (as rel_push says). */
 		rel_push(c, w->lease);
-		client_warm_free(w);
+		warm_recycle(c, w);
 	}
 }
 
@@ -1378,14 +1410,14 @@ static int call_begin(struct call *k, struct export *export)
 	}
 	p->id = k->req->id = c->next_id++;
 	p->export = export;
-	/* Kept leases (1.7) ride on it too: all of them on any request but
-	 * a Get (a reader that asks for its stats, or does anything else,
-	 * holds no lease it freed: a release rides on the next call, as
-	 * before 1.7), only those whose token no longer holds on a Get (a
-	 * reader of several names keeps each while it holds). */
-	if (c->nwarm)
-		warm_release_locked(c, k->req->body_case !=
-					       DLSHARE__FRAME__BODY_GET);
+	/* Kept leases (1.7) ride on any request but a Get (a reader that
+	 * asks for its stats, or does anything else, holds no lease it
+	 * freed: a release rides on the next call, as before 1.7). A Get
+	 * leaves them: a reader of several names keeps each, and those
+	 * whose token went leave at the receiver thread's next turn (within
+	 * CLIENT_IDLE_MS) or with the next get of their name. */
+	if (c->nwarm && k->req->body_case != DLSHARE__FRAME__BODY_GET)
+		warm_release_locked(c, 1);
 	if (c->piggyback && c->nrel) {
 		k->nride = c->nrel < CLIENT_RELEASE_RIDE ? c->nrel :
 			   CLIENT_RELEASE_RIDE;
@@ -1672,12 +1704,15 @@ void client_unpin_release(dlshare_client *c, struct ibuf **pins, size_t n,
 		rx_kick(c);
 }
 
-/* The index of name's kept record, or c->nwarm. Under c->lock. */
-static unsigned warm_find(const dlshare_client *c, const char *name)
+/* The index of the kept record of the name with key, or c->nwarm. Under
+ * c->lock. */
+static unsigned warm_find(const dlshare_client *c, uint64_t key,
+			  const char *name)
 {
 	unsigned i = 0;
 
-	while (i < c->nwarm && strcmp(c->warm[i]->name, name) != 0)
+	while (i < c->nwarm && (c->warm[i]->key != key ||
+				strcmp(c->warm[i]->name, name) != 0))
 		i++;
 	return i;
 }
@@ -1710,7 +1745,7 @@ void client_warm_keep(dlshare_client *c, struct warm *w, struct ibuf **pins,
 	}
 	/* The name's older record, else the oldest when all are in use,
 	 * makes room: its lease goes with the next call. */
-	i = warm_find(c, w->name);
+	i = warm_find(c, w->key, w->name);
 	if (i < c->nwarm || c->nwarm == CLIENT_WARM_MAX) {
 		old = warm_drop_locked(c, i < c->nwarm ? i : 0);
 		rel_push(c, old->lease);
@@ -1720,7 +1755,8 @@ void client_warm_keep(dlshare_client *c, struct warm *w, struct ibuf **pins,
 	w->lease = lease;
 	c->warm[c->nwarm++] = w;
 	pthread_mutex_unlock(&c->lock);
-	client_warm_free(old);
+	if (old)
+		warm_recycle(c, old);
 }
 
 int client_warm_let_go(dlshare_client *c)
@@ -1735,14 +1771,14 @@ int client_warm_let_go(dlshare_client *c)
 	return n != 0;
 }
 
-int client_warm_take(dlshare_client *c, const char *name, struct reply *r,
-		     struct warm **seed)
+int client_warm_take(dlshare_client *c, const struct warm_name *wn,
+		     struct reply *r, struct warm **seed)
 {
 	struct warm *w;
 	unsigned k;
 
 	pthread_mutex_lock(&c->lock);
-	k = warm_find(c, name);
+	k = warm_find(c, wn->key, wn->name);
 	if (k == c->nwarm) {
 		pthread_mutex_unlock(&c->lock);
 		return 1;
@@ -1755,7 +1791,7 @@ int client_warm_take(dlshare_client *c, const char *name, struct reply *r,
 		if (!c->dead && !c->closed)
 			rel_push(c, w->lease);
 		pthread_mutex_unlock(&c->lock);
-		client_warm_free(w);
+		warm_recycle(c, w);
 		return 1;
 	}
 	warm_remove_locked(c, k);

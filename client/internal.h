@@ -126,9 +126,18 @@ struct warm {
 	uint64_t lease;          /* kept: the lease whose release is queued */
 	uint64_t token;
 	uint32_t slot;
+	uint64_t key;            /* warm_key of name */
 	size_t npins;            /* kept: its buffers, pinned */
 	struct ibuf *pins[CLIENT_PINS_MAX];
-	char name[];
+	char name[256];          /* names are at most 255 bytes: a record
+				  * fits any, and is reused (c->warm_spare) */
+};
+
+/* A name as the kept set looks it up: computed once per get. */
+struct warm_name {
+	const char *name;
+	size_t len;              /* strlen(name) */
+	uint64_t key;            /* warm_key: equal names, equal keys */
 };
 
 struct dlshare_client {
@@ -209,6 +218,7 @@ struct dlshare_client {
 	struct warm *warm[CLIENT_WARM_MAX]; /* the kept leases of the last
 				  * names got (oldest first), under lock */
 	unsigned nwarm;
+	_Atomic(struct warm *) warm_spare; /* one freed record, to reuse */
 
 	/* fork.c's, under its lock: the process that connected, and the
 	 * list of its clients whose fds a child closes. */
@@ -279,17 +289,19 @@ void client_unpin_release(dlshare_client *c, struct ibuf **pins, size_t n,
  * there is no board, or out of memory); it takes references on r's message
  * and manifest. client_warm_keep: instead of client_unpin_release at the
  * lease's end, keeps w with the pins while the release waits to ride on
- * the next call (frees w, unpinning, when it cannot). client_warm_take:
+ * the next call (frees w, unpinning, when it cannot). client_warm_name:
+ * name as both look it up. client_warm_take:
  * for a get of the newest version of name, the kept reply in *r (pins,
  * message and manifest moved there, nothing to send) with *seed the same
  * record again for the new holder; returns 0, or 1 when nothing kept
  * answers it (then the daemon must). client_warm_free frees a seed. */
-struct warm *client_warm_seed(dlshare_client *c, const char *name,
+void client_warm_name(struct warm_name *wn, const char *name);
+struct warm *client_warm_seed(dlshare_client *c, const struct warm_name *wn,
 			      const struct reply *r);
 void client_warm_keep(dlshare_client *c, struct warm *w, struct ibuf **pins,
 		      size_t n, uint64_t lease);
-int client_warm_take(dlshare_client *c, const char *name, struct reply *r,
-		     struct warm **seed);
+int client_warm_take(dlshare_client *c, const struct warm_name *wn,
+		     struct reply *r, struct warm **seed);
 void client_warm_free(struct warm *w);
 /* Queues the releases of every lease c keeps (they ride on the next
  * call). Returns whether it kept any. */

@@ -413,9 +413,9 @@ typedef struct dlshare_bundle dlshare_bundle;
  * the newest and still readable by this client: the same answer, no
  * message (0.14 us p50, where a get that asks costs 4.1 us, all on one
  * CPU of an Intel Xeon: BENCHMARKS.md). A kept lease is released with the
- * next call that is not a get, with the next get once its name changed,
- * or after 20 ms without calls (a freed lease that is not kept: with the
- * next call of any kind). A loop that gets, reads and frees a few names
+ * next call that is not a get, within 20 ms once its name changed (or
+ * with the next get of that name), and after 20 ms without calls (a freed
+ * lease that is not kept: with the next call of any kind). A loop that gets, reads and frees a few names
  * is answered so on every turn, and holds nothing once it stops.
  * DLSHARE_NO_REUSE=1 in the environment when the client connects makes
  * every get ask (the daemon's metrics then count every get). */
