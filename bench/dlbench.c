@@ -1551,6 +1551,7 @@ static void usage(FILE *o)
 		"               [--only SECTIONS] [--repeats N] [--scale-max N]\n"
 		"               [--python PATH] [--pythonpath DIR] [--venv-python PATH]\n"
 		"       dlbench --daemon PATH --floor PATH --loop N [--loop-ms MS] [--pin]\n"
+		"               [--loop-names K] [--loop-reuse]\n"
 		"  sections: latency,throughput,handoff,scale,idle,storm,bundle,publish,\n"
 		"            peers,relay\n"
 		"  --python: the interpreter (with torch and NumPy) that\n"
@@ -1562,24 +1563,34 @@ static void usage(FILE *o)
 		"  --loop N: for a profiler, only get+release from N client\n"
 		"  processes for MS ms (default 5000), printing the daemon's pid\n"
 		"  first and the round trips a second at the end; --pin puts\n"
-		"  everything on CPU 0.\n");
+		"  everything on CPU 0; --loop-names K reads K names in turn;\n"
+		"  --loop-reuse turns the version board's reuse on (every\n"
+		"  other figure runs with DLSHARE_NO_REUSE=1).\n");
 }
 
-/* The steady state alone, for perf or valgrind to look at. */
-static int loop(int n, long ms, int pinned)
+/* The steady state alone, for perf or valgrind to look at: names > 0
+ * reads that many names in turn, reuse turns the version board's reuse
+ * on. */
+static int loop(int n, long ms, int pinned, int names, int reuse)
 {
 	struct daemon_proc d;
+	char name[64];
 	double ops;
 	int rc = 1;
 
 	if (daemon_start(&d, default_opts) ||
-	    fig_publish(&d, FIG_NAME, FIG_TENSOR_BYTES))
+	    (!names && fig_publish(&d, FIG_NAME, FIG_TENSOR_BYTES)))
 		goto out;
+	for (int k = 0; k < names; k++) {
+		snprintf(name, sizeof(name), "%s.%d", FIG_NAME, k);
+		if (fig_publish(&d, name, FIG_TENSOR_BYTES))
+			goto out;
+	}
 	if (pinned)
 		pin(d.pid, 0);
 	printf("daemon_pid=%d\n", (int)d.pid);
 	fflush(stdout);
-	if (fig_throughput(&d, FIG_NAME, n, ms, &ops))
+	if (fig_throughput_names(&d, FIG_NAME, names, reuse, n, ms, &ops))
 		goto out;
 	printf("clients=%d ms=%ld ops_per_s=%.0f\n", n, ms, ops);
 	rc = 0;
@@ -1601,6 +1612,8 @@ int main(int argc, char **argv)
 		{ "loop", required_argument, NULL, 'l' },
 		{ "loop-ms", required_argument, NULL, 'L' },
 		{ "pin", no_argument, NULL, 'p' },
+		{ "loop-names", required_argument, NULL, 'K' },
+		{ "loop-reuse", no_argument, NULL, 'U' },
 		{ "python", required_argument, NULL, 'P' },
 		{ "pythonpath", required_argument, NULL, 'Y' },
 		{ "venv-python", required_argument, NULL, 'V' },
@@ -1611,7 +1624,8 @@ int main(int argc, char **argv)
 	struct plan pl = { 0 };
 	struct fig_packets pk;
 	struct machine m;
-	int o, reps = 0, failed = 0, loop_n = 0, pinned = 0;
+	int o, reps = 0, failed = 0, loop_n = 0, pinned = 0, loop_names = 0;
+	int loop_reuse = 0;
 	long scale_max = 0, loop_ms = 5000;
 	char big[32];
 
@@ -1646,6 +1660,12 @@ int main(int argc, char **argv)
 			break;
 		case 'p':
 			pinned = 1;
+			break;
+		case 'K':
+			loop_names = atoi(optarg);
+			break;
+		case 'U':
+			loop_reuse = 1;
 			break;
 		case 'P':
 			pub_python = optarg;
@@ -1730,7 +1750,7 @@ int main(int argc, char **argv)
 	if (daemon_setup(daemon_bin))
 		return 1;
 	if (loop_n > 0)
-		return loop(loop_n, loop_ms, pinned);
+		return loop(loop_n, loop_ms, pinned, loop_names, loop_reuse);
 	machine_read(&m);
 	fig_packet_sizes(&pk);
 	util_size_name(pl.big, " ", big, sizeof(big));

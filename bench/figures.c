@@ -346,22 +346,41 @@ struct tp_arg {
 	const char *name;
 	int n;
 	long ms;
+	int names;          /* 0: name itself; else name.0 .. name.<names-1> */
+	int reuse;
 };
+
+/* The name a worker reads in its i-th get. */
+static const char *tp_name(const struct tp_arg *a, char (*names)[64],
+			   uint64_t i)
+{
+	return a->names ? names[i % (uint64_t)a->names] : a->name;
+}
 
 static void tp_worker(const struct tp_arg *a, int ready, int go, int out,
 		      const volatile uint64_t *deadline)
 {
-	dlshare_client *c = connect_or_die(a->d);
+	dlshare_client *c;
 	uint64_t ops = 0;
-	char b = 'r';
+	char b = 'r', (*names)[64] = calloc((size_t)a->names + 1, 64);
 
-	/* The first get maps the buffer; the rest are the steady state. */
-	if (get_release(c, a->name) || util_write_all(ready, &b, 1) < 0)
+	if (!names)
+		_exit(1);
+	for (int k = 0; k < a->names; k++)
+		snprintf(names[k], 64, "%s.%d", a->name, k);
+	if (a->reuse)
+		unsetenv("DLSHARE_NO_REUSE");
+	c = connect_or_die(a->d);
+	/* The first gets map the buffers; the rest are the steady state. */
+	for (int k = 0; k < (a->names ? a->names : 1); k++)
+		if (get_release(c, tp_name(a, names, (uint64_t)k)))
+			_exit(1);
+	if (util_write_all(ready, &b, 1) < 0)
 		_exit(1);
 	while (read(go, &b, 1) < 0 && errno == EINTR)
 		;
 	while (util_now_ns() < *deadline) {
-		int err = get_release(c, a->name);
+		int err = get_release(c, tp_name(a, names, ops));
 
 		if (err) {
 			fail("get", err);
@@ -433,12 +452,19 @@ static int throughput_child(void *arg, double *out, int max)
 	return 1;
 }
 
+int fig_throughput_names(const struct daemon_proc *d, const char *name,
+			 int names, int reuse, int n, long ms,
+			 double *ops_per_s)
+{
+	struct tp_arg a = { d, name, n, ms, names, reuse };
+
+	return in_child(throughput_child, &a, ops_per_s, 1) == 1 ? 0 : -1;
+}
+
 int fig_throughput(const struct daemon_proc *d, const char *name, int n,
 		   long ms, double *ops_per_s)
 {
-	struct tp_arg a = { d, name, n, ms };
-
-	return in_child(throughput_child, &a, ops_per_s, 1) == 1 ? 0 : -1;
+	return fig_throughput_names(d, name, 0, 0, n, ms, ops_per_s);
 }
 
 /* ---- handoff ------------------------------------------------------------- */

@@ -49,6 +49,14 @@ int fig_get_latency_reused(const struct daemon_proc *d, const char *name,
 int fig_first_get(const struct daemon_proc *d, long iters, double *p50,
 		  double *p99);
 
+/* fig_throughput, each client reading names "NAME.0" .. "NAME.<names-1>"
+ * in turn (published by the caller); with reuse, with the version board's
+ * reuse on (DLSHARE_NO_REUSE unset). For bench/callgrind-get: more names
+ * in turn than a client keeps (8) make every get ask, with reuse on. */
+int fig_throughput_names(const struct daemon_proc *d, const char *name,
+			 int names, int reuse, int n, long ms,
+			 double *ops_per_s);
+
 /* get + release of name by n client processes at once for ms
  * milliseconds: round trips a second, all together. */
 int fig_throughput(const struct daemon_proc *d, const char *name, int n,
