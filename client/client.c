@@ -472,6 +472,15 @@ void client_warm_name(struct warm_name *wn, const char *name)
 	wn->key = h ^ (h >> 32);
 }
 
+/* Takes references on a reply's message and kept manifest, for a second
+ * holder (a kept record, or the reply a kept record answers). */
+static void warm_hold(struct wire_msg *msg, struct mcache *mc)
+{
+	wire_msg_ref(msg);
+	if (mc)
+		atomic_fetch_add(&mc->refs, 1);
+}
+
 struct warm *client_warm_seed(dlshare_client *c, const struct warm_name *wn,
 			      const struct reply *r)
 {
@@ -486,11 +495,9 @@ struct warm *client_warm_seed(dlshare_client *c, const struct warm_name *wn,
 	w = atomic_exchange(&c->warm_spare, NULL);
 	if (!w && !(w = malloc(sizeof(*w))))
 		return NULL;
-	wire_msg_ref(r->msg);
+	warm_hold(r->msg, r->mc);
 	w->msg = r->msg;
 	w->mc = r->mc;
-	if (w->mc)
-		atomic_fetch_add(&w->mc->refs, 1);
 	w->lease = 0;
 	w->token = gr->board_token;
 	w->slot = gr->board_slot;
@@ -574,21 +581,6 @@ static void warm_release_locked(dlshare_client *c, int all)
 		rel_push(c, w->lease);
 		warm_recycle(c, w);
 	}
-}
-
-/* Whether the kept record names one of the ids the daemon freed: its
- * lease was released (sent), so it can never be taken back, and its pins
- * must not keep the memory mapped. Under c->lock. */
-static int warm_gone(const struct warm *w, const Dlshare__BufferGone *g)
-{
-	for (size_t i = 0; i < g->n_ids; i++) {
-		if (w->mc && w->mc->id == g->ids[i])
-			return 1;
-		for (size_t k = 0; k < w->npins; k++)
-			if (w->pins[k]->id == g->ids[i])
-				return 1;
-	}
-	return 0;
 }
 
 /* ---- the reader role ------------------------------------------------------ */
@@ -791,9 +783,6 @@ static void handle_push(dlshare_client *c, Dlshare__Frame *f,
 			if (b->refs == 0)
 				ibuf_drop(c, b);
 		}
-		for (unsigned i = c->nwarm; i-- > 0;)
-			if (warm_gone(c->warm[i], f->buffer_gone))
-				client_warm_free(warm_drop_locked(c, i));
 	} else if (f->body_case == DLSHARE__FRAME__BODY_RETIRED) {
 		for (struct export **pp = &c->exports; *pp; pp = &(*pp)->next) {
 			struct export *e = *pp;
@@ -1724,12 +1713,8 @@ void client_warm_keep(dlshare_client *c, struct warm *w, struct ibuf **pins,
 	unsigned i;
 	int wake = 0;
 
-	/* Only while releases ride on calls (1.1, which 1.7 implies). */
-	if (!c->piggyback || n > CLIENT_PINS_MAX) {
-		client_unpin_release(c, pins, n, lease);
-		client_warm_free(w);
-		return;
-	}
+	/* A seed exists only with a board (1.7, which implies releases
+	 * riding on calls, 1.1), and for at most CLIENT_PINS_MAX pins. */
 	pthread_mutex_lock(&c->lock);
 	/* A dead connection took the lease with it: nothing to keep. And
 	 * the callers went quiet (the receiver thread reads): the lease
@@ -1800,11 +1785,9 @@ int client_warm_take(dlshare_client *c, const struct warm_name *wn,
 	memcpy(r->pins, w->pins, w->npins * sizeof(w->pins[0]));
 	r->npins = w->npins;
 	w->npins = 0;
-	wire_msg_ref(w->msg);
+	warm_hold(w->msg, w->mc);
 	r->msg = w->msg;
 	r->mc = w->mc;
-	if (r->mc)
-		atomic_fetch_add(&r->mc->refs, 1);
 	w->lease = 0;
 	*seed = w;
 	return 0;

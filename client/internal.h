@@ -115,18 +115,17 @@ struct pending {
 /* A get's reply kept for the next get of the same name (protocol 1.7):
  * while the board's word slot holds token, the name's newest version is
  * still the one this reply describes, and its reader may read it. As a
- * lease's seed (struct lease_ref) it holds the reply; once the lease is
- * released (kept, in c->warm) also the buffers pinned, while the lease's
- * release waits in c->rel to ride on the next call: a get of the name
- * before then takes the lease back instead of asking the daemon. */
-
+ * lease's seed (struct lease_ref) it holds the reply; once the bundle is
+ * freed (kept, in c->warm) also the buffers pinned and the lease, not
+ * released: a get of the name takes the lease back instead of asking the
+ * daemon, until warm_release_locked queues its release. */
 struct warm {
 	struct wire_msg *msg;    /* the GetReply's message: a reference */
 	struct mcache *mc;       /* its kept manifest, a reference; or NULL */
-	uint64_t lease;          /* kept: the lease whose release is queued */
+	uint64_t lease;          /* kept: the lease, still held */
 	uint64_t token;
 	uint32_t slot;
-	uint64_t key;            /* warm_key of name */
+	uint64_t key;            /* client_warm_name's key of name */
 	size_t npins;            /* kept: its buffers, pinned */
 	struct ibuf *pins[CLIENT_PINS_MAX];
 	char name[256];          /* names are at most 255 bytes: a record
@@ -137,7 +136,7 @@ struct warm {
 struct warm_name {
 	const char *name;
 	size_t len;              /* strlen(name) */
-	uint64_t key;            /* warm_key: equal names, equal keys */
+	uint64_t key;            /* equal names, equal keys */
 };
 
 struct dlshare_client {
@@ -212,7 +211,7 @@ struct dlshare_client {
 	size_t nrel, caprel;
 	/* The version board (1.7): the daemon's read-only words, mapped at
 	 * the Hello; NULL without one (an older daemon, --board-slots 0, or
-	 * DLSHARE_CONNECT_NO_REUSE). */
+	 * DLSHARE_NO_REUSE=1 at connect). */
 	const _Atomic uint64_t *board;
 	uint32_t board_slots;
 	struct warm *warm[CLIENT_WARM_MAX]; /* the kept leases of the last
@@ -288,8 +287,8 @@ void client_unpin_release(dlshare_client *c, struct ibuf **pins, size_t n,
  * of r, the reply to a get of name (NULL when the reply carries no token,
  * there is no board, or out of memory); it takes references on r's message
  * and manifest. client_warm_keep: instead of client_unpin_release at the
- * lease's end, keeps w with the pins while the release waits to ride on
- * the next call (frees w, unpinning, when it cannot). client_warm_name:
+ * lease's end, keeps w with the pins and the lease, unreleased (releases
+ * both, freeing w, when the connection is gone or idle). client_warm_name:
  * name as both look it up. client_warm_take:
  * for a get of the newest version of name, the kept reply in *r (pins,
  * message and manifest moved there, nothing to send) with *seed the same
