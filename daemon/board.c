@@ -9,10 +9,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#ifndef F_SEAL_FUTURE_WRITE
-#define F_SEAL_FUTURE_WRITE 0x0010
-#endif
-
 int board_init(struct board *b, uint32_t nslots)
 {
 	size_t len = (size_t)nslots * sizeof(uint64_t);
@@ -39,8 +35,8 @@ int board_init(struct board *b, uint32_t nslots)
 	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, b->fd, 0);
 	if (p == MAP_FAILED)
 		goto fail;
-	if (fcntl(b->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW |
-		  F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) < 0)
+	if (fcntl(b->fd, F_ADD_SEALS, HOST_SEALS_BIRTH |
+		  HOST_SEAL_FUTURE_WRITE | F_SEAL_SEAL) < 0)
 		goto fail;
 	b->words = p;
 	b->nslots = nslots;
@@ -81,7 +77,6 @@ int board_slot_get(struct board *b, uint32_t *slot)
 		*slot = b->next++;
 	else
 		return -ENOSPC;
-	b->used++;
 	return 0;
 }
 
@@ -89,7 +84,6 @@ void board_slot_put(struct board *b, uint32_t slot)
 {
 	board_clear(b, slot);
 	b->free[b->nfree++] = slot;
-	b->used--;
 }
 
 uint64_t board_post(struct board *b, uint32_t slot)

@@ -27,7 +27,6 @@ struct board {
 				    * (fd itself where /proc is missing) */
 	_Atomic uint64_t *words;   /* its shared writable mapping */
 	uint32_t nslots;
-	uint32_t used;             /* slots handed out */
 	uint32_t next;             /* slots below it were handed out once */
 	uint32_t nfree;            /* of free[]: given back, to reuse */
 	uint32_t *free;

@@ -292,6 +292,8 @@ struct entry {
 	char name[];             /* as long as it is; allocated from
 				  * offsetof(struct entry, name) */
 };
+_Static_assert(CHECK_MODE_MASK < (1u << 9), "struct entry: mode is 9 bits");
+_Static_assert(BOARD_SLOTS_MAX < (1u << 22), "struct entry: bslot is 22 bits");
 
 /* Whether e is owned and its owner went (struct entry_life). */
 static inline int entry_doomed(const struct entry *e)
