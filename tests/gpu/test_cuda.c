@@ -1117,6 +1117,22 @@ static int seg_consumer(void *arg)
 #endif
 	dlshare_bundle_free(b2);
 	dlshare_bundle_free(b);
+	/* 1.7: a device version is never answered from a kept lease (the
+	 * board tokens host versions only, and a device lease's release
+	 * waits on the consumer's stream): each get of it asks the daemon,
+	 * which the requests it counts show. */
+	{
+		dlshare_stats st0, st1;
+
+		DL_OK(dlshare_stats_get(c, &st0));
+		for (int i = 0; i < 20; i++) {
+			DL_OK(dlshare_get(c, a->name, &go, &b2));
+			CHECK(dlshare_bundle_count(b2) == SEG_N * SEG_TENSORS);
+			dlshare_bundle_free(b2);
+		}
+		DL_OK(dlshare_stats_get(c, &st1));
+		CHECK(st1.requests - st0.requests >= 21);
+	}
 	CU(cudaStreamSynchronize(s));
 	dlshare_disconnect(c);
 	CU(cudaStreamDestroy(s));
