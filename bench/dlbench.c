@@ -1684,7 +1684,8 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (!daemon_bin || !floor_bin || optind != argc) {
+	if (!daemon_bin || !floor_bin || optind != argc || loop_names < 0 ||
+	    loop_names > 4096) {
 		usage(stderr);
 		return 2;
 	}
