@@ -218,6 +218,14 @@ struct entry *registry_entry(struct registry *r, const char *name)
 	return e;
 }
 
+unsigned registry_name_hash(const char *name)
+{
+	unsigned hashv;
+
+	HASH_VALUE(name, strlen(name), hashv);
+	return hashv;
+}
+
 /* The fds a buffer of kind may hold (REGISTRY_FDS_*). */
 static unsigned buffer_fds(unsigned kind)
 {
@@ -1738,8 +1746,20 @@ struct version *registry_find(struct registry *r, struct registry_owner *o,
 			      const char *name, enum registry_select sel,
 			      uint64_t number, int *err)
 {
-	struct entry *e = registry_entry(r, name);
+	return registry_find_hashed(r, o, name, registry_name_hash(name), sel,
+				    number, err);
+}
+
+struct version *registry_find_hashed(struct registry *r,
+				     struct registry_owner *o,
+				     const char *name, unsigned hashv,
+				     enum registry_select sel,
+				     uint64_t number, int *err)
+{
+	struct entry *e = NULL;
 	struct version *v = NULL;
+
+	HASH_FIND_BYHASHVALUE(hh, r->names, name, strlen(name), hashv, e);
 
 	*err = -ENOENT;
 	if (!e)

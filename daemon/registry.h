@@ -748,6 +748,16 @@ void registry_queue_untake(struct registry *r, struct registry_owner *o,
 struct version *registry_find(struct registry *r, struct registry_owner *o,
 			      const char *name, enum registry_select sel,
 			      uint64_t number, int *err);
+/* registry_find with the name table's hash of name (registry_name_hash),
+ * which a caller that looks the same name up again may keep. */
+struct version *registry_find_hashed(struct registry *r,
+				     struct registry_owner *o,
+				     const char *name, unsigned hashv,
+				     enum registry_select sel,
+				     uint64_t number, int *err);
+/* The name table's hash of name: a keyed hash of its bytes (SECURITY.md),
+ * the same for the same bytes while the daemon runs. */
+unsigned registry_name_hash(const char *name);
 
 /* The board's slot and token for a get of e's newest version (protocol
  * 1.7), posting a token if e has none now (and taking a slot if e has

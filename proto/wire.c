@@ -1553,6 +1553,7 @@ void wire_memo_clear(struct wire_memo *mo)
 	mo->msg = NULL;
 	mo->body = NULL;
 	mo->len = 0;
+	mo->noted = 0;
 }
 
 /* Decodes into m, whose first chunk (first bytes) is free. */

@@ -166,6 +166,11 @@ struct wire_memo {
 				     * Dlshare__GetReply */
 	uint32_t field;             /* body's field in Frame: 18 or 19 */
 	uint32_t len;
+	/* The reader's own note about the kept body (the daemon: the hash
+	 * of a Get's name in its name table); noted is 0 until the reader
+	 * sets it, and again whenever the memo keeps another body. */
+	uint64_t note;
+	int noted;
 	uint8_t bytes[WIRE_MEMO_MAX];
 };
 void wire_memo_clear(struct wire_memo *memo);

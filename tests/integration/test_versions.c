@@ -1,7 +1,8 @@
 /* test_versions — version numbers and selectors (LATEST, EXACT of a leased
  * and of a dead version, NEWER_THAN), gets parked until another process
- * publishes (with a timeout and forever), timeouts, and delete while a
- * consumer still holds a lease. */
+ * publishes (with a timeout and forever), timeouts, delete while a
+ * consumer still holds a lease; the same Get again, from two clients, finds
+ * the name as it is now. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -349,6 +350,55 @@ static void delete_while_leased(void **state)
 	dlshare_disconnect(c);
 }
 
+/* ---- the same Get again ------------------------------------------------------------ */
+
+/* The daemon keeps the last Get body it decoded and the hash of its name
+ * (wire_memo, get.c): a Get of the same bytes, from any client, reuses
+ * both. Each such get must still find the name as it is now: a new entry
+ * after a delete and a new publish, none after a delete, and the name's
+ * own after a Get of another name in between. Every get here asks the
+ * daemon (no reuse by the version board). */
+static void same_get_finds_the_name_as_it_is(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *a, *b;
+	dlshare_bundle *bu;
+	uint64_t v, made;
+
+	assert_int_equal(setenv("DLSHARE_NO_REUSE", "1", 1), 0);
+	a = harness_connect(&fx->d);
+	b = harness_connect(&fx->d);
+	assert_int_equal(unsetenv("DLSHARE_NO_REUSE"), 0);
+	assert_int_equal(util_store(a, "v/other", DT_I32, 1, shape, 2, NULL), 0);
+	for (uint32_t round = 0; round < 4; round++) {
+		uint32_t seed = 10 + round;
+
+		assert_int_equal(util_store(a, "v/same", DT_I32, 1, shape, seed,
+					    &made), 0);
+		/* The same Get from both clients, in a row. */
+		for (int i = 0; i < 3; i++) {
+			assert_int_equal(util_get_check(i % 2 ? b : a, "v/same",
+							NULL, DT_I32, 1, shape,
+							seed, &v), 0);
+			assert_int_equal(v, made);
+		}
+		/* Another name's Get in between, then the first again. */
+		assert_int_equal(util_get_check(b, "v/other", NULL, DT_I32, 1,
+						shape, 2, NULL), 0);
+		assert_int_equal(util_get_check(b, "v/same", NULL, DT_I32, 1,
+						shape, seed, NULL), 0);
+		/* Gone: the same bytes find nothing, from either client. */
+		assert_int_equal(dlshare_delete(a, "v/same"), 0);
+		assert_int_equal(dlshare_get(a, "v/same", NULL, &bu),
+				 DLSHARE_ENOENT);
+		assert_int_equal(dlshare_get(b, "v/same", NULL, &bu),
+				 DLSHARE_ENOENT);
+	}
+	assert_int_equal(dlshare_delete(a, "v/other"), 0);
+	dlshare_disconnect(b);
+	dlshare_disconnect(a);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -356,6 +406,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(parked_gets, setup, teardown),
 		cmocka_unit_test_setup_teardown(timeouts, setup, teardown),
 		cmocka_unit_test_setup_teardown(delete_while_leased, setup, teardown),
+		cmocka_unit_test_setup_teardown(same_get_finds_the_name_as_it_is,
+						setup, teardown),
 	};
 
 	return cmocka_run_group_tests_name("versions", tests, NULL, NULL);
