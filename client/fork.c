@@ -7,7 +7,9 @@
  * as it starts, and every call on an inherited client fails with
  * DLSHARE_EFORK. Writable mappings of store buffers are made with the fork
  * lock held and marked MADV_DONTFORK, so that no child inherits one (the
- * daemon could not write-seal the buffer while it lives). Any thread.
+ * daemon could not write-seal the buffer while it lives); the memfds the
+ * library keeps for its writers (to write-seal them itself) are closed in a
+ * child as it starts, with the client's fds. Any thread.
  */
 #include "internal.h"
 
@@ -125,6 +127,35 @@ void fork_close_fds(dlshare_client *c)
 		close(c->wake_fd);
 	c->fd = -1;
 	c->wake_fd = -1;
+	/* A child's copies of the writers' memfds: they would keep the
+	 * buffers alive as long as the child, after the daemon let go. */
+	for (unsigned i = 0; i < c->nseal_fds; i++)
+		close(c->seal_fds[i]);
+	c->nseal_fds = 0;
+}
+
+int fork_keep_fd(dlshare_client *c, int fd)
+{
+	int kept = 0;
+
+	fork_hold();
+	if (c->nseal_fds < CLIENT_SEAL_FDS_MAX) {
+		c->seal_fds[c->nseal_fds++] = fd;
+		kept = 1;
+	}
+	fork_unhold();
+	return kept;
+}
+
+void fork_forget_fd(dlshare_client *c, int fd)
+{
+	fork_hold();
+	for (unsigned i = 0; i < c->nseal_fds; i++)
+		if (c->seal_fds[i] == fd) {
+			c->seal_fds[i] = c->seal_fds[--c->nseal_fds];
+			break;
+		}
+	fork_unhold();
 }
 
 int client_forked(const dlshare_client *c)

@@ -111,6 +111,12 @@ struct pending {
  * reads a few names per request (an encoder's and a decoder's weights, a
  * flag) gets each without a round trip. */
 #define CLIENT_WARM_MAX 8
+/* Pending store writers of one client whose memfds the library keeps to
+ * write-seal them itself at dlshare_seal (the daemon then publishes at
+ * once, without a trip to its thread pool); a writer beyond these closes
+ * its fd after mapping it, as before, and the daemon seals it on its
+ * pool. Bounds the fds the library holds for writers. */
+#define CLIENT_SEAL_FDS_MAX 64
 
 /* A get's reply kept for the next get of the same name (protocol 1.7):
  * while the board's word slot holds token, the name's newest version is
@@ -226,6 +232,11 @@ struct dlshare_client {
 	unsigned long fork_token;
 	int fork_listed;
 	struct dlshare_client *fork_prev, *fork_next;
+	/* The memfds of pending host writers, kept to write-seal at
+	 * dlshare_seal (producer.c), at most CLIENT_SEAL_FDS_MAX: a child
+	 * closes its copies as it starts, as it does the socket's. */
+	int seal_fds[CLIENT_SEAL_FDS_MAX];
+	unsigned nseal_fds;
 };
 
 /* A lease, shared by a bundle and the tensors exported from it. */
@@ -346,8 +357,15 @@ void fork_hold(void);
 void fork_unhold(void);
 void fork_add(dlshare_client *c);
 void fork_del(dlshare_client *c);
-/* Closes c's socket and eventfd in this process (a child's copies). */
+/* Closes c's socket and eventfd in this process (a child's copies), and
+ * the writers' memfds listed by fork_keep_fd. */
 void fork_close_fds(dlshare_client *c);
+/* Lists fd, a pending writer's memfd, among those a child closes as it
+ * starts. Returns 1, or 0 when c lists CLIENT_SEAL_FDS_MAX already (the
+ * caller closes fd then, or keeps it unlisted). */
+int fork_keep_fd(dlshare_client *c, int fd);
+/* Takes fd off c's list (before the caller closes it). */
+void fork_forget_fd(dlshare_client *c, int fd);
 /* 1 when c was connected by another process (this one is a fork of it):
  * nothing of c may then be used but its memory. */
 int client_forked(const dlshare_client *c);

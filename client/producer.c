@@ -5,6 +5,7 @@
 #include "cudalib.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +35,11 @@ struct dlshare_writer {
 				  * name the version by (0: a daemon before
 				  * 1.3, which goes by name and version) */
 	void *base;
-	int fd;                  /* host, WRITER_FD: the memfd, unmapped */
+	int fd;                  /* host: the memfd (WRITER_FD: unmapped;
+				  * else kept, when fd_listed, to write-seal
+				  * it at dlshare_seal), or -1 */
+	int fd_listed;           /* fd is on the client's fork list
+				  * (fork_keep_fd) */
 	int cuda_host;           /* base is registered with CUDA */
 	struct ibuf *dev;        /* device buffer: the library's mapping */
 	int ordinal;             /* device buffer: the local device */
@@ -145,10 +150,27 @@ static void send_abort(dlshare_writer *w)
 	errmsg_set(why);
 }
 
-/* Drops the writable mapping (and its CUDA registration). A device
- * buffer's mapping is the import cache's: unpinned, it stays cached until
- * the daemon frees the buffer. */
-static void writer_unmap(dlshare_writer *w)
+/* Closes w's memfd, taking it off the client's fork list first. */
+static void writer_close_fd(dlshare_writer *w)
+{
+	if (w->fd < 0)
+		return;
+	if (w->fd_listed)
+		fork_forget_fd(w->c, w->fd);
+	close(w->fd);
+	w->fd = -1;
+	w->fd_listed = 0;
+}
+
+/* Drops the writable mapping (and its CUDA registration), and with seal
+ * (dlshare_seal) write-seals the memfd it kept: F_SEAL_WRITE, which the
+ * kernel grants only once no writable mapping of it is left anywhere, is
+ * what the daemon would add on its thread pool; finding it there, the
+ * daemon publishes at once (daemon/seal.c). Where it fails (a pinned page,
+ * another mapping), the daemon's own seal says why. A device buffer's
+ * mapping is the import cache's: unpinned, it stays cached until the
+ * daemon frees the buffer. */
+static void writer_unmap(dlshare_writer *w, int seal)
 {
 	if (w->dev) {
 		client_unpin(w->c, &w->dev, 1);
@@ -158,20 +180,20 @@ static void writer_unmap(dlshare_writer *w)
 		w->base = NULL;
 		return;
 	}
-	if (w->fd >= 0)
-		close(w->fd);
-	w->fd = -1;
 	if (w->cuda_host)
 		cuda_host_unregister(w->base);
 	w->cuda_host = 0;
 	if (w->base)
 		munmap(w->base, w->size);
 	w->base = NULL;
+	if (seal && w->fd >= 0)
+		(void)fcntl(w->fd, F_ADD_SEALS, F_SEAL_WRITE);
+	writer_close_fd(w);
 }
 
 static void writer_free(dlshare_writer *w)
 {
-	writer_unmap(w);
+	writer_unmap(w, 0);
 	client_unref(w->c);
 	free(w->ts);
 	free(w);
@@ -541,6 +563,7 @@ static int writer_take_host(dlshare_writer *w, struct reply *r,
 		/* Ours now: reply_free closes only what is left. */
 		w->fd = r->fds[0];
 		r->fds[0] = -1;
+		w->fd_listed = fork_keep_fd(w->c, w->fd);
 		reply_free(w->c, r);
 		return 0;
 	}
@@ -548,7 +571,15 @@ static int writer_take_host(dlshare_writer *w, struct reply *r,
 	 * only once no writable mapping of it is left, and a child's would
 	 * outlive ours. */
 	w->base = fork_mmap_writable(w->size, r->fds[0]);
-	reply_free(w->c, r); /* closes the fd: the mapping holds the memory */
+	/* The fd stays, to write-seal at dlshare_seal, while the client
+	 * keeps fewer than CLIENT_SEAL_FDS_MAX; else reply_free closes it
+	 * (the mapping holds the memory) and the daemon seals. */
+	if (w->base != MAP_FAILED && fork_keep_fd(w->c, r->fds[0])) {
+		w->fd = r->fds[0];
+		w->fd_listed = 1;
+		r->fds[0] = -1;
+	}
+	reply_free(w->c, r);
 	if (w->base == MAP_FAILED) {
 		w->base = NULL;
 		send_abort(w);
@@ -596,7 +627,7 @@ static int writer_ready(dlshare_writer *w, uint32_t dev_type)
 	if (w->base && dev_type == kDLCUDAHost) {
 		err = cuda_host_register(w->base, w->size, 0);
 		if (err) {
-			writer_unmap(w);
+			writer_unmap(w, 0);
 			send_abort(w);
 			return err;
 		}
@@ -732,7 +763,7 @@ static void writer_unmap_after(dlshare_writer *w, void *stream)
 	}
 	free(lr);
 	cuda_stream_wait_host(stream, w->ordinal);
-	writer_unmap(w);
+	writer_unmap(w, 0);
 }
 
 int dlshare_seal(dlshare_writer *w, void *stream, uint64_t *version)
@@ -782,8 +813,8 @@ int dlshare_seal(dlshare_writer *w, void *stream, uint64_t *version)
 				cuda_stream_wait_host(stream, ord);
 		}
 		/* The daemon can only write-seal a memfd nobody maps
-		 * writable. */
-		writer_unmap(w);
+		 * writable; we seal it ourselves, right after. */
+		writer_unmap(w, 1);
 	}
 	f.body_case = DLSHARE__FRAME__BODY_SEAL;
 	f.seal = &s;
@@ -812,7 +843,7 @@ void dlshare_writer_abort(dlshare_writer *w)
 		writer_forget(w);
 		return;
 	}
-	writer_unmap(w);
+	writer_unmap(w, 0);
 	send_abort(w);
 	writer_free(w);
 }
@@ -863,8 +894,7 @@ static int writer_fill(dlshare_writer *w, DLManagedTensor *const *tensors)
 	if (w->fd < 0 || err == -EINVAL) {
 		if (w->fd >= 0) {
 			w->base = fork_mmap_writable(w->size, w->fd);
-			close(w->fd);
-			w->fd = -1;
+			writer_close_fd(w);
 			if (w->base == MAP_FAILED) {
 				w->base = NULL;
 				return DLSHARE_ENOMEM;

@@ -88,6 +88,13 @@ int host_seal_write(int fd)
 	return 0;
 }
 
+int host_write_sealed(int fd)
+{
+	int seals = fcntl(fd, F_GET_SEALS);
+
+	return seals >= 0 && (seals & F_SEAL_WRITE);
+}
+
 int host_seal_future_write(int fd)
 {
 	int seals = fcntl(fd, F_GET_SEALS);

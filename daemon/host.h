@@ -44,6 +44,9 @@ int host_create(const char *name, uint64_t size, uint64_t huge_min,
  * process still has a writable shared mapping of it or pinned pages, or
  * -errno. */
 int host_seal_write(int fd);
+/* 1 when fd is write-sealed already (F_SEAL_WRITE: the producer added it
+ * itself), else 0. One F_GET_SEALS, which never waits. */
+int host_write_sealed(int fd);
 
 /* Forbids new writable mappings and write() (F_SEAL_FUTURE_WRITE), keeping
  * the mappings that exist; nothing to do when fd is write-sealed already.

@@ -1,4 +1,5 @@
-/* seal — Seal requests, write-sealed on the thread pool. */
+/* seal — Seal requests, write-sealed on the thread pool (or at once, when
+ * the producer write-sealed its buffers itself). */
 #include "seal.h"
 
 #include <errno.h>
@@ -274,6 +275,19 @@ static unsigned seal_devices(const struct version *v,
 	return n;
 }
 
+/* Whether every host buffer of j is write-sealed already: libdlshare
+ * adds F_SEAL_WRITE itself at dlshare_seal, after its munmap (the kernel
+ * refuses the seal while any writable mapping is left, anywhere), so the
+ * buffer is as immutable as the pool's own seal would make it, and asking
+ * that costs one F_GET_SEALS each, which never waits. */
+static int seal_done_already(const struct seal_job *j)
+{
+	for (unsigned i = 0; i < j->nfds; i++)
+		if (!host_write_sealed(j->fds[i]))
+			return 0;
+	return 1;
+}
+
 void seal_request(struct peer *peer, uint64_t id, const Dlshare__Seal *m)
 {
 	struct daemon *d = peer->d;
@@ -347,6 +361,14 @@ void seal_request(struct peer *peer, uint64_t id, const Dlshare__Seal *m)
 			j->fds[j->nfds++] = v->buffers[i]->fd;
 	DL_APPEND(peer->seals, j);
 	peer->inflight++;
+	if (!j->ndev && seal_done_already(j)) {
+		/* Nothing left that could wait in the kernel: sealed here,
+		 * without the trip to the pool and back (two thread
+		 * wakeups), and not behind the uid's waiting seals. */
+		seal_finish(j, 0);
+		seal_uid_put(d, q);
+		return;
+	}
 	DL_APPEND2(q->waiting, j, qprev, qnext);
 	seal_pump(d, q);
 	seal_uid_put(d, q);

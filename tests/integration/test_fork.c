@@ -6,7 +6,8 @@
  * thread was parked in a get at the fork, and that get still completes. A
  * fork while a writer's store buffer is mapped (by create, or by a copying
  * publish on another thread) does not hand the child that writable mapping,
- * so the parent's seal succeeds. A child made without the fork handlers
+ * nor the buffer's memfd the library keeps for the seal, so the parent's
+ * seal succeeds. A child made without the fork handlers
  * (_Fork, as a raw clone) is refused too, and so is its own child on the
  * client it connected. */
 #include <errno.h>
@@ -16,10 +17,12 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -265,8 +268,43 @@ struct holder {
 	dlshare_writer *w;
 	void *base;
 	size_t len;
+	unsigned long ino;   /* the buffer's memfd's inode */
 	int pipe[2];
 };
+
+/* The inode of the file mapped at base (from /proc/self/maps), or 0. */
+static unsigned long mapped_inode(const void *base)
+{
+	FILE *f = fopen("/proc/self/maps", "re");
+	char line[512];
+	unsigned long lo, ino = 0, got;
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "%lx-%*x %*s %*s %*s %lu", &lo, &got) == 2 &&
+		    lo == (unsigned long)base) {
+			ino = got;
+			break;
+		}
+	fclose(f);
+	return ino;
+}
+
+/* How many of this process's fds are open on inode ino. */
+static int fds_on_inode(unsigned long ino)
+{
+	int n = 0;
+
+	for (int fd = 0; fd < 1024; fd++) {
+		struct stat st;
+
+		if (fstat(fd, &st) == 0 && st.st_ino == ino &&
+		    S_ISREG(st.st_mode))
+			n++;
+	}
+	return n;
+}
 
 static int child_holds(const struct daemon_proc *d, void *arg)
 {
@@ -274,7 +312,10 @@ static int child_holds(const struct daemon_proc *d, void *arg)
 	char b;
 
 	/* Alive while the parent seals: before then, nothing here may keep
-	 * the buffer mapped writable. */
+	 * the buffer mapped writable, nor hold its memfd (the library keeps
+	 * it, to write-seal it at dlshare_seal: a child's copy would keep
+	 * the buffer alive after the daemon let it go). */
+	CHILD_CHECK(fds_on_inode(h->ino) == 0);
 	CHILD_CHECK(read(h->pipe[0], &b, 1) == 1);
 	CHILD_CHECK(dlshare_writer_tensor(h->w, 0) == NULL);
 	CHILD_CHECK(msync(h->base, h->len, MS_ASYNC) < 0 && errno == ENOMEM);
@@ -300,8 +341,14 @@ static void fork_while_writer_mapped(void **state)
 	h.base = t->data;
 	h.len = util_nbytes(DT_F32, 1, big);
 	harness_fill(t->data, h.len, 3);
+	h.ino = mapped_inode(h.base);
+	assert_true(h.ino != 0);
+	/* Ours holds it (the library's fd, kept for the seal). */
+	assert_int_equal(fds_on_inode(h.ino), 1);
 	pid = util_spawn(&fx->d, child_holds, &h);
 	assert_int_equal(dlshare_seal(h.w, NULL, &v), 0);
+	/* Closed at the seal, after its F_SEAL_WRITE. */
+	assert_int_equal(fds_on_inode(h.ino), 0);
 	assert_int_equal(write(h.pipe[1], "x", 1), 1);
 	assert_int_equal(wait_within(pid, 3000), 0);
 	assert_int_equal(util_get_check(c, "fork/mapped", NULL, DT_F32, 1, big,

@@ -11,7 +11,9 @@
  * reader see data its producer did not write, and each failed publish
  * says why (its Seal found its version deleted), not what the library's
  * clean-up heard. On the wire, a writer id of another connection, or one
- * that was never handed out, finds nothing and harms nothing.
+ * that was never handed out, finds nothing and harms nothing. More
+ * pending writers than the library keeps memfds for (to write-seal them
+ * itself) all publish.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -19,9 +21,11 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -517,12 +521,53 @@ static void writer_ids_on_the_wire(void **state)
 	dlshare_disconnect(c);
 }
 
+/* ---- more pending writers than the library keeps fds for ------------------------- */
+
+/* The library keeps the memfd of at most 64 pending store writers of a
+ * client (CLIENT_SEAL_FDS_MAX, client/internal.h) to write-seal them
+ * itself at dlshare_seal; the daemon seals the others on its thread pool.
+ * 80 writers at once: the process holds 64 more fds, not 80, and every
+ * version, kept fd or not, is published whole and reads back. */
+#define KEPT_FDS 64
+#define MANY_WRITERS 80
+
+static void more_writers_than_kept_fds(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	dlshare_writer *w[MANY_WRITERS];
+	char name[32];
+	int before, after;
+
+	before = harness_fd_count(getpid());
+	for (int i = 0; i < MANY_WRITERS; i++) {
+		snprintf(name, sizeof(name), "many/%d", i);
+		w[i] = create16(c, name, (uint32_t)i + 1);
+	}
+	after = harness_fd_count(getpid());
+	assert_int_equal(after - before, KEPT_FDS);
+	/* Sealed in reverse: the writers without a kept fd go first. */
+	for (int i = MANY_WRITERS - 1; i >= 0; i--)
+		assert_int_equal(dlshare_seal(w[i], NULL, NULL), 0);
+	assert_int_equal(harness_fd_count(getpid()), before);
+	for (int i = 0; i < MANY_WRITERS; i++) {
+		snprintf(name, sizeof(name), "many/%d", i);
+		assert_int_equal(util_get_check(c, name, NULL, DT_F32, 1,
+						shape16, (uint32_t)i + 1, NULL),
+				 0);
+		assert_int_equal(dlshare_delete(c, name), 0);
+	}
+	dlshare_disconnect(c);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(stale_writer_one_client, setup, teardown),
 		cmocka_unit_test_setup_teardown(publish_while_deleted, setup, teardown),
 		cmocka_unit_test_setup_teardown(writer_ids_on_the_wire, setup, teardown),
+		cmocka_unit_test_setup_teardown(more_writers_than_kept_fds, setup,
+						teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
