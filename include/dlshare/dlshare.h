@@ -222,7 +222,10 @@ typedef struct dlshare_writer dlshare_writer;
  * The version is invisible to get until sealed, and dropped if the writer is
  * aborted or the connection closes first. opts may be NULL. With a kDLCUDA
  * device the buffer is GPU memory the daemon allocates on that GPU (by its
- * UUID; cuda-vmm), which outlives this process once sealed.
+ * UUID; cuda-vmm), which outlives this process once sealed. A host writer
+ * holds the buffer's memfd until the seal (up to 64 pending writers per
+ * client; a forked child closes its copies as it starts), to write-seal it
+ * itself there.
  * Returns 0 and a writer in *out, or DLSHARE_EINVAL, DLSHARE_ELIMIT,
  * DLSHARE_E2BIG, DLSHARE_EPERM, DLSHARE_ENOMEM, DLSHARE_ECONN; for a device,
  * also DLSHARE_ENODEV (no such GPU here or at the daemon) and
@@ -245,7 +248,9 @@ DLSHARE_API DLTensor *dlshare_writer_tensor(dlshare_writer *w, size_t i);
 DLSHARE_API uint64_t dlshare_writer_version(const dlshare_writer *w);
 
 /* Drops the writable mapping and seals the version: from now on it is
- * immutable and visible to get. stream is the producer's CUDA stream for
+ * immutable and visible to get. A host buffer is write-sealed here
+ * (F_SEAL_WRITE) before the Seal goes, so that the daemon publishes at
+ * once rather than on its thread pool. stream is the producer's CUDA stream for
  * device buffers and ignored for host ones (pass NULL): an event recorded
  * on it orders the consumers' streams after the writes queued so far, and
  * the host does not wait (the writer's mapping goes once the stream passed
