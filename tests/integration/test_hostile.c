@@ -491,6 +491,16 @@ static void seal_pinned(void **state)
 
 #define QUEUED 3
 
+/* Closes the QUEUED connections of a queue of pinned seals, and their pins. */
+static void queue_close(const int *sock, int (*pin)[2])
+{
+	for (int i = 0; i < QUEUED; i++) {
+		close(pin[i][0]);
+		close(pin[i][1]);
+		close(sock[i]);
+	}
+}
+
 /* Three connections of one uid each seal a pinned version at once: with
  * --uid-seals 1 they run one after the other (~150 ms each), so the last
  * answer comes after two others' waits. */
@@ -525,11 +535,7 @@ static int queued_sealer(const struct daemon_proc *d, void *arg)
 	/* The kernel waits >= 130 ms for each (150 ms in jiffies); side by
 	 * side all three would be back after one wait. */
 	CHILD_CHECK(last >= 2 * 130);
-	for (int i = 0; i < QUEUED; i++) {
-		close(pin[i][0]);
-		close(pin[i][1]);
-		close(sock[i]);
-	}
+	queue_close(sock, pin);
 	return 0;
 }
 
@@ -606,11 +612,7 @@ static int pinned_queue(const struct daemon_proc *d, void *arg)
 		if (i == 0)
 			CHILD_CHECK(write(sa->first, "f", 1) == 1);
 	}
-	for (int i = 0; i < QUEUED; i++) {
-		close(pin[i][0]);
-		close(pin[i][1]);
-		close(sock[i]);
-	}
+	queue_close(sock, pin);
 	return 0;
 }
 
