@@ -816,6 +816,7 @@ static int get_fetch(dlshare_client *c, const char *name,
 		     struct warm **seed)
 {
 	struct warm_name wn;
+	uint64_t pushed;
 	int err;
 
 	*seed = NULL;
@@ -826,11 +827,17 @@ static int get_fetch(dlshare_client *c, const char *name,
 		*gr = r->msg->frame->get_reply;
 		return 0;
 	}
+	pushed = client_rel_pushed(c);
 	err = get_send(c, f, r, gr);
 	/* Leases kept for reuse count toward the quotas (leases, leased
 	 * bytes) as any: refused at one, the get asks again with them
-	 * released, riding on it, as before 1.7 they would have. */
-	if (err == DLSHARE_ELIMIT && client_warm_let_go(c))
+	 * released, riding on it, as before 1.7 they would have. So it does
+	 * when the receiver thread queued releases after this get went (a
+	 * kept lease it found stale meanwhile): those went after the get,
+	 * and may be what made room. (The reading comes after let_go's
+	 * lock, which orders it after any such queueing.) */
+	if (err == DLSHARE_ELIMIT &&
+	    (client_warm_let_go(c) || client_rel_pushed(c) != pushed))
 		err = get_send(c, f, r, gr);
 	if (err)
 		return err;

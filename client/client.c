@@ -439,6 +439,10 @@ static int rel_push(dlshare_client *c, uint64_t lease)
 	if (c->nrel == c->caprel)
 		return 0;
 	c->rel[c->nrel++] = lease;
+	atomic_store_explicit(&c->rel_pushed,
+			      atomic_load_explicit(&c->rel_pushed,
+						   memory_order_relaxed) + 1,
+			      memory_order_relaxed);
 	return 1;
 }
 
@@ -1742,6 +1746,11 @@ void client_warm_keep(dlshare_client *c, struct warm *w, struct ibuf **pins,
 	pthread_mutex_unlock(&c->lock);
 	if (old)
 		warm_recycle(c, old);
+}
+
+uint64_t client_rel_pushed(dlshare_client *c)
+{
+	return atomic_load_explicit(&c->rel_pushed, memory_order_relaxed);
 }
 
 int client_warm_let_go(dlshare_client *c)

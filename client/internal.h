@@ -215,6 +215,9 @@ struct dlshare_client {
 	unsigned deferred_busy;
 	uint64_t *rel;           /* lease ids to release */
 	size_t nrel, caprel;
+	/* Releases ever queued (rel_push; written under lock): a get refused
+	 * with ELIMIT asks again when some were queued since it went. */
+	_Atomic uint64_t rel_pushed;
 	/* The version board (1.7): the daemon's read-only words, mapped at
 	 * the Hello; NULL without one (an older daemon, --board-slots 0, or
 	 * DLSHARE_NO_REUSE=1 at connect). */
@@ -316,6 +319,8 @@ void client_warm_free(struct warm *w);
 /* Queues the releases of every lease c keeps (they ride on the next
  * call). Returns whether it kept any. */
 int client_warm_let_go(dlshare_client *c);
+/* How many releases c ever queued (any thread): compare two readings. */
+uint64_t client_rel_pushed(dlshare_client *c);
 
 /* Gives up a lease whose tensors may still be read by queued device work:
  * the mapping is closed and the Release sent only once lr->event completed
