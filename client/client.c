@@ -439,6 +439,8 @@ static int rel_push(dlshare_client *c, uint64_t lease)
 	if (c->nrel == c->caprel)
 		return 0;
 	c->rel[c->nrel++] = lease;
+	/* Under c->lock, the only writer: a plain increment (no locked
+	 * read-modify-write per release); atomic for get_fetch's read. */
 	atomic_store_explicit(&c->rel_pushed,
 			      atomic_load_explicit(&c->rel_pushed,
 						   memory_order_relaxed) + 1,
