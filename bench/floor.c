@@ -27,7 +27,8 @@
  *       shared 4 KiB memfd mapped), so its exit tears down as much.
  *   dlshare-floor handoff --bytes B --iters N [--huge 2M|1G]
  *       the kernel's part of a store-mode handoff: a memfd written through a
- *       shared mapping, munmap, F_SEAL_WRITE, its fd sent over a SEQPACKET
+ *       shared mapping, munmap (after MADV_SEQUENTIAL, as libdlshare
+ *       unmaps), F_SEAL_WRITE, its fd sent over a SEQPACKET
  *       socket to another process that maps it read-only; prints the
  *       medians of the whole and of each step in ns. With --huge the memfd
  *       is made of 2 MiB or 1 GiB huge pages (MFD_HUGETLB; the kernel's
@@ -535,6 +536,10 @@ static int floor_handoff(uint64_t bytes, long iters, int huge)
 			die("mmap");
 		memset(p, (int)i, bytes);
 		t0 = util_now_ns();
+		/* As libdlshare does (hostmem_unmap): without it the unmap
+		 * marks every page accessed, and whichever of the two
+		 * unmaps comes second moves each to the active LRU list. */
+		madvise(p, bytes, MADV_SEQUENTIAL);
 		munmap(p, bytes);
 		t1 = util_now_ns();
 		if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE) < 0)
@@ -601,6 +606,7 @@ static double fill_once(const char *src, uint64_t bytes, int method)
 			return -1;
 		}
 		memcpy(p, src, bytes);
+		madvise(p, bytes, MADV_SEQUENTIAL); /* see floor_handoff */
 		munmap(p, bytes);
 	}
 	if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE) < 0)

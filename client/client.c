@@ -101,8 +101,7 @@ static void ibuf_unmap(struct ibuf *b)
 	}
 	if (b->cuda_host)
 		cuda_host_unregister(b->base);
-	if (b->base)
-		munmap(b->base, b->size);
+	hostmem_unmap(b->base, b->size);
 }
 
 static void client_free(dlshare_client *c)

@@ -46,6 +46,17 @@ static void hostmem_once(void)
 	pthread_atfork(on_prepare, on_parent, on_child);
 }
 
+void hostmem_unmap(void *p, size_t len)
+{
+	if (!p)
+		return;
+	/* VM_SEQ_READ: the unmap leaves the pages' LRU state as it is. A
+	 * mapping about to go has no recency worth keeping. */
+	if (len >= HOSTMEM_UNMAP_HINT_MIN)
+		(void)madvise(p, len, MADV_SEQUENTIAL);
+	munmap(p, len);
+}
+
 static void halloc_delete(DLManagedTensor *mt)
 {
 	struct halloc *h = mt->manager_ctx;
@@ -57,7 +68,7 @@ static void halloc_delete(DLManagedTensor *mt)
 			break;
 		}
 	pthread_mutex_unlock(&lock);
-	munmap(h->base, h->size);
+	hostmem_unmap(h->base, h->size);
 	close(h->fd);
 	free(h);
 }

@@ -386,6 +386,16 @@ void *fork_mmap_writable(size_t size, int fd);
  * it). Returns 0, DLSHARE_ENOENT, or DLSHARE_ELIMIT (no fd for the dup). */
 int hostmem_find(const void *p, uint64_t len, void **base, uint64_t *size,
 		 int *fd);
+/* Unmaps a shared mapping of a buffer [p, p+len) that this process is
+ * done with. From HOSTMEM_UNMAP_HINT_MIN bytes on it first tells the
+ * kernel the mapping's accessed bits are worth nothing (MADV_SEQUENTIAL):
+ * otherwise the unmap marks each page it finds young accessed again, and
+ * a page already marked (populated, or read through another mapping) is
+ * moved to the active LRU list one by one, which made the unmap of a
+ * written 1 GiB take twice as long (BENCHMARKS.md, issue 16 session 15).
+ * No-op for p NULL. */
+#define HOSTMEM_UNMAP_HINT_MIN (64u << 10)
+void hostmem_unmap(void *p, size_t len);
 
 /* The compact byte size of t, or a negative code. */
 int tensor_bytes(const DLTensor *t, uint64_t *out);

@@ -183,8 +183,7 @@ static void writer_unmap(dlshare_writer *w, int seal)
 	if (w->cuda_host)
 		cuda_host_unregister(w->base);
 	w->cuda_host = 0;
-	if (w->base)
-		munmap(w->base, w->size);
+	hostmem_unmap(w->base, w->size);
 	w->base = NULL;
 	if (seal && w->fd >= 0)
 		(void)fcntl(w->fd, F_ADD_SEALS, F_SEAL_WRITE);
