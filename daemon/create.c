@@ -7,6 +7,7 @@
 #include "memcg.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,6 +98,8 @@ struct gpu_job {
 	uint64_t deadline;        /* of its wait for room (create_resume) */
 	int err;
 	const char *why;
+	struct closer_wait again; /* made once more after the closer's frees */
+	int retried;
 };
 
 /* Answers a create whose host memory could not be allocated: how much it
@@ -350,6 +353,17 @@ static void gpu_job_free(struct gpu_job *j)
 	free(j);
 }
 
+static void gpu_job_done(uv_work_t *req, int status);
+
+static void gpu_job_again(struct closer_wait *w)
+{
+	struct gpu_job *j = (struct gpu_job *)((char *)w -
+					       offsetof(struct gpu_job, again));
+
+	/* Fails only without a work callback. */
+	(void)uv_queue_work(j->d->loop, &j->req, gpu_job_work, gpu_job_done);
+}
+
 /* Loop: answers the Create, unless its peer went meanwhile. */
 static void gpu_job_done(uv_work_t *req, int status)
 {
@@ -358,6 +372,17 @@ static void gpu_job_done(uv_work_t *req, int status)
 	Dlshare__Create *m = j->create;
 	struct daemon *d = j->d;
 
+	/* The memory may be short only until the pages of buffers let go
+	 * just before are freed, off the loop (closer.c): then the buffers
+	 * are made once more. The job stays its peer's meanwhile. */
+	if (!status && j->err == HOST_ENOBACK && !j->retried &&
+	    closer_busy(&d->closer)) {
+		j->retried = 1;
+		j->err = 0;
+		j->again.fn = gpu_job_again;
+		closer_when_idle(&d->closer, &j->again);
+		return;
+	}
 	if (!peer) {
 		gpu_job_free(j);
 		return;
@@ -512,7 +537,9 @@ static void create_gpu(struct peer *peer, uint64_t id, const Dlshare__Create *m,
 
 /* Makes the version's buffers: on the loop when they are host memory under
  * CREATE_BACK_INLINE_MAX in all (backing them is quick), else on the thread
- * pool. The manifest, when there is one, goes along. */
+ * pool; there too while the closer frees let-go buffers, so that a create
+ * the memory those hold refuses is made again once they are freed
+ * (gpu_job_done). The manifest, when there is one, goes along. */
 static void create_route(struct peer *peer, uint64_t id,
 			 const Dlshare__Create *m,
 			 struct registry_manifest *manifest, uint64_t deadline)
@@ -529,6 +556,10 @@ static void create_route(struct peer *peer, uint64_t id,
 			create_gpu(peer, id, m, manifest, deadline);
 			return;
 		}
+	}
+	if (host && closer_busy(&peer->d->closer)) {
+		create_gpu(peer, id, m, manifest, deadline);
+		return;
 	}
 	create_finish(peer, id, m, NULL, manifest);
 }

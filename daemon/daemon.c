@@ -40,6 +40,7 @@ int daemon_init(struct daemon *d, uv_loop_t *loop,
 		return err;
 	}
 	registry_init(&d->reg, reg, rops, d);
+	closer_init(&d->closer, loop, &d->reg);
 	if (d->board.fd >= 0)
 		d->reg.board = &d->board;
 	return 0;
@@ -47,6 +48,7 @@ int daemon_init(struct daemon *d, uv_loop_t *loop,
 
 void daemon_deinit(struct daemon *d)
 {
+	closer_deinit(&d->closer);
 	registry_deinit(&d->reg);
 	board_deinit(&d->board);
 	conn_set_deinit(&d->conns);

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "closer.h"
 #include "conn.h"
 #include "metrics.h"
 #include "registry.h"
@@ -56,6 +57,8 @@ struct daemon {
 	uv_loop_t *loop;
 	const struct daemon_limits *limits;
 	struct registry reg;
+	struct closer closer;     /* the registry's large fds, closed off
+				   * the loop (ops->close_aside) */
 	struct board board;       /* the version board (1.7), the registry's */
 	struct conn_limits conn_limits; /* from limits, for conns */
 	struct conn_set conns;    /* every peer's conn (struct peer) */

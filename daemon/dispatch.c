@@ -572,6 +572,13 @@ static void on_buffer_freed(void *ud, struct rbuffer *b)
 	peer_buffer_freed(b);
 }
 
+static int on_close_aside(void *ud, int fd)
+{
+	struct daemon *d = ud;
+
+	return closer_take(&d->closer, fd);
+}
+
 static void on_events_freed(void *ud, void *events)
 {
 	seal_events_free(ud, events);
@@ -600,6 +607,7 @@ const struct registry_ops dispatch_registry_ops = {
 	.published = on_published,
 	.retired = on_retired,
 	.buffer_freed = on_buffer_freed,
+	.close_aside = on_close_aside,
 	.events_freed = on_events_freed,
 	.now_ms = on_now_ms,
 	.expiry_changed = on_expiry_changed,

@@ -496,15 +496,39 @@ static void buffer_count(struct registry *r, struct rbuffer *b, int add)
 	}
 }
 
+/* Closes fd, which a host buffer (or manifest) of size bytes held: a
+ * large one off the loop where ops->close_aside takes it. */
+static void close_host_fd(struct registry *r, int fd, uint64_t size)
+{
+	if (fd < 0)
+		return;
+	if (size >= REGISTRY_CLOSE_ASIDE_MIN && r->ops &&
+	    r->ops->close_aside && r->ops->close_aside(r->ud, fd) == 0) {
+		r->fds_closing++;
+		return;
+	}
+	close(fd);
+}
+
+void registry_fds_closed(struct registry *r, size_t n)
+{
+	r->fds_closing -= n;
+}
+
 /* Lets go of what b holds; its memory is its version's. */
 static void buffer_drop(struct registry *r, struct rbuffer *b)
 {
 	if (r->ops && r->ops->buffer_freed)
 		r->ops->buffer_freed(r->ud, b);
-	if (b->fd >= 0)
-		close(b->fd);
-	if (b->ro_fd >= 0)
-		close(b->ro_fd);
+	if (b->kind == DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST) {
+		close_host_fd(r, b->fd, b->size);
+		close_host_fd(r, b->ro_fd, b->size);
+	} else {
+		if (b->fd >= 0)
+			close(b->fd);
+		if (b->ro_fd >= 0)
+			close(b->ro_fd);
+	}
 	r->nbuffers--;
 	r->bytes -= b->size;
 	buffer_count(r, b, 0);
@@ -673,7 +697,7 @@ static void version_destroy(struct registry *r, struct version *v)
 		 * named again. */
 		if (v->cold->mbuf.id && r->ops && r->ops->buffer_freed)
 			r->ops->buffer_freed(r->ud, &v->cold->mbuf);
-		close(v->manifest_fd);
+		close_host_fd(r, v->manifest_fd, v->cold->mbuf.size);
 		r->nfds--;
 	}
 	r->meta_bytes -= v->meta_bytes;
@@ -1074,7 +1098,8 @@ static int quota_check(struct registry *r, struct registry_owner *o,
 	 * every fd of the daemon. */
 	if (!exported && o->npending >= l->max_pending)
 		return refuse(why, METRICS_LIMIT_MAX_PENDING, "pending versions per connection", -EDQUOT);
-	if (l->max_open_fds && r->nfds + r->fds_queued + nfds > l->max_open_fds)
+	if (l->max_open_fds &&
+	    r->nfds + r->fds_queued + r->fds_closing + nfds > l->max_open_fds)
 		return refuse(why, METRICS_LIMIT_MAX_OPEN_FDS, "open fds of the daemon", -ENOSPC);
 	if (!u)
 		return 0;

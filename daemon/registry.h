@@ -377,6 +377,11 @@ struct registry_ops {
 	void (*events_freed)(void *ud, void *events);
 	/* A buffer is about to be freed: forget it. */
 	void (*buffer_freed)(void *ud, struct rbuffer *b);
+	/* Takes fd, of a host buffer of at least REGISTRY_CLOSE_ASIDE_MIN
+	 * bytes the registry let go, to close off the loop. Returns 0 (the
+	 * callee calls registry_fds_closed once it closed it), or non-zero:
+	 * the registry closes it at once. NULL: always at once. */
+	int (*close_aside)(void *ud, int fd);
 	/* The clock TTLs are counted on, in ms (monotonic); NULL: always 0. */
 	uint64_t (*now_ms)(void *ud);
 	/* The earliest TTL expiry may have moved earlier: the caller's timer
@@ -460,6 +465,13 @@ struct registry_limits {
 #define REGISTRY_FDS_HOST 2u
 #define REGISTRY_FDS_VMM 1u
 
+/* Host buffers from this size on are closed off the loop when the
+ * registry lets them go (ops->close_aside): the close of a memfd's last
+ * reference frees its pages in the closing thread, ~0.2 µs a page on the
+ * machine of BENCHMARKS.md (~50 µs here, ~50 ms for 1 GiB). Below it a
+ * close on the loop costs less than handing the fd to another thread. */
+#define REGISTRY_CLOSE_ASIDE_MIN (256u << 10)
+
 /* A name's TTL is at most a week unless the operator says otherwise
  * (--max-ttl); the wire's uint32 ms reach 49 days. */
 #define REGISTRY_MAX_TTL_MS_DEFAULT (7u * 24 * 3600 * 1000)
@@ -529,6 +541,9 @@ struct registry {
 	uint64_t nfds;            /* fds the live buffers may hold (struct
 				   * version: nfds), for max_open_fds */
 	uint64_t fds_queued;      /* fds in replies not yet sent (conn.c) */
+	uint64_t fds_closing;     /* fds handed to ops->close_aside, not
+				   * yet closed: still open, so still
+				   * counted against max_open_fds */
 	/* Names with a TTL: a binary min-heap on expires_ms (lifetime.c). */
 	struct entry **ttl_heap;
 	uint32_t ttl_n, ttl_cap;
@@ -553,6 +568,8 @@ void registry_init(struct registry *r, const struct registry_limits *l,
  * emptied of them); callbacks are not called. Owners attached with
  * registry_owner_attach must be dropped first. */
 void registry_deinit(struct registry *r);
+/* n fds handed to ops->close_aside were closed. */
+void registry_fds_closed(struct registry *r, size_t n);
 
 void registry_owner_init(struct registry_owner *o, uid_t uid, gid_t gid,
 			 pid_t pid);
