@@ -592,6 +592,15 @@ static int section_handoff(const struct plan *pl)
 	struct fig *ecr = report_decl("export_handoff_big_over_4KiB_evicted",
 		"x", "export: handoff %s / 4 KiB, both after writing %s",
 		big, big);
+	/* The daemon letting go of a large version nobody maps: its pages
+	 * are freed by whoever closes the last reference (since session 15
+	 * a pool thread, before it the loop: every peer waited). */
+	struct fig *fz0 = report_decl("free_none_worst_get_ms", "ms",
+		"free: a client's worst get in 200 ms, nothing freed");
+	struct fig *fz = report_decl("free_big_worst_get_ms", "ms",
+		"free: the same while the daemon frees a written %s", big);
+	struct fig *fzr = report_decl("free_big_worst_get_over_none", "x",
+		"free: worst get while freeing %s / nothing freed", big);
 	report_goal(key, REPORT_GOAL_LE, 1.2);
 	report_goal(ekey, REPORT_GOAL_LE, 1.2);
 	if (!is_gib) {
@@ -622,6 +631,7 @@ static int section_handoff(const struct plan *pl)
 	for (int r = 0; r < pl->reps; r++) {
 		double s_fl = NAN, b_fl = NAN, s_dl = NAN, b_dl = NAN;
 		double s_ex = NAN, b_ex = NAN, b_hp = NAN, c_ex = NAN;
+		double z0, z;
 
 		progress("handoff: repeat %d/%d (%s)", r + 1, pl->reps, big);
 		for (int side = 0; side < 2; side++) {
@@ -696,6 +706,11 @@ static int section_handoff(const struct plan *pl)
 			report_add(hb, b_hp);
 			report_add(hr, b_hp * 1e3 / s_dl);
 		}
+		if (fig_free(&d, 0, &z0) || fig_free(&d, pl->big, &z))
+			goto out;
+		report_add(fz0, z0 / 1e6);
+		report_add(fz, z / 1e6);
+		report_add(fzr, z / z0);
 	}
 	rc = 0;
 out:

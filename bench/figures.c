@@ -638,6 +638,105 @@ int fig_handoff(const struct daemon_proc *d, uint64_t bytes, long iters,
 	return in_child(handoff_child, &a, out, (int)iters) == iters ? 0 : -1;
 }
 
+/* ---- a large version freed --------------------------------------------- */
+
+struct free_arg {
+	const struct daemon_proc *d;
+	uint64_t bytes;
+};
+
+/* Another client's worst get+release of a 4 KiB name over FREE_WINDOW_MS,
+ * in ns; with a version of bytes bytes deleted at its start (bytes 0:
+ * nothing deleted). The reader is a process of its own. */
+#define FREE_WINDOW_MS 200
+
+static int free_child(void *arg, double *out, int max)
+{
+	struct free_arg *a = arg;
+	dlshare_client *c = connect_or_die(a->d);
+	const int64_t shape[] = { (int64_t)(a->bytes / 4) }, one[] = { 1024 };
+	dlshare_tensor_spec big = { .dtype = { kDLFloat, 32, 1 }, .ndim = 1,
+				    .shape = shape };
+	dlshare_tensor_spec small = big;
+	volatile uint64_t *worst;
+	dlshare_writer *w;
+	int p[2], err = 0, n = -1;
+	pid_t pid;
+
+	small.shape = one;
+	worst = mmap(NULL, sizeof(*worst), PROT_READ | PROT_WRITE,
+		     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (max < 1 || worst == MAP_FAILED || pipe2(p, O_CLOEXEC) < 0)
+		return -1;
+	if (!(err = dlshare_create(c, "bench/free/small", &small, 1, NULL, &w)))
+		err = dlshare_seal(w, NULL, NULL);
+	if (!err && a->bytes &&
+	    !(err = dlshare_create(c, "bench/free/big", &big, 1, NULL, &w))) {
+		/* Written, as a batch or a weight is. */
+		memset(dlshare_writer_tensor(w, 0)->data, 1, a->bytes);
+		err = dlshare_seal(w, NULL, NULL);
+	}
+	if (err) {
+		fail("free: make the versions", err);
+		return -1;
+	}
+	pid = util_fork();
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		/* The reader: gets until the window is over. */
+		dlshare_client *r = connect_or_die(a->d);
+		uint64_t end, t0, dt, most = 0;
+		DLManagedTensor *t;
+		char go;
+
+		close(p[1]);
+		if (read(p[0], &go, 1) != 1)
+			_exit(1);
+		end = util_now_ns() + FREE_WINDOW_MS * UINT64_C(1000000);
+		while ((t0 = util_now_ns()) < end) {
+			if (dlshare_get_tensor(r, "bench/free/small", NULL, &t))
+				_exit(1);
+			t->deleter(t);
+			dt = util_now_ns() - t0;
+			if (dt > most)
+				most = dt;
+			usleep(100);
+		}
+		*worst = most;
+		dlshare_disconnect(r);
+		_exit(0);
+	}
+	close(p[0]);
+	/* The reader connects, then reads for 20 ms before the delete. */
+	util_sleep_ms(50);
+	if (write(p[1], "g", 1) == 1) {
+		util_sleep_ms(20);
+		if (a->bytes && (err = dlshare_delete(c, "bench/free/big")))
+			fail("free: delete", err);
+		else
+			n = 0;
+	}
+	close(p[1]);
+	if (child_wait(pid) != 0)
+		n = -1;
+	if (n == 0) {
+		out[0] = (double)*worst;
+		n = 1;
+	}
+	dlshare_delete(c, "bench/free/small");
+	dlshare_disconnect(c);
+	munmap((void *)worst, sizeof(*worst));
+	return n;
+}
+
+int fig_free(const struct daemon_proc *d, uint64_t bytes, double *worst_ns)
+{
+	struct free_arg a = { d, bytes };
+
+	return in_child(free_child, &a, worst_ns, 1) == 1 ? 0 : -1;
+}
+
 /* ---- publish (copy) ------------------------------------------------------ */
 
 struct pubcopy_arg {

@@ -75,6 +75,12 @@ int fig_throughput(const struct daemon_proc *d, const char *name, int n,
 int fig_handoff(const struct daemon_proc *d, uint64_t bytes, long iters,
 		int exported, uint64_t evict, double *out);
 
+/* Another client's worst get+release of a 4 KiB name (ns, into
+ * *worst_ns) over 200 ms, 20 ms into which a written version of bytes
+ * bytes that nobody maps is deleted: the daemon lets go of its memory then
+ * (bytes 0: nothing is deleted, the same reader alone). */
+int fig_free(const struct daemon_proc *d, uint64_t bytes, double *worst_ns);
+
 /* dlshare_publish with DLSHARE_PUBLISH_COPY of a float32 tensor of bytes
  * bytes from written private memory, iters times (one name, each version
  * replacing the last): each call's time in ns into out. strided: the

@@ -182,7 +182,10 @@ static const struct opt opts[] = {
 	  "the hard one at start; 0 leaves out of that 128 fds of its own and "
 	  "one per connection (max-connections), so that accepting and "
 	  "serving a new peer always finds an fd. A create, publish or get "
-	  "past it fails with DLSHARE_ELIMIT.",
+	  "past it fails with DLSHARE_ELIMIT. The fds of a host buffer of "
+	  "256 KiB or more that the daemon lets go are closed on its thread "
+	  "pool (the close frees the pages, ~50 ms per GiB, which the loop "
+	  "must not wait for) and count until they are.",
 	  "0, RLIMIT_NOFILE less 128 and max-connections" },
 	{ "hello-timeout", 0, OPT_U32, "MS", 100, 3600 * 1000,
 	  SRV(limits.hello_timeout_ms), NULL,
