@@ -35,6 +35,7 @@ static void close_done(uv_work_t *req, int status)
 	cl->job = NULL;
 	cl->njob = 0;
 	cl->busy = 0;
+	cl->jobs_done++;
 	if (cl->nwait) {
 		closer_start(cl);
 		return;
@@ -80,6 +81,11 @@ int closer_take(struct closer *cl, int fd)
 int closer_busy(const struct closer *cl)
 {
 	return cl->busy;
+}
+
+uint64_t closer_jobs_done(const struct closer *cl)
+{
+	return cl->jobs_done;
 }
 
 void closer_when_idle(struct closer *cl, struct closer_wait *w)

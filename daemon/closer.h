@@ -13,6 +13,7 @@
 #define DLSHARE_CLOSER_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <uv.h>
 
 struct registry;
@@ -34,6 +35,7 @@ struct closer {
 	int *job;                 /* being closed by req */
 	size_t njob;
 	struct closer_wait *idle; /* to call once nothing is left to close */
+	uint64_t jobs_done;       /* jobs finished so far */
 };
 
 /* An idle closer for reg's fds on loop's thread pool. */
@@ -44,6 +46,8 @@ int closer_take(struct closer *cl, int fd);
 /* Whether fds handed over are not all closed yet: their memory may not be
  * free yet either. */
 int closer_busy(const struct closer *cl);
+/* Moves each time a job finishes (memory may have been freed since). */
+uint64_t closer_jobs_done(const struct closer *cl);
 /* Calls w->fn once every fd handed over so far, and since, is closed (from
  * the loop, in a later turn). Only while closer_busy. */
 void closer_when_idle(struct closer *cl, struct closer_wait *w);

@@ -99,6 +99,7 @@ struct gpu_job {
 	int err;
 	const char *why;
 	struct closer_wait again; /* made once more after the closer's frees */
+	uint64_t closer_jobs;     /* closer_jobs_done when it was queued */
 	int retried;
 };
 
@@ -372,19 +373,25 @@ static void gpu_job_done(uv_work_t *req, int status)
 	Dlshare__Create *m = j->create;
 	struct daemon *d = j->d;
 
-	/* The memory may be short only until the pages of buffers let go
-	 * just before are freed, off the loop (closer.c): then the buffers
-	 * are made once more. The job stays its peer's meanwhile. */
+	if (!peer) {
+		gpu_job_free(j);
+		return;
+	}
+	/* The memory may have been short only until the pages of buffers
+	 * let go just before were freed, off the loop (closer.c): then the
+	 * buffers are made once more, after the frees pending now, or at
+	 * once when some finished since the job went. The job stays its
+	 * peer's meanwhile. */
 	if (!status && j->err == HOST_ENOBACK && !j->retried &&
-	    closer_busy(&d->closer)) {
+	    (closer_busy(&d->closer) ||
+	     closer_jobs_done(&d->closer) != j->closer_jobs)) {
 		j->retried = 1;
 		j->err = 0;
 		j->again.fn = gpu_job_again;
-		closer_when_idle(&d->closer, &j->again);
-		return;
-	}
-	if (!peer) {
-		gpu_job_free(j);
+		if (closer_busy(&d->closer))
+			closer_when_idle(&d->closer, &j->again);
+		else
+			gpu_job_again(&j->again);
 		return;
 	}
 	DL_DELETE(peer->jobs, j);
@@ -525,6 +532,7 @@ static void create_gpu(struct peer *peer, uint64_t id, const Dlshare__Create *m,
 	j->huge_min = d->reg.limits.huge_min;
 	j->peer = peer;
 	j->req.data = j;
+	j->closer_jobs = closer_jobs_done(&d->closer);
 	err = uv_queue_work(d->loop, &j->req, gpu_job_work, gpu_job_done);
 	if (err) {
 		gpu_job_free(j);
