@@ -48,6 +48,7 @@ struct dlshare_writer {
 	uint64_t size;
 	size_t n;
 	struct wtensor *ts;
+	int seal_busy;           /* our F_SEAL_WRITE was refused (EBUSY) */
 };
 
 /* Wire descriptions of n tensors; lives for one request. */
@@ -185,8 +186,9 @@ static void writer_unmap(dlshare_writer *w, int seal)
 	w->cuda_host = 0;
 	hostmem_unmap(w->base, w->size);
 	w->base = NULL;
-	if (seal && w->fd >= 0)
-		(void)fcntl(w->fd, F_ADD_SEALS, F_SEAL_WRITE);
+	if (seal && w->fd >= 0 &&
+	    fcntl(w->fd, F_ADD_SEALS, F_SEAL_WRITE) < 0 && errno == EBUSY)
+		w->seal_busy = 1;
 	writer_close_fd(w);
 }
 
@@ -814,6 +816,21 @@ int dlshare_seal(dlshare_writer *w, void *stream, uint64_t *version)
 		/* The daemon can only write-seal a memfd nobody maps
 		 * writable; we seal it ourselves, right after. */
 		writer_unmap(w, 1);
+		/* The kernel refused: a writable mapping is left somewhere,
+		 * or pages stayed pinned through its wait for them. The
+		 * daemon's seal would be refused too, after another such
+		 * wait: the version is dropped now. */
+		if (w->seal_busy) {
+			char msg[CHECK_NAME_MAX + 128];
+
+			snprintf(msg, sizeof(msg), "seal %s: a writable mapping "
+				 "or pinned pages (e.g. vmsplice, O_DIRECT, "
+				 "RDMA) of a buffer still exist", w->name);
+			errmsg_set(msg);
+			send_abort(w);
+			writer_free(w);
+			return DLSHARE_EBUSY;
+		}
 	}
 	f.body_case = DLSHARE__FRAME__BODY_SEAL;
 	f.seal = &s;

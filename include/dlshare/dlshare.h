@@ -250,7 +250,9 @@ DLSHARE_API uint64_t dlshare_writer_version(const dlshare_writer *w);
 /* Drops the writable mapping and seals the version: from now on it is
  * immutable and visible to get. A host buffer is write-sealed here
  * (F_SEAL_WRITE) before the Seal goes, so that the daemon publishes at
- * once rather than on its thread pool. stream is the producer's CUDA stream for
+ * once rather than on its thread pool; when the kernel refuses that seal
+ * (the kernel first waits a while for pinned pages), the version is
+ * dropped without asking the daemon, and DLSHARE_EBUSY returned. stream is the producer's CUDA stream for
  * device buffers and ignored for host ones (pass NULL): an event recorded
  * on it orders the consumers' streams after the writes queued so far, and
  * the host does not wait (the writer's mapping goes once the stream passed

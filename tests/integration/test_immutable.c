@@ -165,9 +165,23 @@ static int sealing_producer(const struct daemon_proc *d, void *arg)
 		pause();
 		_exit(0);
 	}
-	CHILD_ERR(dlshare_seal(w, NULL, NULL), DLSHARE_EBUSY);
-	/* The daemon's reason, not the abort's that followed. */
-	CHILD_CHECK(strstr(dlshare_last_error(), "seal imm/busy"));
+	{
+		dlshare_stats s0, s1, s2;
+
+		/* Requests the daemon served: two Stats in a row, as a
+		 * baseline; then around the seal, which the library's own
+		 * F_SEAL_WRITE refuses: only its Abort goes (the daemon's
+		 * seal would be refused too, after another wait for pins). */
+		CHILD_OK(dlshare_stats_get(c, &s0));
+		CHILD_OK(dlshare_stats_get(c, &s1));
+		CHILD_ERR(dlshare_seal(w, NULL, NULL), DLSHARE_EBUSY);
+		/* The reason, not the abort's that followed. */
+		CHILD_CHECK(strstr(dlshare_last_error(), "seal imm/busy"));
+		CHILD_CHECK(strstr(dlshare_last_error(), "writable mapping"));
+		CHILD_OK(dlshare_stats_get(c, &s2));
+		CHILD_CHECK(s2.requests - s1.requests ==
+			    (s1.requests - s0.requests) + 1);
+	}
 	kill(keeper, SIGKILL);
 	CHILD_CHECK(harness_wait(keeper) == 128 + SIGKILL);
 	CHILD_ERR(dlshare_stat(c, "imm/busy", &info, NULL), DLSHARE_ENOENT);
