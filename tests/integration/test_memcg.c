@@ -479,10 +479,12 @@ static void small_group(void **state)
 
 	/* Room for one large version only, deleted and made again at
 	 * once: the new one's pages are asked for while the old one's may
-	 * still be being freed on the pool. Every create must succeed. Here
-	 * the kernel's own retries of a memcg charge absorb the overlap, so
-	 * this does not show the daemon's retry of such a create
-	 * (gpu_job_done) at work: it passed with that retry off too. */
+	 * still be being freed on the pool. Every create must succeed. This
+	 * does not show the daemon's retry of such a create (gpu_job_done)
+	 * at work: the kernel frees pages faster than it zeroes new ones,
+	 * so one free stays ahead of one create's charges (it passed with
+	 * the retry off, also at 1 GiB in a 1.25 GiB group). The retry is
+	 * for several creates charging at once on a larger machine. */
 	for (int i = 0; i < 4; i++) {
 		const int64_t shape[] = { (int64_t)(DAEMON_LIMIT * 5 / 8 / 4) };
 		dlshare_tensor_spec spec = { .dtype = { kDLFloat, 32, 1 },
