@@ -63,6 +63,8 @@ static void closer_start(struct closer *cl)
 
 int closer_take(struct closer *cl, int fd)
 {
+	if (!cl->loop)
+		return -ESHUTDOWN; /* deinited */
 	if (cl->nwait == cl->capwait) {
 		size_t cap = cl->capwait ? 2 * cl->capwait : 16;
 		int *w = realloc(cl->wait, cap * sizeof(*w));

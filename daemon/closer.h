@@ -40,8 +40,8 @@ struct closer {
 
 /* An idle closer for reg's fds on loop's thread pool. */
 void closer_init(struct closer *cl, uv_loop_t *loop, struct registry *reg);
-/* Takes fd to close off the loop. Returns 0, or -ENOMEM (fd is still the
- * caller's to close). */
+/* Takes fd to close off the loop. Returns 0, or -ENOMEM or -ESHUTDOWN
+ * (after closer_deinit): fd is then still the caller's to close. */
 int closer_take(struct closer *cl, int fd);
 /* Whether fds handed over are not all closed yet: their memory may not be
  * free yet either. */

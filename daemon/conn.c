@@ -55,7 +55,11 @@ static void queued_fds(struct conn *c, int delta)
 static void outpkt_free(struct conn *c, struct outpkt *p)
 {
 	queued_fds(c, -(int)p->nfds);
-	wire_close_fds(p->fds, p->nfds);
+	if (c->set->ops->close_fd)
+		for (unsigned i = 0; i < p->nfds; i++)
+			c->set->ops->close_fd(c, p->fds[i]);
+	else
+		wire_close_fds(p->fds, p->nfds);
 	free(p->data);
 	free(p);
 }

@@ -54,6 +54,10 @@ struct conn_ops {
 	/* delta fds entered (> 0) or left (< 0) c's queue: charge or refund
 	 * them where may_queue_fds counts them. May be NULL. */
 	void (*queued_fds)(struct conn *c, int delta);
+	/* Takes a dup that left c's queue, to close (where the loop need not
+	 * wait: it may be a buffer's last reference, whose close frees its
+	 * pages). May be NULL: closed at once. */
+	void (*close_fd)(struct conn *c, int fd);
 	/* c is closing: its queue is gone, its handle not yet. The user
 	 * drops what the peer held; c must not be sent to any more. */
 	void (*closed)(struct conn *c);

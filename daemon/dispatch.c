@@ -654,6 +654,19 @@ static void on_queued_fds(struct conn *c, int delta)
 	peer_queued_fds(peer_of_conn(c), delta);
 }
 
+/* A dup that left a peer's queue may be the last reference to a buffer
+ * freed meanwhile (a peer that stopped reading, then went): its close
+ * would free the pages on the loop. */
+static void on_close_fd(struct conn *c, int fd)
+{
+	struct daemon *d = peer_of_conn(c)->d;
+
+	if (closer_take(&d->closer, fd) == 0)
+		registry_fds_closing(&d->reg, 1);
+	else
+		close(fd);
+}
+
 static void on_closed(struct conn *c)
 {
 	dispatch_peer_closed(peer_of_conn(c));
@@ -668,6 +681,7 @@ const struct conn_ops dispatch_conn_ops = {
 	.frame = on_frame,
 	.may_queue_fds = on_may_queue_fds,
 	.queued_fds = on_queued_fds,
+	.close_fd = on_close_fd,
 	.closed = on_closed,
 	.free = on_free,
 	.error_sent = on_error_sent,

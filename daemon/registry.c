@@ -515,6 +515,11 @@ void registry_fds_closed(struct registry *r, size_t n)
 	r->fds_closing -= n;
 }
 
+void registry_fds_closing(struct registry *r, size_t n)
+{
+	r->fds_closing += n;
+}
+
 /* Lets go of what b holds; its memory is its version's. */
 static void buffer_drop(struct registry *r, struct rbuffer *b)
 {

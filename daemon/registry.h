@@ -570,6 +570,9 @@ void registry_init(struct registry *r, const struct registry_limits *l,
 void registry_deinit(struct registry *r);
 /* n fds handed to ops->close_aside were closed. */
 void registry_fds_closed(struct registry *r, size_t n);
+/* n more fds of the daemon's (not the registry's: dups that left a
+ * peer's queue) were handed to the same closer: counted as closing too. */
+void registry_fds_closing(struct registry *r, size_t n);
 
 void registry_owner_init(struct registry_owner *o, uid_t uid, gid_t gid,
 			 pid_t pid);
