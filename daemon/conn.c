@@ -51,15 +51,33 @@ static void queued_fds(struct conn *c, int delta)
 		c->set->ops->queued_fds(c, delta);
 }
 
+/* Gives up an fd of c's (wire_drop_fn): through ops->close_fd where the
+ * user has one. */
+static void conn_drop_fd(void *ud, int fd)
+{
+	struct conn *c = ud;
+
+	if (c->set->ops->close_fd)
+		c->set->ops->close_fd(c, fd);
+	else
+		close(fd);
+}
+
+/* Gives up n fds of c's, skipping negative ones. */
+static void conn_drop_fds(struct conn *c, int *fds, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++) {
+		if (fds[i] >= 0)
+			conn_drop_fd(c, fds[i]);
+		fds[i] = -1;
+	}
+}
+
 /* Frees a packet that left the queue, giving back its fds' quota. */
 static void outpkt_free(struct conn *c, struct outpkt *p)
 {
 	queued_fds(c, -(int)p->nfds);
-	if (c->set->ops->close_fd)
-		for (unsigned i = 0; i < p->nfds; i++)
-			c->set->ops->close_fd(c, p->fds[i]);
-	else
-		wire_close_fds(p->fds, p->nfds);
+	conn_drop_fds(c, p->fds, p->nfds);
 	free(p->data);
 	free(p);
 }
@@ -398,9 +416,12 @@ static void conn_read(struct conn *c)
 
 		/* Before Hello a peer is unknown: it gets a small packet. */
 		cap = c->hello ? lim->max_packet : lim->hello_packet;
-		err = wire_recv(c->fd, set->rbuf, cap, fds,
-				c->hello ? lim->max_fds : 0, &len, &nfds,
-				MSG_DONTWAIT);
+		/* Every fd a peer sends is the daemon's to close, and the
+		 * peer may have closed its own: a large memfd's last
+		 * reference. None is closed here (conn_drop_fd). */
+		err = wire_recv_ex(c->fd, set->rbuf, cap, fds,
+				   c->hello ? lim->max_fds : 0, &len, &nfds,
+				   MSG_DONTWAIT, conn_drop_fd, c);
 		if (err == -EAGAIN) {
 			if (i == 1)
 				c->read_single = CONN_SINGLE_RUN;
@@ -436,12 +457,12 @@ static void conn_read(struct conn *c)
 				     &m);
 		set->spare = NULL;
 		if (err) {
-			wire_close_fds(fds, nfds);
+			conn_drop_fds(c, fds, nfds);
 			conn_protocol_error(c, "malformed packet");
 			return;
 		}
 		if (m->frame->nfds != nfds) {
-			wire_close_fds(fds, nfds);
+			conn_drop_fds(c, fds, nfds);
 			wire_msg_free(m);
 			conn_protocol_error(c, "fd count does not match the packet");
 			return;

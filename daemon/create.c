@@ -344,9 +344,10 @@ static void gpu_job_work(uv_work_t *req)
  * cudaFree waits for the device). */
 static void gpu_job_free(struct gpu_job *j)
 {
-	if (j->manifest.fd >= 0)
-		close(j->manifest.fd);
-	wire_close_fds(j->fds, REGISTRY_BUFFERS_HARD_MAX);
+	/* The memfds made for a create that failed after all may be
+	 * large: their close frees the pages. */
+	daemon_drop_fds(j->d, &j->manifest.fd, 1);
+	daemon_drop_fds(j->d, j->fds, REGISTRY_BUFFERS_HARD_MAX);
 	for (size_t i = 0; i < REGISTRY_BUFFERS_HARD_MAX; i++)
 		if (j->made[i] && !j->host[i] && j->mem[i].kind == GPU_CUDA_IPC)
 			devmem_free(j->d, j->mem[i].ptr, j->mem[i].ordinal);
@@ -613,7 +614,7 @@ void create_checked(struct peer *peer, const Dlshare__Frame *f, int *fds,
 
 	/* A Create carries no fd but its manifest's. */
 	if (nfds) {
-		wire_close_fds(fds, nfds);
+		daemon_drop_fds(peer->d, fds, nfds);
 		conn_send_error(&peer->conn, f->id, DLSHARE_EINVAL,
 				"create %s: a Create carries only its "
 				"manifest's fd", m->name);

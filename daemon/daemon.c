@@ -3,6 +3,7 @@
 
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static uint64_t now_ms(void)
 {
@@ -57,4 +58,17 @@ void daemon_deinit(struct daemon *d)
 uint64_t daemon_uptime_ms(const struct daemon *d)
 {
 	return now_ms() - d->started_ms;
+}
+
+void daemon_drop_fds(struct daemon *d, int *fds, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++) {
+		if (fds[i] < 0)
+			continue;
+		if (closer_take(&d->closer, fds[i]) == 0)
+			registry_fds_closing(&d->reg, 1);
+		else
+			close(fds[i]);
+		fds[i] = -1;
+	}
 }

@@ -104,4 +104,11 @@ void daemon_deinit(struct daemon *d);
 
 uint64_t daemon_uptime_ms(const struct daemon *d);
 
+/* Closes n fds a peer sent (or that were made for one) and that nobody
+ * keeps, skipping negative ones and setting each to -1: off the loop,
+ * through the closer, since the peer may have closed its own copies and
+ * left the daemon a large memfd's last reference; at once where the
+ * closer cannot take them. */
+void daemon_drop_fds(struct daemon *d, int *fds, unsigned n);
+
 #endif

@@ -133,14 +133,14 @@ static void handle_publish(struct peer *peer, const Dlshare__Frame *f,
 	int err;
 
 	if (m->n_buffers > REGISTRY_BUFFERS_HARD_MAX) {
-		wire_close_fds(fds, nfds);
+		daemon_drop_fds(peer->d, fds, nfds);
 		reply_limit(peer, f->id, -E2BIG, METRICS_LIMIT_MAX_TENSORS,
 			    "publish", m->name);
 		return;
 	}
 	if (reply_refuse_same_keys(peer, f->id, "publish", m->name, m->tensors,
 			     m->n_tensors)) {
-		wire_close_fds(fds, nfds);
+		daemon_drop_fds(peer->d, fds, nfds);
 		return;
 	}
 	/* The packet's fds belong to the buffers that say fd_attached, in
@@ -152,7 +152,7 @@ static void handle_publish(struct peer *peer, const Dlshare__Frame *f,
 			claimed++;
 	}
 	if (claimed != nfds) {
-		wire_close_fds(fds, nfds);
+		daemon_drop_fds(peer->d, fds, nfds);
 		reply_err(peer, f->id, -EINVAL,
 			  "publish (fds do not match buffers)", m->name);
 		return;
@@ -170,9 +170,8 @@ static void handle_publish(struct peer *peer, const Dlshare__Frame *f,
 		why.limit = METRICS_LIMIT_MAX_PACKET;
 		err = -EMSGSIZE;
 	}
-	for (size_t i = 0; i < m->n_buffers; i++)
-		if (bfds[i] >= 0)
-			close(bfds[i]); /* not taken: failure */
+	/* Not taken: failure. */
+	daemon_drop_fds(peer->d, bfds, (unsigned)m->n_buffers);
 	/* An export never waits for room (it would hold the peer's fds
 	 * while parked): a full queue refuses it at once. */
 	if (err == -EAGAIN) {
@@ -401,7 +400,7 @@ static void dispatch_frame(struct peer *peer, const struct wire_msg *m,
 
 	peer->d->requests++;
 	if (!peer->conn.hello && f->body_case != DLSHARE__FRAME__BODY_HELLO) {
-		wire_close_fds(fds, nfds);
+		daemon_drop_fds(peer->d, fds, nfds);
 		conn_send_error(&peer->conn, f->id, DLSHARE_EPROTO,
 				"the first message must be Hello");
 		conn_fail(&peer->conn, "no Hello");
@@ -409,7 +408,7 @@ static void dispatch_frame(struct peer *peer, const struct wire_msg *m,
 	}
 	/* Every request but Release wants its reply, so it needs an id. */
 	if (f->id == 0 && f->body_case != DLSHARE__FRAME__BODY_RELEASE) {
-		wire_close_fds(fds, nfds);
+		daemon_drop_fds(peer->d, fds, nfds);
 		conn_send_error(&peer->conn, 0, DLSHARE_EPROTO,
 				"request id 0 is only for Release");
 		conn_fail(&peer->conn, "request with id 0");
@@ -419,7 +418,7 @@ static void dispatch_frame(struct peer *peer, const struct wire_msg *m,
 	if (nfds && f->body_case != DLSHARE__FRAME__BODY_PUBLISH &&
 	    !(f->body_case == DLSHARE__FRAME__BODY_CREATE &&
 	      f->create->manifest)) {
-		wire_close_fds(fds, nfds);
+		daemon_drop_fds(peer->d, fds, nfds);
 		conn_send_error(&peer->conn, f->id, DLSHARE_EPROTO,
 				"unexpected file descriptors");
 		conn_fail(&peer->conn, "unexpected fds");
@@ -429,7 +428,7 @@ static void dispatch_frame(struct peer *peer, const struct wire_msg *m,
 	 * unknown one is only logged (the request has its own answer). */
 	release_leases(peer, f->releases, f->n_releases);
 	if (refuse_nul(peer, m)) {
-		wire_close_fds(fds, nfds);
+		daemon_drop_fds(peer->d, fds, nfds);
 		return;
 	}
 	switch (f->body_case) {
@@ -654,17 +653,13 @@ static void on_queued_fds(struct conn *c, int delta)
 	peer_queued_fds(peer_of_conn(c), delta);
 }
 
-/* A dup that left a peer's queue may be the last reference to a buffer
- * freed meanwhile (a peer that stopped reading, then went): its close
- * would free the pages on the loop. */
+/* An fd a peer sent that the conn layer refused, or a dup that left a
+ * peer's queue: either may be the last reference to a large memfd (a peer
+ * that closed its own copy; one that stopped reading and had the buffer
+ * freed meanwhile), whose close would free the pages on the loop. */
 static void on_close_fd(struct conn *c, int fd)
 {
-	struct daemon *d = peer_of_conn(c)->d;
-
-	if (closer_take(&d->closer, fd) == 0)
-		registry_fds_closing(&d->reg, 1);
-	else
-		close(fd);
+	daemon_drop_fds(peer_of_conn(c)->d, &fd, 1);
 }
 
 static void on_closed(struct conn *c)

@@ -62,9 +62,8 @@ static uint64_t manifest_bound(uint32_t n)
 
 static void job_free(struct mcheck_job *j)
 {
-	wire_close_fds(j->fds, j->nfds);
-	if (j->manifest.fd >= 0)
-		close(j->manifest.fd);
+	daemon_drop_fds(j->d, j->fds, j->nfds);
+	daemon_drop_fds(j->d, &j->manifest.fd, 1);
 	dlshare__frame__free_unpacked(j->frame, NULL);
 	free(j);
 }
@@ -304,7 +303,7 @@ void mcheck_request(struct peer *peer, const Dlshare__Frame *f, int *fds,
 	}
 	if (precheck(peer, f, what, name, mb, has_n, n, n_inline, nbufs,
 		     fds[nfds - 1])) {
-		wire_close_fds(fds, nfds);
+		daemon_drop_fds(peer->d, fds, nfds);
 		return;
 	}
 	j = calloc(1, sizeof(*j));
@@ -313,7 +312,7 @@ void mcheck_request(struct peer *peer, const Dlshare__Frame *f, int *fds,
 	if (!j || !packed) {
 		free(j);
 		free(packed);
-		wire_close_fds(fds, nfds);
+		daemon_drop_fds(peer->d, fds, nfds);
 		reply_err(peer, f->id, -ENOMEM, what, name);
 		return;
 	}
@@ -323,7 +322,7 @@ void mcheck_request(struct peer *peer, const Dlshare__Frame *f, int *fds,
 	free(packed);
 	if (!j->frame) {
 		free(j);
-		wire_close_fds(fds, nfds);
+		daemon_drop_fds(peer->d, fds, nfds);
 		reply_err(peer, f->id, -ENOMEM, what, name);
 		return;
 	}

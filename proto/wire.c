@@ -72,11 +72,18 @@ void wire_close_fds(int *fds, unsigned n)
 	}
 }
 
+static void drop_close(void *ud, int fd)
+{
+	(void)ud;
+	close(fd);
+}
+
 /* Collects the fds of every SCM_RIGHTS message, up to max; any beyond max
- * are closed. The control buffer is rounded up to 8 bytes, so with an odd
+ * go to drop. The control buffer is rounded up to 8 bytes, so with an odd
  * max the kernel may deliver one fd more than asked without MSG_CTRUNC.
  * Returns the count delivered, which may exceed max. */
-static unsigned collect_fds(struct msghdr *msg, int *fds, unsigned max)
+static unsigned collect_fds(struct msghdr *msg, int *fds, unsigned max,
+			    wire_drop_fn *drop, void *ud)
 {
 	unsigned n = 0, seen = 0;
 
@@ -96,32 +103,48 @@ static unsigned collect_fds(struct msghdr *msg, int *fds, unsigned max)
 			if (n < max)
 				fds[n++] = fd;
 			else
-				close(fd);
+				drop(ud, fd);
 		}
 	}
 	return seen;
 }
 
-int wire_recv(int sock, void *buf, size_t cap, int *fds, unsigned max_fds,
-	      size_t *len, unsigned *nfds, int flags)
+/* Gives up the first n of fds through drop. */
+static void drop_fds(int *fds, unsigned n, wire_drop_fn *drop, void *ud)
+{
+	for (unsigned i = 0; i < n; i++) {
+		if (fds[i] >= 0)
+			drop(ud, fds[i]);
+		fds[i] = -1;
+	}
+}
+
+int wire_recv_ex(int sock, void *buf, size_t cap, int *fds, unsigned max_fds,
+		 size_t *len, unsigned *nfds, int flags, wire_drop_fn *drop,
+		 void *ud)
 {
 	struct iovec iov = { .iov_base = buf, .iov_len = cap };
 	union {
-		char buf[CMSG_SPACE(sizeof(int) * WIRE_FDS_MAX)];
+		char buf[CMSG_SPACE(sizeof(int) * WIRE_FDS_KERNEL_MAX)];
 		struct cmsghdr align;
 	} ctl;
 	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
-	unsigned got;
+	int all = drop != NULL;
+	unsigned got, kept;
 	ssize_t n;
 
+	if (!drop)
+		drop = drop_close;
 	if (max_fds > WIRE_FDS_MAX)
 		max_fds = WIRE_FDS_MAX;
 	msg.msg_control = ctl.buf;
 	/* Room for max_fds, rounded up to 8 bytes: with an odd max_fds the
 	 * kernel may deliver one more without MSG_CTRUNC (collect_fds counts
-	 * it, and the packet is refused below). */
-	msg.msg_controllen = max_fds ? CMSG_SPACE(sizeof(int) * max_fds) : 0;
-	if (!max_fds)
+	 * it, and the packet is refused below). With a drop of the caller's:
+	 * room for all the kernel may pass. */
+	msg.msg_controllen = all ? sizeof(ctl.buf) :
+			     max_fds ? CMSG_SPACE(sizeof(int) * max_fds) : 0;
+	if (!msg.msg_controllen)
 		msg.msg_control = NULL;
 	do {
 		n = wire_direct ? syscall(SYS_recvmsg, sock, &msg,
@@ -130,18 +153,26 @@ int wire_recv(int sock, void *buf, size_t cap, int *fds, unsigned max_fds,
 	} while (n < 0 && errno == EINTR);
 	if (n < 0)
 		return errno == EWOULDBLOCK ? -EAGAIN : -errno;
-	got = max_fds ? collect_fds(&msg, fds, max_fds) : 0;
+	got = msg.msg_control ? collect_fds(&msg, fds, max_fds, drop, ud) : 0;
+	kept = got < max_fds ? got : max_fds;
 	if (msg.msg_flags & MSG_TRUNC) {
-		wire_close_fds(fds, got < max_fds ? got : max_fds);
+		drop_fds(fds, kept, drop, ud);
 		return -EMSGSIZE;
 	}
 	if ((msg.msg_flags & MSG_CTRUNC) || got > max_fds) {
-		wire_close_fds(fds, got < max_fds ? got : max_fds);
+		drop_fds(fds, kept, drop, ud);
 		return -EPROTO;
 	}
 	*len = (size_t)n;
 	*nfds = got;
 	return 0;
+}
+
+int wire_recv(int sock, void *buf, size_t cap, int *fds, unsigned max_fds,
+	      size_t *len, unsigned *nfds, int flags)
+{
+	return wire_recv_ex(sock, buf, cap, fds, max_fds, len, nfds, flags,
+			    NULL, NULL);
 }
 
 int wire_encode(const Dlshare__Frame *f, size_t max, uint8_t **out,

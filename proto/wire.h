@@ -55,6 +55,23 @@ int wire_send(int sock, const void *data, size_t len, const int *fds,
 int wire_recv(int sock, void *buf, size_t cap, int *fds, unsigned max_fds,
 	      size_t *len, unsigned *nfds, int flags);
 
+/* Most fds one SCM_RIGHTS message carries (the kernel's SCM_MAX_FD). */
+#define WIRE_FDS_KERNEL_MAX 253u
+
+/* Gives up an fd received but not kept: closes it, or has it closed. */
+typedef void wire_drop_fn(void *ud, int fd);
+
+/* wire_recv, for a receiver whose close of a peer's fd must not run where
+ * it receives (the close of a memfd's last reference frees its pages):
+ * the control buffer has room for as many fds as the kernel passes, so
+ * that it never drops any itself (which would free them in this thread),
+ * and every fd not handed over in fds (beyond max_fds, or with an error)
+ * goes to drop(ud, fd). Also with max_fds 0: a packet that came with fds
+ * then returns -EPROTO. */
+int wire_recv_ex(int sock, void *buf, size_t cap, int *fds, unsigned max_fds,
+		 size_t *len, unsigned *nfds, int flags, wire_drop_fn *drop,
+		 void *ud);
+
 /* Closes n fds, skipping negative ones. */
 void wire_close_fds(int *fds, unsigned n);
 
