@@ -519,6 +519,9 @@ class ClientTest(DaemonTest):
     def test_wait_for_version_from_another_process(self):
         n = self.name()
         self.client.publish(n, host([1.0]))
+        # The child stays until the parent got its version: an exported
+        # version goes with its exporter, and on a loaded machine the
+        # parent's get may come only after the publish.
         child = self.child(f"""
             import dlshare, time
             with dlshare.Client() as c:
@@ -526,6 +529,7 @@ class ClientTest(DaemonTest):
                 input()
                 time.sleep(0.2)
                 c.publish({n!r}, dlshare.empty((1,), "float32"))
+                input()
         """)
         self.assertEqual(child.readline(), "ready")
         child.send("go")
@@ -533,6 +537,7 @@ class ClientTest(DaemonTest):
         t = self.client.get(n, newer_than=1, timeout=timeout(10))
         self.assertEqual(t.version, 2)
         self.assertLess(time.monotonic() - t0, timeout(10))
+        child.send("done")
         self.assertEqual(child.wait(), 0)
 
     def test_wait_times_out(self):
