@@ -63,21 +63,12 @@ static void conn_drop_fd(void *ud, int fd)
 		close(fd);
 }
 
-/* Gives up n fds of c's, skipping negative ones. */
-static void conn_drop_fds(struct conn *c, int *fds, unsigned n)
-{
-	for (unsigned i = 0; i < n; i++) {
-		if (fds[i] >= 0)
-			conn_drop_fd(c, fds[i]);
-		fds[i] = -1;
-	}
-}
 
 /* Frees a packet that left the queue, giving back its fds' quota. */
 static void outpkt_free(struct conn *c, struct outpkt *p)
 {
 	queued_fds(c, -(int)p->nfds);
-	conn_drop_fds(c, p->fds, p->nfds);
+	wire_drop_fds(p->fds, p->nfds, conn_drop_fd, c);
 	free(p->data);
 	free(p);
 }
@@ -457,12 +448,12 @@ static void conn_read(struct conn *c)
 				     &m);
 		set->spare = NULL;
 		if (err) {
-			conn_drop_fds(c, fds, nfds);
+			wire_drop_fds(fds, nfds, conn_drop_fd, c);
 			conn_protocol_error(c, "malformed packet");
 			return;
 		}
 		if (m->frame->nfds != nfds) {
-			conn_drop_fds(c, fds, nfds);
+			wire_drop_fds(fds, nfds, conn_drop_fd, c);
 			wire_msg_free(m);
 			conn_protocol_error(c, "fd count does not match the packet");
 			return;

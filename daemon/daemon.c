@@ -60,15 +60,18 @@ uint64_t daemon_uptime_ms(const struct daemon *d)
 	return now_ms() - d->started_ms;
 }
 
+/* wire_drop_fn: to the closer, counted until closed. */
+static void drop_one(void *ud, int fd)
+{
+	struct daemon *d = ud;
+
+	if (closer_take(&d->closer, fd) == 0)
+		registry_fds_closing(&d->reg, 1);
+	else
+		close(fd);
+}
+
 void daemon_drop_fds(struct daemon *d, int *fds, unsigned n)
 {
-	for (unsigned i = 0; i < n; i++) {
-		if (fds[i] < 0)
-			continue;
-		if (closer_take(&d->closer, fds[i]) == 0)
-			registry_fds_closing(&d->reg, 1);
-		else
-			close(fds[i]);
-		fds[i] = -1;
-	}
+	wire_drop_fds(fds, n, drop_one, d);
 }

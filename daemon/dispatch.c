@@ -571,11 +571,9 @@ static void on_buffer_freed(void *ud, struct rbuffer *b)
 	peer_buffer_freed(b);
 }
 
-static int on_close_aside(void *ud, int fd)
+static void on_close_aside(void *ud, int fd)
 {
-	struct daemon *d = ud;
-
-	return closer_take(&d->closer, fd);
+	daemon_drop_fds(ud, &fd, 1);
 }
 
 static void on_events_freed(void *ud, void *events)

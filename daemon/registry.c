@@ -502,12 +502,10 @@ static void close_host_fd(struct registry *r, int fd, uint64_t size)
 {
 	if (fd < 0)
 		return;
-	if (size >= REGISTRY_CLOSE_ASIDE_MIN && r->ops &&
-	    r->ops->close_aside && r->ops->close_aside(r->ud, fd) == 0) {
-		r->fds_closing++;
-		return;
-	}
-	close(fd);
+	if (size >= REGISTRY_CLOSE_ASIDE_MIN && r->ops && r->ops->close_aside)
+		r->ops->close_aside(r->ud, fd);
+	else
+		close(fd);
 }
 
 void registry_fds_closed(struct registry *r, size_t n)

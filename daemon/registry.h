@@ -378,10 +378,10 @@ struct registry_ops {
 	/* A buffer is about to be freed: forget it. */
 	void (*buffer_freed)(void *ud, struct rbuffer *b);
 	/* Takes fd, of a host buffer of at least REGISTRY_CLOSE_ASIDE_MIN
-	 * bytes the registry let go, to close off the loop. Returns 0 (the
-	 * callee calls registry_fds_closed once it closed it), or non-zero:
-	 * the registry closes it at once. NULL: always at once. */
-	int (*close_aside)(void *ud, int fd);
+	 * bytes the registry let go, and closes it off the loop where it
+	 * can; until then it counts the fd (registry_fds_closing and
+	 * registry_fds_closed). NULL: closed at once. */
+	void (*close_aside)(void *ud, int fd);
 	/* The clock TTLs are counted on, in ms (monotonic); NULL: always 0. */
 	uint64_t (*now_ms)(void *ud);
 	/* The earliest TTL expiry may have moved earlier: the caller's timer
@@ -541,9 +541,9 @@ struct registry {
 	uint64_t nfds;            /* fds the live buffers may hold (struct
 				   * version: nfds), for max_open_fds */
 	uint64_t fds_queued;      /* fds in replies not yet sent (conn.c) */
-	uint64_t fds_closing;     /* fds handed to ops->close_aside, not
-				   * yet closed: still open, so still
-				   * counted against max_open_fds */
+	uint64_t fds_closing;     /* fds being closed off the loop
+				   * (registry_fds_closing): still open,
+				   * so counted against max_open_fds */
 	/* Names with a TTL: a binary min-heap on expires_ms (lifetime.c). */
 	struct entry **ttl_heap;
 	uint32_t ttl_n, ttl_cap;
@@ -568,11 +568,11 @@ void registry_init(struct registry *r, const struct registry_limits *l,
  * emptied of them); callbacks are not called. Owners attached with
  * registry_owner_attach must be dropped first. */
 void registry_deinit(struct registry *r);
-/* n fds handed to ops->close_aside were closed. */
-void registry_fds_closed(struct registry *r, size_t n);
-/* n more fds of the daemon's (not the registry's: dups that left a
- * peer's queue) were handed to the same closer: counted as closing too. */
+/* n fds of the daemon's were handed to be closed off the loop (its
+ * buffers' through ops->close_aside, and any other it let go): still
+ * open, they count against max_open_fds until registry_fds_closed. */
 void registry_fds_closing(struct registry *r, size_t n);
+void registry_fds_closed(struct registry *r, size_t n);
 
 void registry_owner_init(struct registry_owner *o, uid_t uid, gid_t gid,
 			 pid_t pid);

@@ -63,19 +63,26 @@ int wire_send(int sock, const void *data, size_t len, const int *fds,
 	return (size_t)n == len ? 0 : -EIO;
 }
 
-void wire_close_fds(int *fds, unsigned n)
-{
-	for (unsigned i = 0; i < n; i++) {
-		if (fds[i] >= 0)
-			close(fds[i]);
-		fds[i] = -1;
-	}
-}
-
 static void drop_close(void *ud, int fd)
 {
 	(void)ud;
 	close(fd);
+}
+
+void wire_drop_fds(int *fds, unsigned n, wire_drop_fn *drop, void *ud)
+{
+	if (!drop)
+		drop = drop_close;
+	for (unsigned i = 0; i < n; i++) {
+		if (fds[i] >= 0)
+			drop(ud, fds[i]);
+		fds[i] = -1;
+	}
+}
+
+void wire_close_fds(int *fds, unsigned n)
+{
+	wire_drop_fds(fds, n, NULL, NULL);
 }
 
 /* Collects the fds of every SCM_RIGHTS message, up to max; any beyond max
@@ -107,16 +114,6 @@ static unsigned collect_fds(struct msghdr *msg, int *fds, unsigned max,
 		}
 	}
 	return seen;
-}
-
-/* Gives up the first n of fds through drop. */
-static void drop_fds(int *fds, unsigned n, wire_drop_fn *drop, void *ud)
-{
-	for (unsigned i = 0; i < n; i++) {
-		if (fds[i] >= 0)
-			drop(ud, fds[i]);
-		fds[i] = -1;
-	}
 }
 
 int wire_recv_ex(int sock, void *buf, size_t cap, int *fds, unsigned max_fds,
@@ -156,11 +153,11 @@ int wire_recv_ex(int sock, void *buf, size_t cap, int *fds, unsigned max_fds,
 	got = msg.msg_control ? collect_fds(&msg, fds, max_fds, drop, ud) : 0;
 	kept = got < max_fds ? got : max_fds;
 	if (msg.msg_flags & MSG_TRUNC) {
-		drop_fds(fds, kept, drop, ud);
+		wire_drop_fds(fds, kept, drop, ud);
 		return -EMSGSIZE;
 	}
 	if ((msg.msg_flags & MSG_CTRUNC) || got > max_fds) {
-		drop_fds(fds, kept, drop, ud);
+		wire_drop_fds(fds, kept, drop, ud);
 		return -EPROTO;
 	}
 	*len = (size_t)n;

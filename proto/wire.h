@@ -60,6 +60,9 @@ int wire_recv(int sock, void *buf, size_t cap, int *fds, unsigned max_fds,
 
 /* Gives up an fd received but not kept: closes it, or has it closed. */
 typedef void wire_drop_fn(void *ud, int fd);
+/* Gives up n fds through drop (NULL: close), skipping negative ones and
+ * setting each to -1. */
+void wire_drop_fds(int *fds, unsigned n, wire_drop_fn *drop, void *ud);
 
 /* wire_recv, for a receiver whose close of a peer's fd must not run where
  * it receives (the close of a memfd's last reference frees its pages):
