@@ -823,9 +823,8 @@ int dlshare_seal(dlshare_writer *w, void *stream, uint64_t *version)
 		if (w->seal_busy) {
 			char msg[CHECK_NAME_MAX + 128];
 
-			snprintf(msg, sizeof(msg), "seal %s: a writable mapping "
-				 "or pinned pages (e.g. vmsplice, O_DIRECT, "
-				 "RDMA) of a buffer still exist", w->name);
+			snprintf(msg, sizeof(msg), "seal %s: %s", w->name,
+				 WIRE_TEXT_SEAL_BUSY);
 			errmsg_set(msg);
 			send_abort(w);
 			writer_free(w);

@@ -78,8 +78,7 @@ static const char *errno_text(int err)
 	case -EOPNOTSUPP:
 		return "buffer kind not supported by this daemon";
 	case -EBUSY:
-		return "a writable mapping or pinned pages (e.g. vmsplice, "
-		       "O_DIRECT, RDMA) of a buffer still exist";
+		return WIRE_TEXT_SEAL_BUSY;
 	case -EALREADY:
 		return "version already sealed";
 	case -EINPROGRESS:

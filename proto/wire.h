@@ -26,6 +26,11 @@
  * the socket's send buffer (wmem_default, 208 KiB on stock kernels), so the
  * default stays well below that. */
 #define WIRE_PACKET_MAX_DEFAULT (128u * 1024u)
+/* Why a write seal (F_SEAL_WRITE) was refused, in the daemon's Error and
+ * in libdlshare's, which meets the refusal first (dlshare_seal). */
+#define WIRE_TEXT_SEAL_BUSY                                                  \
+	"a writable mapping or pinned pages (e.g. vmsplice, O_DIRECT, RDMA) " \
+	"of a buffer still exist"
 /* Most fds one packet may carry. */
 #define WIRE_FDS_MAX 64u
 /* A decoded frame may cost at most this many times its packet's size. */
