@@ -586,6 +586,7 @@ static int get_request(dlshare_client *c, const char *name,
 int dlshare_get(dlshare_client *c, const char *name,
 		const dlshare_get_opts *opts, dlshare_bundle **out)
 {
+	CALL_UNCANCELLED;
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Get g = DLSHARE__GET__INIT;
 	Dlshare__GetReply *gr;
@@ -608,6 +609,7 @@ int dlshare_get(dlshare_client *c, const char *name,
 int dlshare_take(dlshare_client *c, const char *name, int32_t timeout_ms,
 		 void *stream, dlshare_bundle **out)
 {
+	CALL_UNCANCELLED;
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Take t = DLSHARE__TAKE__INIT;
 	dlshare_get_opts o = { .timeout_ms = timeout_ms, .stream = stream };
@@ -897,6 +899,7 @@ const DLTensor *dlshare_bundle_tensor(const dlshare_bundle *b, size_t i)
 
 int dlshare_bundle_wait(dlshare_bundle *b, void *stream)
 {
+	CALL_UNCANCELLED;
 	int err;
 
 	if (!b)
@@ -935,12 +938,15 @@ static void bundle_free(dlshare_bundle *b, int forked)
 
 void dlshare_bundle_free(dlshare_bundle *b)
 {
+	CALL_UNCANCELLED;
+
 	if (b)
 		bundle_free(b, client_forked(b->lr->c));
 }
 
 static void managed_delete(DLManagedTensor *self)
 {
+	CALL_UNCANCELLED;
 	struct managed *m = self->manager_ctx;
 
 	lease_ref_unref(m->lr);
@@ -949,6 +955,7 @@ static void managed_delete(DLManagedTensor *self)
 
 static void managed_delete_versioned(DLManagedTensorVersioned *self)
 {
+	CALL_UNCANCELLED;
 	struct managed *m = self->manager_ctx;
 
 	lease_ref_unref(m->lr);
@@ -981,6 +988,8 @@ static int bundle_export(dlshare_bundle *b, size_t i, DLManagedTensor **out);
 
 int dlshare_bundle_export(dlshare_bundle *b, size_t i, DLManagedTensor **out)
 {
+	CALL_UNCANCELLED;
+
 	if (!out || !b || i >= b->n)
 		return DLSHARE_EINVAL;
 	/* A new holder of a lease that is not this process's. */
@@ -1010,6 +1019,8 @@ static int bundle_export_versioned(dlshare_bundle *b, size_t i,
 int dlshare_bundle_export_versioned(dlshare_bundle *b, size_t i,
 				    DLManagedTensorVersioned **out)
 {
+	CALL_UNCANCELLED;
+
 	if (!out || !b || i >= b->n)
 		return DLSHARE_EINVAL;
 	if (client_forked(b->lr->c))
@@ -1040,6 +1051,7 @@ static int bundle_export_versioned(dlshare_bundle *b, size_t i,
  * (get_one): the lease's last reference frees both. */
 static void managed_one_delete(DLManagedTensor *self)
 {
+	CALL_UNCANCELLED;
 	struct managed *m = self->manager_ctx;
 
 	lease_ref_unref(m->lr);
@@ -1047,6 +1059,7 @@ static void managed_one_delete(DLManagedTensor *self)
 
 static void managed_one_delete_versioned(DLManagedTensorVersioned *self)
 {
+	CALL_UNCANCELLED;
 	struct managed *m = self->manager_ctx;
 
 	lease_ref_unref(m->lr);
@@ -1175,6 +1188,8 @@ static int get_tensor(dlshare_client *c, const char *name,
 int dlshare_get_tensor(dlshare_client *c, const char *name,
 		       const dlshare_get_opts *opts, DLManagedTensor **out)
 {
+	CALL_UNCANCELLED;
+
 	return get_tensor(c, name, opts, 0, (void **)out);
 }
 
@@ -1182,6 +1197,8 @@ int dlshare_get_tensor_versioned(dlshare_client *c, const char *name,
 				 const dlshare_get_opts *opts,
 				 DLManagedTensorVersioned **out)
 {
+	CALL_UNCANCELLED;
+
 	return get_tensor(c, name, opts, 1, (void **)out);
 }
 
@@ -1263,6 +1280,7 @@ static int manifest_fill(dlshare_manifest *m, Dlshare__StatReply *sr, int mfd)
 int dlshare_stat(dlshare_client *c, const char *name, dlshare_name_info *info,
 		 dlshare_manifest **manifest)
 {
+	CALL_UNCANCELLED;
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Stat s = DLSHARE__STAT__INIT;
 	dlshare_manifest *m = NULL;
@@ -1313,6 +1331,8 @@ const DLTensor *dlshare_manifest_tensor(const dlshare_manifest *m, size_t i)
 
 void dlshare_manifest_free(dlshare_manifest *m)
 {
+	CALL_UNCANCELLED;
+
 	if (!m)
 		return;
 	tset_free(&m->set);
@@ -1332,6 +1352,7 @@ static void queue_info_copy(dlshare_queue_info *d, const Dlshare__NameInfo *s)
 int dlshare_queue_stat(dlshare_client *c, const char *name,
 		       dlshare_queue_info *out)
 {
+	CALL_UNCANCELLED;
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Stat s = DLSHARE__STAT__INIT;
 	struct reply r;
@@ -1368,6 +1389,7 @@ static int list_plain_fn(const dlshare_name_info *info,
 int dlshare_list(dlshare_client *c, const char *prefix, dlshare_list_fn fn,
 		 void *arg)
 {
+	CALL_UNCANCELLED;
 	struct list_plain lp = { fn, arg };
 
 	if (!fn) {
@@ -1380,6 +1402,7 @@ int dlshare_list(dlshare_client *c, const char *prefix, dlshare_list_fn fn,
 int dlshare_list_ex(dlshare_client *c, const char *prefix,
 		    dlshare_list_ex_fn fn, void *arg)
 {
+	CALL_UNCANCELLED;
 	char after[CHECK_NAME_MAX + 1] = "";
 	int more = 1, err = 0;
 
@@ -1426,6 +1449,7 @@ int dlshare_watch(dlshare_client *c, const char *prefix, uint64_t after,
 		  int32_t timeout_ms, dlshare_watch_change *changes,
 		  size_t max, size_t *n, uint64_t *seq, unsigned *flags)
 {
+	CALL_UNCANCELLED;
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Watch w = DLSHARE__WATCH__INIT;
 	Dlshare__WatchReply *wr;
@@ -1479,6 +1503,7 @@ int dlshare_watch(dlshare_client *c, const char *prefix, uint64_t after,
 
 int dlshare_stats_get(dlshare_client *c, dlshare_stats *out)
 {
+	CALL_UNCANCELLED;
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Stats s = DLSHARE__STATS__INIT;
 	Dlshare__StatsReply *sr;
@@ -1527,6 +1552,7 @@ int dlshare_stats_get(dlshare_client *c, dlshare_stats *out)
 
 int dlshare_metrics(dlshare_client *c, char **text, size_t *len)
 {
+	CALL_UNCANCELLED;
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Stats s = DLSHARE__STATS__INIT;
 	struct reply r;
@@ -1556,6 +1582,7 @@ int dlshare_metrics(dlshare_client *c, char **text, size_t *len)
 
 int dlshare_delete(dlshare_client *c, const char *name)
 {
+	CALL_UNCANCELLED;
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Delete d = DLSHARE__DELETE__INIT;
 	struct reply r;
@@ -1589,6 +1616,7 @@ int dlshare_delete(dlshare_client *c, const char *name)
 int dlshare_delete_prefix(dlshare_client *c, const char *prefix,
 			  uint64_t *deleted, uint64_t *skipped)
 {
+	CALL_UNCANCELLED;
 	uint64_t total = 0, left = 0;
 	int more = 1, err = 0;
 

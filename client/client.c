@@ -1244,6 +1244,10 @@ static void *rx_main(void *arg)
 	struct export *retired;
 	int err = 0, r;
 
+	/* The library's own thread holds the reader role at times and runs
+	 * export deleters: like a caller's thread in a call, never cancelled
+	 * (internal.h, CALL_UNCANCELLED). */
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
 	/* dlshare_connect waits for this: see there. */
 	sem_post(c->rx_up);
 	while (!rx_turn(c, &x, &err)) {
@@ -1971,6 +1975,8 @@ static void sock_timeout(int fd, int opt, int64_t ms)
 
 int dlshare_connect(const char *path, dlshare_client **out)
 {
+	CALL_UNCANCELLED;
+
 	return dlshare_connect_ex(path, NULL, out);
 }
 
@@ -2133,6 +2139,7 @@ static int client_start_rx(dlshare_client *c)
 int dlshare_connect_ex(const char *path, const dlshare_connect_opts *opts,
 		       dlshare_client **out)
 {
+	CALL_UNCANCELLED;
 	struct sockaddr_un sa;
 	dlshare_client *c;
 	int32_t timeout;
@@ -2208,6 +2215,7 @@ static void flush_releases_wait(dlshare_client *c)
 
 void dlshare_disconnect(dlshare_client *c)
 {
+	CALL_UNCANCELLED;
 	struct export *e, *r;
 	uint64_t one = 1;
 

@@ -59,6 +59,7 @@ void hostmem_unmap(void *p, size_t len)
 
 static void halloc_delete(DLManagedTensor *mt)
 {
+	CALL_UNCANCELLED;
 	struct halloc *h = mt->manager_ctx;
 
 	pthread_mutex_lock(&lock);
@@ -73,8 +74,8 @@ static void halloc_delete(DLManagedTensor *mt)
 	free(h);
 }
 
-int dlshare_host_alloc(DLDataType dtype, int32_t ndim, const int64_t *shape,
-		       DLManagedTensor **out)
+static int host_alloc(DLDataType dtype, int32_t ndim, const int64_t *shape,
+		      DLManagedTensor **out)
 {
 	uint64_t elem, bytes;
 	struct halloc *h;
@@ -134,6 +135,14 @@ fail:
 	close(h->fd);
 	free(h);
 	return err;
+}
+
+int dlshare_host_alloc(DLDataType dtype, int32_t ndim, const int64_t *shape,
+		       DLManagedTensor **out)
+{
+	CALL_UNCANCELLED;
+
+	return host_alloc(dtype, ndim, shape, out);
 }
 
 int hostmem_find(const void *p, uint64_t len, void **base, uint64_t *size,

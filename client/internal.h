@@ -29,6 +29,33 @@
 #include "check.h"
 #include "wire.h"
 
+/* Every public call that may reach a cancellation point (a close, a
+ * condition wait, a join, a write to the receiver thread's eventfd) and
+ * every deleter runs with cancellation off (dlshare.h, "Threads"): a
+ * pthread_cancel() meanwhile acts at the caller's next cancellation point
+ * after the call, never inside it, where the thread would end holding its
+ * client's locks, reader role or a lease. The calls' socket I/O goes by
+ * syscall(2) (wire.c), no cancellation point either way. First line of
+ * the function: CALL_UNCANCELLED; (a nested call leaves the state as it
+ * found it). */
+static inline int cancel_off(void)
+{
+	int old = PTHREAD_CANCEL_DISABLE;
+
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+	return old;
+}
+
+static inline void cancel_back(const int *old)
+{
+	if (*old == PTHREAD_CANCEL_ENABLE)
+		pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
+}
+
+#define CALL_UNCANCELLED \
+	const int call_cancel_state __attribute__((cleanup(cancel_back))) = \
+		cancel_off()
+
 /* Most buffers one version may have, whatever a daemon says. */
 #define CLIENT_PINS_MAX 64
 

@@ -291,6 +291,8 @@ int dlshare_create(dlshare_client *c, const char *name,
 		   const dlshare_tensor_spec *specs, size_t n,
 		   const dlshare_create_opts *opts, dlshare_writer **out)
 {
+	CALL_UNCANCELLED;
+
 	return writer_create(c, name, specs, n, opts, NULL, 0, out);
 }
 
@@ -299,6 +301,7 @@ int dlshare_create_queued(dlshare_client *c, const char *name,
 			  const dlshare_create_opts *opts,
 			  const dlshare_queue_opts *queue, dlshare_writer **out)
 {
+	CALL_UNCANCELLED;
 	static const dlshare_queue_opts dflt = { 0 };
 
 	return writer_create(c, name, specs, n, opts, queue ? queue : &dflt,
@@ -769,6 +772,7 @@ static void writer_unmap_after(dlshare_writer *w, void *stream)
 
 int dlshare_seal(dlshare_writer *w, void *stream, uint64_t *version)
 {
+	CALL_UNCANCELLED;
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Seal s = DLSHARE__SEAL__INIT;
 	uint8_t event_handle[CUDA_IPC_HANDLE_BYTES];
@@ -852,6 +856,8 @@ int dlshare_seal(dlshare_writer *w, void *stream, uint64_t *version)
 
 void dlshare_writer_abort(dlshare_writer *w)
 {
+	CALL_UNCANCELLED;
+
 	if (!w)
 		return;
 	if (client_forked(w->c)) {
@@ -1439,6 +1445,8 @@ int dlshare_publish(dlshare_client *c, const char *name,
 		    DLManagedTensor *const *tensors, size_t n,
 		    const dlshare_publish_opts *opts, uint64_t *version)
 {
+	CALL_UNCANCELLED;
+
 	return publish_impl(c, name, tensors, n, opts, NULL, version);
 }
 
@@ -1447,6 +1455,7 @@ int dlshare_publish_queued(dlshare_client *c, const char *name,
 			   const dlshare_publish_opts *opts,
 			   const dlshare_queue_opts *queue, uint64_t *version)
 {
+	CALL_UNCANCELLED;
 	static const dlshare_queue_opts dflt = { 0 };
 	int err;
 

@@ -214,8 +214,6 @@ int main(int argc, char **argv)
 	}
 
 	log_set_level(cfg.log_level);
-	/* No thread of the daemon is ever cancelled (wire.h). */
-	wire_direct_syscalls();
 	log_set_prefix(cfg.log_prefix);
 	log_set_rate_limit(cfg.log_rate);
 	/* libuv does not send with MSG_NOSIGNAL everywhere; we do, but a

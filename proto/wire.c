@@ -8,14 +8,13 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-/* Set by wire_direct_syscalls: sendmsg and recvmsg by syscall(2). */
-static int wire_direct;
-
-void wire_direct_syscalls(void)
-{
-	wire_direct = 1;
-}
-
+/* sendto, sendmsg and recvmsg go by syscall(2), not libc's wrappers:
+ * those are cancellation points (~45 instructions each around the call,
+ * a tenth of the system calls' user-space cost per get on each side).
+ * Neither the daemon's threads nor libdlshare's calls are cancellation
+ * safe (a thread cancelled in a call would leave the library's reader
+ * role or locks held), so the points bought nothing but a way to hang a
+ * client; dlshare.h says not to cancel a thread inside a call. */
 int wire_send(int sock, const void *data, size_t len, const int *fds,
 	      unsigned nfds, int flags)
 {
@@ -46,16 +45,11 @@ int wire_send(int sock, const void *data, size_t len, const int *fds,
 	 * packet (a Get, and a warm get's reply, carry none). */
 	do {
 		if (nfds == 0)
-			n = wire_direct ? syscall(SYS_sendto, sock, data, len,
-						  MSG_NOSIGNAL | flags, NULL,
-						  0)
-					: send(sock, data, len,
-					       MSG_NOSIGNAL | flags);
+			n = syscall(SYS_sendto, sock, data, len,
+				    MSG_NOSIGNAL | flags, NULL, 0);
 		else
-			n = wire_direct ? syscall(SYS_sendmsg, sock, &msg,
-						  MSG_NOSIGNAL | flags)
-					: sendmsg(sock, &msg,
-						  MSG_NOSIGNAL | flags);
+			n = syscall(SYS_sendmsg, sock, &msg,
+				    MSG_NOSIGNAL | flags);
 	} while (n < 0 && errno == EINTR);
 	if (n < 0)
 		return errno == EWOULDBLOCK ? -EAGAIN : -errno;
@@ -144,9 +138,7 @@ int wire_recv_ex(int sock, void *buf, size_t cap, int *fds, unsigned max_fds,
 	if (!msg.msg_controllen)
 		msg.msg_control = NULL;
 	do {
-		n = wire_direct ? syscall(SYS_recvmsg, sock, &msg,
-					  MSG_CMSG_CLOEXEC | flags)
-				: recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | flags);
+		n = syscall(SYS_recvmsg, sock, &msg, MSG_CMSG_CLOEXEC | flags);
 	} while (n < 0 && errno == EINTR);
 	if (n < 0)
 		return errno == EWOULDBLOCK ? -EAGAIN : -errno;

@@ -37,14 +37,6 @@
 #define WIRE_DECODE_FACTOR 8u
 #define WIRE_DECODE_SLACK (64u * 1024u)
 
-/* From now on this process's wire_send and wire_recv make their system
- * calls by syscall(2), not through libc's sendmsg and recvmsg, which are
- * cancellation points: ~45 instructions each to enable and disable
- * asynchronous cancellation around the call. For a process that never
- * cancels a thread blocked in them (the daemon); the library leaves its
- * host's threads as libc makes them. Call before any thread sends. */
-void wire_direct_syscalls(void);
-
 /* Sends one packet with nfds fds attached. flags are added to
  * MSG_NOSIGNAL (pass MSG_DONTWAIT for a non-blocking send).
  * Returns 0, -EAGAIN when the socket is full, -EMSGSIZE, or another -errno. */

@@ -5,15 +5,15 @@
  * dlshare_client may be shared by many threads. Errors are negative
  * DLSHARE_E* codes (see dlshare_strerror()); nothing here aborts or exits.
  *
- * fork(): a client belongs to the process that connected it. A child never
- * harms its parent's connection: the child's copies of the client's fds are
- * closed as it starts, every call on an inherited client (and on writers and
- * bundles made from it) fails with DLSHARE_EFORK, dlshare_disconnect() of it
- * returns at once, and the deleters of inherited tensors send nothing (the
- * leases stay the parent's). A child that needs the daemon connects a client
- * of its own (a data-loader worker: in its init function, not before the
- * fork). Tensors the parent got stay readable in the child; the writable
- * mappings of writers are not inherited (see dlshare_create()).
+ * Threads and pthread_cancel(): every call that may wait or close anything,
+ * and every deleter of a tensor it hands out, runs with cancellation off, so
+ * a thread cancelled inside one finishes the call (a waiting get waits for
+ * its version or its timeout) and the cancel acts at the thread's next
+ * cancellation point after it returns, with the client whole. Callbacks the
+ * library calls (dlshare_list()'s, a deleter of an exported tensor) run with
+ * cancellation off too. A thread that must stop promptly waits with a
+ * timeout (dlshare_get_opts.timeout_ms) and checks its own flag between
+ * calls.
  */
 #ifndef DLSHARE_DLSHARE_H
 #define DLSHARE_DLSHARE_H

@@ -7,7 +7,8 @@
  * end no lease is left and every export went back to its deleter once.
  * And a push (Retired) that comes while a parked get is the thread reading
  * the socket is handled, and the export's deleter may call back into the
- * client without a deadlock. */
+ * client without a deadlock. And a thread cancelled while it reads the
+ * socket for its parked get leaves the client working (dlshare.h). */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -362,11 +363,91 @@ static void push_while_parked(void **state)
 	alarm(0);
 }
 
+/* ---- a thread cancelled while it reads for its parked get -------------------------- */
+
+struct cancelled {
+	dlshare_client *c;
+	int err;
+	uint64_t version;
+	int bad_data;
+};
+
+static void *cancelled_main(void *arg)
+{
+	struct cancelled *k = arg;
+	dlshare_get_opts o = { .timeout_ms = harness_ms(60000) };
+	dlshare_bundle *b;
+
+	pthread_setcanceltype(PTHREAD_CANCEL_DEFERRED, NULL);
+	k->err = dlshare_get(k->c, "th/cancel", &o, &b);
+	if (!k->err) {
+		k->version = dlshare_bundle_version(b);
+		k->bad_data = util_check(dlshare_bundle_tensor(b, 0), DT_I32,
+					 1, shape, 98);
+		dlshare_bundle_free(b);
+	}
+	/* The cancel, pending since the get, acts here. */
+	pthread_testcancel();
+	k->err = -1000;
+	return NULL;
+}
+
+static int cancel_publisher(const struct daemon_proc *d, void *arg)
+{
+	dlshare_client *c = util_child_connect(d);
+
+	CHILD_OK(util_store(c, "th/cancel", DT_I32, 1, shape, 98, NULL));
+	dlshare_disconnect(c);
+	return 0;
+}
+
+/* dlshare.h: a thread cancelled inside a call is not cancelled there (its
+ * socket I/O is no cancellation point); the cancel acts after the call
+ * returns. Here the cancelled thread is the one reading the socket (a
+ * parked get, alone on its client): another thread's calls on the same
+ * client go on being served while the cancel is pending, the parked get
+ * still gets its version, and the thread ends at its next cancellation
+ * point. Were the receive a cancellation point, the thread would end
+ * holding the reader role and the stats call below would hang (the
+ * watchdog's SIGALRM). */
+static void cancel_while_reading(void **state)
+{
+	struct fixture *fx = *state;
+	struct cancelled k = { .c = harness_connect(&fx->d) };
+	struct util_want w = UTIL_ANY;
+	dlshare_stats st;
+	pthread_t th;
+	void *ret = NULL;
+
+	alarm((unsigned)harness_ms(60000) / 1000);
+	assert_int_equal(pthread_create(&th, NULL, cancelled_main, &k), 0);
+	w.parked = 1;
+	util_assert_want(k.c, &w);
+	assert_int_equal(pthread_cancel(th), 0);
+	util_sleep_ms(100);
+	for (int i = 0; i < 100; i++)
+		assert_int_equal(dlshare_stats_get(k.c, &st), 0);
+	assert_int_equal(util_wait(util_spawn(&fx->d, cancel_publisher, NULL)),
+			 0);
+	assert_int_equal(pthread_join(th, &ret), 0);
+	assert_ptr_equal(ret, PTHREAD_CANCELED);
+	assert_int_equal(k.err, 0);
+	assert_int_equal(k.version, 1);
+	assert_int_equal(k.bad_data, 0);
+	/* The client is whole: calls go on, nothing held. */
+	w.parked = 0;
+	w.leases = 0;
+	util_assert_want(k.c, &w);
+	dlshare_disconnect(k.c);
+	alarm(0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(many_threads_one_client, setup, teardown),
 		cmocka_unit_test_setup_teardown(push_while_parked, setup, teardown),
+		cmocka_unit_test_setup_teardown(cancel_while_reading, setup, teardown),
 	};
 
 	return cmocka_run_group_tests_name("threads", tests, NULL, NULL);
