@@ -203,6 +203,8 @@ struct placed {
 	double get;        /* dlshare's get+release */
 	double floor_loop; /* the round trip to an epoll server */
 	double wire;       /* get+release at the wire level */
+	double floor_shm;  /* a round trip through shared memory and
+			    * eventfds to an epoll server (rt --type shm) */
 };
 
 /* The floor round trip (how as floor_rt's) and dlshare's get+release, as
@@ -224,6 +226,10 @@ static int placed_pair(struct daemon_proc *d, const struct plan *pl,
 				err = floor_rt("seqpacket", how | RT_EPOLL,
 					       pk->get, pk->reply, pl->rt_iters,
 					       &out->floor_loop, &p99);
+			if (!err && all)
+				err = floor_rt("shm", how | RT_EPOLL, pk->get,
+					       pk->reply, pl->rt_iters,
+					       &out->floor_shm, &p99);
 		} else {
 			err = fig_get_latency(d, FIG_NAME, pl->rt_iters,
 					      &out->get, &p99);
@@ -279,6 +285,10 @@ static int section_latency(const struct plan *pl, const struct fig_packets *pk)
 		"floor: round trip to an epoll-waiting server, one CPU, p50");
 	struct fig *p_er = report_decl("get_p50_over_epoll_floor_one_cpu", "x",
 		"get p50 / epoll-server floor p50, all on one CPU");
+	struct fig *p_sfl = report_decl("floor_rt_shm_epoll_p50_1cpu_us", "us",
+		"floor: shared memory + eventfds to an epoll server, one CPU, p50");
+	struct fig *p_sr = report_decl("floor_shm_over_epoll_floor_one_cpu", "x",
+		"shared-memory floor / epoll-server floor, one CPU");
 	struct fig *p_w = report_decl("wire_get_p50_1cpu_us", "us",
 		"Get+Release at the wire level, all on one CPU, p50");
 	struct fig *p_wr = report_decl("wire_get_p50_over_epoll_floor_one_cpu",
@@ -293,6 +303,10 @@ static int section_latency(const struct plan *pl, const struct fig_packets *pk)
 		"floor: round trip to an epoll-waiting server, apart, p50");
 	struct fig *a_er = report_decl("get_p50_over_epoll_floor_apart", "x",
 		"get p50 / epoll-server floor p50, apart");
+	struct fig *a_sfl = report_decl("floor_rt_shm_epoll_p50_apart_us", "us",
+		"floor: shared memory + eventfds to an epoll server, apart, p50");
+	struct fig *a_sr = report_decl("floor_shm_over_epoll_floor_apart", "x",
+		"shared-memory floor / epoll-server floor, apart");
 	struct fig *a_w = report_decl("wire_get_p50_apart_us", "us",
 		"Get+Release at the wire level, apart, p50");
 	struct fig *a_wr = report_decl("wire_get_p50_over_epoll_floor_apart",
@@ -385,6 +399,8 @@ static int section_latency(const struct plan *pl, const struct fig_packets *pk)
 		report_add(p_r, one.get / one.floor);
 		report_add(p_efl, one.floor_loop);
 		report_add(p_er, one.get / one.floor_loop);
+		report_add(p_sfl, one.floor_shm);
+		report_add(p_sr, one.floor_shm / one.floor_loop);
 		report_add(p_w, one.wire);
 		report_add(p_wr, one.wire / one.floor_loop);
 
@@ -404,6 +420,8 @@ static int section_latency(const struct plan *pl, const struct fig_packets *pk)
 		 * epoll_wait returns on a wakeup, then recvmsg reads. */
 		report_add(a_efl, one.floor_loop);
 		report_add(a_er, one.get / one.floor_loop);
+		report_add(a_sfl, one.floor_shm);
+		report_add(a_sr, one.floor_shm / one.floor_loop);
 		report_add(a_w, one.wire);
 		report_add(a_wr, one.wire / one.floor_loop);
 	}

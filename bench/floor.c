@@ -3,8 +3,8 @@
  * The benchmarks measure dlshare against these programs, in the same run on
  * the same machine:
  *
- *   dlshare-floor rt --type seqpacket|stream [--fd] --req B --rep B --iters N
- *                    [--server-cpu C] [--epoll]
+ *   dlshare-floor rt --type seqpacket|stream|shm [--fd] --req B --rep B
+ *                    --iters N [--server-cpu C] [--epoll]
  *       a bare round trip over a Unix socket pair: a client sends B bytes,
  *       a server process answers with B bytes (and one fd attached, with
  *       --fd, which the client closes, as a client that maps it would);
@@ -13,6 +13,11 @@
  *       --epoll: the server's socket is non-blocking and it waits in
  *       epoll_wait before each request, as an event loop does, instead of
  *       blocking in recvmsg: the kernel's cost of serving from a loop.
+ *       --type shm: no socket; the request and the reply go through a
+ *       shared mapping and each side wakes the other through an eventfd
+ *       (write 8 bytes, read 8 bytes), the server copying the request out
+ *       before it answers, as it must with memory a peer can still write:
+ *       the kernel's cost of a request path in shared memory (no --fd).
  *   dlshare-floor server --clients N --req B --rep B --ms T
  *       a bare single-threaded epoll server (non-blocking, level-triggered,
  *       at most 32 packets per peer and wakeup) answering N client
@@ -59,6 +64,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -182,9 +188,87 @@ static _Noreturn void rt_serve_epoll(int sock, char *rbuf, size_t req,
 	}
 }
 
+/* --type shm: the slots both processes map, and the eventfds. */
+struct shm_rt {
+	char *req, *rep;            /* FLOOR_PACKET_MAX each */
+	int to_server, to_client;   /* eventfds */
+};
+
+static int efd_signal(int fd)
+{
+	uint64_t one = 1;
+	ssize_t n;
+
+	while ((n = write(fd, &one, sizeof(one))) < 0 && errno == EINTR)
+		;
+	return n == sizeof(one) ? 0 : -1;
+}
+
+/* Returns 0, 1 when the count read says the other side is done, or -1
+ * (EAGAIN included: a non-blocking eventfd with nothing yet). */
+static int efd_wait(int fd)
+{
+	uint64_t v;
+	ssize_t n;
+
+	while ((n = read(fd, &v, sizeof(v))) < 0 && errno == EINTR)
+		;
+	if (n != sizeof(v))
+		return -1;
+	return v > 1 ? 1 : 0;
+}
+
+/* The shm server: each wakeup, copies the request out of the shared
+ * slot, writes the reply into the other and wakes the client. With
+ * use_epoll it waits in epoll_wait on its non-blocking eventfd first, as
+ * an event loop would. Exits when the client says it is done. */
+static _Noreturn void shm_serve(struct shm_rt *sh, char *rbuf, size_t req,
+				const char *sbuf, size_t rep, int use_epoll)
+{
+	struct epoll_event ev = { .events = EPOLLIN };
+	int ep = -1;
+
+	if (use_epoll &&
+	    ((ep = epoll_create1(EPOLL_CLOEXEC)) < 0 ||
+	     fcntl(sh->to_server, F_SETFL, O_NONBLOCK) < 0 ||
+	     epoll_ctl(ep, EPOLL_CTL_ADD, sh->to_server, &ev) < 0))
+		_exit(1);
+	for (;;) {
+		int r;
+
+		if (use_epoll) {
+			int n = epoll_wait(ep, &ev, 1, -1);
+
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n != 1)
+				_exit(1);
+		}
+		r = efd_wait(sh->to_server);
+		if (r)
+			_exit(r == 1 ? 0 : 1);
+		memcpy(rbuf, sh->req, req);
+		memcpy(sh->rep, sbuf, rep);
+		if (efd_signal(sh->to_client) < 0)
+			_exit(1);
+	}
+}
+
+/* --type shm's client side of one round trip. Returns 0 or -1. */
+static int shm_round_trip(struct shm_rt *sh, const char *sbuf, size_t req,
+			  char *rbuf, size_t rep)
+{
+	memcpy(sh->req, sbuf, req);
+	if (efd_signal(sh->to_server) < 0 || efd_wait(sh->to_client) != 0)
+		return -1;
+	memcpy(rbuf, sh->rep, rep);
+	return 0;
+}
+
 static int floor_rt(int type, int with_fd, size_t req, size_t rep, long iters,
 		    int server_cpu, int use_epoll)
 {
+	struct shm_rt sh = { .to_server = -1, .to_client = -1 };
 	char rbuf[FLOOR_PACKET_MAX], sbuf[FLOOR_PACKET_MAX];
 	struct samples s = { 0 };
 	long warm = iters / 10 + 100;
@@ -192,8 +276,24 @@ static int floor_rt(int type, int with_fd, size_t req, size_t rep, long iters,
 	pid_t pid;
 
 	memset(sbuf, 0x5a, sizeof(sbuf));
-	if (socketpair(AF_UNIX, type | SOCK_CLOEXEC, 0, sv) < 0)
+	if (type == 0) {
+		/* shm: two slots in one shared mapping, two eventfds. */
+		char *m = mmap(NULL, 2 * FLOOR_PACKET_MAX,
+			       PROT_READ | PROT_WRITE,
+			       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+
+		if (m == MAP_FAILED || with_fd)
+			die("shm");
+		sh.req = m;
+		sh.rep = m + FLOOR_PACKET_MAX;
+		sh.to_server = eventfd(0, EFD_CLOEXEC);
+		sh.to_client = eventfd(0, EFD_CLOEXEC);
+		if (sh.to_server < 0 || sh.to_client < 0)
+			die("eventfd");
+		sv[0] = sv[1] = -1;
+	} else if (socketpair(AF_UNIX, type | SOCK_CLOEXEC, 0, sv) < 0) {
 		die("socketpair");
+	}
 	if (with_fd) {
 		memfd = memfd_create("floor", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 		if (memfd < 0 || ftruncate(memfd, 4096) < 0)
@@ -204,7 +304,8 @@ static int floor_rt(int type, int with_fd, size_t req, size_t rep, long iters,
 		die("fork");
 	if (pid == 0) {
 		/* The server: answer each request, until EOF. */
-		close(sv[0]);
+		if (sv[0] >= 0)
+			close(sv[0]);
 		if (server_cpu >= 0) {
 			cpu_set_t one;
 
@@ -213,6 +314,8 @@ static int floor_rt(int type, int with_fd, size_t req, size_t rep, long iters,
 			if (sched_setaffinity(0, sizeof(one), &one) < 0)
 				_exit(1);
 		}
+		if (type == 0)
+			shm_serve(&sh, rbuf, req, sbuf, rep, use_epoll);
 		if (use_epoll)
 			rt_serve_epoll(sv[1], rbuf, req, sbuf, rep, memfd);
 		for (;;) {
@@ -224,20 +327,33 @@ static int floor_rt(int type, int with_fd, size_t req, size_t rep, long iters,
 				_exit(1);
 		}
 	}
-	close(sv[1]);
+	if (sv[1] >= 0)
+		close(sv[1]);
 	for (long i = 0; i < warm + iters; i++) {
 		uint64_t t0 = util_now_ns();
-		int fd;
+		int fd = -1;
 
-		if (send_packet(sv[0], sbuf, req, -1) < 0 ||
-		    recv_packet(sv[0], rbuf, rep, &fd) != 0)
+		if (type == 0 ? shm_round_trip(&sh, sbuf, req, rbuf, rep) < 0 :
+		    (send_packet(sv[0], sbuf, req, -1) < 0 ||
+		     recv_packet(sv[0], rbuf, rep, &fd) != 0))
 			die("round trip");
 		if (fd >= 0)
 			close(fd);
 		if (i >= warm && samples_add(&s, (double)(util_now_ns() - t0)))
 			die("samples");
 	}
-	close(sv[0]);
+	if (type == 0) {
+		/* A count above 1 tells the server to exit. */
+		uint64_t done = 2;
+
+		if (write(sh.to_server, &done, sizeof(done)) < 0)
+			die("eventfd");
+		close(sh.to_server);
+		close(sh.to_client);
+		munmap(sh.req, 2 * FLOOR_PACKET_MAX);
+	} else {
+		close(sv[0]);
+	}
 	if (child_wait(pid) != 0) {
 		fprintf(stderr, "dlshare-floor: server failed\n");
 		return 1;
@@ -662,7 +778,7 @@ static int floor_fill(uint64_t bytes, long iters)
 static void usage(void)
 {
 	fprintf(stderr,
-		"usage: dlshare-floor rt --type seqpacket|stream [--fd] --req B --rep B --iters N [--server-cpu C] [--epoll]\n"
+		"usage: dlshare-floor rt --type seqpacket|stream|shm [--fd] --req B --rep B --iters N [--server-cpu C] [--epoll]\n"
 		"       dlshare-floor server --clients N --req B --rep B --ms T\n"
 		"       dlshare-floor storm --clients N [--shaped]\n"
 		"       dlshare-floor handoff --bytes B --iters N [--huge 2M|1G]\n"
@@ -704,6 +820,8 @@ int main(int argc, char **argv)
 				type = SOCK_SEQPACKET;
 			else if (strcmp(optarg, "stream") == 0)
 				type = SOCK_STREAM;
+			else if (strcmp(optarg, "shm") == 0)
+				type = 0;
 			else
 				usage();
 			break;
