@@ -735,6 +735,14 @@ static int get_send(dlshare_client *c, Dlshare__Frame *f, struct reply *r,
 {
 	int err = call_expect(c, f, DLSHARE__FRAME__BODY_GET_REPLY, r);
 
+	if (err == DLSHARE_EMFILE && r->msg) {
+		/* Its fds could not come (client_call): the lease goes back,
+		 * a take's to the head of its queue. */
+		if (r->msg->frame->body_case == DLSHARE__FRAME__BODY_GET_REPLY)
+			lease_give_back(c, f, r->msg->frame->get_reply->lease);
+		reply_free(c, r);
+		return err;
+	}
 	if (!err)
 		*gr = r->msg->frame->get_reply;
 	return err;

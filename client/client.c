@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -145,6 +146,7 @@ static void client_free(dlshare_client *c)
 	wire_memo_clear(&c->memo);
 	wire_block_free(atomic_exchange(&c->spare_msg, NULL));
 	free(c->rel);
+	free(c->unrecv);
 	free(c->rbuf);
 	pthread_mutex_destroy(&c->lock);
 	pthread_mutex_destroy(&c->send_lock);
@@ -826,13 +828,69 @@ static void msg_done(dlshare_client *c, struct wire_msg *m)
 
 /* Hands a reply to its waiting caller. Under c->lock. Returns 1 when a
  * caller was waiting for it, 0 when nobody was (the packet is dropped). */
+/* Appends id to the fds to tell the daemon never came. Under c->lock.
+ * Returns 0 or DLSHARE_ENOMEM. */
+static int unreceived_push(dlshare_client *c, uint64_t id)
+{
+	if (c->nunrecv == c->capunrecv) {
+		size_t cap = c->capunrecv ? c->capunrecv * 2 : 16;
+		uint64_t *a = realloc(c->unrecv, cap * sizeof(*a));
+
+		if (!a)
+			return DLSHARE_ENOMEM;
+		c->unrecv = a;
+		c->capunrecv = cap;
+	}
+	c->unrecv[c->nunrecv++] = id;
+	return 0;
+}
+
+/* A reply f came without (all) its fds: the daemon counts every buffer
+ * (and kept manifest) it attached as this connection's, and will not
+ * attach them again unless told (Frame.unreceived, 1.8). Under c->lock.
+ * Returns 0, or a DLSHARE_E* code when the connection cannot go on
+ * (a daemon before 1.8 has no way to send them again). */
+static int unreceived_note(dlshare_client *c, const Dlshare__Frame *f)
+{
+	const Dlshare__GetReply *g;
+	int err = 0;
+
+	if (f->body_case != DLSHARE__FRAME__BODY_GET_REPLY)
+		return 0; /* a CreateReply's fds are the writer's, once */
+	g = f->get_reply;
+	if (!c->unreceived_ok) {
+		snprintf(c->fatal_msg, sizeof(c->fatal_msg), "out of file "
+			 "descriptors (RLIMIT_NOFILE) for a reply's buffers, "
+			 "which a daemon before protocol 1.8 cannot send "
+			 "again");
+		return DLSHARE_EMFILE;
+	}
+	for (size_t i = 0; !err && i < g->n_buffers; i++)
+		if (g->buffers[i]->fd_attached)
+			err = unreceived_push(c, g->buffers[i]->id);
+	if (!err && g->manifest && g->manifest->fd_attached &&
+	    g->manifest->id)
+		err = unreceived_push(c, g->manifest->id);
+	return err;
+}
+
 static int deliver(dlshare_client *c, struct wire_msg *m, int *fds,
-		   unsigned nfds, struct wakeq *wq)
+		   unsigned nfds, int lost, struct wakeq *wq)
 {
 	Dlshare__Frame *f = m->frame;
 	struct pending *p = NULL;
 	int err = 0;
 
+	if (lost) {
+		/* None of the reply's fds is used: its caller fails with
+		 * DLSHARE_EMFILE, and the daemon hears which never came. */
+		wire_close_fds(fds, nfds);
+		nfds = 0;
+		if ((err = unreceived_note(c, f))) {
+			msg_done(c, m);
+			return err;
+		}
+	}
 	if (c->solo && c->solo->id == f->id)
 		p = c->solo;
 	else
@@ -842,7 +900,9 @@ static int deliver(dlshare_client *c, struct wire_msg *m, int *fds,
 		msg_done(c, m);
 		return 0;
 	}
-	if (f->body_case == DLSHARE__FRAME__BODY_GET_REPLY) {
+	if (lost) {
+		p->lost = 1;
+	} else if (f->body_case == DLSHARE__FRAME__BODY_GET_REPLY) {
 		int mfd;
 
 		err = import_buffers(c, f->get_reply, fds, nfds, p, &mfd);
@@ -877,14 +937,15 @@ static int deliver(dlshare_client *c, struct wire_msg *m, int *fds,
 
 /* The reader, without c->lock: receives and decodes one packet into
  * c->rbuf, waiting for one at most CLIENT_LEAD_CHECK_MS unless flags has
- * MSG_DONTWAIT. Returns 0 with *m and its fds, 1 when none came, or a
- * DLSHARE_E* code: the connection is unusable (every fd it brought is
- * closed). */
+ * MSG_DONTWAIT. Returns 0 with *m and its fds, 2 the same but with fewer
+ * fds than the packet carried (this process was out of fds: the rest are
+ * gone), 1 when none came, or a DLSHARE_E* code: the connection is
+ * unusable (every fd it brought is closed). */
 static int conn_read(dlshare_client *c, struct wire_msg **m, int *fds,
 		     unsigned *nfds, int flags)
 {
 	size_t len = 0;
-	int r;
+	int r, lost;
 
 	*m = NULL;
 	*nfds = 0;
@@ -892,31 +953,35 @@ static int conn_read(dlshare_client *c, struct wire_msg **m, int *fds,
 		      nfds, flags);
 	if (r == -EAGAIN)
 		return 1;
-	if (r || (len == 0 && *nfds == 0))
+	lost = r == -EMFILE;
+	if ((r && !lost) || (len == 0 && *nfds == 0))
 		return r == -EMSGSIZE || r == -EPROTO ? DLSHARE_EPROTO :
 		       DLSHARE_ECONN;
 	if (wire_decode_in(atomic_exchange(&c->spare_msg, NULL), c->rbuf, len,
-			   0, &c->memo, m) || (*m)->frame->nfds != *nfds) {
+			   0, &c->memo, m) ||
+	    (lost ? (*m)->frame->nfds <= *nfds :
+		    (*m)->frame->nfds != *nfds)) {
 		if (*m)
 			wire_msg_free(*m);
 		*m = NULL;
 		wire_close_fds(fds, *nfds);
 		return DLSHARE_EPROTO;
 	}
-	return 0;
+	return lost ? 2 : 0;
 }
 
-/* The reader, under c->lock: handles a packet (and takes it). Returns 1
- * when it answered a waiting call, 0, or a DLSHARE_E* code (the daemon's
- * last word). */
+/* The reader, under c->lock: handles a packet (and takes it; lost: it
+ * came without all of its fds, conn_read's 2). Returns 1 when it answered
+ * a waiting call, 0, or a DLSHARE_E* code (the daemon's last word, or why
+ * the connection cannot go on). */
 static int dispatch(dlshare_client *c, struct wire_msg *m, int *fds,
-		    unsigned nfds, struct wakeq *wq)
+		    unsigned nfds, int lost, struct wakeq *wq)
 {
 	Dlshare__Frame *f = m->frame;
 	int err = 0;
 
 	if (f->id != 0)
-		return deliver(c, m, fds, nfds, wq);
+		return deliver(c, m, fds, nfds, lost, wq);
 	/* An Error with id 0 is the daemon's last word before it hangs up:
 	 * every waiter gets its code. */
 	if (f->body_case == DLSHARE__FRAME__BODY_ERROR) {
@@ -1214,12 +1279,12 @@ static int rx_read(dlshare_client *c, struct rx *x, int *err)
 	r = conn_read(c, &m, fds, &nfds, MSG_DONTWAIT);
 	if (r == 1)
 		return 0;
-	if (r) {
+	if (r && r != 2) {
 		*err = r;
 		return -1;
 	}
 	pthread_mutex_lock(&c->lock);
-	r = dispatch(c, m, fds, nfds, &x->wq);
+	r = dispatch(c, m, fds, nfds, r == 2, &x->wq);
 	/* A caller is back: leave the socket to the callers until they go
 	 * quiet again. */
 	if (r == 1)
@@ -1344,8 +1409,8 @@ static void read_until_done(dlshare_client *c, struct pending *p,
 		 * so that we see when another thread failed our call. */
 		r = conn_read(c, &m, fds, &nfds, 0);
 		pthread_mutex_lock(&c->lock);
-		if (r == 0)
-			r = dispatch(c, m, fds, nfds, wq);
+		if (r == 0 || r == 2)
+			r = dispatch(c, m, fds, nfds, r == 2, wq);
 		else if (r == 1)
 			r = hello_overdue(c);
 		if (r < 0 && !c->dead)
@@ -1369,6 +1434,8 @@ struct call {
 	struct wakeq wq;
 	uint64_t ride[CLIENT_RELEASE_RIDE]; /* releases riding on it (1.1) */
 	size_t nride;
+	uint64_t *unrecv;        /* Frame.unreceived riding on it (1.8) */
+	size_t nunrecv;
 	int solo;                /* it took the reader role in call_begin */
 };
 
@@ -1390,6 +1457,7 @@ static int call_begin(struct call *k, struct export *export)
 		p->nfds = 0;
 		p->npins = 0;
 		p->mc = NULL;
+		p->lost = 0;
 	} else {
 		if (!(p = util_zalloc(1, sizeof(*p))))
 			return DLSHARE_ENOMEM;
@@ -1425,6 +1493,16 @@ static int call_begin(struct call *k, struct export *export)
 		k->req->releases = k->ride;
 		k->req->n_releases = k->nride;
 	}
+	/* Fds that never came (1.8) ride too, all of them: the request may
+	 * be the get that needs them again. */
+	if (c->nunrecv) {
+		k->unrecv = c->unrecv;
+		k->nunrecv = c->nunrecv;
+		c->unrecv = NULL;
+		c->nunrecv = c->capunrecv = 0;
+		k->req->unreceived = k->unrecv;
+		k->req->n_unreceived = k->nunrecv;
+	}
 	if (!c->reading && HASH_COUNT(c->pending) == 1) {
 		/* Nobody reads, and no other call waits (the anchor only):
 		 * this one reads its own reply, straight after its send.
@@ -1443,6 +1521,20 @@ static int call_begin(struct call *k, struct export *export)
 	client_ref(c);
 	pthread_mutex_unlock(&c->lock);
 	return 0;
+}
+
+/* The unreceived ids k took, back to the client's list for the next
+ * request (k's was not sent). */
+static void unreceived_back(struct call *k)
+{
+	dlshare_client *c = k->c;
+
+	pthread_mutex_lock(&c->lock);
+	for (size_t i = 0; i < k->nunrecv; i++)
+		if (unreceived_push(c, k->unrecv[i]) && !c->dead)
+			snprintf(c->fatal_msg, sizeof(c->fatal_msg),
+				 "out of memory for the fds to ask again");
+	pthread_mutex_unlock(&c->lock);
 }
 
 /* Encodes and sends the request; releases that make it too large go on
@@ -1477,13 +1569,20 @@ static int call_send(struct call *k, const int *fds, unsigned nfds)
 	}
 	k->req->releases = NULL;
 	k->req->n_releases = 0;
-	if (err)
-		return err;
-	pthread_mutex_lock(&c->send_lock);
-	err = wire_send(c->fd, data, len, fds, nfds, 0);
-	pthread_mutex_unlock(&c->send_lock);
+	k->req->unreceived = NULL;
+	k->req->n_unreceived = 0;
+	if (!err) {
+		pthread_mutex_lock(&c->send_lock);
+		err = wire_send(c->fd, data, len, fds, nfds, 0);
+		pthread_mutex_unlock(&c->send_lock);
+	}
 	if (data != stack)
 		free(data);
+	if (err && k->nunrecv)
+		unreceived_back(k);
+	free(k->unrecv);
+	k->unrecv = NULL;
+	k->nunrecv = 0;
 	return err;
 }
 
@@ -1520,10 +1619,25 @@ static void call_wait(struct call *k)
 
 /* Moves the answer of k into out, the daemon's Error into a code and
  * dlshare_last_error(). Returns 0 or a DLSHARE_E* code (out then freed). */
+/* dlshare_last_error() for a reply whose nfds fds did not come. */
+static void emfile_message(uint32_t nfds)
+{
+	struct rlimit rl = { 0 };
+	char msg[256];
+
+	getrlimit(RLIMIT_NOFILE, &rl);
+	snprintf(msg, sizeof(msg), "this process is out of file descriptors "
+		 "(RLIMIT_NOFILE %llu): the reply's %u fds could not be "
+		 "received. Nothing is lost: the same call works again once "
+		 "fds are free", (unsigned long long)rl.rlim_cur,
+		 (unsigned)nfds);
+	errmsg_set(msg);
+}
+
 static int call_result(struct call *k, struct reply *out)
 {
 	struct pending *p = k->p;
-	int err;
+	int err, lost;
 
 	out->msg = p->msg;
 	memcpy(out->fds, p->fds, p->nfds * sizeof(int));
@@ -1533,6 +1647,7 @@ static int call_result(struct call *k, struct reply *out)
 	out->mc = p->mc;
 	p->mc = NULL;
 	err = p->err;
+	lost = p->lost;
 	pending_unref(k->c, p);
 	if (!err && out->msg && out->msg->frame->body_case ==
 				  DLSHARE__FRAME__BODY_ERROR) {
@@ -1540,6 +1655,16 @@ static int call_result(struct call *k, struct reply *out)
 
 		errmsg_set(e->message);
 		err = e->code < 0 ? e->code : DLSHARE_EPROTO;
+	}
+	if (!err && lost) {
+		emfile_message(out->msg->frame->nfds);
+		err = DLSHARE_EMFILE;
+		/* A get's, a take's and a create's callers give back what
+		 * the reply gave them (a lease, a pending version). */
+		if (k->req->body_case == DLSHARE__FRAME__BODY_GET ||
+		    k->req->body_case == DLSHARE__FRAME__BODY_TAKE ||
+		    k->req->body_case == DLSHARE__FRAME__BODY_CREATE)
+			return err;
 	}
 	if (err)
 		reply_free(k->c, out);
@@ -1560,6 +1685,8 @@ int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 	k.p = NULL;
 	memset(&k.wq, 0, sizeof(k.wq));
 	k.nride = 0;
+	k.unrecv = NULL;
+	k.nunrecv = 0;
 	k.solo = 0;
 	errmsg_set(NULL);
 	out->msg = NULL;
@@ -1885,6 +2012,7 @@ static int hello(dlshare_client *c)
 		c->queues = r.msg->frame->hello_reply->minor >= 4;
 		c->origins = r.msg->frame->hello_reply->minor >= 5;
 		c->untakes = r.msg->frame->hello_reply->minor >= 6;
+		c->unreceived_ok = r.msg->frame->hello_reply->minor >= 8;
 		c->watches = r.msg->frame->hello_reply->minor >= 6;
 		board_map(c, r.msg->frame->hello_reply, &r);
 	}

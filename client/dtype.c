@@ -34,6 +34,8 @@ const char *dlshare_strerror(int err)
 	case DLSHARE_EFORK:
 		return "the client was created in another process; make a "
 		       "new one in the child";
+	case DLSHARE_EMFILE:
+		return "this process is out of file descriptors (RLIMIT_NOFILE)";
 	default: return "unknown error";
 	}
 }

@@ -130,6 +130,8 @@ struct pending {
 	size_t npins;
 	struct mcache *mc;       /* GetReply: its cached manifest (1.5) */
 	struct export *export;   /* Publish: register it on the reply */
+	int lost;                /* the reply came without its fds: this
+				  * process had none free (DLSHARE_EMFILE) */
 	UT_hash_handle hh;
 };
 
@@ -207,6 +209,7 @@ struct dlshare_client {
 	int origins;             /* ...and versions' origins (1.5) */
 	int untakes;             /* ...and Untake (1.6) */
 	int watches;             /* ...and Watch (1.6) */
+	int unreceived_ok;       /* ...and Frame.unreceived (1.8) */
 	uint64_t calls;          /* calls begun, to tell the receiver thread
 				  * whether callers are around */
 	int closed;              /* dlshare_disconnect() began */
@@ -242,6 +245,12 @@ struct dlshare_client {
 	unsigned deferred_busy;
 	uint64_t *rel;           /* lease ids to release */
 	size_t nrel, caprel;
+	/* Ids of buffers and manifests whose fds a reply attached but this
+	 * process could not take (out of fds): told to the daemon on the
+	 * next request (Frame.unreceived, 1.8), which then attaches them
+	 * again. Under lock. */
+	uint64_t *unrecv;
+	size_t nunrecv, capunrecv;
 	/* Releases ever queued (rel_push; written under lock): a get refused
 	 * with ELIMIT asks again when some were queued since it went. */
 	_Atomic uint64_t rel_pushed;

@@ -605,6 +605,21 @@ static int writer_request(dlshare_writer *w, struct create_msg *m,
 
 	err = client_call(w->c, &m->f, m->mfd >= 0 ? &m->mfd : NULL,
 			  m->mfd >= 0, NULL, &r);
+	if (err == DLSHARE_EMFILE && r.msg) {
+		/* The buffer's fd could not come (client_call): the version
+		 * the daemon made for us is dropped. */
+		if (r.msg->frame->body_case ==
+		    DLSHARE__FRAME__BODY_CREATE_REPLY) {
+			const Dlshare__CreateReply *cr =
+				r.msg->frame->create_reply;
+
+			w->version = cr->version;
+			w->writer = cr->has_writer ? cr->writer : 0;
+			send_abort(w);
+		}
+		reply_free(w->c, &r);
+		return err;
+	}
 	if (err)
 		return err;
 	if (r.msg->frame->body_case != DLSHARE__FRAME__BODY_CREATE_REPLY ||

@@ -435,6 +435,21 @@ static void conn_read(struct conn *c)
 			conn_protocol_error(c, "too many fds in one packet");
 			return;
 		}
+		if (err == -EMFILE) {
+			/* Not the peer's doing, but its request cannot be
+			 * served whole; --max-open-fds is there to keep the
+			 * daemon from this. */
+			wire_drop_fds(fds, nfds, conn_drop_fd, c);
+			log_warn("conn %llu (pid %d): out of file descriptors "
+				 "(RLIMIT_NOFILE) for the fds of a packet",
+				 (unsigned long long)c->id, (int)c->pid);
+			conn_send_error(c, 0, DLSHARE_ELIMIT,
+					"the daemon is out of file descriptors "
+					"(RLIMIT_NOFILE): a packet's fds could "
+					"not be received");
+			conn_fail(c, "out of fds to receive");
+			return;
+		}
 		if (err) {
 			conn_fail(c, "receive failed");
 			return;

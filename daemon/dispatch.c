@@ -427,6 +427,9 @@ static void dispatch_frame(struct peer *peer, const struct wire_msg *m,
 	/* Releases riding on a request go first, as if sent before it; an
 	 * unknown one is only logged (the request has its own answer). */
 	release_leases(peer, f->releases, f->n_releases);
+	/* So do the fds it says never came (1.8): its request may be the
+	 * get that needs them again. */
+	peer_sent_forget(peer, f->unreceived, f->n_unreceived);
 	if (refuse_nul(peer, m)) {
 		daemon_drop_fds(peer->d, fds, nfds);
 		return;

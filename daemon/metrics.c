@@ -113,6 +113,7 @@ static const struct {
 	{ "poll failed", METRICS_CUT_IO_ERROR },
 	{ "out of memory", METRICS_CUT_DAEMON_ERROR },
 	{ "cannot duplicate fd", METRICS_CUT_DAEMON_ERROR },
+	{ "out of fds to receive", METRICS_CUT_DAEMON_ERROR },
 	{ "reply too large", METRICS_CUT_DAEMON_ERROR },
 };
 

@@ -87,7 +87,8 @@ enum metrics_cut {
 	METRICS_CUT_VERSION,       /* a protocol major this daemon lacks */
 	METRICS_CUT_HELLO_TIMEOUT,
 	METRICS_CUT_IO_ERROR,      /* send, receive or poll failed */
-	METRICS_CUT_DAEMON_ERROR,  /* out of memory, no fd to dup */
+	METRICS_CUT_DAEMON_ERROR,  /* out of memory, no fd to dup or to
+				    * receive a packet's fds */
 	METRICS_CUT_N
 };
 

@@ -77,6 +77,17 @@ static void sent_drop(struct sent_buf *sb)
 	free(sb);
 }
 
+void peer_sent_forget(struct peer *peer, const uint64_t *ids, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		struct sent_buf *sb = NULL;
+
+		HASH_FIND(hh, peer->sent, &ids[i], sizeof(ids[i]), sb);
+		if (sb)
+			sent_drop(sb);
+	}
+}
+
 void peer_buffer_freed(struct rbuffer *b)
 {
 	/* Only the peers that have the buffer's fd hear of it. */

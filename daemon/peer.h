@@ -90,6 +90,11 @@ static inline struct peer *peer_of_owner(struct registry_owner *o)
  * sent the fd again. Returns 0, or -ENOMEM after which peer is failing. */
 int peer_sent_add(struct peer *peer, struct rbuffer *rb);
 
+/* Forgets that peer was sent the fds of the buffers (and manifests) ids,
+ * which it says never came (Frame.unreceived, 1.8): the next reply that
+ * names one attaches its fd again. Unknown ids are ignored. */
+void peer_sent_forget(struct peer *peer, const uint64_t *ids, size_t n);
+
 /* The fds of b go: every peer that has them forgets b and, when still
  * open, is told (BufferGone). */
 void peer_buffer_freed(struct rbuffer *b);

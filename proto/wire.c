@@ -148,9 +148,23 @@ int wire_recv_ex(int sock, void *buf, size_t cap, int *fds, unsigned max_fds,
 		wire_drop_fds(fds, kept, drop, ud);
 		return -EMSGSIZE;
 	}
-	if ((msg.msg_flags & MSG_CTRUNC) || got > max_fds) {
+	if (got > max_fds) {
 		wire_drop_fds(fds, kept, drop, ud);
 		return -EPROTO;
+	}
+	if (msg.msg_flags & MSG_CTRUNC) {
+		/* With room left for more fds than came, the kernel could
+		 * not make one (this process at RLIMIT_NOFILE, or the system
+		 * out of files): the packet is whole, the fds from the first
+		 * that failed are gone. Else the sender sent more than
+		 * max_fds. */
+		if (!msg.msg_control || got >= max_fds) {
+			wire_drop_fds(fds, kept, drop, ud);
+			return -EPROTO;
+		}
+		*len = (size_t)n;
+		*nfds = got;
+		return -EMFILE;
 	}
 	*len = (size_t)n;
 	*nfds = got;
@@ -1294,7 +1308,8 @@ static size_t pack_get(const Dlshare__Frame *f, uint8_t *buf, size_t cap)
 	size_t body, total, nl, rl = 0;
 	uint8_t *p = buf;
 
-	if (!g || !g->name || g->base.n_unknown_fields ||
+	/* Frame.unreceived (1.8, rare): protobuf-c's to write. */
+	if (!g || !g->name || g->base.n_unknown_fields || f->n_unreceived ||
 	    (g->has_select && (int32_t)g->select < 0))
 		return 0;
 	nl = strlen(g->name);
@@ -1361,7 +1376,8 @@ size_t wire_pack_fast(const Dlshare__Frame *f, uint8_t *buf, size_t cap)
 		return 0;
 	if (f->body_case == DLSHARE__FRAME__BODY_GET)
 		return pack_get(f, buf, cap);
-	if (f->body_case != DLSHARE__FRAME__BODY_GET_REPLY || f->n_releases)
+	if (f->body_case != DLSHARE__FRAME__BODY_GET_REPLY || f->n_releases ||
+	    f->n_unreceived)
 		return 0;
 	g = f->get_reply;
 	if (g->base.n_unknown_fields || g->has_event_handle || g->manifest ||

@@ -15,12 +15,14 @@
 #include "dlshare.pb-c.h"
 
 #define WIRE_PROTO_MAJOR 1
-#define WIRE_PROTO_MINOR 7 /* 1: Frame.releases; 2: Goodbye; 3: writer ids;
+#define WIRE_PROTO_MINOR 8 /* 1: Frame.releases; 2: Goodbye; 3: writer ids;
 			    * 4: large manifests (manifest.h), name
 			    * lifetimes, events per device, queue names;
 			    * 5: versions' origins (relays); 6: the
 			    * daemon's own events, Untake, Watch; 7: the
-			    * version board (gets without a round trip) */
+			    * version board (gets without a round trip);
+			    * 8: Frame.unreceived (fds a reader could not
+			    * take) */
 
 /* Largest packet either side sends. AF_UNIX refuses a datagram larger than
  * the socket's send buffer (wmem_default, 208 KiB on stock kernels), so the
@@ -48,7 +50,10 @@ int wire_send(int sock, const void *data, size_t len, const int *fds,
  * the peer closed the connection (SEQPACKET has no empty packets we send).
  * A packet larger than cap returns -EMSGSIZE, truncated control data
  * (more fds than max_fds) -EPROTO; in both cases every fd received is
- * closed. Returns 0, -EAGAIN, or another -errno. */
+ * closed. -EMFILE: the packet came whole (*len), but the kernel could make
+ * only the first *nfds of its fds in this process (RLIMIT_NOFILE, or the
+ * system's file table full), which are in fds, the caller's to close; the
+ * rest are gone. Returns 0, -EAGAIN, or another -errno. */
 int wire_recv(int sock, void *buf, size_t cap, int *fds, unsigned max_fds,
 	      size_t *len, unsigned *nfds, int flags);
 

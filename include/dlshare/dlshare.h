@@ -83,6 +83,10 @@ enum {
 	DLSHARE_ECLOSED = -17,  /* the client was disconnected */
 	DLSHARE_EFORK = -18,    /* the client was created in another process
 				 * (this one is a fork of it) */
+	DLSHARE_EMFILE = -19,   /* this process had no free file descriptor
+				 * (RLIMIT_NOFILE) for a reply's buffers; the
+				 * connection stays, and the same call works
+				 * again once fds are free */
 };
 
 /* The message for an error code; never NULL, also for unknown codes. */
@@ -227,7 +231,9 @@ typedef struct dlshare_writer dlshare_writer;
  * client; a forked child closes its copies as it starts), to write-seal it
  * itself there.
  * Returns 0 and a writer in *out, or DLSHARE_EINVAL, DLSHARE_ELIMIT,
- * DLSHARE_E2BIG, DLSHARE_EPERM, DLSHARE_ENOMEM, DLSHARE_ECONN; for a device,
+ * DLSHARE_E2BIG, DLSHARE_EPERM, DLSHARE_ENOMEM, DLSHARE_ECONN,
+ * DLSHARE_EMFILE (no free fd here for the buffer's: the version is dropped,
+ * the connection stays); for a device,
  * also DLSHARE_ENODEV (no such GPU here or at the daemon) and
  * DLSHARE_ENOTSUP (no CUDA here, or a daemon without GPU support). */
 DLSHARE_API int dlshare_create(dlshare_client *c, const char *name,
@@ -410,7 +416,10 @@ typedef struct dlshare_bundle dlshare_bundle;
  * A waiting get does not block other threads' calls on c. opts may be NULL
  * (the latest version, no wait). Returns 0 and a bundle the caller frees with
  * dlshare_bundle_free(), or DLSHARE_ENOENT, DLSHARE_ETIMEDOUT, DLSHARE_EPERM,
- * DLSHARE_ELIMIT, DLSHARE_ECONN, DLSHARE_EPROTO, DLSHARE_ENOMEM.
+ * DLSHARE_ELIMIT, DLSHARE_ECONN, DLSHARE_EPROTO, DLSHARE_ENOMEM; or
+ * DLSHARE_EMFILE when this process had no free fd for the fds of buffers it
+ * had not mapped yet (RLIMIT_NOFILE): the lease went back, the connection
+ * stays, and the same get works once fds are free (protocol 1.8).
  *
  * Gets without a round trip (protocol 1.7): a connection keeps the gets
  * it freed (the bundle and every tensor from it) of the newest versions
@@ -459,8 +468,9 @@ DLSHARE_API const DLTensor *dlshare_bundle_tensor(const dlshare_bundle *b,
  * and write permission on the name. Returns 0 and a bundle the caller
  * frees with dlshare_bundle_free(), or DLSHARE_ENOENT, DLSHARE_ETIMEDOUT,
  * DLSHARE_EINVAL (not a queue name), DLSHARE_EPERM, DLSHARE_ELIMIT,
- * DLSHARE_ECONN, DLSHARE_EPROTO, DLSHARE_ENOMEM. Any thread; a waiting
- * take does not block other threads' calls on c. */
+ * DLSHARE_ECONN, DLSHARE_EPROTO, DLSHARE_ENOMEM, DLSHARE_EMFILE (as for a
+ * get; the version goes back to the head of its queue). Any thread; a
+ * waiting take does not block other threads' calls on c. */
 DLSHARE_API int dlshare_take(dlshare_client *c, const char *name,
 			     int32_t timeout_ms, void *stream,
 			     dlshare_bundle **out);

@@ -38,7 +38,7 @@ from ._errors import (Error, InvalidArgument, NotFound, KeyNotFound, Timeout,
                       ProtocolError, ConnectionFailed, VersionMismatch,
                       NotSupported, SystemCallFailed, Busy, CopyForbidden,
                       DeviceUnavailable, InvalidState, TooBig, Closed,
-                      ForkedClient)
+                      ForkedClient, TooManyOpenFiles)
 
 __version__ = _dlshare.version()
 
@@ -52,7 +52,7 @@ __all__ = [
     "OutOfMemory", "LimitExceeded", "ProtocolError", "ConnectionFailed",
     "VersionMismatch", "NotSupported", "SystemCallFailed", "Busy",
     "CopyForbidden", "DeviceUnavailable", "InvalidState", "TooBig", "Closed",
-    "ForkedClient",
+    "ForkedClient", "TooManyOpenFiles",
 ]
 
 #: Pass as ``timeout`` to wait for a version without limit.

@@ -122,10 +122,19 @@ class ForkedClient(Error):
     code = -18
 
 
+class TooManyOpenFiles(Error, OSError):
+    """This process had no free file descriptor (RLIMIT_NOFILE, see
+    resource.setrlimit) for the buffers of a version it got. Nothing was
+    lost: the connection stays, and the same get works again once fds are
+    free (close some, or raise the limit)."""
+    code = -19
+
+
 ERRORS = (InvalidArgument, NotFound, Timeout, PermissionDenied, OutOfMemory,
           LimitExceeded, ProtocolError, ConnectionFailed, VersionMismatch,
           NotSupported, SystemCallFailed, Busy, CopyForbidden,
-          DeviceUnavailable, InvalidState, TooBig, Closed, ForkedClient)
+          DeviceUnavailable, InvalidState, TooBig, Closed, ForkedClient,
+          TooManyOpenFiles)
 
 for _cls in (Error, KeyNotFound) + ERRORS:
     _cls.__module__ = "dlshare"

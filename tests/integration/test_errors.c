@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -465,6 +466,145 @@ static void get_messages(void **state)
 	dlshare_disconnect(c);
 }
 
+/* ---- a consumer out of file descriptors --------------------------------------------- */
+
+/* Sets this process's soft RLIMIT_NOFILE so that exactly room more fds can
+ * be made. Returns the old limit, for setrlimit. */
+static struct rlimit fds_exhaust(int room)
+{
+	struct rlimit old, now;
+	int taken[8], next;
+
+	assert_true(room >= 0 && room < 8);
+	for (int i = 0; i < room; i++)
+		assert_true((taken[i] = dup(0)) >= 0);
+	next = dup(0);
+	assert_true(next >= 0);
+	close(next);
+	for (int i = 0; i < room; i++)
+		close(taken[i]);
+	assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+	now = old;
+	now.rlim_cur = (rlim_t)next;
+	assert_int_equal(setrlimit(RLIMIT_NOFILE, &now), 0);
+	return old;
+}
+
+static void fds_back(const struct rlimit *old)
+{
+	assert_int_equal(setrlimit(RLIMIT_NOFILE, old), 0);
+}
+
+#define FDS_N 3
+
+/* Replies that bring fds into a process at its RLIMIT_NOFILE: the kernel
+ * cannot make them (recvmsg sets MSG_CTRUNC; PyTorch users know it as
+ * "received 0 items of ancdata"). Each call fails with DLSHARE_EMFILE and
+ * says why, and gives back what the daemon gave it: a get's lease, a
+ * take's item (to the head of its queue), a create's pending version. The
+ * connection stays, and once fds are free the same calls work, the
+ * buffers' fds sent again (the daemon is told they never came): for one
+ * buffer with no fd to spare, and for three buffers with room for one
+ * (the first comes, the rest do not). Nothing leaks, nothing stays
+ * leased. */
+static void consumer_out_of_fds(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	dlshare_client *p = harness_connect(&fx->d);
+	int64_t shape[1] = { 1024 };
+	dlshare_tensor_spec spec = { .dtype = DT_F32, .ndim = 1,
+				     .shape = shape };
+	dlshare_publish_opts no_copy = { .flags = DLSHARE_PUBLISH_NO_COPY };
+	DLManagedTensor *ts[FDS_N];
+	struct util_want w = UTIL_ANY;
+	static float item[1024];
+	DLManagedTensor plain = {
+		.dl_tensor = { .data = item, .device = { kDLCPU, 0 },
+			       .ndim = 1, .dtype = DT_F32, .shape = shape },
+	};
+	DLManagedTensor *src = &plain;
+	dlshare_writer *wr;
+	dlshare_stats before;
+	struct rlimit old;
+	dlshare_bundle *b;
+	int slots[FDS_N];
+	int err;
+
+	/* A get: one buffer, no fd to spare. */
+	assert_int_equal(util_store(p, "e/fds", DT_F32, 1, shape, 7, NULL), 0);
+	old = fds_exhaust(0);
+	err = dlshare_get(c, "e/fds", NULL, &b);
+	fds_back(&old);
+	assert_int_equal(err, DLSHARE_EMFILE);
+	assert_non_null(strstr(dlshare_last_error(),
+			       "out of file descriptors (RLIMIT_NOFILE"));
+	w.leases = 0;
+	w.connections = 2;
+	util_assert_want(c, &w);
+	assert_int_equal(dlshare_get(c, "e/fds", NULL, &b), 0);
+	assert_int_equal(util_check(dlshare_bundle_tensor(b, 0), DT_F32, 1,
+				    shape, 7), 0);
+	dlshare_bundle_free(b);
+
+	/* Three buffers (an export of three tensors), room for one fd. */
+	for (int i = 0; i < FDS_N; i++) {
+		assert_int_equal(dlshare_host_alloc(DT_F32, 1, shape, &ts[i]),
+				 0);
+		harness_fill(ts[i]->dl_tensor.data, sizeof(item),
+			     (uint32_t)(20 + i));
+		slots[i] = util_track(ts[i]);
+	}
+	assert_int_equal(dlshare_publish(p, "e/fds3", ts, FDS_N, &no_copy,
+					 NULL), 0);
+	old = fds_exhaust(1);
+	err = dlshare_get(c, "e/fds3", NULL, &b);
+	fds_back(&old);
+	assert_int_equal(err, DLSHARE_EMFILE);
+	assert_int_equal(dlshare_get(c, "e/fds3", NULL, &b), 0);
+	assert_int_equal(dlshare_bundle_count(b), FDS_N);
+	for (int i = 0; i < FDS_N; i++)
+		assert_int_equal(util_check(dlshare_bundle_tensor(b, (size_t)i),
+					    DT_F32, 1, shape,
+					    (uint32_t)(20 + i)), 0);
+	dlshare_bundle_free(b);
+	util_assert_want(c, &w);
+
+	/* A take: the item goes back to the head of its queue. */
+	harness_fill(item, sizeof(item), 31);
+	assert_int_equal(dlshare_publish_queued(p, "e/q", &src, 1, NULL, NULL,
+						NULL), 0);
+	old = fds_exhaust(0);
+	err = dlshare_take(c, "e/q", 0, NULL, &b);
+	fds_back(&old);
+	assert_int_equal(err, DLSHARE_EMFILE);
+	assert_int_equal(dlshare_take(c, "e/q", 0, NULL, &b), 0);
+	assert_int_equal(util_check(dlshare_bundle_tensor(b, 0), DT_F32, 1,
+				    shape, 31), 0);
+	dlshare_bundle_free(b);
+
+	/* A create: the pending version is dropped. */
+	before = util_stats(c);
+	old = fds_exhaust(0);
+	err = dlshare_create(c, "e/w", &spec, 1, NULL, &wr);
+	fds_back(&old);
+	assert_int_equal(err, DLSHARE_EMFILE);
+	assert_int_equal(util_stats(c).versions, before.versions);
+	assert_int_equal(dlshare_create(c, "e/w", &spec, 1, NULL, &wr), 0);
+	harness_fill(dlshare_writer_tensor(wr, 0)->data, sizeof(item), 41);
+	assert_int_equal(dlshare_seal(wr, NULL, NULL), 0);
+	assert_int_equal(dlshare_get(c, "e/w", NULL, &b), 0);
+	assert_int_equal(util_check(dlshare_bundle_tensor(b, 0), DT_F32, 1,
+				    shape, 41), 0);
+	dlshare_bundle_free(b);
+
+	util_assert_want(c, &w);
+	dlshare_disconnect(c);
+	dlshare_disconnect(p);
+	for (int i = 0; i < FDS_N; i++)
+		assert_int_equal(util_deleted(slots[i]), 1);
+}
+
 /* ---- connect and Hello time out -------------------------------------------------- */
 
 /* A listener at path with backlog: returns its fd. */
@@ -753,6 +893,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(connect_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(request_past_a_packet, setup, teardown),
 		cmocka_unit_test_setup_teardown(get_messages, setup, teardown),
+		cmocka_unit_test_setup_teardown(consumer_out_of_fds, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(connect_timeouts, setup, teardown),
 		cmocka_unit_test_setup_teardown(dead_connection_hangs_up, setup,
 						teardown),

@@ -2143,6 +2143,50 @@ static void accept_emfile(void **state)
 	dlshare_disconnect(c);
 }
 
+/* The daemon at its fd limit when a peer's packet brings fds (the Publish
+ * of an export): the kernel cannot make them in the daemon. The peer hears
+ * why (DLSHARE_ELIMIT, "out of file descriptors"), not that it broke the
+ * protocol, and is let go (its request cannot be served whole); the
+ * daemon's other clients are served, and once fds are free the same
+ * publish works. */
+static void receive_emfile(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	dlshare_client *p = harness_connect(&fx->d);
+	dlshare_publish_opts o = { .flags = DLSHARE_PUBLISH_NO_COPY };
+	const int64_t shape[1] = { 1024 };
+	const char *w = getenv("DLSHARE_TEST_WRAPPER");
+	DLManagedTensor *t;
+	struct rlimit old, low;
+	int err;
+
+	if (w && *w) {
+		dlshare_disconnect(c);
+		dlshare_disconnect(p);
+		test_skip("the daemon runs under %s, whose fds and limits "
+			  "are not the daemon's", w);
+	}
+	assert_int_equal(harness_wait_stats(c, 0, 2, NULL), 0);
+	assert_int_equal(dlshare_host_alloc(DT(kDLFloat, 32), 1, shape, &t),
+			 0);
+	assert_int_equal(prlimit(fx->d.pid, RLIMIT_NOFILE, NULL, &old), 0);
+	low = old;
+	low.rlim_cur = (rlim_t)harness_fd_count(fx->d.pid);
+	assert_int_equal(prlimit(fx->d.pid, RLIMIT_NOFILE, &low, NULL), 0);
+	err = dlshare_publish(p, "s/emfile", &t, 1, &o, NULL);
+	assert_int_equal(prlimit(fx->d.pid, RLIMIT_NOFILE, &old, NULL), 0);
+	assert_int_equal(err, DLSHARE_ELIMIT);
+	assert_non_null(strstr(dlshare_last_error(),
+			       "out of file descriptors"));
+	dlshare_disconnect(p);
+	util_stats(c);
+	p = harness_connect(&fx->d);
+	assert_int_equal(dlshare_publish(p, "s/emfile", &t, 1, &o, NULL), 0);
+	dlshare_disconnect(p);
+	dlshare_disconnect(c);
+}
+
 /* test_security acl: the tests that need root to run peers as other uids,
  * a ctest of their own (test_security_acl) so that it reads "Skipped"
  * without root; test_security: the rest. */
@@ -2163,6 +2207,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(wrong_fds, setup_wrong_fds, teardown),
 		cmocka_unit_test_setup_teardown(deaf_peer_fds, setup_deaf_fds, teardown),
 		cmocka_unit_test_setup_teardown(accept_emfile, setup_storm, teardown),
+		cmocka_unit_test_setup_teardown(receive_emfile, setup_storm, teardown),
 	};
 
 	if (argc > 1 && strcmp(argv[1], "acl") == 0)

@@ -293,6 +293,33 @@ class ClientTest(DaemonTest):
         self.assertEqual(read_back(t), [1.5, 2.5, -3.0])
         self.assertIn("float32[3]", repr(t))
 
+    def test_out_of_fds(self):
+        """A get in a process with no file descriptor to spare raises
+        TooManyOpenFiles (an OSError) and loses nothing: the same get
+        works once an fd is free."""
+        n = self.name()
+        self.client.publish(n, host([1.5, -2.0]))
+        self.run_py(f"""
+            import os, resource, dlshare
+            with dlshare.Client() as c:
+                a = dlshare.empty((2,), "float32")
+                soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+                lowest = os.dup(0)
+                os.close(lowest)
+                resource.setrlimit(resource.RLIMIT_NOFILE, (lowest, hard))
+                try:
+                    c.get({n!r})
+                except dlshare.TooManyOpenFiles as e:
+                    assert isinstance(e, OSError)
+                    assert "RLIMIT_NOFILE" in str(e), str(e)
+                else:
+                    raise AssertionError("no TooManyOpenFiles")
+                finally:
+                    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+                a.copy_from(c.get({n!r}))
+                assert memoryview(a).cast("B").cast("f").tolist() == [1.5, -2.0]
+        """)
+
     def test_cross_process(self):
         n = self.name()
         self.run_py(f"""
