@@ -18,7 +18,10 @@
  * free it), delete, stat, list, fork (a child that makes its own client,
  * publishes and reads), forkexit (a child that exit()s holding the inherited
  * client), forkcall (a child that calls on the inherited client), forkdisc
- * (a child that dlshare_disconnect()s the inherited client), qput and qtake
+ * (a child that dlshare_disconnect()s the inherited client), forkfds (a
+ * child with its own client that gets a name at its fd limit: success or
+ * DLSHARE_EMFILE only, and the same get once fds are free succeeds with
+ * the version's content), qput and qtake
  * (a write into, and a take from, one queue name of depth QDEPTH, waiting
  * 0..20 ms; what is taken is checked bit for bit, and its version is the
  * one its writer was told; at the end the queue is drained and checked),
@@ -111,6 +114,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 
@@ -133,17 +137,18 @@
 enum op {
 	OP_STORE, OP_OPEN, OP_SEAL, OP_ABORT, OP_EXPORT, OP_COPY, OP_LATEST,
 	OP_EXACT, OP_NEWER, OP_RELEASE, OP_DELETE, OP_STAT, OP_LIST, OP_FORK,
-	OP_FORKEXIT, OP_FORKCALL, OP_FORKDISC, OP_QPUT, OP_QTAKE, OP_KILL, OP_N
+	OP_FORKEXIT, OP_FORKCALL, OP_FORKDISC, OP_FORKFDS, OP_QPUT, OP_QTAKE,
+	OP_KILL, OP_N
 };
 
 static const char *const op_names[OP_N] = {
 	"store", "open", "seal", "abort", "export", "copy", "latest", "exact",
 	"newer", "release", "delete", "stat", "list", "fork", "forkexit",
-	"forkcall", "forkdisc", "qput", "qtake", "kill",
+	"forkcall", "forkdisc", "forkfds", "qput", "qtake", "kill",
 };
 
 static const int op_weight[OP_N] = {
-	10, 5, 6, 3, 8, 3, 14, 8, 10, 8, 3, 3, 1, 1, 1, 1, 1, 4, 4, 0,
+	10, 5, 6, 3, 8, 3, 14, 8, 10, 8, 3, 3, 1, 1, 1, 1, 1, 1, 4, 4, 0,
 };
 
 /* What a writer records about one of its writes. */
@@ -178,6 +183,7 @@ struct shm {
 	_Atomic uint64_t sealed_max[NAMES]; /* epoch << 32 | version */
 	_Atomic uint64_t count[OP_N];
 	_Atomic uint64_t reads, bytes_checked, refused;
+	_Atomic uint64_t fds_refused; /* forkfds gets refused with EMFILE */
 	_Atomic uint64_t del_begin[NAMES][MAX_SLOTS];
 	_Atomic uint64_t del_end[NAMES][MAX_SLOTS];
 	/* Exporters leaving: begun, done, and closed by a later seal. */
@@ -1360,6 +1366,68 @@ static void child_own(struct actor *a)
 	_exit(0);
 }
 
+/* A fork child with a client of its own gets a name with room for 0..2
+ * new fds in its process: the get succeeds (the version's buffers fit) or
+ * fails with DLSHARE_EMFILE, nothing else, and once fds are free again the
+ * same get succeeds with the version's content (the daemon attached the
+ * fds that never came again, protocol 1.8). */
+static void child_fds(struct actor *a)
+{
+	dlshare_client *mine = NULL;
+	int name = (int)(rnd(a) % NAMES), room = (int)(rnd(a) % 3);
+	int taken[3], next, err;
+	struct rlimit old, low;
+	dlshare_bundle *b;
+	uint64_t token;
+	char nm[64];
+
+	a->in_child = 1;
+	a->child_exported = 0;
+	pthread_mutex_init(&xw_lock, NULL);
+	nxw = 0;
+	if ((err = dlshare_connect(D->sock, &mine))) {
+		model_fail(a, "forkfds child: connect: %s", code(err));
+		_exit(1);
+	}
+	a->c = mine;
+	name_of(name, nm, sizeof(nm));
+	for (int i = 0; i < room; i++)
+		taken[i] = dup(0);
+	next = dup(0);
+	close(next);
+	for (int i = 0; i < room; i++)
+		close(taken[i]);
+	if (next < 0 || getrlimit(RLIMIT_NOFILE, &old)) {
+		model_fail(a, "forkfds child: dup or getrlimit: %s",
+			   strerror(errno));
+		_exit(1);
+	}
+	low = old;
+	low.rlim_cur = (rlim_t)next;
+	setrlimit(RLIMIT_NOFILE, &low);
+	err = dlshare_get(mine, nm, NULL, &b);
+	setrlimit(RLIMIT_NOFILE, &old);
+	slog(a->slot, "forkfds child %d: get %s with room for %d fds -> %s",
+	     (int)getpid(), nm, room, err ? code(err) : "0");
+	if (!err) {
+		if (verify_bundle(a, name, b, &token, "forkfds"))
+			_exit(1);
+		dlshare_bundle_free(b);
+	} else if (err != DLSHARE_EMFILE && err != DLSHARE_ENOENT) {
+		model_fail(a, "forkfds: get %s at the fd limit: %s (only "
+			   "success, EMFILE or ENOENT are right)", nm,
+			   code(err));
+		_exit(1);
+	}
+	if (err == DLSHARE_EMFILE) {
+		atomic_fetch_add(&S->fds_refused, 1);
+		if (do_get(a, name, DLSHARE_LATEST, 0, 0))
+			_exit(1);
+	}
+	dlshare_disconnect(mine);
+	_exit(0);
+}
+
 /* LeakSanitizer asks this before its check at exit: a child that exit()s
  * holds its parent's heap, which is no leak of its own. */
 static volatile int lsan_off;
@@ -1391,7 +1459,7 @@ static int op_fork(struct actor *a, enum op kind)
 	int status = -1, err;
 
 	a->seq += 8; /* the child's writes */
-	if (kind != OP_FORK) {
+	if (kind != OP_FORK && kind != OP_FORKFDS) {
 		atomic_store(&S->inherited_fork, run_ms());
 		atomic_store(&touched_inherited, 1);
 	}
@@ -1421,6 +1489,9 @@ static int op_fork(struct actor *a, enum op kind)
 		case OP_FORKDISC:
 			dlshare_disconnect(a->c);
 			_exit(0);
+		case OP_FORKFDS:
+			child_fds(a);
+			break;
 		default:
 			break;
 		}
@@ -1459,7 +1530,8 @@ static int op_fork(struct actor *a, enum op kind)
 	if (err)
 		return model_fail(a, "after %s: the parent's client fails: %s%s",
 				  op_names[kind], code(err),
-				  kind != OP_FORK ? " (known defect ii: a child "
+				  kind != OP_FORK && kind != OP_FORKFDS ?
+				  " (known defect ii: a child "
 				  "closing or exiting shuts the shared socket "
 				  "down)" : "");
 	return 0;
@@ -1596,6 +1668,7 @@ static int run_op(struct actor *a, enum op op)
 	case OP_STAT: return op_stat(a);
 	case OP_LIST: return op_list(a);
 	case OP_FORK: case OP_FORKEXIT: case OP_FORKCALL: case OP_FORKDISC:
+	case OP_FORKFDS:
 		return op_fork(a, op);
 	case OP_QPUT: return op_qput(a);
 	case OP_QTAKE: return op_qtake(a);
@@ -1823,11 +1896,12 @@ static void parse_env(void)
 	 * (newer compiler-rt resets it at fork): a child that allocates,
 	 * forked while another thread held it, hangs in calloc. The fork
 	 * children that allocate run in the other builds. */
-	if (cfg.threads > 1 && (cfg.ops & (1u << OP_FORK))) {
-		cfg.ops &= ~(1u << OP_FORK);
-		fprintf(stderr, "SKIP (part): no 'fork' children under ASan "
-			"with %d threads (its allocator is not fork-safe)\n",
-			cfg.threads);
+	if (cfg.threads > 1 &&
+	    (cfg.ops & ((1u << OP_FORK) | (1u << OP_FORKFDS)))) {
+		cfg.ops &= ~((1u << OP_FORK) | (1u << OP_FORKFDS));
+		fprintf(stderr, "SKIP (part): no 'fork' or 'forkfds' children "
+			"under ASan with %d threads (its allocator is not "
+			"fork-safe)\n", cfg.threads);
 	}
 #endif
 }
@@ -1878,11 +1952,13 @@ static void print_counts(const char *how, int kills)
 				(unsigned long long)atomic_load(&S->count[i]));
 	fprintf(stderr, "model: %s: seed %llu, %d s, %d workers x %d threads, "
 		"%d kills, %llu reads checked (%llu MiB), %llu seals refused "
-		"after a racing delete;%s\n", how, (unsigned long long)cfg.seed,
+		"after a racing delete, %llu gets refused at the fd limit "
+		"then served;%s\n", how, (unsigned long long)cfg.seed,
 		cfg.seconds, cfg.workers, cfg.threads, kills,
 		(unsigned long long)atomic_load(&S->reads),
 		(unsigned long long)(atomic_load(&S->bytes_checked) >> 20),
-		(unsigned long long)atomic_load(&S->refused), line);
+		(unsigned long long)atomic_load(&S->refused),
+		(unsigned long long)atomic_load(&S->fds_refused), line);
 }
 
 static void settle_now(struct settle *st)
