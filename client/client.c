@@ -322,6 +322,23 @@ int client_pin_buffer(dlshare_client *c, const Dlshare__Buffer *wb, int fd,
 	return err;
 }
 
+/* Appends id to the fds to tell the daemon never came. Under c->lock.
+ * Returns 0 or DLSHARE_ENOMEM. */
+static int unreceived_push(dlshare_client *c, uint64_t id)
+{
+	if (c->nunrecv == c->capunrecv) {
+		size_t cap = c->capunrecv ? c->capunrecv * 2 : 16;
+		uint64_t *a = realloc(c->unrecv, cap * sizeof(*a));
+
+		if (!a)
+			return DLSHARE_ENOMEM;
+		c->unrecv = a;
+		c->capunrecv = cap;
+	}
+	c->unrecv[c->nunrecv++] = id;
+	return 0;
+}
+
 /* Receiver thread, under c->lock: pins the buffers a GetReply names,
  * mapping the fds it brings. Fails (and pins nothing) when a buffer is
  * neither cached nor attached, or a mapping fails. The fd of a manifest
@@ -356,6 +373,13 @@ static int import_buffers(dlshare_client *c, Dlshare__GetReply *r, int *fds,
 		 * (and a duplicate one was never needed). */
 		if (fd >= 0)
 			close(fd);
+		/* Its fd came but could not be mapped (no address space, no
+		 * map slot, the device's import failed): as for an fd that
+		 * never came, the daemon attaches it again next time (1.8),
+		 * so that the same get may work later. */
+		if (e && fd >= 0 && c->unreceived_ok &&
+		    unreceived_push(c, wb->id) && !err)
+			err = DLSHARE_ENOMEM;
 		if (e && !err)
 			err = e;
 		if (!e) {
@@ -390,6 +414,8 @@ static int import_buffers(dlshare_client *c, Dlshare__GetReply *r, int *fds,
 				HASH_ADD(hh, c->mcaches, id, sizeof(mc->id), mc);
 			else if (!err)
 				err = DLSHARE_ENOMEM;
+			if (!mc && c->unreceived_ok)
+				(void)unreceived_push(c, id);
 		} else if (fd >= 0) {
 			*manifest_fd = fd; /* a 1.4 daemon's: not kept */
 		} else if (!err) {
@@ -828,23 +854,6 @@ static void msg_done(dlshare_client *c, struct wire_msg *m)
 
 /* Hands a reply to its waiting caller. Under c->lock. Returns 1 when a
  * caller was waiting for it, 0 when nobody was (the packet is dropped). */
-/* Appends id to the fds to tell the daemon never came. Under c->lock.
- * Returns 0 or DLSHARE_ENOMEM. */
-static int unreceived_push(dlshare_client *c, uint64_t id)
-{
-	if (c->nunrecv == c->capunrecv) {
-		size_t cap = c->capunrecv ? c->capunrecv * 2 : 16;
-		uint64_t *a = realloc(c->unrecv, cap * sizeof(*a));
-
-		if (!a)
-			return DLSHARE_ENOMEM;
-		c->unrecv = a;
-		c->capunrecv = cap;
-	}
-	c->unrecv[c->nunrecv++] = id;
-	return 0;
-}
-
 /* A reply f came without (all) its fds: the daemon counts every buffer
  * (and kept manifest) it attached as this connection's, and will not
  * attach them again unless told (Frame.unreceived, 1.8). Under c->lock.

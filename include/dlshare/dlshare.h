@@ -419,7 +419,9 @@ typedef struct dlshare_bundle dlshare_bundle;
  * DLSHARE_ELIMIT, DLSHARE_ECONN, DLSHARE_EPROTO, DLSHARE_ENOMEM; or
  * DLSHARE_EMFILE when this process had no free fd for the fds of buffers it
  * had not mapped yet (RLIMIT_NOFILE): the lease went back, the connection
- * stays, and the same get works once fds are free (protocol 1.8).
+ * stays, and the same get works once fds are free (protocol 1.8). So does
+ * DLSHARE_ENOMEM for a buffer this process could not map (its address
+ * space or map count full): the same get maps it once there is room.
  *
  * Gets without a round trip (protocol 1.7): a connection keeps the gets
  * it freed (the bundle and every tensor from it) of the newest versions
