@@ -730,21 +730,26 @@ static void lease_ref_take(struct lease_ref *lr, dlshare_client *c,
 static int call_expect(dlshare_client *c, Dlshare__Frame *f,
 		       Dlshare__Frame__BodyCase want, struct reply *r);
 
+/* A get's or take's reply whose fds could not come (client_call kept it
+ * for this): the lease goes back, a take's to the head of its queue. */
+static __attribute__((cold, noinline)) int
+get_lost(dlshare_client *c, const Dlshare__Frame *f, struct reply *r)
+{
+	if (r->msg->frame->body_case == DLSHARE__FRAME__BODY_GET_REPLY)
+		lease_give_back(c, f, r->msg->frame->get_reply->lease);
+	reply_free(c, r);
+	return DLSHARE_EMFILE;
+}
+
 static int get_send(dlshare_client *c, Dlshare__Frame *f, struct reply *r,
 		    Dlshare__GetReply **gr)
 {
 	int err = call_expect(c, f, DLSHARE__FRAME__BODY_GET_REPLY, r);
 
-	if (err == DLSHARE_EMFILE && r->msg) {
-		/* Its fds could not come (client_call): the lease goes back,
-		 * a take's to the head of its queue. */
-		if (r->msg->frame->body_case == DLSHARE__FRAME__BODY_GET_REPLY)
-			lease_give_back(c, f, r->msg->frame->get_reply->lease);
-		reply_free(c, r);
-		return err;
-	}
 	if (!err)
 		*gr = r->msg->frame->get_reply;
+	else if (err == DLSHARE_EMFILE && r->msg)
+		return get_lost(c, f, r);
 	return err;
 }
 

@@ -1578,8 +1578,10 @@ static int call_send(struct call *k, const int *fds, unsigned nfds)
 	}
 	k->req->releases = NULL;
 	k->req->n_releases = 0;
-	k->req->unreceived = NULL;
-	k->req->n_unreceived = 0;
+	if (k->unrecv) {
+		k->req->unreceived = NULL;
+		k->req->n_unreceived = 0;
+	}
 	if (!err) {
 		pthread_mutex_lock(&c->send_lock);
 		err = wire_send(c->fd, data, len, fds, nfds, 0);
@@ -1587,11 +1589,13 @@ static int call_send(struct call *k, const int *fds, unsigned nfds)
 	}
 	if (data != stack)
 		free(data);
-	if (err && k->nunrecv)
-		unreceived_back(k);
-	free(k->unrecv);
-	k->unrecv = NULL;
-	k->nunrecv = 0;
+	if (k->unrecv) {
+		if (err)
+			unreceived_back(k);
+		free(k->unrecv);
+		k->unrecv = NULL;
+		k->nunrecv = 0;
+	}
 	return err;
 }
 

@@ -429,7 +429,8 @@ static void dispatch_frame(struct peer *peer, const struct wire_msg *m,
 	release_leases(peer, f->releases, f->n_releases);
 	/* So do the fds it says never came (1.8): its request may be the
 	 * get that needs them again. */
-	peer_sent_forget(peer, f->unreceived, f->n_unreceived);
+	if (f->n_unreceived)
+		peer_sent_forget(peer, f->unreceived, f->n_unreceived);
 	if (refuse_nul(peer, m)) {
 		daemon_drop_fds(peer->d, fds, nfds);
 		return;
