@@ -286,7 +286,7 @@ static int section_latency(const struct plan *pl, const struct fig_packets *pk)
 	struct fig *p_er = report_decl("get_p50_over_epoll_floor_one_cpu", "x",
 		"get p50 / epoll-server floor p50, all on one CPU");
 	struct fig *p_sfl = report_decl("floor_rt_shm_epoll_p50_1cpu_us", "us",
-		"floor: shared memory + eventfds to an epoll server, one CPU, p50");
+		"floor: shared memory + eventfds, epoll server, one CPU, p50");
 	struct fig *p_sr = report_decl("floor_shm_over_epoll_floor_one_cpu", "x",
 		"shared-memory floor / epoll-server floor, one CPU");
 	struct fig *p_w = report_decl("wire_get_p50_1cpu_us", "us",
@@ -304,7 +304,7 @@ static int section_latency(const struct plan *pl, const struct fig_packets *pk)
 	struct fig *a_er = report_decl("get_p50_over_epoll_floor_apart", "x",
 		"get p50 / epoll-server floor p50, apart");
 	struct fig *a_sfl = report_decl("floor_rt_shm_epoll_p50_apart_us", "us",
-		"floor: shared memory + eventfds to an epoll server, apart, p50");
+		"floor: shared memory + eventfds, epoll server, apart, p50");
 	struct fig *a_sr = report_decl("floor_shm_over_epoll_floor_apart", "x",
 		"shared-memory floor / epoll-server floor, apart");
 	struct fig *a_w = report_decl("wire_get_p50_apart_us", "us",
