@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -224,6 +226,104 @@ static void exporter_killed(void **state)
 	dlshare_disconnect(c);
 }
 
+/* ---- the daemon killed under its clients ----------------------------------------- */
+
+/* Removes what a killed daemon left in its directory. */
+static void dir_remove(const char *dir)
+{
+	char p[512];
+
+	snprintf(p, sizeof(p), "%s/dlshared.sock", dir);
+	unlink(p);
+	snprintf(p, sizeof(p), "%s/daemon.log", dir);
+	unlink(p);
+	rmdir(dir);
+}
+
+/* The daemon dies (SIGKILL, the OOM killer; systemd restarts it) while a
+ * consumer holds a tensor, a bundle and a kept get, and a producer holds
+ * an export and a pending writer. What they got stays readable; every call
+ * then fails at once with DLSHARE_ECONN (no hang: a watchdog alarm would
+ * end the test); deleters, the writer's abort and dlshare_disconnect()
+ * return; the export goes back to its deleter once; nothing of the
+ * clients is left open in this process; and a new daemon serves new
+ * clients. */
+static void daemon_killed(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c = harness_connect(&fx->d);
+	dlshare_client *p = harness_connect(&fx->d);
+	dlshare_tensor_spec spec = { .dtype = DT_F32, .ndim = 2,
+				     .shape = shape };
+	DLManagedTensor *t, *kept;
+	dlshare_writer *w;
+	dlshare_bundle *b, *b2;
+	dlshare_stats st;
+	char old_dir[sizeof(fx->d.dir)];
+	int slot, status;
+
+	alarm((unsigned)harness_ms(60000) / 1000);
+	assert_int_equal(util_store(p, "crash/s", DT_F32, 2, shape, 3, NULL),
+			 0);
+	assert_int_equal(util_export(p, "crash/e", DT_F32, 2, shape, 4, NULL,
+				     &slot), 0);
+	assert_int_equal(dlshare_create(p, "crash/w", &spec, 1, NULL, &w), 0);
+	assert_int_equal(dlshare_get_tensor(c, "crash/s", NULL, &t), 0);
+	assert_int_equal(dlshare_get(c, "crash/e", NULL, &b), 0);
+	/* A get freed at once is kept (1.7) with its lease. */
+	assert_int_equal(dlshare_get_tensor(c, "crash/e", NULL, &kept), 0);
+	kept->deleter(kept);
+
+	assert_int_equal(kill(fx->d.pid, SIGKILL), 0);
+	assert_int_equal(waitpid(fx->d.pid, &status, 0), fx->d.pid);
+	fx->d.pid = 0;
+
+	assert_int_equal(util_check(&t->dl_tensor, DT_F32, 2, shape, 3), 0);
+	assert_int_equal(util_check(dlshare_bundle_tensor(b, 0), DT_F32, 2,
+				    shape, 4), 0);
+	/* A reader that gets a kept name in a loop answers itself from the
+	 * board (1.7) and never asks; it must still learn that the daemon
+	 * is gone (the receiver thread reads the socket once no call has
+	 * for CLIENT_IDLE_MS), and until then it gets what it had. */
+	for (int i = 0;; i++) {
+		int err = dlshare_get_tensor(c, "crash/e", NULL, &kept);
+
+		if (err == DLSHARE_ECONN)
+			break;
+		assert_int_equal(err, 0);
+		assert_int_equal(util_check(&kept->dl_tensor, DT_F32, 2,
+					    shape, 4), 0);
+		kept->deleter(kept);
+		assert_true(i < harness_ms(5000));
+		util_sleep_ms(1);
+	}
+	assert_int_equal(dlshare_get(c, "crash/s", NULL, &b2), DLSHARE_ECONN);
+	assert_int_equal(dlshare_stats_get(p, &st), DLSHARE_ECONN);
+	/* The seal consumes the writer, also when it fails. */
+	assert_int_equal(dlshare_seal(w, NULL, NULL), DLSHARE_ECONN);
+	t->deleter(t);
+	dlshare_disconnect(c);
+	/* After the disconnect too, as a binding's garbage collector may. */
+	assert_int_equal(util_check(dlshare_bundle_tensor(b, 0), DT_F32, 2,
+				    shape, 4), 0);
+	dlshare_bundle_free(b);
+	dlshare_disconnect(p);
+	assert_int_equal(util_deleted(slot), 1);
+
+	/* A new daemon (systemd would start it at the same socket). */
+	snprintf(old_dir, sizeof(old_dir), "%s", fx->d.dir);
+	dir_remove(old_dir);
+	assert_int_equal(harness_daemon_start(&fx->d, NULL), 0);
+	c = harness_connect(&fx->d);
+	assert_int_equal(dlshare_get(c, "crash/s", NULL, &b), DLSHARE_ENOENT);
+	assert_int_equal(util_store(c, "crash/s", DT_F32, 2, shape, 5, NULL),
+			 0);
+	assert_int_equal(util_get_check(c, "crash/s", NULL, DT_F32, 2, shape,
+					5, NULL), 0);
+	dlshare_disconnect(c);
+	alarm(0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -231,6 +331,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(parked_consumer_killed, setup, teardown),
 		cmocka_unit_test_setup_teardown(producer_killed_before_seal, setup, teardown),
 		cmocka_unit_test_setup_teardown(exporter_killed, setup, teardown),
+		cmocka_unit_test_setup_teardown(daemon_killed, setup, teardown),
 	};
 
 	return cmocka_run_group_tests_name("crash", tests, NULL, NULL);
