@@ -852,8 +852,6 @@ static void msg_done(dlshare_client *c, struct wire_msg *m)
 		wire_block_free(b);
 }
 
-/* Hands a reply to its waiting caller. Under c->lock. Returns 1 when a
- * caller was waiting for it, 0 when nobody was (the packet is dropped). */
 /* A reply f came without (all) its fds: the daemon counts every buffer
  * (and kept manifest) it attached as this connection's, and will not
  * attach them again unless told (Frame.unreceived, 1.8). Under c->lock.
@@ -883,6 +881,10 @@ static int unreceived_note(dlshare_client *c, const Dlshare__Frame *f)
 	return err;
 }
 
+/* Hands a reply to its waiting caller (lost: it came without all of its
+ * fds). Under c->lock. Returns 1 when a caller was waiting for it, 0 when
+ * nobody was (the packet is dropped), or a DLSHARE_E* code when the
+ * connection cannot go on. */
 static int deliver(dlshare_client *c, struct wire_msg *m, int *fds,
 		   unsigned nfds, int lost, struct wakeq *wq)
 {
@@ -1539,10 +1541,10 @@ static void unreceived_back(struct call *k)
 	dlshare_client *c = k->c;
 
 	pthread_mutex_lock(&c->lock);
+	/* Without memory for them, those buffers' gets fail with
+	 * DLSHARE_EPROTO on this connection, as before 1.8. */
 	for (size_t i = 0; i < k->nunrecv; i++)
-		if (unreceived_push(c, k->unrecv[i]) && !c->dead)
-			snprintf(c->fatal_msg, sizeof(c->fatal_msg),
-				 "out of memory for the fds to ask again");
+		(void)unreceived_push(c, k->unrecv[i]);
 	pthread_mutex_unlock(&c->lock);
 }
 
@@ -1630,8 +1632,6 @@ static void call_wait(struct call *k)
 	}
 }
 
-/* Moves the answer of k into out, the daemon's Error into a code and
- * dlshare_last_error(). Returns 0 or a DLSHARE_E* code (out then freed). */
 /* dlshare_last_error() for a reply whose nfds fds did not come. */
 static void emfile_message(uint32_t nfds)
 {
@@ -1640,13 +1640,17 @@ static void emfile_message(uint32_t nfds)
 
 	getrlimit(RLIMIT_NOFILE, &rl);
 	snprintf(msg, sizeof(msg), "this process is out of file descriptors "
-		 "(RLIMIT_NOFILE %llu): the reply's %u fds could not be "
-		 "received. Nothing is lost: the same call works again once "
-		 "fds are free", (unsigned long long)rl.rlim_cur,
+		 "(RLIMIT_NOFILE %llu): the %u fd(s) of the reply could not "
+		 "be received. Nothing is lost: the same call works again "
+		 "once fds are free", (unsigned long long)rl.rlim_cur,
 		 (unsigned)nfds);
 	errmsg_set(msg);
 }
 
+/* Moves the answer of k into out, the daemon's Error into a code and
+ * dlshare_last_error(). Returns 0 or a DLSHARE_E* code (out then freed);
+ * DLSHARE_EMFILE for a reply whose fds did not come, out then kept for a
+ * Get, Take or Create (its caller gives back what the reply gave). */
 static int call_result(struct call *k, struct reply *out)
 {
 	struct pending *p = k->p;
