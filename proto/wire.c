@@ -11,10 +11,10 @@
 /* sendto, sendmsg and recvmsg go by syscall(2), not libc's wrappers:
  * those are cancellation points (~45 instructions each around the call,
  * a tenth of the system calls' user-space cost per get on each side).
- * Neither the daemon's threads nor libdlshare's calls are cancellation
- * safe (a thread cancelled in a call would leave the library's reader
- * role or locks held), so the points bought nothing but a way to hang a
- * client; dlshare.h says not to cancel a thread inside a call. */
+ * No daemon thread is ever cancelled, and libdlshare's calls run with
+ * cancellation off (client/internal.h, CALL_UNCANCELLED: a thread
+ * cancelled inside one would leave its client's reader role or locks
+ * held), so the points bought nothing there. */
 int wire_send(int sock, const void *data, size_t len, const int *fds,
 	      unsigned nfds, int flags)
 {
