@@ -380,8 +380,17 @@ static int import_buffers(dlshare_client *c, Dlshare__GetReply *r, int *fds,
 		if (e && fd >= 0 && c->unreceived_ok &&
 		    unreceived_push(c, wb->id) && !err)
 			err = DLSHARE_ENOMEM;
-		if (e && !err)
+		if (e && !err) {
 			err = e;
+			snprintf(p->why, sizeof(p->why), "buffer %llu of the "
+				 "version (%llu bytes) could not be mapped: %s%s",
+				 (unsigned long long)wb->id,
+				 (unsigned long long)wb->size,
+				 dlshare_strerror(e),
+				 e == DLSHARE_ENOMEM ? " (this process's address "
+				 "space or map count is full; the same get "
+				 "maps it once there is room)" : "");
+		}
 		if (!e) {
 			b->refs++;
 			p->pins[p->npins++] = b;
@@ -1469,6 +1478,7 @@ static int call_begin(struct call *k, struct export *export)
 		p->npins = 0;
 		p->mc = NULL;
 		p->lost = 0;
+		p->why[0] = '\0';
 	} else {
 		if (!(p = util_zalloc(1, sizeof(*p))))
 			return DLSHARE_ENOMEM;
@@ -1665,6 +1675,8 @@ static int call_result(struct call *k, struct reply *out)
 	p->mc = NULL;
 	err = p->err;
 	lost = p->lost;
+	if (err && p->why[0])
+		errmsg_set(p->why);
 	pending_unref(k->c, p);
 	if (!err && out->msg && out->msg->frame->body_case ==
 				  DLSHARE__FRAME__BODY_ERROR) {

@@ -132,6 +132,9 @@ struct pending {
 	struct export *export;   /* Publish: register it on the reply */
 	int lost;                /* the reply came without its fds: this
 				  * process had none free (DLSHARE_EMFILE) */
+	char why[192];           /* the reader's reason for err, when the
+				  * reply came but could not be used ("" for
+				  * none): dlshare_last_error() is per thread */
 	UT_hash_handle hh;
 };
 

@@ -640,7 +640,8 @@ static int as_child(const struct daemon_proc *d, void *arg)
 	CHILD_CHECK(setrlimit(RLIMIT_AS, &low) == 0);
 	err = dlshare_get(c, "e/as", NULL, &b);
 	CHILD_CHECK(setrlimit(RLIMIT_AS, &old) == 0);
-	if (err != DLSHARE_ENOMEM) {
+	if (err != DLSHARE_ENOMEM ||
+	    !strstr(dlshare_last_error(), "could not be mapped")) {
 		fprintf(stderr, "as_child: get at the limit: %d (%s)\n", err,
 			dlshare_last_error());
 		return 1;
