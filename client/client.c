@@ -2242,16 +2242,34 @@ static int client_new(const char *path, int32_t timeout, dlshare_client **out)
  * why. */
 static int client_dial(dlshare_client *c, const struct sockaddr_un *sa)
 {
+	int64_t until = c->timeout_ms ? now_ms() + c->timeout_ms : 0;
 	char why[128];
 	int e;
 
-	if (connect(c->fd, (const struct sockaddr *)sa, sizeof(*sa)) == 0) {
-		sock_timeout(c->fd, SO_SNDTIMEO, 0);
-		if (c->timeout_ms)
-			c->deadline = now_ms() + c->timeout_ms;
-		return 0;
+	for (;;) {
+		int64_t left;
+
+		if (connect(c->fd, (const struct sockaddr *)sa,
+			    sizeof(*sa)) == 0) {
+			sock_timeout(c->fd, SO_SNDTIMEO, 0);
+			if (c->timeout_ms)
+				c->deadline = now_ms() + c->timeout_ms;
+			return 0;
+		}
+		/* A signal came while the listener's queue was full (a
+		 * handler without SA_RESTART, as Python installs them): the
+		 * socket is still unconnected; wait again, for what is left
+		 * of the time. */
+		if ((e = errno) != EINTR)
+			break;
+		if (!until)
+			continue;
+		if ((left = until - now_ms()) <= 0) {
+			e = EAGAIN;
+			break;
+		}
+		sock_timeout(c->fd, SO_SNDTIMEO, left);
 	}
-	e = errno;
 	/* A Unix socket's connect says EAGAIN when the listener's queue
 	 * stayed full for the whole send timeout. */
 	if (e == EAGAIN && c->timeout_ms) {

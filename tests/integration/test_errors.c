@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -690,6 +691,31 @@ static int listener(const char *path, int backlog)
 	return fd;
 }
 
+static atomic_int usr1_seen;
+
+static void on_usr1(int sig)
+{
+	(void)sig;
+	atomic_fetch_add(&usr1_seen, 1);
+}
+
+/* Sends SIGUSR1 to target every 10 ms until stop. */
+struct interrupter {
+	pthread_t target;
+	atomic_int stop;
+};
+
+static void *interrupter_main(void *arg)
+{
+	struct interrupter *in = arg;
+
+	while (!atomic_load(&in->stop)) {
+		pthread_kill(in->target, SIGUSR1);
+		util_sleep_ms(10);
+	}
+	return NULL;
+}
+
 static void connect_timeouts(void **state)
 {
 	struct fixture *fx = *state;
@@ -714,6 +740,27 @@ static void connect_timeouts(void **state)
 	snprintf(want, sizeof(want), "connect %s: the listener accepted no "
 		 "connection within %d ms", path, o.timeout_ms);
 	assert_memory_equal(dlshare_last_error(), want, strlen(want));
+	/* The same with signals coming all the while to a handler without
+	 * SA_RESTART (Python installs its handlers so): connect() returns
+	 * EINTR each time, and the wait goes on for what is left of it. */
+	{
+		struct sigaction sa = { .sa_handler = on_usr1 }, old_sa;
+		struct interrupter in = { .target = pthread_self() };
+		pthread_t th;
+
+		sigemptyset(&sa.sa_mask);
+		assert_int_equal(sigaction(SIGUSR1, &sa, &old_sa), 0);
+		atomic_store(&usr1_seen, 0);
+		assert_int_equal(pthread_create(&th, NULL, interrupter_main,
+						&in), 0);
+		assert_int_equal(dlshare_connect_ex(path, &o, &c),
+				 DLSHARE_ETIMEDOUT);
+		atomic_store(&in.stop, 1);
+		pthread_join(th, NULL);
+		assert_int_equal(sigaction(SIGUSR1, &old_sa, NULL), 0);
+		assert_memory_equal(dlshare_last_error(), want, strlen(want));
+		assert_true(atomic_load(&usr1_seen) > 0);
+	}
 	close(l);
 	unlink(path);
 
