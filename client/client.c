@@ -28,7 +28,7 @@
 /* Requests up to this size are packed on the stack (call_send). */
 #define CLIENT_SEND_STACK_MAX 1024
 
-static _Thread_local char errmsg[512];
+static _Thread_local char errmsg[CLIENT_ERRMSG_MAX];
 
 /* Connections of this process; the last one to go drains the CUDA event
  * pool (cudalib.c), so that a process done with dlshare holds no event. */
@@ -268,14 +268,21 @@ static int ibuf_map_vmm(struct ibuf *b, const Dlshare__Buffer *wb, int fd,
 	return e;
 }
 
+static int ibuf_new(dlshare_client *c, const Dlshare__Buffer *wb, int fd,
+		    int writable, struct ibuf **out);
+
 /* Under c->lock: the cached buffer wb names, or a new one mapped from fd
  * (-1 when none came) and added to the cache. Does not pin. A cuda-vmm
  * buffer is mapped writable only for its writer (the first to map it:
- * readers see it only once it is sealed). */
+ * readers see it only once it is sealed). When a new one fails and why is
+ * not NULL, why (whylen bytes) says why: the reader that maps it may be
+ * another thread than the caller, whose dlshare_last_error() it is for;
+ * the reader's own message is left as it was. */
 static int ibuf_get(dlshare_client *c, const Dlshare__Buffer *wb, int fd,
-		    int writable, struct ibuf **out)
+		    int writable, struct ibuf **out, char *why, size_t whylen)
 {
 	struct ibuf *b = NULL;
+	char mine[sizeof(errmsg)];
 	int e;
 
 	HASH_FIND(hh, c->bufs, &wb->id, sizeof(wb->id), b);
@@ -283,6 +290,34 @@ static int ibuf_get(dlshare_client *c, const Dlshare__Buffer *wb, int fd,
 		*out = b;
 		return 0;
 	}
+	if (!why)
+		return ibuf_new(c, wb, fd, writable, out);
+	/* A new mapping (an mmap or a device import follows): the message
+	 * a failure leaves is the caller's. */
+	memcpy(mine, errmsg, sizeof(mine));
+	errmsg[0] = '\0';
+	e = ibuf_new(c, wb, fd, writable, out);
+	if (e && errmsg[0])
+		snprintf(why, whylen, "%s", errmsg);
+	else if (e)
+		snprintf(why, whylen, "buffer %llu of the version (%llu "
+			 "bytes) could not be mapped: %s%s",
+			 (unsigned long long)wb->id,
+			 (unsigned long long)wb->size, dlshare_strerror(e),
+			 e == DLSHARE_ENOMEM ? " (this process's address space "
+			 "or map count is full; the same get maps it once "
+			 "there is room)" : "");
+	memcpy(errmsg, mine, sizeof(mine));
+	return e;
+}
+
+/* ibuf_get's new buffer. */
+static int ibuf_new(dlshare_client *c, const Dlshare__Buffer *wb, int fd,
+		    int writable, struct ibuf **out)
+{
+	struct ibuf *b;
+	int e;
+
 	if (!wb->device)
 		return DLSHARE_EPROTO;
 	if (wb->kind != DLSHARE__BUFFER_KIND__BUFFER_KIND_HOST &&
@@ -315,7 +350,7 @@ int client_pin_buffer(dlshare_client *c, const Dlshare__Buffer *wb, int fd,
 	int err;
 
 	pthread_mutex_lock(&c->lock);
-	err = ibuf_get(c, wb, fd, 1, out);
+	err = ibuf_get(c, wb, fd, 1, out, NULL, 0);
 	if (!err)
 		(*out)->refs++;
 	pthread_mutex_unlock(&c->lock);
@@ -368,7 +403,8 @@ static int import_buffers(dlshare_client *c, Dlshare__GetReply *r, int *fds,
 			fd = fds[k];
 			fds[k++] = -1;
 		}
-		e = ibuf_get(c, wb, fd, 0, &b);
+		e = ibuf_get(c, wb, fd, 0, &b, err ? NULL : p->why,
+			     sizeof(p->why));
 		/* The mapping keeps the memory; the fd is no longer needed
 		 * (and a duplicate one was never needed). */
 		if (fd >= 0)
@@ -380,17 +416,8 @@ static int import_buffers(dlshare_client *c, Dlshare__GetReply *r, int *fds,
 		if (e && fd >= 0 && c->unreceived_ok &&
 		    unreceived_push(c, wb->id) && !err)
 			err = DLSHARE_ENOMEM;
-		if (e && !err) {
+		if (e && !err)
 			err = e;
-			snprintf(p->why, sizeof(p->why), "buffer %llu of the "
-				 "version (%llu bytes) could not be mapped: %s%s",
-				 (unsigned long long)wb->id,
-				 (unsigned long long)wb->size,
-				 dlshare_strerror(e),
-				 e == DLSHARE_ENOMEM ? " (this process's address "
-				 "space or map count is full; the same get "
-				 "maps it once there is room)" : "");
-		}
 		if (!e) {
 			b->refs++;
 			p->pins[p->npins++] = b;

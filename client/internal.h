@@ -56,6 +56,9 @@ static inline void cancel_back(const int *old)
 	const int call_cancel_state __attribute__((cleanup(cancel_back))) = \
 		cancel_off()
 
+/* The longest dlshare_last_error() message, with its NUL. */
+#define CLIENT_ERRMSG_MAX 512
+
 /* Most buffers one version may have, whatever a daemon says. */
 #define CLIENT_PINS_MAX 64
 
@@ -132,7 +135,7 @@ struct pending {
 	struct export *export;   /* Publish: register it on the reply */
 	int lost;                /* the reply came without its fds: this
 				  * process had none free (DLSHARE_EMFILE) */
-	char why[192];           /* the reader's reason for err, when the
+	char why[CLIENT_ERRMSG_MAX]; /* the reader's reason for err, when the
 				  * reply came but could not be used ("" for
 				  * none): dlshare_last_error() is per thread */
 	UT_hash_handle hh;
