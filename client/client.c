@@ -74,7 +74,7 @@ int client_errno(int err)
 		return DLSHARE_EPERM;
 	case -EMFILE:
 	case -ENFILE:
-		return DLSHARE_ELIMIT;
+		return DLSHARE_EMFILE; /* this process's, not the daemon's */
 	default:
 		return DLSHARE_EIO;
 	}

@@ -158,7 +158,7 @@ int hostmem_find(const void *p, uint64_t len, void **base, uint64_t *size,
 		if (a < b || a - b > h->size || len > h->size - (a - b))
 			continue;
 		*fd = fcntl(h->fd, F_DUPFD_CLOEXEC, 3);
-		err = *fd < 0 ? DLSHARE_ELIMIT : 0;
+		err = *fd < 0 ? client_errno(-errno) : 0;
 		*base = h->base;
 		*size = h->size;
 		break;

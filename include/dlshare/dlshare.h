@@ -84,9 +84,11 @@ enum {
 	DLSHARE_EFORK = -18,    /* the client was created in another process
 				 * (this one is a fork of it) */
 	DLSHARE_EMFILE = -19,   /* this process had no free file descriptor
-				 * (RLIMIT_NOFILE) for a reply's buffers; the
-				 * connection stays, and the same call works
-				 * again once fds are free */
+				 * (RLIMIT_NOFILE, or the system's table was
+				 * full): for a reply's buffers (the connection
+				 * stays, and the same call works again once
+				 * fds are free), or for a socket or memfd of
+				 * its own (connect, host_alloc, a copy) */
 };
 
 /* The message for an error code; never NULL, also for unknown codes. */
@@ -124,9 +126,9 @@ typedef struct dlshare_client dlshare_client;
  * Returns 0, DLSHARE_ECONN (nobody listening), DLSHARE_EPERM (no access to
  * the socket), DLSHARE_E2BIG (path longer than the 107 bytes a Unix socket
  * path may have), DLSHARE_ETIMEDOUT (nobody answered in time),
- * DLSHARE_EVERSION, DLSHARE_ENOMEM or DLSHARE_EIO; dlshare_last_error()
- * then names the path and the reason ("connect /run/x.sock: No such file
- * or directory"). */
+ * DLSHARE_EVERSION, DLSHARE_ENOMEM, DLSHARE_EMFILE (no fd left here for
+ * the socket) or DLSHARE_EIO; dlshare_last_error() then names the path and
+ * the reason ("connect /run/x.sock: No such file or directory"). */
 DLSHARE_API int dlshare_connect(const char *path, dlshare_client **out);
 
 /* How long dlshare_connect() waits, in all, for the socket's listener to
@@ -331,7 +333,8 @@ DLSHARE_API int dlshare_create_queued(dlshare_client *c, const char *name,
  * dlshare_publish() can hand it out without a copy. The caller owns *out and
  * frees it with its deleter. A child of fork() sees and shares it like any
  * MAP_SHARED memory (it is never write-sealed, so that harms no seal).
- * Returns 0, DLSHARE_EINVAL or DLSHARE_ENOMEM. */
+ * Returns 0, DLSHARE_EINVAL, DLSHARE_ENOMEM or DLSHARE_EMFILE (no fd left
+ * in this process for the memfd). */
 DLSHARE_API int dlshare_host_alloc(DLDataType dtype, int32_t ndim,
 				   const int64_t *shape,
 				   DLManagedTensor **out);

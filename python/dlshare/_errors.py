@@ -124,9 +124,10 @@ class ForkedClient(Error):
 
 class TooManyOpenFiles(Error, OSError):
     """This process had no free file descriptor (RLIMIT_NOFILE, see
-    resource.setrlimit) for the buffers of a version it got. Nothing was
-    lost: the connection stays, and the same get works again once fds are
-    free (close some, or raise the limit)."""
+    resource.setrlimit): for the buffers of a version it got — nothing was
+    lost, the connection stays, and the same get works again once fds are
+    free (close some, or raise the limit) — or for a socket or shared
+    memory of its own (a new Client, dlshare.empty)."""
     code = -19
 
 

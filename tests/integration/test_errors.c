@@ -527,11 +527,22 @@ static void consumer_out_of_fds(void **state)
 	};
 	DLManagedTensor *src = &plain;
 	dlshare_writer *wr;
+	dlshare_client *wr_client = NULL;
 	dlshare_stats before;
 	struct rlimit old;
 	dlshare_bundle *b;
 	int slots[FDS_N];
 	int err;
+
+	/* The process's own fds: a client's socket, a memfd. */
+	old = fds_exhaust(0);
+	err = dlshare_connect(fx->d.sock, &wr_client);
+	fds_back(&old);
+	assert_int_equal(err, DLSHARE_EMFILE);
+	old = fds_exhaust(0);
+	err = dlshare_host_alloc(DT_F32, 1, shape, &ts[0]);
+	fds_back(&old);
+	assert_int_equal(err, DLSHARE_EMFILE);
 
 	/* A get: one buffer, no fd to spare. */
 	assert_int_equal(util_store(p, "e/fds", DT_F32, 1, shape, 7, NULL), 0);
