@@ -730,15 +730,16 @@ static void lease_ref_take(struct lease_ref *lr, dlshare_client *c,
 static int call_expect(dlshare_client *c, Dlshare__Frame *f,
 		       Dlshare__Frame__BodyCase want, struct reply *r);
 
-/* A get's or take's reply whose fds could not come (client_call kept it
- * for this): the lease goes back, a take's to the head of its queue. */
+/* A get's or take's reply that came but cannot be used (its fds did not
+ * come, its buffers could not be mapped; client_call kept it for this):
+ * the lease goes back, a take's to the head of its queue. Returns err. */
 static __attribute__((cold, noinline)) int
-get_lost(dlshare_client *c, const Dlshare__Frame *f, struct reply *r)
+get_lost(dlshare_client *c, const Dlshare__Frame *f, struct reply *r, int err)
 {
 	if (r->msg->frame->body_case == DLSHARE__FRAME__BODY_GET_REPLY)
 		lease_give_back(c, f, r->msg->frame->get_reply->lease);
 	reply_free(c, r);
-	return DLSHARE_EMFILE;
+	return err;
 }
 
 static int get_send(dlshare_client *c, Dlshare__Frame *f, struct reply *r,
@@ -748,8 +749,8 @@ static int get_send(dlshare_client *c, Dlshare__Frame *f, struct reply *r,
 
 	if (!err)
 		*gr = r->msg->frame->get_reply;
-	else if (err == DLSHARE_EMFILE && r->msg)
-		return get_lost(c, f, r);
+	else if (r->msg)
+		return get_lost(c, f, r, err);
 	return err;
 }
 

@@ -957,9 +957,9 @@ static int deliver(dlshare_client *c, struct wire_msg *m, int *fds,
 		nfds = 0;
 		if (mfd >= 0)
 			fds[nfds++] = mfd;
-		/* The daemon gave us a lease we cannot use: give it back. */
-		if (err && queue_release(c, f->get_reply->lease))
-			wq->kick_rx = 1;
+		/* A lease we cannot use: the caller gives it back as its
+		 * kind wants (call_result keeps the reply for it; a take's
+		 * goes back to its queue, not consumed). */
 	} else if (f->body_case == DLSHARE__FRAME__BODY_PUBLISH_REPLY &&
 		   p->export) {
 		/* Registered before anything after this reply is read, so
@@ -1686,12 +1686,13 @@ static void emfile_message(uint32_t nfds)
 
 /* Moves the answer of k into out, the daemon's Error into a code and
  * dlshare_last_error(). Returns 0 or a DLSHARE_E* code (out then freed);
- * DLSHARE_EMFILE for a reply whose fds did not come, out then kept for a
- * Get, Take or Create (its caller gives back what the reply gave). */
+ * for a reply that came but cannot be used (DLSHARE_EMFILE: its fds did
+ * not come; or why its buffers could not be mapped), out is kept for a
+ * Get, Take or Create: its caller gives back what the reply gave. */
 static int call_result(struct call *k, struct reply *out)
 {
 	struct pending *p = k->p;
-	int err, lost;
+	int err, lost, unusable;
 
 	out->msg = p->msg;
 	memcpy(out->fds, p->fds, p->nfds * sizeof(int));
@@ -1702,6 +1703,9 @@ static int call_result(struct call *k, struct reply *out)
 	p->mc = NULL;
 	err = p->err;
 	lost = p->lost;
+	/* The reply came but cannot be used: its fds did not come, or its
+	 * buffers could not be mapped. */
+	unusable = out->msg && (err || lost);
 	if (err && p->why[0])
 		errmsg_set(p->why);
 	pending_unref(k->c, p);
@@ -1715,13 +1719,13 @@ static int call_result(struct call *k, struct reply *out)
 	if (!err && lost) {
 		emfile_message(out->msg->frame->nfds);
 		err = DLSHARE_EMFILE;
-		/* A get's, a take's and a create's callers give back what
-		 * the reply gave them (a lease, a pending version). */
-		if (k->req->body_case == DLSHARE__FRAME__BODY_GET ||
-		    k->req->body_case == DLSHARE__FRAME__BODY_TAKE ||
-		    k->req->body_case == DLSHARE__FRAME__BODY_CREATE)
-			return err;
 	}
+	/* A get's, a take's and a create's callers give back what such a
+	 * reply gave them (a lease, a pending version). */
+	if (unusable && (k->req->body_case == DLSHARE__FRAME__BODY_GET ||
+			 k->req->body_case == DLSHARE__FRAME__BODY_TAKE ||
+			 k->req->body_case == DLSHARE__FRAME__BODY_CREATE))
+		return err;
 	if (err)
 		reply_free(k->c, out);
 	return err;

@@ -319,9 +319,10 @@ void client_unref(dlshare_client *c);
  * registered by whichever thread reads the reply, as it arrives. Any thread
  * but the receiver thread (a deleter it runs gets DLSHARE_EINVAL).
  * Returns 0 with *out (free with reply_free), or a DLSHARE_E* code; also
- * DLSHARE_EMFILE when the reply came without its fds (this process was
- * out of them): then for a Get, Take or Create, *out holds the reply, for
- * the caller to give back its lease or pending version, and reply_free. */
+ * when the reply came but cannot be used (DLSHARE_EMFILE: its fds did not
+ * come, this process was out of them; or the code why its buffers could
+ * not be mapped), for a Get, Take or Create *out holds the reply, for the
+ * caller to give back its lease or pending version, and reply_free. */
 int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 		unsigned nfds, struct export *export, struct reply *out);
 void reply_free(dlshare_client *c, struct reply *r);

@@ -662,13 +662,28 @@ static int as_child(const struct daemon_proc *d, void *arg)
 	CHILD_CHECK(util_check(dlshare_bundle_tensor(b, 0), DT_F32, 1, shape,
 			       9) == 0);
 	dlshare_bundle_free(b);
+	/* A take whose buffer cannot be mapped is no consumption: the
+	 * version goes back to the head of its queue. */
+	CHILD_CHECK(setrlimit(RLIMIT_AS, &low) == 0);
+	err = dlshare_take(c, "e/asq", 0, NULL, &b);
+	CHILD_CHECK(setrlimit(RLIMIT_AS, &old) == 0);
+	if (err != DLSHARE_ENOMEM) {
+		fprintf(stderr, "as_child: take at the limit: %d (%s)\n", err,
+			dlshare_last_error());
+		return 1;
+	}
+	CHILD_OK(dlshare_take(c, "e/asq", 0, NULL, &b));
+	CHILD_CHECK(util_check(dlshare_bundle_tensor(b, 0), DT_F32, 1, shape,
+			       10) == 0);
+	dlshare_bundle_free(b);
 	dlshare_disconnect(c);
 	return 0;
 }
 
 /* A consumer whose address space cannot take a version's buffer (a
  * container's ulimit -v, vm.max_map_count reached): the get fails with
- * DLSHARE_ENOMEM, and once there is room the same get maps it. The fd
+ * DLSHARE_ENOMEM, and once there is room the same get maps it; a take
+ * likewise, its version back at the head of its queue meanwhile. The fd
  * came but could not be mapped, so the daemon is told to attach it again,
  * as for fds that never came (protocol 1.8); before, the buffer could
  * never be got again on that connection (its fd was sent once). */
@@ -683,6 +698,21 @@ static void consumer_out_of_address_space(void **state)
 	test_skip("ASan's shadow memory cannot live under RLIMIT_AS");
 #endif
 	assert_int_equal(util_store(p, "e/as", DT_F32, 1, shape, 9, NULL), 0);
+	{
+		float *item = malloc((size_t)AS_ELEMS * sizeof(float));
+		DLManagedTensor plain = {
+			.dl_tensor = { .data = item, .device = { kDLCPU, 0 },
+				       .ndim = 1, .dtype = DT_F32,
+				       .shape = (int64_t *)shape },
+		};
+		DLManagedTensor *src = &plain;
+
+		assert_non_null(item);
+		harness_fill(item, (size_t)AS_ELEMS * sizeof(float), 10);
+		assert_int_equal(dlshare_publish_queued(p, "e/asq", &src, 1,
+							NULL, NULL, NULL), 0);
+		free(item);
+	}
 	assert_int_equal(util_wait(util_spawn(&fx->d, as_child, NULL)), 0);
 	dlshare_disconnect(p);
 }
