@@ -605,9 +605,10 @@ static int writer_request(dlshare_writer *w, struct create_msg *m,
 
 	err = client_call(w->c, &m->f, m->mfd >= 0 ? &m->mfd : NULL,
 			  m->mfd >= 0, NULL, &r);
-	if (err == DLSHARE_EMFILE && r.msg) {
-		/* The buffer's fd could not come (client_call): the version
-		 * the daemon made for us is dropped. */
+	if (err && r.msg) {
+		/* A reply that came but cannot be used (client_call kept
+		 * it: the buffer's fd could not come): the version the
+		 * daemon made for us is dropped. */
 		if (r.msg->frame->body_case ==
 		    DLSHARE__FRAME__BODY_CREATE_REPLY) {
 			const Dlshare__CreateReply *cr =
