@@ -864,6 +864,14 @@ class ForkTest(DaemonTest):
         t.release()
 
     def test_child_calls_fail_clearly(self):
+        if os.environ.get("DLSHARE_TEST_SANITIZED"):
+            # Seen once in a fresh-clone CI run: the child hung. The
+            # parent thread below allocates all the while, and GCC 12's
+            # ASan allocator keeps a lock that fork() does not reset (a
+            # child forked while it is held hangs in malloc); test_model
+            # leaves out its fork children under ASan for the same reason.
+            self.skipTest("GCC 12's ASan allocator is not fork-safe while "
+                          "another thread allocates")
         n = self.name()
         self.client.publish(n, host([1.0]))
         w = self.client.create(n + "/w", ("float32", (4,)))
