@@ -13,11 +13,13 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "chan.h"
 #include "cudalib.h"
 #include "paths.h"
 
@@ -652,6 +654,20 @@ static void warm_release_locked(dlshare_client *c, int all)
 	}
 }
 
+/* Sends a packet on c's socket (send_lock held), counting it: a request
+ * through the channel says how many went before it (proto/chan.h).
+ * Returns as wire_send. */
+static int sock_send(dlshare_client *c, const uint8_t *data, size_t len,
+		     const int *fds, unsigned nfds, int flags)
+{
+	int err = wire_send(c->fd, data, len, fds, nfds, flags);
+
+	if (!err)
+		atomic_fetch_add_explicit(&c->tx_packets, 1,
+					  memory_order_relaxed);
+	return err;
+}
+
 /* ---- the reader role ------------------------------------------------------ */
 
 /* The receiver thread leaves the socket to callers while they keep calling
@@ -662,6 +678,10 @@ static void warm_release_locked(dlshare_client *c, int all)
  * thread finished it (the connection failed, or was closed while a call
  * was in flight). The socket's receive timeout. */
 #define CLIENT_LEAD_CHECK_MS 1000
+/* A connection asks for its request channel (1.9) at the call that could
+ * use one after this many such calls: one that makes a few (a CLI, a
+ * short-lived worker) costs the daemon no memfd, mapping and eventfd. */
+#define CLIENT_CHAN_AFTER 32
 
 /* Threads to wake once c->lock is dropped: signalled under the lock, a
  * woken thread would block on it at once. Each entry holds a reference on
@@ -813,7 +833,7 @@ static int flush_releases(dlshare_client *c)
 		if (err)
 			return err;
 		pthread_mutex_lock(&c->send_lock);
-		err = wire_send(c->fd, data, len, NULL, 0, MSG_DONTWAIT);
+		err = sock_send(c, data, len, NULL, 0, MSG_DONTWAIT);
 		pthread_mutex_unlock(&c->send_lock);
 		free(data);
 		if (err)
@@ -1004,6 +1024,7 @@ static int conn_read(dlshare_client *c, struct wire_msg **m, int *fds,
 	if ((r && !lost) || (len == 0 && *nfds == 0))
 		return r == -EMSGSIZE || r == -EPROTO ? DLSHARE_EPROTO :
 		       DLSHARE_ECONN;
+	c->rx_packets++;
 	if (wire_decode_in(atomic_exchange(&c->spare_msg, NULL), c->rbuf, len,
 			   0, &c->memo, m) ||
 	    (lost ? (*m)->frame->nfds <= *nfds :
@@ -1440,35 +1461,44 @@ static void lead(dlshare_client *c, struct pending *p, struct wakeq *wq)
 	read_until_done(c, p, wq);
 }
 
+/* The reader, without c->lock: reads one packet (flags as conn_read's)
+ * and handles it. Returns 1 with c->lock held when p is done or the
+ * connection failed, else 0 without it. */
+static int read_step(dlshare_client *c, struct pending *p, struct wakeq *wq,
+		     int flags)
+{
+	int fds[WIRE_FDS_MAX];
+	unsigned nfds = 0;
+	struct wire_msg *m = NULL;
+	int r;
+
+	r = conn_read(c, &m, fds, &nfds, flags);
+	pthread_mutex_lock(&c->lock);
+	if (r == 0 || r == 2)
+		r = dispatch(c, m, fds, nfds, r == 2, wq);
+	else if (r == 1)
+		r = hello_overdue(c);
+	if (r < 0 && !c->dead)
+		conn_fail(c, r, wq);
+	/* p is done when its reply came, or when another thread failed
+	 * every call (the receiver thread, at disconnect). */
+	if (p->done || c->dead)
+		return 1;
+	pthread_mutex_unlock(&c->lock);
+	wakeq_run(c, wq);
+	return 0;
+}
+
 /* lead's loop, entered with the reader role and without c->lock (a solo
  * call enters here straight from its send). Returns with c->lock held. */
 static void read_until_done(dlshare_client *c, struct pending *p,
 			    struct wakeq *wq)
 {
-	for (;;) {
-		int fds[WIRE_FDS_MAX];
-		unsigned nfds = 0;
-		struct wire_msg *m = NULL;
-		int r;
-
-		/* A blocking receive, no poll first: one system call per
-		 * packet, like a bare round trip. It times out (SO_RCVTIMEO)
-		 * so that we see when another thread failed our call. */
-		r = conn_read(c, &m, fds, &nfds, 0);
-		pthread_mutex_lock(&c->lock);
-		if (r == 0 || r == 2)
-			r = dispatch(c, m, fds, nfds, r == 2, wq);
-		else if (r == 1)
-			r = hello_overdue(c);
-		if (r < 0 && !c->dead)
-			conn_fail(c, r, wq);
-		/* p is done when its reply came, or when another thread
-		 * failed every call (the receiver thread, at disconnect). */
-		if (p->done || c->dead)
-			break;
-		pthread_mutex_unlock(&c->lock);
-		wakeq_run(c, wq);
-	}
+	/* A blocking receive, no poll first: one system call per packet,
+	 * like a bare round trip. It times out (SO_RCVTIMEO) so that we see
+	 * when another thread failed our call. */
+	while (!read_step(c, p, wq, 0))
+		;
 	c->reading = 0;
 	handoff(c, wq);
 }
@@ -1484,6 +1514,7 @@ struct call {
 	uint64_t *unrecv;        /* Frame.unreceived riding on it (1.8) */
 	size_t nunrecv;
 	int solo;                /* it took the reader role in call_begin */
+	void *chan;              /* c's request channel then, or NULL */
 };
 
 /* Registers req as pending with a fresh id, queued releases riding on
@@ -1560,6 +1591,7 @@ static int call_begin(struct call *k, struct export *export)
 		c->reading = 1;
 		c->solo = p;
 		k->solo = 1;
+		k->chan = c->chan;
 	} else {
 		HASH_ADD(hh, c->pending, id, sizeof(p->id), p);
 	}
@@ -1623,7 +1655,7 @@ static int call_send(struct call *k, const int *fds, unsigned nfds)
 	}
 	if (!err) {
 		pthread_mutex_lock(&c->send_lock);
-		err = wire_send(c->fd, data, len, fds, nfds, 0);
+		err = sock_send(c, data, len, fds, nfds, 0);
 		pthread_mutex_unlock(&c->send_lock);
 	}
 	if (data != stack)
@@ -1636,6 +1668,125 @@ static int call_send(struct call *k, const int *fds, unsigned nfds)
 		k->nunrecv = 0;
 	}
 	return err;
+}
+
+/* ---- the request channel (1.9, proto/chan.h) ----------------------------- */
+
+/* Whether f may go through a request channel: a get or take that waits
+ * for nothing (answered at once: its caller holds the reader role until
+ * then), attaching no fds. */
+static int chan_wanted(const Dlshare__Frame *f, unsigned nfds)
+{
+	if (nfds)
+		return 0;
+	if (f->body_case == DLSHARE__FRAME__BODY_GET)
+		return !f->get->timeout_ms;
+	if (f->body_case == DLSHARE__FRAME__BODY_TAKE)
+		return !f->take->timeout_ms;
+	return 0;
+}
+
+/* Whether k goes through c's request channel: as chan_wanted, from a call
+ * that reads its own reply. */
+static int chan_fits(const struct call *k, unsigned nfds)
+{
+	return k->solo && k->chan && chan_wanted(k->req, nfds);
+}
+
+/* Puts k's request (with what rides on it) in the channel's slot and wakes
+ * the daemon. Returns 0, or 1 when it does not fit the slot: then nothing
+ * changed, and it goes over the socket. */
+static int chan_send(struct call *k)
+{
+	dlshare_client *c = k->c;
+	struct chan_req *rq = chan_req_of(k->chan);
+	uint8_t *body = chan_req_body(k->chan);
+	size_t cap = c->send_max < CHAN_REQ_MAX ? c->send_max : CHAN_REQ_MAX;
+	uint64_t one = 1;
+	size_t len;
+
+	if (!(len = wire_pack_fast(k->req, body, cap))) {
+		len = dlshare__frame__get_packed_size(k->req);
+		if (len > cap)
+			return 1;
+		dlshare__frame__pack(k->req, body);
+	}
+	k->req->releases = NULL;
+	k->req->n_releases = 0;
+	if (k->unrecv) {
+		k->req->unreceived = NULL;
+		k->req->n_unreceived = 0;
+		free(k->unrecv);
+		k->unrecv = NULL;
+		k->nunrecv = 0;
+	}
+	rq->len = (uint32_t)len;
+	/* Whatever went on the socket before: the daemon reads it first. */
+	rq->sock_sent = atomic_load_explicit(&c->tx_packets,
+					     memory_order_relaxed);
+	atomic_store_explicit(&rq->seq, ++c->chan_seq, memory_order_release);
+	/* By syscall(2), no cancellation point. A full counter (only a
+	 * peer's own doing) has the daemon woken anyway. */
+	(void)!syscall(SYS_write, c->chan_efd, &one, sizeof(one));
+	return 0;
+}
+
+/* Waits for the channel's answer to k with the reader role (a solo call,
+ * as read_until_done): the packets the daemon sent on the socket before
+ * it first, then the answer; or the socket, when the answer went there.
+ * Returns with c->lock held. */
+static void chan_read(struct call *k)
+{
+	dlshare_client *c = k->c;
+	struct chan_rep *rp = chan_rep_of(k->chan);
+	uint32_t seq = c->chan_seq, v;
+	struct wire_msg *m = NULL;
+	int fds[1];
+	size_t len;
+	int r;
+
+	while ((v = atomic_load_explicit(&rp->seq, memory_order_acquire)) !=
+	       seq) {
+		/* A daemon that was killed says nothing here: every
+		 * CLIENT_IDLE_MS the socket is read without waiting (its
+		 * hang-up, a push), and another thread's failure seen. */
+		if (chan_wait(&rp->seq, v, CLIENT_IDLE_MS) == -ETIMEDOUT &&
+		    read_step(c, k->p, &k->wq, MSG_DONTWAIT))
+			goto out;
+	}
+	if (rp->how != CHAN_HERE) {
+		/* It attaches fds, or is too large: on the socket. Or the
+		 * daemon is closing the connection, and says why there. */
+		read_until_done(c, k->p, &k->wq);
+		return;
+	}
+	len = rp->len;
+	/* What the daemon sent on the socket before its answer is read
+	 * first: the fds of buffers the answer names, pushes. */
+	while (c->rx_packets < rp->sock_sent)
+		if (read_step(c, k->p, &k->wq, 0))
+			goto out;
+	r = len && len <= c->max_packet ? 0 : DLSHARE_EPROTO;
+	if (!r) {
+		memcpy(c->rbuf, chan_rep_body(k->chan), len);
+		if (wire_decode_in(atomic_exchange(&c->spare_msg, NULL),
+				   c->rbuf, len, 0, &c->memo, &m) ||
+		    m->frame->nfds) {
+			if (m)
+				wire_msg_free(m);
+			m = NULL;
+			r = DLSHARE_EPROTO;
+		}
+	}
+	pthread_mutex_lock(&c->lock);
+	/* An answer nobody waits for here is the daemon's mistake. */
+	if (!r && (r = dispatch(c, m, fds, 0, 0, &k->wq)) == 0)
+		r = DLSHARE_EPROTO;
+	if (r < 0 && !c->dead)
+		conn_fail(c, r, &k->wq);
+out:
+	c->reading = 0;
+	handoff(c, &k->wq);
 }
 
 /* Waits until the request is answered or failed (called with c->lock
@@ -1731,6 +1882,8 @@ static int call_result(struct call *k, struct reply *out)
 	return err;
 }
 
+static void chan_open(dlshare_client *c);
+
 int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 		unsigned nfds, struct export *export, struct reply *out)
 {
@@ -1748,7 +1901,7 @@ int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 	k.unrecv = NULL;
 	k.nunrecv = 0;
 	k.solo = 0;
-	errmsg_set(NULL);
+	k.chan = NULL;
 	out->msg = NULL;
 	out->nfds = 0;
 	out->npins = 0;
@@ -1762,12 +1915,18 @@ int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 		errmsg_set("dlshare call from a deleter on the library's thread");
 		return DLSHARE_EINVAL;
 	}
+	/* A connection that keeps asking gets its request channel. */
+	if (c->chan_ok && chan_wanted(req, nfds) &&
+	    atomic_fetch_add(&c->chan_calls, 1) + 1 == CLIENT_CHAN_AFTER)
+		chan_open(c);
+	errmsg_set(NULL);
 	req->nfds = nfds;
 	req->has_nfds = nfds > 0;
 	if ((err = call_begin(&k, export)))
 		return err;
-	err = call_send(&k, fds, nfds);
-	if (k.solo && !err) {
+	if (chan_fits(&k, nfds) && chan_send(&k) == 0) {
+		chan_read(&k);
+	} else if (!(err = call_send(&k, fds, nfds)) && k.solo) {
 		read_until_done(c, k.p, &k.wq);
 	} else {
 		pthread_mutex_lock(&c->lock);
@@ -1799,6 +1958,41 @@ int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 	return err;
 }
 
+/* Asks for c's request channel and maps it; without it (an error, this
+ * process out of fds or address space) requests go over the socket as
+ * before, and it is not asked for again. */
+static void chan_open(dlshare_client *c)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__Channel ch = DLSHARE__CHANNEL__INIT;
+	struct reply r;
+	struct stat st;
+	void *p = MAP_FAILED;
+
+	f.body_case = DLSHARE__FRAME__BODY_CHANNEL;
+	f.channel = &ch;
+	if (client_call(c, &f, NULL, 0, NULL, &r))
+		return;
+	if (r.msg->frame->body_case == DLSHARE__FRAME__BODY_CHANNEL_REPLY &&
+	    r.msg->frame->channel_reply->bytes == CHAN_BYTES && r.nfds == 2 &&
+	    fstat(r.fds[0], &st) == 0 && st.st_size >= CHAN_BYTES)
+		p = mmap(NULL, CHAN_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED,
+			 r.fds[0], 0);
+	if (p != MAP_FAILED) {
+		/* With the fork lock held, as c's other fds: a child closes
+		 * its copy of the eventfd, and unmaps the channel, at once. */
+		fork_hold();
+		pthread_mutex_lock(&c->lock);
+		c->chan_seq = atomic_load(&chan_req_of(p)->seq);
+		c->chan_efd = r.fds[1];
+		c->chan = p;
+		pthread_mutex_unlock(&c->lock);
+		fork_unhold();
+		r.nfds = 1; /* the eventfd is c's now; the memfd goes */
+	}
+	reply_free(c, &r);
+}
+
 /* Sends one Release from the calling thread when nothing is queued and the
  * socket is free, without waking the receiver thread (a wakeup and a
  * context switch per get otherwise). Never blocks. Returns 0 when sent. */
@@ -1822,7 +2016,7 @@ static int release_now(dlshare_client *c, uint64_t lease)
 		return -1;
 	if (pthread_mutex_trylock(&c->send_lock))
 		return -1;
-	err = wire_send(c->fd, buf, dlshare__frame__pack(&f, buf), NULL, 0,
+	err = sock_send(c, buf, dlshare__frame__pack(&f, buf), NULL, 0,
 			MSG_DONTWAIT);
 	pthread_mutex_unlock(&c->send_lock);
 	return err;
@@ -2020,7 +2214,7 @@ static void board_map(dlshare_client *c, const Dlshare__HelloReply *h,
 	void *p;
 
 	if (c->board_slots == UINT32_MAX || h->minor < 7 ||
-	    !h->has_board_slots || !h->board_slots || r->nfds != 1 ||
+	    !h->has_board_slots || !h->board_slots || r->nfds < 1 ||
 	    fstat(r->fds[0], &st) < 0 || (uint64_t)st.st_size < len)
 		goto none;
 	p = mmap(NULL, len, PROT_READ, MAP_SHARED, r->fds[0], 0);
@@ -2075,6 +2269,8 @@ static int hello(dlshare_client *c)
 		c->unreceived_ok = r.msg->frame->hello_reply->minor >= 8;
 		c->watches = r.msg->frame->hello_reply->minor >= 6;
 		board_map(c, r.msg->frame->hello_reply, &r);
+		c->chan_ok = c->chan_ok &&
+			     r.msg->frame->hello_reply->minor >= 9;
 	}
 	reply_free(c, &r);
 	return err;
@@ -2242,6 +2438,7 @@ static int client_new(const char *path, int32_t timeout, dlshare_client **out)
 	c->send_max = 512;
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_mutex_init(&c->send_lock, NULL);
+	c->chan_efd = -1;
 	/* Made with the fork lock held, so that a child closes its copies
 	 * of them at once (fork.c). */
 	fork_hold();
@@ -2349,7 +2546,7 @@ int dlshare_connect_ex(const char *path, const dlshare_connect_opts *opts,
 	struct sockaddr_un sa;
 	dlshare_client *c;
 	int32_t timeout;
-	const char *no_reuse;
+	const char *no_reuse, *no_channel;
 	char why[128];
 	int err;
 
@@ -2374,6 +2571,9 @@ int dlshare_connect_ex(const char *path, const dlshare_connect_opts *opts,
 	no_reuse = getenv("DLSHARE_NO_REUSE");
 	if (no_reuse && strcmp(no_reuse, "1") == 0)
 		c->board_slots = UINT32_MAX; /* hello() maps no board */
+	/* DLSHARE_NO_CHANNEL=1: every request over the socket (dlshare.h). */
+	no_channel = getenv("DLSHARE_NO_CHANNEL");
+	c->chan_ok = !(no_channel && strcmp(no_channel, "1") == 0);
 	err = hello(c);
 	pthread_mutex_lock(&c->lock);
 	c->deadline = 0;

@@ -12,6 +12,7 @@
  * child as it starts, with the client's fds. Any thread.
  */
 #include "internal.h"
+#include "chan.h"
 
 #include <errno.h>
 #include <sys/mman.h>
@@ -127,6 +128,13 @@ void fork_close_fds(dlshare_client *c)
 		close(c->wake_fd);
 	c->fd = -1;
 	c->wake_fd = -1;
+	/* The request channel: a child's calls never use it. */
+	if (c->chan_efd >= 0)
+		close(c->chan_efd);
+	c->chan_efd = -1;
+	if (c->chan)
+		munmap(c->chan, CHAN_BYTES);
+	c->chan = NULL;
 	/* A child's copies of the writers' memfds: they would keep the
 	 * buffers alive as long as the child, after the daemon let go. */
 	for (unsigned i = 0; i < c->nseal_fds; i++)

@@ -265,6 +265,21 @@ struct dlshare_client {
 	 * DLSHARE_NO_REUSE=1 at connect). */
 	const _Atomic uint64_t *board;
 	uint32_t board_slots;
+	/* The request channel (1.9, proto/chan.h), asked for once the
+	 * connection made CLIENT_CHAN_AFTER calls that could use it; NULL
+	 * before, and without one (an older daemon, --channel 0, or
+	 * DLSHARE_NO_CHANNEL=1 at connect). Set under lock. A call that
+	 * reads its own reply (solo) and waits for nothing goes through
+	 * it. */
+	void *chan;
+	int chan_efd;            /* wakes the daemon */
+	uint32_t chan_seq;       /* requests sent through it (the solo's) */
+	int chan_ok;             /* the daemon has them (1.9), and we may ask */
+	atomic_uint chan_calls;  /* calls that could have used one */
+	/* Packets read from the socket (the reader's) and sent on it (under
+	 * send_lock): the order of the socket and the channel. */
+	uint64_t rx_packets;
+	_Atomic uint64_t tx_packets;
 	struct warm *warm[CLIENT_WARM_MAX]; /* the kept leases of the last
 				  * names got (oldest first), under lock */
 	unsigned nwarm;

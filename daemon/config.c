@@ -131,6 +131,15 @@ static const struct opt opts[] = {
 	  "the newest, without a round trip. Past the limit, gets of further "
 	  "names are answered by the daemon every time, as without a "
 	  "board, each counted as a board-slots limit hit.", NULL },
+	{ "channel", 0, OPT_U32, "0|1", 0, 1,
+	  SRV(limits.channel), NULL,
+	  "request channels (protocol 1.9); 0: every request over the socket",
+	  "A client that asks gets a shared memfd of 16 KiB and an eventfd: "
+	  "it sends a get or take that waits for nothing through them, and "
+	  "the answer comes back there unless it attaches fds. Each costs "
+	  "the daemon one fd (the eventfd) per connection, counted beside "
+	  "max-connections where max-open-fds is worked out. Needs Linux "
+	  "5.12 or later (off, with a warning, before).", NULL },
 	{ "max-tensors", 0, OPT_U32, "N", 1, MANIFEST_TENSORS_HARD_MAX,
 	  SRV(registry.max_tensors), NULL,
 	  "tensors per version",

@@ -4,15 +4,18 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <dlshare/dlshare.h>
 #include <utlist.h>
 
+#include "chan.h"
 #include "log.h"
 
 /* At most this many packets read or written per wakeup, so one busy peer
@@ -114,7 +117,41 @@ static void on_closed(uv_handle_t *h)
 {
 	struct conn *c = h->data;
 
-	c->set->ops->free(c);
+	if (--c->handles == 0)
+		c->set->ops->free(c);
+}
+
+static void on_chan_closed(uv_handle_t *h)
+{
+	struct conn_chan *ch = (struct conn_chan *)((char *)h -
+			       offsetof(struct conn_chan, poll));
+	struct conn *c = h->data;
+
+	free(ch);
+	if (--c->handles == 0)
+		c->set->ops->free(c);
+}
+
+/* The channel's last word as c closes: a request the client still waits
+ * for, taken or not, is answered CHAN_CLOSED (it then reads the socket,
+ * where the reason or the end of file is), so that it does not wait out
+ * its timeout. */
+static void chan_close(struct conn *c)
+{
+	struct conn_chan *ch = c->chan;
+	struct chan_rep *rep = chan_rep_of(ch->base);
+	uint32_t seq = atomic_load_explicit(&chan_req_of(ch->base)->seq,
+					    memory_order_acquire);
+
+	rep->how = CHAN_CLOSED;
+	atomic_store_explicit(&rep->seq, seq, memory_order_release);
+	chan_wake(&rep->seq);
+	munmap(ch->base, CHAN_BYTES);
+	c->chan = NULL;
+	/* ch goes with its handle (on_chan_closed); the fd only after
+	 * libuv forgot it. */
+	uv_close((uv_handle_t *)&ch->poll, on_chan_closed);
+	close(ch->fd);
 }
 
 void conn_fail(struct conn *c, const char *why)
@@ -131,6 +168,8 @@ void conn_fail(struct conn *c, const char *why)
 	 * level-triggered hang-up must not wake the loop until then. */
 	if (!c->set->in_poll)
 		uv_poll_stop(&c->poll);
+	if (!c->set->in_poll && c->chan)
+		uv_poll_stop(&c->chan->poll);
 	c->doomed_next = c->set->doomed;
 	c->set->doomed = c;
 }
@@ -161,6 +200,8 @@ void conn_close(struct conn *c, const char *why)
 	set->ops->closed(c);
 	DL_DELETE(set->conns, c);
 	set->n--;
+	if (c->chan)
+		chan_close(c);
 	/* The memory goes in on_closed, after the loop let go of the handle;
 	 * the fd only after libuv forgot it. */
 	uv_close((uv_handle_t *)&c->poll, on_closed);
@@ -253,6 +294,7 @@ static int conn_queue(struct conn *c, uint8_t *data, size_t len,
 		c->out_head = p;
 	c->out_tail = p;
 	c->out_bytes += len;
+	c->tx_packets++;
 	err = conn_flush(c);
 	if (err) {
 		conn_fail(c, "send failed");
@@ -278,6 +320,8 @@ static int conn_send_direct(struct conn *c, const uint8_t *buf, size_t len,
 		return 1;
 	if (err)
 		conn_fail(c, "send failed");
+	else
+		c->tx_packets++;
 	return err;
 }
 
@@ -289,18 +333,15 @@ static int conn_too_large(struct conn *c, int err)
 	return err;
 }
 
-int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
-	      unsigned nfds)
+/* conn_send over the socket. */
+static int sock_send(struct conn *c, Dlshare__Frame *f, const int *fds,
+		     unsigned nfds)
 {
 	const struct conn_limits *lim = c->set->limits;
 	uint8_t *data;
 	size_t len;
 	int err;
 
-	if (!conn_open(c))
-		return -EPIPE;
-	f->nfds = nfds;
-	f->has_nfds = nfds > 0;
 	/* Nothing queued and a small packet (every reply to a get of a
 	 * cached buffer): from the stack, and no queue entry when it goes
 	 * at once. */
@@ -329,13 +370,62 @@ queue:
 	return conn_queue(c, data, len, fds, nfds);
 }
 
-int conn_send_packed(struct conn *c, const uint8_t *buf, size_t len)
+/* The reply to the channel's request is in its slot (how CHAN_HERE), or
+ * went over the socket (CHAN_SOCKET): tells the client. */
+static void chan_answered(struct conn *c, uint32_t how, size_t len)
+{
+	struct chan_rep *rep = chan_rep_of(c->chan->base);
+
+	c->chan->busy = 0;
+	rep->how = how;
+	rep->len = (uint32_t)len;
+	rep->sock_sent = c->tx_packets;
+	atomic_store_explicit(&rep->seq, c->chan->seq, memory_order_release);
+	chan_wake(&rep->seq);
+}
+
+/* Answers the channel's request with f: in the reply slot when it attaches
+ * no fds and fits, else over the socket. Returns as conn_send. */
+static int chan_send(struct conn *c, Dlshare__Frame *f, const int *fds,
+		     unsigned nfds)
+{
+	uint8_t *body = chan_rep_body(c->chan->base);
+	size_t len = 0;
+	int err;
+
+	if (!nfds) {
+		len = wire_pack_fast(f, body, CHAN_REP_MAX);
+		if (!len && dlshare__frame__get_packed_size(f) <= CHAN_REP_MAX)
+			len = dlshare__frame__pack(f, body);
+	}
+	if (len) {
+		chan_answered(c, CHAN_HERE, len);
+		return 0;
+	}
+	err = sock_send(c, f, fds, nfds);
+	if (c->chan)
+		chan_answered(c, CHAN_SOCKET, 0);
+	return err;
+}
+
+int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
+	      unsigned nfds)
+{
+	if (!conn_open(c))
+		return -EPIPE;
+	f->nfds = nfds;
+	f->has_nfds = nfds > 0;
+	if (c->chan && c->chan->busy && f->id == c->chan->id)
+		return chan_send(c, f, fds, nfds);
+	return sock_send(c, f, fds, nfds);
+}
+
+/* conn_send_packed over the socket. */
+static int sock_send_packed(struct conn *c, const uint8_t *buf, size_t len)
 {
 	uint8_t *data;
 	int err;
 
-	if (!conn_open(c))
-		return -EPIPE;
 	if (len > c->set->limits->max_packet)
 		return conn_too_large(c, -E2BIG);
 	err = conn_send_direct(c, buf, len, NULL, 0);
@@ -348,6 +438,26 @@ int conn_send_packed(struct conn *c, const uint8_t *buf, size_t len)
 	}
 	memcpy(data, buf, len);
 	return conn_queue(c, data, len, NULL, 0);
+}
+
+int conn_send_packed(struct conn *c, uint64_t id, const uint8_t *buf,
+		     size_t len)
+{
+	int err;
+
+	if (!conn_open(c))
+		return -EPIPE;
+	if (!c->chan || !c->chan->busy || id != c->chan->id)
+		return sock_send_packed(c, buf, len);
+	if (len <= CHAN_REP_MAX) {
+		memcpy(chan_rep_body(c->chan->base), buf, len);
+		chan_answered(c, CHAN_HERE, len);
+		return 0;
+	}
+	err = sock_send_packed(c, buf, len);
+	if (c->chan)
+		chan_answered(c, CHAN_SOCKET, 0);
+	return err;
 }
 
 int conn_send_error(struct conn *c, uint64_t id, int code, const char *fmt,
@@ -390,6 +500,140 @@ static void conn_protocol_error(struct conn *c, const char *why)
  * once. Then one wakeup tries again for a batch. */
 #define CONN_SINGLE_RUN 16
 
+/* Decodes the len bytes of set->rbuf, a packet that brought nfds fds or
+ * (chan) the channel's request, and hands it to ops->frame. */
+static void conn_handle(struct conn *c, size_t len, int *fds, unsigned nfds,
+			int chan)
+{
+	struct conn_set *set = c->set;
+	struct wire_msg *m;
+	int err;
+
+	/* The block is m's now (a nested read finds none). */
+	err = wire_decode_in(set->spare, set->rbuf, len, 0, &set->memo, &m);
+	set->spare = NULL;
+	if (err) {
+		wire_drop_fds(fds, nfds, conn_drop_fd, c);
+		conn_protocol_error(c, "malformed packet");
+		return;
+	}
+	if (m->frame->nfds != nfds) {
+		wire_drop_fds(fds, nfds, conn_drop_fd, c);
+		wire_msg_free(m);
+		conn_protocol_error(c, "fd count does not match the packet");
+		return;
+	}
+	if (chan) {
+		/* Its answer goes back through the channel (conn_send): a
+		 * request that wants none (id 0) has no place there. */
+		if (m->frame->id == 0) {
+			wire_msg_free(m);
+			conn_protocol_error(c, "channel request with id 0");
+			return;
+		}
+		c->chan->busy = 1;
+		c->chan->id = m->frame->id;
+	}
+	set->ops->frame(c, m, fds, nfds);
+	m = wire_msg_keep(m);
+	if (set->spare)
+		wire_block_free(m);
+	else
+		set->spare = m;
+}
+
+/* Takes the channel's request when there is a new one and nothing the
+ * client sent on the socket before it is unread; its answer goes back
+ * through the channel (conn_send). The slot is the client's memory: its
+ * length is read once and bounded, and the request copied out before it
+ * is decoded. */
+static void chan_take(struct conn *c)
+{
+	const struct chan_req *req = chan_req_of(c->chan->base);
+	volatile const struct chan_req *vreq = req;
+	size_t cap = c->set->limits->max_packet;
+	uint32_t seq;
+	uint64_t sent;
+	size_t len;
+
+	if (c->chan->busy)
+		return;
+	seq = atomic_load_explicit(&chan_req_of(c->chan->base)->seq,
+				   memory_order_acquire);
+	if (seq == c->chan->seq)
+		return;
+	sent = vreq->sock_sent;
+	if (sent > c->rx_packets) {
+		/* What it sent first is not read yet: conn_read comes back
+		 * here after each packet. */
+		c->chan->behind = 1;
+		return;
+	}
+	c->chan->behind = 0;
+	len = vreq->len;
+	if (len == 0 || len > CHAN_REQ_MAX || len > cap) {
+		conn_protocol_error(c, "channel request larger than its slot");
+		return;
+	}
+	memcpy(c->set->rbuf, chan_req_body(c->chan->base), len);
+	c->chan->seq = seq;
+	/* A frame that fails to decode is a protocol error: its answer goes
+	 * over the socket, and CHAN_CLOSED follows as c closes. */
+	conn_handle(c, len, NULL, 0, 1);
+	/* Nothing answered it now: it waits (a parked get), and its answer
+	 * comes later through conn_send. */
+}
+
+static void on_chan_poll(uv_poll_t *h, int status, int events)
+{
+	struct conn *c = h->data;
+	struct conn_set *set = c->set;
+	(void)events;
+	set->in_poll++;
+	if (status < 0) {
+		conn_fail(c, "poll failed");
+	} else if (conn_open(c)) {
+		/* The count to zero; a later wakeup makes it readable
+		 * again (the loop is level triggered). */
+		if (chan_drain(c->chan->fd))
+			conn_fail(c, "channel read failed");
+		else
+			chan_take(c);
+	}
+	conn_reap(set);
+	set->in_poll--;
+}
+
+int conn_chan_open(struct conn *c, int *mfd, int *efd)
+{
+	struct conn_chan *ch;
+	int err;
+
+	if (c->chan)
+		return -EEXIST;
+	if (!(ch = calloc(1, sizeof(*ch))))
+		return -ENOMEM;
+	err = chan_make(&ch->base, mfd, &ch->fd);
+	if (err) {
+		free(ch);
+		return err;
+	}
+	err = uv_poll_init(c->set->loop, &ch->poll, ch->fd);
+	if (err) {
+		munmap(ch->base, CHAN_BYTES);
+		close(ch->fd);
+		close(*mfd);
+		free(ch);
+		return -ENOMEM;
+	}
+	ch->poll.data = c;
+	c->handles++;
+	c->chan = ch;
+	*efd = ch->fd;
+	uv_poll_start(&ch->poll, UV_READABLE, on_chan_poll);
+	return 0;
+}
+
 static void conn_read(struct conn *c)
 {
 	struct conn_set *set = c->set;
@@ -402,7 +646,6 @@ static void conn_read(struct conn *c)
 		int fds[WIRE_FDS_MAX];
 		unsigned nfds = 0;
 		size_t len = 0, cap;
-		struct wire_msg *m;
 		int err;
 
 		/* Before Hello a peer is unknown: it gets a small packet. */
@@ -458,27 +701,11 @@ static void conn_read(struct conn *c)
 			conn_fail(c, "peer hung up");
 			return;
 		}
-		/* The block is m's now (a nested read finds none). */
-		err = wire_decode_in(set->spare, set->rbuf, len, 0, &set->memo,
-				     &m);
-		set->spare = NULL;
-		if (err) {
-			wire_drop_fds(fds, nfds, conn_drop_fd, c);
-			conn_protocol_error(c, "malformed packet");
-			return;
-		}
-		if (m->frame->nfds != nfds) {
-			wire_drop_fds(fds, nfds, conn_drop_fd, c);
-			wire_msg_free(m);
-			conn_protocol_error(c, "fd count does not match the packet");
-			return;
-		}
-		set->ops->frame(c, m, fds, nfds);
-		m = wire_msg_keep(m);
-		if (set->spare)
-			wire_block_free(m);
-		else
-			set->spare = m;
+		c->rx_packets++;
+		conn_handle(c, len, fds, nfds, 0);
+		/* A request of the channel's that waited for this one. */
+		if (c->chan && c->chan->behind && conn_open(c))
+			chan_take(c);
 		if (single)
 			return;
 	}
@@ -560,6 +787,7 @@ int conn_start(struct conn *c)
 	if (err)
 		return err;
 	c->poll.data = c;
+	c->handles = 1;
 	DL_APPEND(set->conns, c);
 	set->n++;
 	log_debug("conn %llu: pid %d uid %u gid %u",

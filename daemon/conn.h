@@ -7,6 +7,10 @@
  * struct conn_set the same table of callbacks (struct conn_ops) and the same
  * limits (struct conn_limits).
  *
+ * A request may also come through c's request channel (conn_chan_open),
+ * and its answer then goes back there unless it attaches fds: ops->frame
+ * and conn_send are the same either way.
+ *
  * A conn is OPEN; then FAILING when something went wrong (it no longer reads
  * or sends and waits on its set's doomed list); then CLOSING once
  * conn_reap() dropped its queue, told ops->closed and closed its handle;
@@ -97,6 +101,19 @@ struct outpkt {
 	int fds[];                /* our own dups, closed once sent */
 };
 
+/* A conn's request channel (1.9, proto/chan.h), made by conn_chan_open:
+ * apart, so that a connection without one costs a pointer. */
+struct conn_chan {
+	void *base;               /* the memfd, mapped */
+	int fd;                   /* the eventfd the peer wakes us with */
+	uv_poll_t poll;
+	uint32_t seq;             /* the last request taken */
+	int busy;                 /* taken and not yet answered... */
+	uint64_t id;              /* ...the Frame.id of that request */
+	int behind;               /* a request waits for socket packets sent
+				   * before it */
+};
+
 struct conn {
 	struct conn_set *set;
 	uint64_t id;              /* daemon-wide, never reused */
@@ -120,6 +137,12 @@ struct conn {
 	 * (conn_read): set when the peer sends one request at a time. */
 	unsigned read_single;
 	const char *why;          /* why it is failing (a static string) */
+	unsigned handles;         /* libuv handles not yet closed */
+	/* Packets received and sent on the socket: the order of the socket
+	 * and the request channel (proto/chan.h). */
+	uint64_t rx_packets;
+	uint64_t tx_packets;
+	struct conn_chan *chan;   /* its request channel (1.9), or NULL */
 };
 
 /* Prepares set for conns on loop with ops and limits (both kept by
@@ -151,9 +174,17 @@ static inline int conn_open(const struct conn *c)
  * the conn is failing (output limit crossed, encode failure, dead peer). */
 int conn_send(struct conn *c, Dlshare__Frame *f, const int *fds,
 	      unsigned nfds);
-/* Sends a packet already packed (len bytes, no fds) as conn_send sends a
- * frame: at once from buf when it can, else a copy queued. */
-int conn_send_packed(struct conn *c, const uint8_t *buf, size_t len);
+/* Sends a packet already packed (len bytes, no fds; the answer to request
+ * id) as conn_send sends a frame: at once from buf when it can, else a copy
+ * queued. */
+int conn_send_packed(struct conn *c, uint64_t id, const uint8_t *buf,
+		     size_t len);
+
+/* Makes c's request channel (1.9, proto/chan.h) and starts polling it.
+ * Returns 0 with the memfd (*mfd) and the eventfd (*efd) for the peer: the
+ * caller sends both and closes *mfd (*efd stays c's); or -errno (c goes
+ * without). */
+int conn_chan_open(struct conn *c, int *mfd, int *efd);
 
 /* Whether nfds more fds may be queued to c: 0, or -EDQUOT with *why
  * naming the limit (per connection, or ops->may_queue_fds's; a static

@@ -33,6 +33,7 @@ struct daemon_limits {
 	uint32_t max_watch_names; /* names in one WatchReply (1.6) */
 	uint32_t watch_deletions; /* deletions the change log keeps (1.6) */
 	uint32_t board_slots;     /* of the version board, 0: none (1.7) */
+	uint32_t channel;         /* 1: request channels (1.9), 0: none */
 };
 
 struct waitq;

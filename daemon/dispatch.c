@@ -21,9 +21,45 @@
 #include "seal.h"
 #include "stats.h"
 #include "watch.h"
+#include "chan.h"
 #include "check.h"
 
 /* ---- requests ----------------------------------------------------------- */
+
+/* 1.9: the connection's request channel (conn_chan_open). */
+static void handle_channel(struct peer *peer, uint64_t id)
+{
+	Dlshare__Frame f = DLSHARE__FRAME__INIT;
+	Dlshare__ChannelReply r = DLSHARE__CHANNEL_REPLY__INIT;
+	int fds[2], err;
+
+	if (!peer->d->limits->channel) {
+		conn_send_error(&peer->conn, id, DLSHARE_ENOTSUP, "request "
+				"channels are off (--channel 0, or a kernel "
+				"before Linux 5.12)");
+		return;
+	}
+	if (peer->conn.chan) {
+		conn_send_error(&peer->conn, id, DLSHARE_ESTATE, "this "
+				"connection has its request channel");
+		return;
+	}
+	err = conn_chan_open(&peer->conn, &fds[0], &fds[1]);
+	if (err) {
+		conn_send_error(&peer->conn, id, err == -ENOMEM ?
+				DLSHARE_ENOMEM : err == -EMFILE ||
+				err == -ENFILE ? DLSHARE_ELIMIT : DLSHARE_EIO,
+				"no request channel: %s", strerror(-err));
+		return;
+	}
+	r.bytes = CHAN_BYTES;
+	f.id = id;
+	f.body_case = DLSHARE__FRAME__BODY_CHANNEL_REPLY;
+	f.channel_reply = &r;
+	conn_send(&peer->conn, &f, fds, 2);
+	/* conn_send dup'd what it queued; the eventfd is the conn's. */
+	close(fds[0]);
+}
 
 static void handle_hello(struct peer *peer, uint64_t id,
 			 const Dlshare__Hello *h)
@@ -491,6 +527,9 @@ static void dispatch_frame(struct peer *peer, const struct wire_msg *m,
 		break;
 	case DLSHARE__FRAME__BODY_WATCH:
 		watch_request(peer, f->id, f->watch);
+		break;
+	case DLSHARE__FRAME__BODY_CHANNEL:
+		handle_channel(peer, f->id);
 		break;
 	case DLSHARE__FRAME__BODY_GOODBYE:
 		/* The producer is about to exit: no reply sent from here

@@ -152,7 +152,7 @@ static int get_send_warm(struct peer *peer, uint64_t id, struct version *v,
 				  gb->token, buf, sizeof(buf));
 	if (!len)
 		return 1;
-	conn_send_packed(&peer->conn, buf, len);
+	conn_send_packed(&peer->conn, id, buf, len);
 	return 0;
 }
 

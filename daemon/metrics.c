@@ -21,6 +21,7 @@ const uint8_t metrics_req_of_body[64] = {
 	[DLSHARE__FRAME__BODY_GOODBYE] = METRICS_REQ_GOODBYE,
 	[DLSHARE__FRAME__BODY_WATCH] = METRICS_REQ_WATCH,
 	[DLSHARE__FRAME__BODY_UNTAKE] = METRICS_REQ_UNTAKE,
+	[DLSHARE__FRAME__BODY_CHANNEL] = METRICS_REQ_CHANNEL,
 };
 
 static const char *const req_names[METRICS_REQ_N] = {
@@ -40,6 +41,7 @@ static const char *const req_names[METRICS_REQ_N] = {
 	[METRICS_REQ_GOODBYE] = "goodbye",
 	[METRICS_REQ_WATCH] = "watch",
 	[METRICS_REQ_UNTAKE] = "untake",
+	[METRICS_REQ_CHANNEL] = "channel",
 };
 
 /* By -code: include/dlshare/dlshare.h's DLSHARE_E* without the prefix. */
@@ -100,6 +102,8 @@ static const struct {
 	{ "fd limit reached", METRICS_CUT_SLOW_READER },
 	{ "packet larger than the limit", METRICS_CUT_OVERSIZE },
 	{ "too many fds in one packet", METRICS_CUT_OVERSIZE },
+	{ "channel request larger than its slot", METRICS_CUT_OVERSIZE },
+	{ "channel request with id 0", METRICS_CUT_PROTOCOL },
 	{ "malformed packet", METRICS_CUT_BAD_FRAME },
 	{ "fd count does not match the packet", METRICS_CUT_BAD_FRAME },
 	{ "no Hello in time", METRICS_CUT_HELLO_TIMEOUT },
@@ -110,6 +114,7 @@ static const struct {
 	{ "unsupported protocol major", METRICS_CUT_VERSION },
 	{ "send failed", METRICS_CUT_IO_ERROR },
 	{ "receive failed", METRICS_CUT_IO_ERROR },
+	{ "channel read failed", METRICS_CUT_IO_ERROR },
 	{ "poll failed", METRICS_CUT_IO_ERROR },
 	{ "out of memory", METRICS_CUT_DAEMON_ERROR },
 	{ "cannot duplicate fd", METRICS_CUT_DAEMON_ERROR },

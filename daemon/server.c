@@ -1,6 +1,7 @@
 /* server — listening socket and the set of connections. */
 #include "server.h"
 #include "watch.h"
+#include "chan.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -47,6 +48,7 @@ void server_config_default(struct server_config *cfg)
 	cfg->limits.max_watch_names = WATCH_NAMES_DEFAULT;
 	cfg->limits.watch_deletions = WATCH_DELETIONS_DEFAULT;
 	cfg->limits.board_slots = BOARD_SLOTS_DEFAULT;
+	cfg->limits.channel = 1;
 	registry_limits_default(&cfg->registry);
 }
 
@@ -60,7 +62,9 @@ static void on_sweep(uv_timer_t *t)
 int server_fd_limits(struct registry_limits *reg,
 		     const struct daemon_limits *lim, uint64_t nofile)
 {
-	uint64_t fixed = (uint64_t)SERVER_FD_RESERVE + lim->max_connections;
+	/* A connection's socket, and its request channel's eventfd (1.9). */
+	uint64_t fixed = (uint64_t)SERVER_FD_RESERVE +
+			 (uint64_t)lim->max_connections * (lim->channel ? 2 : 1);
 	uint64_t room = nofile > fixed ? nofile - fixed : 0;
 	int short_of_fds = 0;
 
@@ -107,6 +111,12 @@ int server_init(struct server *s, uv_loop_t *loop,
 	memset(s, 0, sizeof(*s));
 	s->loop = loop;
 	s->cfg = *cfg;
+	if (s->cfg.limits.channel && (err = chan_supported())) {
+		log_warn("request channels off: this kernel cannot read an "
+			 "eventfd without blocking (RWF_NOWAIT: %s; Linux 5.12 "
+			 "or later can)", strerror(-err));
+		s->cfg.limits.channel = 0;
+	}
 	fd_limits(&s->cfg);
 	s->listen_fd = -1;
 	s->spare_fd = -1;

@@ -15,14 +15,14 @@
 #include "dlshare.pb-c.h"
 
 #define WIRE_PROTO_MAJOR 1
-#define WIRE_PROTO_MINOR 8 /* 1: Frame.releases; 2: Goodbye; 3: writer ids;
+#define WIRE_PROTO_MINOR 9 /* 1: Frame.releases; 2: Goodbye; 3: writer ids;
 			    * 4: large manifests (manifest.h), name
 			    * lifetimes, events per device, queue names;
 			    * 5: versions' origins (relays); 6: the
 			    * daemon's own events, Untake, Watch; 7: the
 			    * version board (gets without a round trip);
 			    * 8: Frame.unreceived (fds a reader could not
-			    * take) */
+			    * take); 9: the request channel (chan.h) */
 
 /* Largest packet either side sends. AF_UNIX refuses a datagram larger than
  * the socket's send buffer (wmem_default, 208 KiB on stock kernels), so the

@@ -439,7 +439,16 @@ typedef struct dlshare_bundle dlshare_bundle;
  * lease that is not kept: with the next call of any kind). A loop that gets, reads and frees a few names
  * is answered so on every turn, and holds nothing once it stops.
  * DLSHARE_NO_REUSE=1 in the environment when the client connects makes
- * every get ask (the daemon's metrics then count every get). */
+ * every get ask (the daemon's metrics then count every get).
+ *
+ * The request channel (protocol 1.9): once a connection has made 32 gets
+ * or takes that wait for nothing, it asks the daemon for a channel (a
+ * shared memfd and an eventfd), and from then on such a call, when no
+ * other call of the client waits, reaches the daemon through it instead of
+ * the socket (~1.05x a bare socket round trip on one CPU, ~1.45x over the
+ * socket). Answers that carry fds still come over the socket; nothing else
+ * changes. DLSHARE_NO_CHANNEL=1 in the environment when the client
+ * connects keeps it from asking. */
 DLSHARE_API int dlshare_get(dlshare_client *c, const char *name,
 			    const dlshare_get_opts *opts, dlshare_bundle **out);
 
