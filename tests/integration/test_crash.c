@@ -3,9 +3,11 @@
  * producer's exports. After each, the daemon's counters and its open fds
  * are back where they were. Children signal through the daemon's counters
  * (leases held, versions created), so nothing else disturbs them. */
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -324,6 +326,82 @@ static void daemon_killed(void **state)
 	alarm(0);
 }
 
+struct chan_get {
+	dlshare_client *c;
+	int err;
+	atomic_int done;
+};
+
+static void *chan_get_main(void *arg)
+{
+	struct chan_get *g = arg;
+	dlshare_bundle *b = NULL;
+
+	g->err = dlshare_get(g->c, "crash/ch", NULL, &b);
+	if (!g->err && util_check(dlshare_bundle_tensor(b, 0), DT_F32, 2,
+				  shape, 6))
+		g->err = -1000;
+	dlshare_bundle_free(b);
+	atomic_store(&g->done, 1);
+	return NULL;
+}
+
+/* A get through the request channel (1.9) waits on a futex the daemon
+ * wakes: a daemon that is stopped for a while still answers it once it
+ * runs; one killed meanwhile never wakes it, and the get must still end,
+ * with DLSHARE_ECONN (the library reads the socket's hang-up while it
+ * waits), not hang. */
+static void daemon_killed_in_channel_wait(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *p = harness_connect(&fx->d);
+	dlshare_client *c;
+	struct chan_get g;
+	char old_dir[sizeof(fx->d.dir)];
+	pthread_t t;
+	int status;
+
+	alarm((unsigned)harness_ms(60000) / 1000);
+	/* Every get asks the daemon (none is answered from the board). */
+	setenv("DLSHARE_NO_REUSE", "1", 1);
+	c = harness_connect(&fx->d);
+	unsetenv("DLSHARE_NO_REUSE");
+	g = (struct chan_get){ .c = c };
+	assert_int_equal(util_store(p, "crash/ch", DT_F32, 2, shape, 6, NULL),
+			 0);
+	util_channel_open(c);
+	assert_int_equal(util_get_check(c, "crash/ch", NULL, DT_F32, 2, shape,
+					6, NULL), 0);
+	for (int round = 0; round < 2; round++) {
+		assert_int_equal(kill(fx->d.pid, SIGSTOP), 0);
+		g.err = 0;
+		atomic_store(&g.done, 0);
+		assert_int_equal(pthread_create(&t, NULL, chan_get_main, &g),
+				 0);
+		/* Past several of the waiter's looks at the socket. */
+		util_sleep_ms(100);
+		assert_int_equal(atomic_load(&g.done), 0);
+		if (round == 0) {
+			assert_int_equal(kill(fx->d.pid, SIGCONT), 0);
+			pthread_join(t, NULL);
+			assert_int_equal(g.err, 0);
+			continue;
+		}
+		assert_int_equal(kill(fx->d.pid, SIGKILL), 0);
+		assert_int_equal(waitpid(fx->d.pid, &status, 0), fx->d.pid);
+		fx->d.pid = 0;
+		pthread_join(t, NULL);
+		assert_int_equal(g.err, DLSHARE_ECONN);
+	}
+	dlshare_disconnect(c);
+	dlshare_disconnect(p);
+	/* A new daemon, for the teardown. */
+	snprintf(old_dir, sizeof(old_dir), "%s", fx->d.dir);
+	dir_remove(old_dir);
+	assert_int_equal(harness_daemon_start(&fx->d, NULL), 0);
+	alarm(0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -332,6 +410,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(producer_killed_before_seal, setup, teardown),
 		cmocka_unit_test_setup_teardown(exporter_killed, setup, teardown),
 		cmocka_unit_test_setup_teardown(daemon_killed, setup, teardown),
+		cmocka_unit_test_setup_teardown(daemon_killed_in_channel_wait,
+						setup, teardown),
 	};
 
 	return cmocka_run_group_tests_name("crash", tests, NULL, NULL);

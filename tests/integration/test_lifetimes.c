@@ -675,6 +675,7 @@ static void kill_storm(void **state)
 	dlshare_bundle_free(heldx);
 	dlshare_disconnect(reader);
 	want_empty(c);
+	/* The reader's socket (two gets ask for no request channel). */
 	assert_int_equal(harness_wait_fds(fx->d.pid, base - 1), base - 1);
 	dlshare_disconnect(c);
 }

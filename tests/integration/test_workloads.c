@@ -356,6 +356,8 @@ static void data_loader(void **state)
 	int64_t last_progress, t0 = util_now_ms();
 	uint64_t taken = 0;
 
+	/* The trainer's many takes will use its request channel. */
+	util_channel_open(c);
 	assert_int_equal(harness_wait_stats(c, -1, 1, NULL), 0);
 	fds0 = harness_fd_count(fx->d.pid);
 	/* Worker 0 stops half-way through writing batch batches/2, and

@@ -544,6 +544,16 @@ void util_assert_want(dlshare_client *c, const struct util_want *w)
 			 (long long)w->parked);
 }
 
+void util_channel_open(dlshare_client *c)
+{
+	for (int i = 0; i < 64; i++) {
+		dlshare_bundle *b = NULL;
+
+		assert_int_equal(dlshare_get(c, "util/channel/none", NULL, &b),
+				 DLSHARE_ENOENT);
+	}
+}
+
 dlshare_stats util_stats(dlshare_client *c)
 {
 	dlshare_stats s;

@@ -192,6 +192,11 @@ int util_wait_want(dlshare_client *c, const struct util_want *w,
 void util_assert_want(dlshare_client *c, const struct util_want *w);
 /* Stats or fail the test. */
 dlshare_stats util_stats(dlshare_client *c);
+/* Makes c ask for its request channel now (protocol 1.9: libdlshare asks
+ * once a connection made 32 gets or takes), by gets of a name that does
+ * not exist: a test that counts the daemon's fds around c's calls counts
+ * the channel's eventfd from the start. */
+void util_channel_open(dlshare_client *c);
 
 /* dlshare_limit_hits_total, every row, from the daemon's metrics. */
 #define UTIL_HITS_MAX 64
