@@ -289,6 +289,10 @@ static int section_latency(const struct plan *pl, const struct fig_packets *pk)
 		"floor: shared memory + eventfds, epoll server, one CPU, p50");
 	struct fig *p_sr = report_decl("floor_shm_over_epoll_floor_one_cpu", "x",
 		"shared-memory floor / epoll-server floor, one CPU");
+	/* The get goes through the request channel (1.9) once its client
+	 * asked for one: its own mechanism's floor is this one. */
+	struct fig *p_gs = report_decl("get_p50_over_shm_floor_one_cpu", "x",
+		"get p50 / shared-memory floor p50, all on one CPU");
 	struct fig *p_w = report_decl("wire_get_p50_1cpu_us", "us",
 		"Get+Release at the wire level, all on one CPU, p50");
 	struct fig *p_wr = report_decl("wire_get_p50_over_epoll_floor_one_cpu",
@@ -401,6 +405,7 @@ static int section_latency(const struct plan *pl, const struct fig_packets *pk)
 		report_add(p_er, one.get / one.floor_loop);
 		report_add(p_sfl, one.floor_shm);
 		report_add(p_sr, one.floor_shm / one.floor_loop);
+		report_add(p_gs, one.get / one.floor_shm);
 		report_add(p_w, one.wire);
 		report_add(p_wr, one.wire / one.floor_loop);
 
