@@ -1915,8 +1915,12 @@ int client_call(dlshare_client *c, Dlshare__Frame *req, const int *fds,
 		errmsg_set("dlshare call from a deleter on the library's thread");
 		return DLSHARE_EINVAL;
 	}
-	/* A connection that keeps asking gets its request channel. */
+	/* A connection that keeps asking gets its request channel (the
+	 * count stops a little past CLIENT_CHAN_AFTER: no atomic add per
+	 * call from then on). */
 	if (c->chan_ok && chan_wanted(req, nfds) &&
+	    atomic_load_explicit(&c->chan_calls, memory_order_relaxed) <
+	    CLIENT_CHAN_AFTER &&
 	    atomic_fetch_add(&c->chan_calls, 1) + 1 == CLIENT_CHAN_AFTER)
 		chan_open(c);
 	errmsg_set(NULL);
