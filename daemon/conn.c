@@ -549,7 +549,7 @@ static void conn_handle(struct conn *c, size_t len, int *fds, unsigned nfds,
  * is decoded. */
 static void chan_take(struct conn *c)
 {
-	const struct chan_req *req = chan_req_of(c->chan->base);
+	struct chan_req *req = chan_req_of(c->chan->base);
 	volatile const struct chan_req *vreq = req;
 	size_t cap = c->set->limits->max_packet;
 	uint32_t seq;
@@ -558,8 +558,7 @@ static void chan_take(struct conn *c)
 
 	if (c->chan->busy)
 		return;
-	seq = atomic_load_explicit(&chan_req_of(c->chan->base)->seq,
-				   memory_order_acquire);
+	seq = atomic_load_explicit(&req->seq, memory_order_acquire);
 	if (seq == c->chan->seq)
 		return;
 	sent = vreq->sock_sent;
@@ -588,6 +587,7 @@ static void on_chan_poll(uv_poll_t *h, int status, int events)
 {
 	struct conn *c = h->data;
 	struct conn_set *set = c->set;
+
 	(void)events;
 	set->in_poll++;
 	if (status < 0) {
