@@ -1617,6 +1617,37 @@ static void unreceived_back(struct call *k)
 	pthread_mutex_unlock(&c->lock);
 }
 
+/* Packs k's request into buf (cap bytes), with no malloc: a Get by hand
+ * (wire_pack_fast), anything else by protobuf-c. Returns its length, or 0
+ * when it does not fit. */
+static size_t call_pack(const struct call *k, uint8_t *buf, size_t cap)
+{
+	size_t len = wire_pack_fast(k->req, buf, cap);
+
+	if (len)
+		return len;
+	len = dlshare__frame__get_packed_size(k->req);
+	return len <= cap ? dlshare__frame__pack(k->req, buf) : 0;
+}
+
+/* k's request is packed, and went (sent) or did not: what rode on it is
+ * off the frame, and the unreceived ids of one that did not go are back
+ * on c's list for the next request. */
+static void call_packed(struct call *k, int sent)
+{
+	k->req->releases = NULL;
+	k->req->n_releases = 0;
+	if (!k->unrecv)
+		return;
+	k->req->unreceived = NULL;
+	k->req->n_unreceived = 0;
+	if (!sent)
+		unreceived_back(k);
+	free(k->unrecv);
+	k->unrecv = NULL;
+	k->nunrecv = 0;
+}
+
 /* Encodes and sends the request; releases that make it too large go on
  * their own. Returns 0 or -errno. */
 static int call_send(struct call *k, const int *fds, unsigned nfds)
@@ -1628,15 +1659,9 @@ static int call_send(struct call *k, const int *fds, unsigned nfds)
 	size_t len;
 	int err = 0;
 
-	/* A small request is packed on the stack, no malloc; a Get without
-	 * protobuf-c (wire_pack_fast). */
-	if ((len = wire_pack_fast(k->req, stack, cap))) {
-		/* packed */
-	} else if ((len = dlshare__frame__get_packed_size(k->req)) <= cap) {
-		len = dlshare__frame__pack(k->req, stack);
-	} else {
+	/* A small request is packed on the stack, no malloc. */
+	if (!(len = call_pack(k, stack, cap)))
 		err = wire_encode(k->req, c->send_max, &data, &len);
-	}
 	if (err && k->nride) {
 		k->req->releases = NULL;
 		k->req->n_releases = 0;
@@ -1647,12 +1672,6 @@ static int call_send(struct call *k, const int *fds, unsigned nfds)
 		k->nride = 0;
 		err = wire_encode(k->req, c->send_max, &data, &len);
 	}
-	k->req->releases = NULL;
-	k->req->n_releases = 0;
-	if (k->unrecv) {
-		k->req->unreceived = NULL;
-		k->req->n_unreceived = 0;
-	}
 	if (!err) {
 		pthread_mutex_lock(&c->send_lock);
 		err = sock_send(c, data, len, fds, nfds, 0);
@@ -1660,13 +1679,7 @@ static int call_send(struct call *k, const int *fds, unsigned nfds)
 	}
 	if (data != stack)
 		free(data);
-	if (k->unrecv) {
-		if (err)
-			unreceived_back(k);
-		free(k->unrecv);
-		k->unrecv = NULL;
-		k->nunrecv = 0;
-	}
+	call_packed(k, !err);
 	return err;
 }
 
@@ -1705,21 +1718,9 @@ static int chan_send(struct call *k)
 	uint64_t one = 1;
 	size_t len;
 
-	if (!(len = wire_pack_fast(k->req, body, cap))) {
-		len = dlshare__frame__get_packed_size(k->req);
-		if (len > cap)
-			return 1;
-		dlshare__frame__pack(k->req, body);
-	}
-	k->req->releases = NULL;
-	k->req->n_releases = 0;
-	if (k->unrecv) {
-		k->req->unreceived = NULL;
-		k->req->n_unreceived = 0;
-		free(k->unrecv);
-		k->unrecv = NULL;
-		k->nunrecv = 0;
-	}
+	if (!(len = call_pack(k, body, cap)))
+		return 1;
+	call_packed(k, 1);
 	rq->len = (uint32_t)len;
 	/* Whatever went on the socket before: the daemon reads it first. */
 	rq->sock_sent = atomic_load_explicit(&c->tx_packets,
@@ -1766,7 +1767,10 @@ static void chan_read(struct call *k)
 	while (c->rx_packets < rp->sock_sent)
 		if (read_step(c, k->p, &k->wq, 0))
 			goto out;
-	r = len && len <= c->max_packet ? 0 : DLSHARE_EPROTO;
+	/* Bounded by the slot: a length past it would read past the
+	 * mapping. */
+	r = len && len <= CHAN_REP_MAX && len <= c->max_packet ? 0 :
+	    DLSHARE_EPROTO;
 	if (!r) {
 		memcpy(c->rbuf, chan_rep_body(k->chan), len);
 		if (wire_decode_in(atomic_exchange(&c->spare_msg, NULL),
@@ -2218,7 +2222,7 @@ static void board_map(dlshare_client *c, const Dlshare__HelloReply *h,
 	void *p;
 
 	if (c->board_slots == UINT32_MAX || h->minor < 7 ||
-	    !h->has_board_slots || !h->board_slots || r->nfds < 1 ||
+	    !h->has_board_slots || !h->board_slots || r->nfds != 1 ||
 	    fstat(r->fds[0], &st) < 0 || (uint64_t)st.st_size < len)
 		goto none;
 	p = mmap(NULL, len, PROT_READ, MAP_SHARED, r->fds[0], 0);
