@@ -113,23 +113,24 @@ static void conn_update_poll(struct conn *c)
 	uv_poll_start(&c->poll, events, on_poll);
 }
 
-static void on_closed(uv_handle_t *h)
+/* One of c's handles is closed: the last frees c. */
+static void handle_gone(struct conn *c)
 {
-	struct conn *c = h->data;
-
 	if (--c->handles == 0)
 		c->set->ops->free(c);
 }
 
+static void on_closed(uv_handle_t *h)
+{
+	handle_gone(h->data);
+}
+
 static void on_chan_closed(uv_handle_t *h)
 {
-	struct conn_chan *ch = (struct conn_chan *)((char *)h -
-			       offsetof(struct conn_chan, poll));
 	struct conn *c = h->data;
 
-	free(ch);
-	if (--c->handles == 0)
-		c->set->ops->free(c);
+	free((char *)h - offsetof(struct conn_chan, poll));
+	handle_gone(c);
 }
 
 /* The channel's last word as c closes: a request the client still waits
@@ -143,9 +144,12 @@ static void chan_close(struct conn *c)
 	uint32_t seq = atomic_load_explicit(&chan_req_of(ch->base)->seq,
 					    memory_order_acquire);
 
-	rep->how = CHAN_CLOSED;
-	atomic_store_explicit(&rep->seq, seq, memory_order_release);
-	chan_wake(&rep->seq);
+	/* Not over an answer the client may be reading. */
+	if (seq != atomic_load_explicit(&rep->seq, memory_order_relaxed)) {
+		rep->how = CHAN_CLOSED;
+		atomic_store_explicit(&rep->seq, seq, memory_order_release);
+		chan_wake(&rep->seq);
+	}
 	munmap(ch->base, CHAN_BYTES);
 	c->chan = NULL;
 	/* ch goes with its handle (on_chan_closed); the fd only after
