@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -25,6 +26,8 @@
 #include <cmocka.h>
 
 #include "chan.h"
+#include "content.h"
+#include "skip.h"
 #include "util.h"
 #include "wire.h"
 
@@ -495,6 +498,61 @@ static void channel_off(void **state)
 	dlshare_disconnect(c);
 }
 
+/* ---- the daemon out of fds -------------------------------------------------------- */
+
+/* A channel costs the daemon an fd (and the memfd it sends): asked for
+ * while the daemon has none free, it is refused with ELIMIT, the
+ * connection goes on over the socket, and the same request works once
+ * fds are free. */
+static void channel_out_of_fds(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *p = harness_connect(&fx->d);
+	Dlshare__Frame f = DLSHARE__FRAME__INIT, gf;
+	Dlshare__Channel ch = DLSHARE__CHANNEL__INIT;
+	Dlshare__Get g;
+	const char *w = getenv("DLSHARE_TEST_WRAPPER");
+	struct rlimit old, low = { 3, 3 };
+	struct wire_msg *m;
+	struct rawch r;
+	int sock;
+
+	if (w && *w) {
+		dlshare_disconnect(p);
+		test_skip("the daemon runs under %s, whose fds and limits "
+			  "are not the daemon's", w);
+	}
+	assert_int_equal(util_store(p, "ch/fds", DT_F32, 2, shape, 4, NULL),
+			 0);
+	sock = raw_connect(fx->d.sock);
+	assert_true(sock >= 0);
+	assert_int_equal(raw_hello(sock), 0);
+	f.id = 2;
+	f.body_case = DLSHARE__FRAME__BODY_CHANNEL;
+	f.channel = &ch;
+	/* No new fd at all below 3: stdin, stdout and stderr are taken. */
+	assert_int_equal(prlimit(fx->d.pid, RLIMIT_NOFILE, NULL, &old), 0);
+	low.rlim_max = old.rlim_max;
+	assert_int_equal(prlimit(fx->d.pid, RLIMIT_NOFILE, &low, NULL), 0);
+	assert_int_equal(raw_call(sock, &f, NULL, 0, &m), 0);
+	assert_int_equal(prlimit(fx->d.pid, RLIMIT_NOFILE, &old, NULL), 0);
+	assert_int_equal(m->frame->body_case, DLSHARE__FRAME__BODY_ERROR);
+	assert_int_equal(m->frame->error->code, DLSHARE_ELIMIT);
+	assert_non_null(strstr(m->frame->error->message, "request channel"));
+	wire_msg_free(m);
+	/* The connection goes on over the socket. */
+	get_frame(&gf, &g, 3, "ch/fds");
+	assert_int_equal(raw_call(sock, &gf, NULL, 0, &m), 0);
+	assert_int_equal(m->frame->body_case, DLSHARE__FRAME__BODY_GET_REPLY);
+	wire_msg_free(m);
+	close(sock);
+	/* With fds again, a channel is made. */
+	rc_open(&r, &fx->d);
+	rc_close(&r);
+	others_served(&fx->d, "ch/fds", 4);
+	dlshare_disconnect(p);
+}
+
 /* ---- through libdlshare ------------------------------------------------------------- */
 
 #define NNAMES 4
@@ -600,6 +658,151 @@ static void threads_and_publisher(void **state)
 	dlshare_disconnect(p);
 }
 
+/* ---- a state dict, version after version ----------------------------------------- */
+
+#define SD_SEED 0x5d17ull
+#define SD_BYTES 128 /* float32[32] */
+
+static size_t sd_n(void)
+{
+	return getenv("DLSHARE_TEST_WRAPPER") ? 2000 : 10000;
+}
+
+static int sd_versions(void)
+{
+	return getenv("DLSHARE_TEST_WRAPPER") ? 4 : 12;
+}
+
+/* Key i: ~60 bytes, as a large model's are. */
+static void sd_key(char *k, size_t len, size_t i)
+{
+	snprintf(k, len, "model.layers.%04zu.mlp.experts.%03zu.%s", i / 256,
+		 i % 256, i % 2 ? "gate_proj.weight_scale_inv" :
+		 "down_proj.weight_scale_inv");
+}
+
+/* The trainer: publishes version after version of "ch/sd", each tensor
+ * saying (content.h) which version and which tensor it is. */
+static int sd_trainer(const struct daemon_proc *d, void *arg)
+{
+	size_t n = sd_n();
+	dlshare_client *c = util_child_connect(d);
+	dlshare_tensor_spec *specs = calloc(n, sizeof(*specs));
+	char (*keys)[96] = calloc(n, sizeof(*keys));
+	const int64_t sd_shape[] = { SD_BYTES / 4 };
+
+	(void)arg;
+	CHILD_CHECK(specs && keys);
+	for (size_t i = 0; i < n; i++) {
+		sd_key(keys[i], sizeof(keys[i]), i);
+		specs[i] = (dlshare_tensor_spec){ .key = keys[i],
+			.dtype = DT_F32, .ndim = 1, .shape = sd_shape };
+	}
+	for (int v = 1; v <= sd_versions(); v++) {
+		dlshare_writer *w;
+		uint64_t got;
+
+		CHILD_OK(dlshare_create(c, "ch/sd", specs, n, NULL, &w));
+		for (size_t i = 0; i < n; i++) {
+			struct content_hdr h = {
+				.name = 0, .who = 0, .seq = (uint32_t)v,
+				.token = content_token(SD_SEED, 0, (uint32_t)v),
+				.version = (uint64_t)v,
+				.ntensors = (uint32_t)n, .index = (uint32_t)i,
+				.nbytes = SD_BYTES };
+
+			content_fill(dlshare_writer_tensor(w, i)->data, &h, 0,
+				     SD_BYTES);
+		}
+		CHILD_OK(dlshare_seal(w, NULL, &got));
+		CHILD_CHECK(got == (uint64_t)v);
+		util_sleep_ms(20);
+	}
+	free(specs);
+	free(keys);
+	dlshare_disconnect(c);
+	return 0;
+}
+
+/* Checks every tensor of b against its key and the version b is. Returns
+ * 0, or 1 after saying what differs. */
+static int sd_check(dlshare_bundle *b, size_t n)
+{
+	uint64_t v = dlshare_bundle_version(b);
+	char key[96], why[160];
+
+	if (dlshare_bundle_count(b) != n) {
+		fprintf(stderr, "version %llu: %zu tensors, want %zu\n",
+			(unsigned long long)v, dlshare_bundle_count(b), n);
+		return 1;
+	}
+	for (size_t i = 0; i < n; i++) {
+		const DLTensor *t = dlshare_bundle_tensor(b, i);
+		struct content_hdr h;
+
+		sd_key(key, sizeof(key), i);
+		if (strcmp(dlshare_bundle_key(b, i), key) ||
+		    content_check((const char *)t->data + t->byte_offset,
+				  SD_BYTES, SD_SEED, &h, why, sizeof(why)) ||
+		    h.version != v || h.index != i || h.ntensors != n) {
+			fprintf(stderr, "version %llu, tensor %zu (%s): %s\n",
+				(unsigned long long)v, i,
+				dlshare_bundle_key(b, i), why);
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* Weight sync at a real size: a trainer process publishes a state dict of
+ * 10^4 tensors with ~60-byte keys (a manifest memfd, protocol 1.4) a dozen
+ * times; a reader that asks every time (no board) gets the newest in a
+ * loop through its channel and checks every tensor of every get against
+ * the version it is. A new version's buffer and manifest fds come on the
+ * socket (the slot says so); the gets of a version already held are
+ * answered in the slot with the kept manifest's id; the frees of old
+ * versions (BufferGone) come on the socket between them. */
+static void state_dict_weight_sync(void **state)
+{
+	struct fixture *fx = *state;
+	dlshare_client *c;
+	size_t n = sd_n();
+	uint64_t last = 0, gets = 0, seen = 0;
+	int64_t until;
+	pid_t pid;
+
+	setenv("DLSHARE_NO_REUSE", "1", 1);
+	c = harness_connect(&fx->d);
+	unsetenv("DLSHARE_NO_REUSE");
+	util_channel_open(c);
+	pid = util_spawn(&fx->d, sd_trainer, NULL);
+	until = util_now_ms() + harness_ms(60000);
+	while (last < (uint64_t)sd_versions()) {
+		dlshare_bundle *b;
+		int err = dlshare_get(c, "ch/sd", NULL, &b);
+
+		assert_true(util_now_ms() < until);
+		if (err == DLSHARE_ENOENT) {
+			util_sleep_ms(1);
+			continue;
+		}
+		assert_int_equal(err, 0);
+		assert_int_equal(sd_check(b, n), 0);
+		assert_true(dlshare_bundle_version(b) >= last);
+		if (dlshare_bundle_version(b) != last)
+			seen++;
+		last = dlshare_bundle_version(b);
+		dlshare_bundle_free(b);
+		gets++;
+	}
+	assert_int_equal(util_wait(pid), 0);
+	print_message("%llu gets of %zu tensors checked, %llu versions "
+		      "seen of %d\n", (unsigned long long)gets, n,
+		      (unsigned long long)seen, sd_versions());
+	assert_true(gets > seen);
+	dlshare_disconnect(c);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -610,9 +813,15 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(channel_off, setup_off,
 						teardown),
+		cmocka_unit_test_setup_teardown(channel_out_of_fds, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(threads_and_publisher, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(state_dict_weight_sync, setup,
 						teardown),
 	};
 
-	return cmocka_run_group_tests_name("channel", tests, NULL, NULL);
+	return test_exit(cmocka_run_group_tests_name("channel", tests, NULL,
+						     NULL),
+			 sizeof(tests) / sizeof(tests[0]));
 }
