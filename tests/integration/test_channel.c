@@ -61,6 +61,27 @@ struct rawch {
 	uint64_t next_id;
 };
 
+/* A raw peer that said Hello. */
+static int raw_peer(const struct daemon_proc *d)
+{
+	int sock = raw_connect(d->sock);
+
+	assert_true(sock >= 0);
+	assert_int_equal(raw_hello(sock), 0);
+	return sock;
+}
+
+/* *f: a Channel request with id. */
+static void channel_frame(Dlshare__Frame *f, Dlshare__Channel *ch,
+			  uint64_t id)
+{
+	dlshare__frame__init(f);
+	dlshare__channel__init(ch);
+	f->id = id;
+	f->body_case = DLSHARE__FRAME__BODY_CHANNEL;
+	f->channel = ch;
+}
+
 /* Sends f on the socket, counting it. */
 static void rc_send(struct rawch *r, Dlshare__Frame *f)
 {
@@ -94,22 +115,18 @@ static int rc_recv(struct rawch *r, int timeout_ms, struct wire_msg **m,
 /* A raw peer: Hello, then Channel; the channel mapped. */
 static void rc_open(struct rawch *r, const struct daemon_proc *d)
 {
-	Dlshare__Frame f = DLSHARE__FRAME__INIT;
-	Dlshare__Channel ch = DLSHARE__CHANNEL__INIT;
+	Dlshare__Frame f;
+	Dlshare__Channel ch;
 	struct wire_msg *m;
 	int fds[WIRE_FDS_MAX];
 	unsigned nfds;
 	struct stat st;
 
 	memset(r, 0, sizeof(*r));
-	r->sock = raw_connect(d->sock);
-	assert_true(r->sock >= 0);
-	assert_int_equal(raw_hello(r->sock), 0);
+	r->sock = raw_peer(d);
 	r->sent = 1;
 	r->next_id = 2;
-	f.id = r->next_id++;
-	f.body_case = DLSHARE__FRAME__BODY_CHANNEL;
-	f.channel = &ch;
+	channel_frame(&f, &ch, r->next_id++);
 	rc_send(r, &f);
 	assert_int_equal(rc_recv(r, harness_ms(5000), &m, fds, &nfds), 0);
 	assert_int_equal(m->frame->body_case,
@@ -294,12 +311,10 @@ static void answers_and_order(void **state)
 	}
 	/* Asked twice: refused, the connection goes on. */
 	{
-		Dlshare__Frame cf = DLSHARE__FRAME__INIT;
-		Dlshare__Channel ch = DLSHARE__CHANNEL__INIT;
+		Dlshare__Frame cf;
+		Dlshare__Channel ch;
 
-		cf.id = r.next_id++;
-		cf.body_case = DLSHARE__FRAME__BODY_CHANNEL;
-		cf.channel = &ch;
+		channel_frame(&cf, &ch, r.next_id++);
 		rc_send(&r, &cf);
 		assert_int_equal(rc_recv(&r, harness_ms(5000), &m, fds, &nfds),
 				 0);
@@ -386,10 +401,8 @@ static void loop_alive(const struct daemon_proc *d)
 	Dlshare__Frame f = DLSHARE__FRAME__INIT;
 	Dlshare__Stats st = DLSHARE__STATS__INIT;
 	struct wire_msg *m = NULL;
-	int sock = raw_connect(d->sock);
+	int sock = raw_peer(d);
 
-	assert_true(sock >= 0);
-	assert_int_equal(raw_hello(sock), 0);
 	f.id = 2;
 	f.body_case = DLSHARE__FRAME__BODY_STATS;
 	f.stats = &st;
@@ -467,19 +480,15 @@ static void channel_off(void **state)
 {
 	struct fixture *fx = *state;
 	dlshare_client *c = harness_connect(&fx->d);
-	Dlshare__Frame f = DLSHARE__FRAME__INIT;
-	Dlshare__Channel ch = DLSHARE__CHANNEL__INIT;
+	Dlshare__Frame f;
+	Dlshare__Channel ch;
 	struct wire_msg *m;
 	int sock, base;
 
 	assert_int_equal(util_store(c, "ch/off", DT_F32, 2, shape, 3, NULL),
 			 0);
-	sock = raw_connect(fx->d.sock);
-	assert_true(sock >= 0);
-	assert_int_equal(raw_hello(sock), 0);
-	f.id = 2;
-	f.body_case = DLSHARE__FRAME__BODY_CHANNEL;
-	f.channel = &ch;
+	sock = raw_peer(&fx->d);
+	channel_frame(&f, &ch, 2);
 	assert_int_equal(raw_call(sock, &f, NULL, 0, &m), 0);
 	assert_int_equal(m->frame->body_case, DLSHARE__FRAME__BODY_ERROR);
 	assert_int_equal(m->frame->error->code, DLSHARE_ENOTSUP);
@@ -508,8 +517,8 @@ static void channel_out_of_fds(void **state)
 {
 	struct fixture *fx = *state;
 	dlshare_client *p = harness_connect(&fx->d);
-	Dlshare__Frame f = DLSHARE__FRAME__INIT, gf;
-	Dlshare__Channel ch = DLSHARE__CHANNEL__INIT;
+	Dlshare__Frame f, gf;
+	Dlshare__Channel ch;
 	Dlshare__Get g;
 	const char *w = getenv("DLSHARE_TEST_WRAPPER");
 	struct rlimit old, low = { 3, 3 };
@@ -524,12 +533,8 @@ static void channel_out_of_fds(void **state)
 	}
 	assert_int_equal(util_store(p, "ch/fds", DT_F32, 2, shape, 4, NULL),
 			 0);
-	sock = raw_connect(fx->d.sock);
-	assert_true(sock >= 0);
-	assert_int_equal(raw_hello(sock), 0);
-	f.id = 2;
-	f.body_case = DLSHARE__FRAME__BODY_CHANNEL;
-	f.channel = &ch;
+	sock = raw_peer(&fx->d);
+	channel_frame(&f, &ch, 2);
 	/* No new fd at all below 3: stdin, stdout and stderr are taken. */
 	assert_int_equal(prlimit(fx->d.pid, RLIMIT_NOFILE, NULL, &old), 0);
 	low.rlim_max = old.rlim_max;
